@@ -1,0 +1,18 @@
+"""msc: a compiler for GPU collective-communication schedules.
+
+Write a collective algorithm as chunk-level copies and reductions, verify
+it symbolically, lower it to a plan, and run it.
+"""
+from msc.collectives import Collective, CustomCollective, Expected
+from msc.dsl import Algorithm, Program, Ref, algorithm, group, trace
+from msc.errors import (AlgorithmError, MscError, OperationError, SourceLine, UsageError,
+                        VerificationError)
+from msc.loader import load_algorithms
+from msc.verify import Report, verify
+
+__all__ = [
+    "Algorithm", "AlgorithmError", "Collective", "CustomCollective", "Expected", "MscError",
+    "OperationError", "Program", "Ref", "Report", "SourceLine", "UsageError", "VerificationError",
+    "algorithm", "group", "load_algorithms", "trace", "verify",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,332 @@
+"""Collectives as a precondition (which chunk starts where) and a
+postcondition (which contributions must end where).
+
+A chunk's identity is a *label* ``(origin_rank, origin_index)``: the input
+chunk it started as. A collective is described per rank in *logical*
+buffers ("input" and "output", indices as the user sees them); ``Layout``
+maps those onto the physical buffers of a rank, which differ only for the
+in-place forms (e.g. in-place allgather: input i of rank r *is* output
+chunk r*k+i).
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Callable, Iterable
+
+from msc.errors import UsageError
+
+Label = tuple[int, int]
+
+
+class Expected:
+    """The multiset of contributions one output chunk must hold.
+
+    Shared between chunks that must hold the same thing, so the verifier can
+    remember verdicts per (value, expectation) pair.
+    """
+
+    __slots__ = ("counts", "single")
+
+    def __init__(self, labels: Iterable[Label]):
+        self.counts: dict[Label, int] = dict(Counter(labels))
+        only = next(iter(self.counts)) if len(self.counts) == 1 else None
+        self.single: Label | None = only if only and self.counts[only] == 1 else None
+
+    def __repr__(self) -> str:
+        from msc.verify import describe_multiset
+
+        return f"Expected({describe_multiset(self.counts)})"
+
+
+class Collective:
+    """Base of every collective. Subclasses say how big the buffers are,
+    what they start with and what they must end with.
+
+    ``k`` is the chunk factor, ``n`` the number of ranks.
+    """
+
+    name: str = "custom"
+    has_root: bool = False
+
+    def input_chunks(self, n: int, k: int) -> int:
+        raise NotImplementedError
+
+    def output_chunks(self, n: int, k: int) -> int:
+        raise NotImplementedError
+
+    def inplace_alias(self, rank: int, n: int, k: int) -> tuple[str, str, int]:
+        """In-place form: ``(alias, target, offset)`` says logical buffer
+        ``alias`` is ``target`` starting at chunk ``offset``. Default: the
+        output is the input."""
+        return ("output", "input", 0)
+
+    def precondition(self, rank: int, index: int, n: int, k: int, root: int) -> Label | None:
+        """The label input chunk ``index`` of ``rank`` starts with."""
+        return (rank, index)
+
+    def postcondition(self, rank: int, index: int, n: int, k: int, root: int) -> Expected | None:
+        """What output chunk ``index`` of ``rank`` must hold; None: anything."""
+        raise NotImplementedError
+
+    def layout(self, num_ranks: int, chunk_factor: int, inplace: bool, root: int = 0) -> Layout:
+        return Layout(self, num_ranks, chunk_factor, inplace, root)
+
+
+class _Cached(Collective):
+    """Built-ins share one Expected per distinct multiset."""
+
+    def __init__(self):
+        self._cache: dict[tuple, Expected] = {}
+
+    def _expect(self, key: tuple, make: Callable[[], Iterable[Label]]) -> Expected:
+        found = self._cache.get(key)
+        if found is None:
+            found = self._cache[key] = Expected(make())
+        return found
+
+
+class AllReduce(_Cached):
+    name = "allreduce"
+
+    def input_chunks(self, n, k):
+        return k
+
+    def output_chunks(self, n, k):
+        return k
+
+    def postcondition(self, rank, index, n, k, root):
+        return self._expect((n, index), lambda: ((r, index) for r in range(n)))
+
+
+class AllGather(_Cached):
+    name = "allgather"
+
+    def input_chunks(self, n, k):
+        return k
+
+    def output_chunks(self, n, k):
+        return n * k
+
+    def inplace_alias(self, rank, n, k):
+        return ("input", "output", rank * k)
+
+    def postcondition(self, rank, index, n, k, root):
+        src = (index // k, index % k)
+        return self._expect(src, lambda: (src,))
+
+
+class ReduceScatter(_Cached):
+    name = "reducescatter"
+
+    def input_chunks(self, n, k):
+        return n * k
+
+    def output_chunks(self, n, k):
+        return k
+
+    def inplace_alias(self, rank, n, k):
+        return ("output", "input", rank * k)
+
+    def postcondition(self, rank, index, n, k, root):
+        at = rank * k + index
+        return self._expect((n, at), lambda: ((r, at) for r in range(n)))
+
+
+class AllToAll(_Cached):
+    name = "alltoall"
+
+    def input_chunks(self, n, k):
+        return n * k
+
+    def output_chunks(self, n, k):
+        return n * k
+
+    def postcondition(self, rank, index, n, k, root):
+        src = (index // k, rank * k + index % k)
+        return self._expect(src, lambda: (src,))
+
+
+class Broadcast(_Cached):
+    name = "broadcast"
+    has_root = True
+
+    def input_chunks(self, n, k):
+        return k
+
+    def output_chunks(self, n, k):
+        return k
+
+    def postcondition(self, rank, index, n, k, root):
+        src = (root, index)
+        return self._expect(src, lambda: (src,))
+
+
+class Reduce(_Cached):
+    name = "reduce"
+    has_root = True
+
+    def input_chunks(self, n, k):
+        return k
+
+    def output_chunks(self, n, k):
+        return k
+
+    def postcondition(self, rank, index, n, k, root):
+        if rank != root:
+            return None
+        return self._expect((n, index), lambda: ((r, index) for r in range(n)))
+
+
+class CustomCollective(Collective):
+    """A collective stated by the user.
+
+    ``input_chunks``/``output_chunks``: an int or ``f(n, k) -> int``.
+    ``postcondition(rank, index, n, k)``: the labels ``(origin_rank,
+    origin_index)`` output chunk ``index`` of ``rank`` must hold (a label
+    twice means it must be reduced in twice), or None for "anything".
+    ``precondition(rank, index, n, k)``: the label input chunk ``index`` of
+    ``rank`` starts with, or None for "starts empty"; default ``(rank, index)``.
+
+    Example, each rank sends its input to the next rank (pipeline parallelism)::
+
+        send_next = msc.CustomCollective(
+            "send_next", input_chunks=lambda n, k: k, output_chunks=lambda n, k: k,
+            postcondition=lambda r, i, n, k: [((r - 1) % n, i)])
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        input_chunks: int | Callable[[int, int], int],
+        output_chunks: int | Callable[[int, int], int],
+        postcondition: Callable[[int, int, int, int], Iterable[Label] | None],
+        precondition: Callable[[int, int, int, int], Label | None] | None = None,
+    ):
+        self.name = name
+        self._input = input_chunks
+        self._output = output_chunks
+        self._post = postcondition
+        self._pre = precondition
+        self._cache: dict[tuple, Expected] = {}
+
+    @staticmethod
+    def _size(spec, n, k) -> int:
+        return spec(n, k) if callable(spec) else spec
+
+    def input_chunks(self, n, k):
+        return self._size(self._input, n, k)
+
+    def output_chunks(self, n, k):
+        return self._size(self._output, n, k)
+
+    def precondition(self, rank, index, n, k, root):
+        if self._pre is None:
+            return (rank, index)
+        label = self._pre(rank, index, n, k)
+        return None if label is None else _as_label(label, f"precondition({rank}, {index})")
+
+    def postcondition(self, rank, index, n, k, root):
+        labels = self._post(rank, index, n, k)
+        if labels is None:
+            return None
+        key = tuple(sorted(_as_label(x, f"postcondition({rank}, {index})") for x in labels))
+        found = self._cache.get(key)
+        if found is None:
+            found = self._cache[key] = Expected(key)
+        return found
+
+
+def _as_label(value, context: str) -> Label:
+    try:
+        rank, index = value
+        return (int(rank), int(index))
+    except (TypeError, ValueError):
+        raise UsageError(f"{context} must give (origin_rank, origin_index) pairs, got {value!r}") from None
+
+
+BUILTIN: dict[str, type[Collective]] = {
+    c.name: c for c in (AllReduce, AllGather, ReduceScatter, AllToAll, Broadcast, Reduce)
+}
+
+
+def get_collective(spec: str | Collective) -> Collective:
+    if isinstance(spec, Collective):
+        return spec
+    key = str(spec).lower().replace("_", "").replace("-", "")
+    if key not in BUILTIN:
+        raise UsageError(f"unknown collective {spec!r}; expected one of {', '.join(BUILTIN)} or a Collective object")
+    return BUILTIN[key]()
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A collective bound to a rank count, chunk factor, in-place flag and
+    root: the physical buffers of every rank and how logical buffers map to
+    them."""
+
+    collective: Collective
+    num_ranks: int
+    chunk_factor: int
+    inplace: bool
+    root: int = 0
+    _aliases: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.collective.name
+
+    @cached_property
+    def logical_sizes(self) -> dict[str, int]:
+        n, k = self.num_ranks, self.chunk_factor
+        return {"input": self.collective.input_chunks(n, k), "output": self.collective.output_chunks(n, k)}
+
+    @cached_property
+    def physical_sizes(self) -> dict[str, int]:
+        """Chunks per rank of each physical buffer (same on every rank)."""
+        sizes = dict(self.logical_sizes)
+        if self.inplace:
+            alias, target, _ = self.collective.inplace_alias(0, self.num_ranks, self.chunk_factor)
+            del sizes[alias]
+        return sizes
+
+    @cached_property
+    def alias_table(self) -> tuple[str, str, tuple[int, ...]] | None:
+        """In-place form: (aliased logical buffer, target buffer, offset per rank)."""
+        if not self.inplace:
+            return None
+        n, k = self.num_ranks, self.chunk_factor
+        alias, target, _ = self.collective.inplace_alias(0, n, k)
+        return alias, target, tuple(self.collective.inplace_alias(r, n, k)[2] for r in range(n))
+
+    def alias(self, rank: int, buffer: str) -> tuple[str, int]:
+        """Physical buffer and chunk offset of logical ``buffer`` on ``rank``."""
+        if not self.inplace or buffer not in ("input", "output"):
+            return buffer, 0
+        key = (rank, buffer)
+        hit = self._aliases.get(key)
+        if hit is None:
+            alias, target, offset = self.collective.inplace_alias(rank, self.num_ranks, self.chunk_factor)
+            hit = (target, offset) if buffer == alias else (buffer, 0)
+            self._aliases[key] = hit
+        return hit
+
+    def initial(self, rank: int) -> Iterable[tuple[str, int, Label]]:
+        """(physical buffer, index, label) for every input chunk that starts full."""
+        n, k = self.num_ranks, self.chunk_factor
+        pre = self.collective.precondition
+        buf, off = self.alias(rank, "input")
+        for i in range(self.logical_sizes["input"]):
+            label = pre(rank, i, n, k, self.root)
+            if label is not None:
+                yield buf, off + i, label
+
+    def expected(self, rank: int) -> Iterable[tuple[int, str, int, Expected | None]]:
+        """(logical index, physical buffer, physical index, expectation) per output chunk."""
+        n, k = self.num_ranks, self.chunk_factor
+        post = self.collective.postcondition
+        buf, off = self.alias(rank, "output")
+        for i in range(self.logical_sizes["output"]):
+            yield i, buf, off + i, post(rank, i, n, k, self.root)

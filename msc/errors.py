@@ -1,0 +1,93 @@
+"""Every error msc raises, in one hierarchy.
+
+Each error carries the values that explain it (rank, buffer, index, what was
+expected and what was found) and, where there is one, the line of the user's
+algorithm file that caused it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class SourceLine:
+    """A place in a user's file: where an operation was written."""
+
+    file: str
+    line: int
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}"
+
+
+class MscError(Exception):
+    """Base of every error msc raises on purpose."""
+
+
+class UsageError(MscError):
+    """Bad input from the command line or the Python API (exit code 2)."""
+
+
+class AlgorithmError(MscError):
+    """An algorithm could not be traced: bad parameters, an unsupported rank
+    count, or an exception inside the user's function (exit code 2)."""
+
+    def __init__(self, message: str, where: SourceLine | None = None):
+        self.where = where
+        super().__init__(f"{where}: {message}" if where else message)
+
+
+class VerificationError(MscError):
+    """A program or plan does not do what its collective requires (exit code 1).
+
+    ``rank``, ``buffer`` and ``index`` name the chunk, ``expected`` and
+    ``found`` describe its contents, ``where`` is the user's line that last
+    wrote it (or that made the bad operation).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        rank: int | None = None,
+        buffer: str | None = None,
+        index: int | None = None,
+        expected: str | None = None,
+        found: str | None = None,
+        where: SourceLine | None = None,
+    ):
+        self.rank = rank
+        self.buffer = buffer
+        self.index = index
+        self.expected = expected
+        self.found = found
+        self.where = where
+        self.detail = message
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        head = f"{self.where}: " if self.where else ""
+        lines = [head + self.detail]
+        if self.expected is not None:
+            lines.append(f"  expected: {self.expected}")
+        if self.found is not None:
+            lines.append(f"  found:    {self.found}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return {
+            "message": self.detail,
+            "rank": self.rank,
+            "buffer": self.buffer,
+            "index": self.index,
+            "expected": self.expected,
+            "found": self.found,
+            "file": self.where.file if self.where else None,
+            "line": self.where.line if self.where else None,
+        }
+
+
+class OperationError(VerificationError):
+    """An operation is invalid where it is written: a rank that does not exist,
+    an index out of range, sizes that do not match. Raised while tracing, at
+    the user's line."""
