@@ -71,7 +71,9 @@ class Collective:
         raise NotImplementedError
 
     def layout(self, num_ranks: int, chunk_factor: int, inplace: bool, root: int = 0) -> Layout:
-        return Layout(self, num_ranks, chunk_factor, inplace, root)
+        layout = Layout(self, num_ranks, chunk_factor, inplace, root)
+        layout.validate()
+        return layout
 
 
 class _Cached(Collective):
@@ -291,6 +293,22 @@ class Layout:
             alias, target, _ = self.collective.inplace_alias(0, self.num_ranks, self.chunk_factor)
             del sizes[alias]
         return sizes
+
+    def validate(self) -> None:
+        """Buffer sizes are counts, and an in-place alias fits in its target on every rank."""
+        for name, size in self.logical_sizes.items():
+            if type(size) is not int or size < 0:
+                raise UsageError(f"{self.name}: {name} size must be an int >= 0 chunks, got {size!r}")
+        if not self.inplace:
+            return
+        n, k = self.num_ranks, self.chunk_factor
+        for rank in range(n):
+            alias, target, offset = self.collective.inplace_alias(rank, n, k)
+            need, have = self.logical_sizes[alias], self.logical_sizes[target]
+            if offset < 0 or offset + need > have:
+                raise UsageError(
+                    f"in-place {self.name}: {alias} ({need} chunks) does not fit in {target} ({have} chunks) "
+                    f"at chunk {offset} on rank {rank}; use inplace=False")
 
     @cached_property
     def alias_table(self) -> tuple[str, str, tuple[int, ...]] | None:

@@ -140,6 +140,10 @@ class Program:
             if dbuf == alias:
                 dbuf, doff = target, offsets[dst.rank]
         si, di, size = src.index + soff, dst.index + doff, src.size
+        if dbuf == "input" and self._alias is None:
+            raise OperationError(f"{kind.value}: writes rank {dst.rank} input[{dst.index}], but the input buffer is "
+                                 f"read-only in the out-of-place form (write to 'output' or a scratch buffer)",
+                                 rank=dst.rank, buffer="input", index=dst.index, where=user_line(3))
         if src.rank == dst.rank and sbuf == dbuf and si < di + size and di < si + size:
             if kind is OpKind.COPY and si == di:
                 return  # copying a chunk onto itself (in-place aliasing): nothing to do
@@ -345,15 +349,17 @@ def trace(alg: Algorithm, num_ranks: int, *, inplace: bool | None = None, **para
     if type(num_ranks) is not int or num_ranks < 1:
         raise UsageError(f"num_ranks must be an int >= 1, got {num_ranks!r}")
     bound = alg.bind(params)
-    if not alg.supports(num_ranks, **params):
-        shown = {k: v for k, v in params.items()}
-        raise AlgorithmError(f"algorithm {alg.name!r} does not support {num_ranks} ranks"
-                             + (f" with {shown}" if shown else ""))
+    shown = f" with {params}" if params else ""
+    supported = _user_call(alg, "its ranks= predicate", lambda: alg.supports(num_ranks, **params))
+    if not supported:
+        sample = [n for n in range(1, 65) if _quiet(lambda n=n: alg.supports(n, **params))]
+        hint = f" (it supports {_compact(sample)} up to 64)" if sample else ""
+        raise AlgorithmError(f"algorithm {alg.name!r} does not support {num_ranks} ranks{shown}{hint}")
     root = bound.get("root", 0) if alg.collective.has_root else 0
     if alg.collective.has_root and (type(root) is not int or not 0 <= root < num_ranks):
         raise AlgorithmError(f"algorithm {alg.name!r}: root {root!r} is not a rank (0..{num_ranks - 1})")
-    layout = alg.collective.layout(num_ranks, alg.chunks(num_ranks, **params),
-                                   alg.inplace if inplace is None else bool(inplace), root)
+    k = _user_call(alg, "its chunk_factor", lambda: alg.chunks(num_ranks, **params))
+    layout = alg.collective.layout(num_ranks, k, alg.inplace if inplace is None else bool(inplace), root)
     program = Program(alg.name, layout, bound)
     call_params = {k: v for k, v in bound.items() if k in inspect.signature(alg.fn).parameters}
     try:
@@ -362,16 +368,44 @@ def trace(alg: Algorithm, num_ranks: int, *, inplace: bool | None = None, **para
         raise
     except Exception as exc:
         raise AlgorithmError(f"{type(exc).__name__} in algorithm {alg.name!r}: {exc}",
-                             where=_innermost_user_line(exc)) from exc
+                             where=_innermost_user_line(exc, alg.fn.__code__.co_filename)) from exc
     program.seal()
     return program
 
 
-def _innermost_user_line(exc: BaseException) -> SourceLine | None:
-    tb, last = exc.__traceback__, None
+def _user_call(alg: Algorithm, what: str, fn):
+    """Call the user's sizing code; its exceptions become AlgorithmError."""
+    try:
+        return fn()
+    except MscError:
+        raise
+    except Exception as exc:
+        raise AlgorithmError(f"{type(exc).__name__} in {what} of algorithm {alg.name!r}: {exc}",
+                             where=_innermost_user_line(exc, alg.fn.__code__.co_filename)) from exc
+
+
+def _quiet(fn) -> bool:
+    try:
+        return bool(fn())
+    except Exception:
+        return False
+
+
+def _compact(values: list[int]) -> str:
+    from msc.verify import _ranges
+
+    return _ranges(values).replace(",", ", ")
+
+
+def _innermost_user_line(exc: BaseException, prefer: str | None = None) -> SourceLine | None:
+    """The innermost traceback line in the file ``prefer`` (the algorithm's
+    own file) if any, else the innermost line outside msc."""
+    tb, last, preferred = exc.__traceback__, None, None
     while tb is not None:
         name = tb.tb_frame.f_code.co_filename
         if not name.startswith(_PACKAGE_DIR):
             last = SourceLine(_display_path(name), tb.tb_lineno)
+            if name == prefer:
+                preferred = last
         tb = tb.tb_next
-    return last
+    return preferred or last

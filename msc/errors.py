@@ -91,3 +91,48 @@ class OperationError(VerificationError):
     """An operation is invalid where it is written: a rank that does not exist,
     an index out of range, sizes that do not match. Raised while tracing, at
     the user's line."""
+
+
+class LoweringError(MscError):
+    """A program cannot be lowered as asked: conflicting placement hints, or a
+    schedule no connection order can serve (exit code 2)."""
+
+    def __init__(self, message: str, where: SourceLine | None = None):
+        self.where = where
+        super().__init__(f"{where}: {message}" if where else message)
+
+
+class PlanError(MscError):
+    """A plan that is malformed: a bad value, a peer that does not exist, a
+    slice outside its buffer, a dependency on a step that does not exist
+    (exit code 2). ``line``/``column`` locate it in a plan file."""
+
+    def __init__(self, message: str, *, rank: int | None = None, tb: int | None = None,
+                 step: int | None = None, line: int | None = None, column: int | None = None,
+                 path: str | None = None):
+        self.rank, self.tb, self.step = rank, tb, step
+        self.line, self.column, self.path = line, column, path
+        where = ""
+        if line is not None:
+            where = f"{path or '<plan>'}:{line}" + (f":{column}" if column is not None else "") + ": "
+        at = [f"{name} {value}" for name, value in (("rank", rank), ("threadblock", tb), ("step", step))
+              if value is not None]
+        super().__init__(where + (", ".join(at) + ": " if at else "") + message)
+
+
+class DeadlockError(VerificationError):
+    """The plan can stop with every unfinished threadblock waiting; ``cycle``
+    lists the waits, each (rank, threadblock, step, what it waits on)."""
+
+    def __init__(self, message: str, cycle: list):
+        self.cycle = cycle
+        super().__init__(message)
+
+
+class RaceError(VerificationError):
+    """Two steps of one rank touch the same chunk, one of them writing, with
+    nothing ordering them; ``steps`` names both (rank, threadblock, step)."""
+
+    def __init__(self, message: str, steps: tuple, **kw):
+        self.steps = steps
+        super().__init__(message, **kw)

@@ -6,6 +6,7 @@ aliases applied). Later stages (the plan) add their records here too.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import NamedTuple
 
@@ -53,3 +54,148 @@ class Op(NamedTuple):
 
 def _span(index: int, size: int) -> str:
     return str(index) if size == 1 else f"{index}:{index + size}"
+
+
+# -- Stage 2: the plan ---------------------------------------------------------
+# A plan is what backends execute: per rank, threadblocks; per threadblock, an
+# ordered list of steps. Offsets and counts are in chunks; a chunk's byte size
+# is only known at run time, so one plan serves every data type and size.
+
+
+class StepOp(Enum):
+    """What a step does. ``srcs`` are local operands, ``dst`` the local chunks
+    written; the threadblock's ``recv``/``send`` peers are the remote ends.
+
+    send   SRC           send SRC to the send peer
+    recv   -> DST        receive into DST
+    rcs    -> DST        receive into DST and forward it to the send peer
+    rrs    SRC           receive x, send SRC + x (nothing stored)
+    rrc    SRC -> DST    receive x, DST = SRC + x
+    rrcs   SRC -> DST    receive x, DST = SRC + x, send DST
+    copy   SRC -> DST    local copy
+    reduce S1, S2.. -> DST   DST = S1 + S2 + ... (DST may be one of the sources)
+    nop                  only waits for its dependencies
+    """
+
+    SEND = "send"
+    RECV = "recv"
+    RCS = "rcs"
+    RRS = "rrs"
+    RRC = "rrc"
+    RRCS = "rrcs"
+    COPY = "copy"
+    REDUCE = "reduce"
+    NOP = "nop"
+
+    @property
+    def receives(self) -> bool:
+        return self in _RECEIVES
+
+    @property
+    def sends(self) -> bool:
+        return self in _SENDS
+
+    @property
+    def reduces(self) -> bool:
+        return self in _REDUCES
+
+
+_RECEIVES = frozenset({StepOp.RECV, StepOp.RCS, StepOp.RRS, StepOp.RRC, StepOp.RRCS})
+_SENDS = frozenset({StepOp.SEND, StepOp.RCS, StepOp.RRS, StepOp.RRCS})
+_REDUCES = frozenset({StepOp.RRS, StepOp.RRC, StepOp.RRCS, StepOp.REDUCE})
+
+# Which operands each op takes: (number of sources, has a destination).
+STEP_SHAPE = {
+    StepOp.SEND: ("1", False), StepOp.RECV: ("0", True), StepOp.RCS: ("0", True),
+    StepOp.RRS: ("1", False), StepOp.RRC: ("1", True), StepOp.RRCS: ("1", True),
+    StepOp.COPY: ("1", True), StepOp.REDUCE: ("2+", True), StepOp.NOP: ("0", False),
+}
+
+
+@dataclass(frozen=True)
+class Slice:
+    """``count`` chunks of a rank's ``buffer`` (input, output, scratch) from ``index``."""
+
+    buffer: str
+    index: int
+    count: int
+
+    def __str__(self) -> str:
+        if self.count == 1:
+            return f"{self.buffer}[{self.index}]"
+        return f"{self.buffer}[{self.index}:{self.index + self.count}]"
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of a threadblock. ``deps`` are (threadblock, step) pairs of the
+    same rank that must finish first; ``where`` is the user's line it came from."""
+
+    op: StepOp
+    srcs: tuple[Slice, ...]
+    dst: Slice | None
+    count: int
+    deps: tuple[tuple[int, int], ...] = ()
+    where: SourceLine | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class Threadblock:
+    """A sequence of steps on one channel with at most one send peer and one
+    receive peer (the MSCCL rule: a connection (sender, receiver, channel)
+    belongs to exactly one threadblock at each end)."""
+
+    id: int
+    send: int | None
+    recv: int | None
+    channel: int
+    steps: tuple[Step, ...]
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    rank: int
+    scratch: int                      # scratch chunks this rank uses
+    threadblocks: tuple[Threadblock, ...]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A lowered schedule for every rank.
+
+    ``chunk_factor`` is chunks per data unit (the count a collective call
+    passes: allreduce count, allgather sendcount, ...); the logical input and
+    output buffers hold ``input_chunks``/``output_chunks`` chunks.
+    ``slots`` is the connection capacity (messages in flight per connection)
+    the plan was verified deadlock-free with; a runtime must provide at least
+    that many. ``tile`` is the pipelining tile in bytes per chunk and
+    iteration (0: the runtime's default).
+    """
+
+    name: str
+    collective: str
+    num_ranks: int
+    chunk_factor: int
+    inplace: bool
+    input_chunks: int
+    output_chunks: int
+    ranks: tuple[RankPlan, ...]
+    root: int = 0
+    protocol: str = "Simple"
+    instances: int = 1
+    slots: int = 1
+    tile: int = 0
+
+    @property
+    def scratch_chunks(self) -> int:
+        return max((r.scratch for r in self.ranks), default=0)
+
+    def steps(self):
+        """Every (rank, threadblock, step index, step)."""
+        for rp in self.ranks:
+            for tb in rp.threadblocks:
+                for i, step in enumerate(tb.steps):
+                    yield rp.rank, tb, i, step
+
+    def num_steps(self) -> int:
+        return sum(len(tb.steps) for rp in self.ranks for tb in rp.threadblocks)

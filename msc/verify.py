@@ -20,11 +20,12 @@ from msc.ir import OpKind
 class Sum:
     """Symbolic ``a (+) b``; operands are labels or other ``Sum`` nodes."""
 
-    __slots__ = ("a", "b")
+    __slots__ = ("a", "b", "c")
 
     def __init__(self, a, b):
         self.a = a
         self.b = b
+        self.c = -1      # chunk class, kept by the plan verifier
 
 
 def contributions(value) -> dict[tuple[int, int], int]:
@@ -163,7 +164,17 @@ def _unwritten(op, rank: int, buffer: str, index: int):
 
 
 def _mismatch(program, rank, index, buf, pidx, expected, found, writer):
-    want = expected.counts
+    opi = writer[rank][buf][pidx]
+    where, how = None, "it still holds its initial value"
+    if opi >= 0:
+        op = program.ops[opi]
+        where, how = op.where, f"last written by {op.describe()}"
+    raise contribution_error(rank, index, expected.counts, found, how, where)
+
+
+def contribution_error(rank: int, index: int, want: dict, found: dict, how: str, where) -> VerificationError:
+    """The error for an output chunk holding the wrong multiset: what is
+    missing, duplicated and foreign, and what last wrote it (``how``)."""
     missing = {k: c - found.get(k, 0) for k, c in want.items() if found.get(k, 0) < c}
     extra = {k: c - want[k] for k, c in found.items() if k in want and c > want[k]}
     foreign = {k: c for k, c in found.items() if k not in want}
@@ -174,12 +185,7 @@ def _mismatch(program, rank, index, buf, pidx, expected, found, writer):
         parts.append(f"duplicated {describe_multiset(extra)}")
     if foreign:
         parts.append(f"foreign {describe_multiset(foreign)}")
-    opi = writer[rank][buf][pidx]
-    where, how = None, "it still holds its initial value"
-    if opi >= 0:
-        op = program.ops[opi]
-        where, how = op.where, f"last written by {op.describe()}"
-    raise VerificationError(
+    return VerificationError(
         f"rank {rank} output[{index}] holds the wrong contributions ({how})",
         rank=rank, buffer="output", index=index, expected=describe_multiset(want),
         found=f"{describe_multiset(found)}: " + "; ".join(parts), where=where)

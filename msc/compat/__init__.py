@@ -1,0 +1,2 @@
+"""Compatibility layers that let programs written for other collective DSLs
+run on msc (``msc.compat.msccl``: MSCCLang from microsoft/msccl-tools)."""

@@ -1,0 +1,186 @@
+"""The instruction DAG: a traced program as per-rank instructions.
+
+A copy or reduce across ranks becomes a send on the source rank and a
+receive (``recv``, or ``rrc`` for a reduce) on the destination rank, joined
+by a message. A local copy or reduce stays one instruction. Local edges order
+the instructions of one rank that touch the same chunk: read-after-write,
+write-after-read and write-after-write, found from the last writer and the
+readers since, per (buffer, index).
+
+The DAG is the working state of lowering; a pass takes one and returns a
+new one (``Dag.copy``) and never changes its input.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from msc.errors import SourceLine
+from msc.ir import Op, OpKind, Slice, StepOp
+
+
+class Instr(NamedTuple):
+    """One instruction of one rank (immutable; lowering replaces, never edits)."""
+
+    id: int
+    rank: int
+    op: StepOp
+    srcs: tuple[Slice, ...]
+    dst: Slice | None
+    count: int
+    recv_peer: int | None = None
+    send_peer: int | None = None
+    msg_in: int | None = None        # message received
+    msg_out: int | None = None       # message sent
+    channel: int = 0
+    recvtb: int | None = None
+    sendtb: int | None = None
+    where: SourceLine | None = None
+    store: Slice | None = None       # rrs: where the value would be stored (dead)
+
+
+@dataclass
+class Dag:
+    """Instructions (``None`` where fusion removed one), their local
+    predecessors and successors, and per instruction the instructions that
+    read the value it wrote (``readers``) and that later overwrite chunks it
+    read or wrote (``overwriters``)."""
+
+    instrs: list
+    preds: list
+    succs: list
+    readers: list
+    overwriters: list
+    overwritten: list               # every chunk it wrote is written again later
+    messages: list                  # message id -> [sender id, receiver id]
+
+    def copy(self) -> Dag:
+        return Dag(list(self.instrs), [set(s) for s in self.preds], [set(s) for s in self.succs],
+                   [set(s) for s in self.readers], [set(s) for s in self.overwriters],
+                   list(self.overwritten), [list(m) for m in self.messages])
+
+    def live(self):
+        return (i for i in self.instrs if i is not None)
+
+
+def replicate(ops, instances: int, scratch_sizes: dict) -> tuple[list[Op], dict]:
+    """The trace ``instances`` times over interleaved chunks and new channels:
+    chunk i of instance j is chunk i*instances + j of every buffer, and
+    channel c of instance j is channel j*channels + c."""
+    if instances == 1:
+        return list(ops), dict(scratch_sizes)
+    channels = 1 + max((op.channel or 0 for op in ops), default=0)
+    out = []
+    for op in ops:
+        for j in range(instances):
+            out.append(op._replace(src_index=op.src_index * instances + j, dst_index=op.dst_index * instances + j,
+                                   channel=j * channels + (op.channel or 0)))
+    # an op of size s at index i covers i*K+j .. (i+s-1)*K+j with stride K: split into size-1 ops
+    flat = []
+    for op in out:
+        if op.size == 1:
+            flat.append(op)
+        else:
+            for t in range(op.size):
+                flat.append(op._replace(src_index=op.src_index + t * instances,
+                                        dst_index=op.dst_index + t * instances, size=1))
+    return flat, {key: size * instances for key, size in scratch_sizes.items()}
+
+
+def allocate_scratch(ops, physical: set[str], scratch_sizes: dict, num_ranks: int):
+    """Map every named scratch buffer of a rank onto one ``scratch`` buffer,
+    in order of first use. Returns the rewritten ops and chunks per rank."""
+    base: dict[tuple[int, str], int] = {}
+    used = [0] * num_ranks
+    for op in ops:
+        for rank, buf in ((op.src_rank, op.src_buffer), (op.dst_rank, op.dst_buffer)):
+            if buf not in physical and (rank, buf) not in base:
+                base[(rank, buf)] = used[rank]
+                used[rank] += scratch_sizes.get((rank, buf), 0)
+    if not base:
+        return list(ops), used
+    out = []
+    for op in ops:
+        if op.src_buffer not in physical:
+            op = op._replace(src_buffer="scratch", src_index=base[(op.src_rank, op.src_buffer)] + op.src_index)
+        if op.dst_buffer not in physical:
+            op = op._replace(dst_buffer="scratch", dst_index=base[(op.dst_rank, op.dst_buffer)] + op.dst_index)
+        out.append(op)
+    return out, used
+
+
+def build_dag(ops: list[Op]) -> Dag:
+    """Instructions and their local dependencies from a trace whose buffers
+    are physical (input, output, scratch)."""
+    instrs, messages = [], []
+    last_writer: dict = {}            # (rank, buffer, index) -> instr id
+    readers_since: dict = {}          # (rank, buffer, index) -> [instr ids]
+    preds, succs, readers, overwriters, overwritten = [], [], [], [], []
+    pending_overwrite: list[int] = []  # per instr: chunks written and not yet overwritten
+
+    def add(instr: Instr, reads: Slice | tuple, writes: Slice | None):
+        iid = instr.id
+        instrs.append(instr)
+        p = set()
+        preds.append(p)
+        succs.append(set())
+        readers.append(set())
+        overwriters.append(set())
+        overwritten.append(False)
+        pending_overwrite.append(0)
+        rank = instr.rank
+        for sl in reads:
+            for x in range(sl.index, sl.index + sl.count):
+                key = (rank, sl.buffer, x)
+                w = last_writer.get(key)
+                if w is not None and w != iid:
+                    p.add(w)
+                    readers[w].add(iid)
+                readers_since.setdefault(key, []).append(iid)
+        if writes is not None:
+            pending_overwrite[iid] = writes.count
+            for x in range(writes.index, writes.index + writes.count):
+                key = (rank, writes.buffer, x)
+                for r in readers_since.pop(key, ()):
+                    if r != iid:
+                        p.add(r)
+                        overwriters[r].add(iid)
+                w = last_writer.get(key)
+                if w is not None and w != iid:
+                    p.add(w)
+                    overwriters[w].add(iid)
+                    pending_overwrite[w] -= 1
+                    if pending_overwrite[w] == 0:
+                        overwritten[w] = True
+                last_writer[key] = iid
+        for q in p:
+            succs[q].add(iid)
+
+    for op in ops:
+        src = Slice(op.src_buffer, op.src_index, op.size)
+        dst = Slice(op.dst_buffer, op.dst_index, op.size)
+        reduce = op.kind is OpKind.REDUCE
+        if op.src_rank == op.dst_rank:
+            if reduce:
+                add(Instr(len(instrs), op.dst_rank, StepOp.REDUCE, (dst, src), dst, op.size,
+                          channel=op.channel or 0, recvtb=op.recvtb, sendtb=op.sendtb, where=op.where),
+                    (dst, src), dst)
+            else:
+                add(Instr(len(instrs), op.dst_rank, StepOp.COPY, (src,), dst, op.size,
+                          channel=op.channel or 0, recvtb=op.recvtb, sendtb=op.sendtb, where=op.where),
+                    (src,), dst)
+            continue
+        m = len(messages)
+        channel = op.channel or 0
+        sender = len(instrs)
+        add(Instr(sender, op.src_rank, StepOp.SEND, (src,), None, op.size, send_peer=op.dst_rank,
+                  msg_out=m, channel=channel, sendtb=op.sendtb, where=op.where), (src,), None)
+        receiver = len(instrs)
+        if reduce:
+            add(Instr(receiver, op.dst_rank, StepOp.RRC, (dst,), dst, op.size, recv_peer=op.src_rank,
+                      msg_in=m, channel=channel, recvtb=op.recvtb, where=op.where), (dst,), dst)
+        else:
+            add(Instr(receiver, op.dst_rank, StepOp.RECV, (), dst, op.size, recv_peer=op.src_rank,
+                      msg_in=m, channel=channel, recvtb=op.recvtb, where=op.where), (), dst)
+        messages.append([sender, receiver])
+    return Dag(instrs, preds, succs, readers, overwriters, overwritten, messages)

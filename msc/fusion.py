@@ -1,0 +1,166 @@
+"""Instruction fusion: rules as data, applied to the DAG.
+
+Each rule joins a ``first`` instruction with a ``second`` one that consumes
+the value ``first`` wrote, when the second's only dependency is the first
+(so nothing can come between them) and the rule's condition holds:
+
+    copy(x -> y)    rrc(y -> y)       -> rrc(x -> y)      out of place: reduce straight from the input
+    copy(x -> y)    reduce(y <- y, a) -> reduce(y <- x, a)
+    reduce(y <- .., a) reduce(y <- y, b) -> reduce(y <- .., a, b)   a chain of local reduces, one pass
+    recv(x)         send(x)           -> rcs(x)            forward what arrives
+    rrc(s -> x)     send(x)           -> rrcs(s -> x)      reduce what arrives, keep it, forward it
+    rrcs(s -> x)    (x dead)          -> rrs(s)            ... and do not keep it when nobody reads it
+
+The local rules (first three) drop the intermediate store, so they need the
+first's value to have no other reader. The forwarding rules keep the store
+and need the receive and send to share a threadblock: ``allowed(first,
+second)`` decides that (threadblock assignment), and ``forwarding_pairs``
+lists the candidates it decides on.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from msc.dag import Dag, Instr
+from msc.ir import StepOp
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    first: StepOp
+    second: StepOp
+    result: StepOp
+    keeps_store: bool          # the first's store stays (others may read it)
+
+
+LOCAL_RULES = (
+    Rule("copy(x -> y) rrc(y -> y) -> rrc(x -> y)", StepOp.COPY, StepOp.RRC, StepOp.RRC, False),
+    Rule("copy(x -> y) reduce(y <- y, a) -> reduce(y <- x, a)", StepOp.COPY, StepOp.REDUCE, StepOp.REDUCE, False),
+    Rule("reduce(y <- .., a) reduce(y <- y, b) -> reduce(y <- .., a, b)", StepOp.REDUCE, StepOp.REDUCE,
+         StepOp.REDUCE, False),
+)
+FORWARDING_RULES = (
+    Rule("recv(x) send(x) -> rcs(x)", StepOp.RECV, StepOp.SEND, StepOp.RCS, True),
+    Rule("rrc(s -> x) send(x) -> rrcs(s -> x)", StepOp.RRC, StepOp.SEND, StepOp.RRCS, True),
+)
+
+
+def _consumes(first: Instr, second: Instr, rule: Rule) -> bool:
+    """``second`` reads exactly the chunks ``first`` wrote, in the place the rule expects."""
+    if first.dst is None or first.rank != second.rank or first.count != second.count:
+        return False
+    if rule.second is StepOp.SEND:
+        return second.srcs[0] == first.dst
+    # rrc(y -> y) / reduce(y <- y, ..): the value is read and rewritten in place
+    return second.dst == first.dst and second.srcs[0] == first.dst
+
+
+def _joined(first: Instr, second: Instr, rule: Rule) -> Instr:
+    if rule.second is StepOp.SEND:
+        return first._replace(op=rule.result, send_peer=second.send_peer, msg_out=second.msg_out,
+                              sendtb=second.sendtb, where=second.where)
+    if rule.first is StepOp.COPY:   # the copy's source replaces the in-place operand
+        return second._replace(id=first.id, srcs=first.srcs + second.srcs[1:], where=second.where)
+    return second._replace(id=first.id, srcs=first.srcs + second.srcs[1:])
+
+
+def _sources_stable(dag: Dag, first: Instr, second: Instr) -> bool:
+    """Moving first's reads to second's time is safe: whatever overwrites a
+    chunk first read already waits for second."""
+    return all(second.id in dag.preds[w] for w in dag.overwriters[first.id] if w != second.id)
+
+
+def _candidates(dag: Dag, rules) -> list[tuple[Instr, Instr, Rule]]:
+    found = []
+    by_first = {}
+    for rule in rules:
+        by_first.setdefault(rule.first, []).append(rule)
+    for first in dag.live():
+        for rule in by_first.get(first.op, ()):
+            for sid in sorted(dag.succs[first.id]):
+                second = dag.instrs[sid]
+                if (second is not None and second.op is rule.second and dag.preds[sid] == {first.id}
+                        and _consumes(first, second, rule)):
+                    if not rule.keeps_store and (dag.readers[first.id] != {sid}
+                                                 or not _sources_stable(dag, first, second)):
+                        continue
+                    found.append((first, second, rule))
+                    break
+    return found
+
+
+def _merge(dag: Dag, first: Instr, second: Instr, joined: Instr, keeps_store: bool) -> None:
+    """Replace first and second by ``joined``, which takes first's id: every
+    table that named second names the joined instruction instead."""
+    a, b = first.id, second.id
+    for p in dag.preds[b]:          # whoever b depended on lists b as a successor/reader/overwriter
+        if p != a:
+            for table in (dag.succs, dag.readers, dag.overwriters):
+                if b in table[p]:
+                    table[p].discard(b)
+                    table[p].add(a)
+    for s in dag.succs[b]:
+        dag.preds[s].discard(b)
+        dag.preds[s].add(a)
+    dag.preds[a] = (dag.preds[a] | dag.preds[b]) - {a, b}
+    dag.succs[a] = (dag.succs[a] | dag.succs[b]) - {a, b}
+    dag.overwriters[a] = (dag.overwriters[a] | dag.overwriters[b]) - {a, b}
+    if keeps_store:                 # the joined write is first's (second is a send)
+        dag.readers[a] = dag.readers[a] - {b}
+    else:                           # first's store is gone; the joined write is second's
+        dag.readers[a] = dag.readers[b] - {a}
+        dag.overwritten[a] = dag.overwritten[b]
+    dag.preds[b], dag.succs[b], dag.readers[b], dag.overwriters[b] = set(), set(), set(), set()
+    dag.instrs[a], dag.instrs[b] = joined, None
+    for msg in (joined.msg_in, joined.msg_out):
+        if msg is not None:
+            pair = dag.messages[msg]
+            pair[:] = [a if x == b else x for x in pair]
+
+
+def fuse_local(dag: Dag) -> Dag:
+    """Apply the local rules until none applies."""
+    dag = dag.copy()
+    while True:
+        found = _candidates(dag, LOCAL_RULES)
+        done = set()
+        for first, second, rule in found:
+            if first.id in done or second.id in done:
+                continue
+            first, second = dag.instrs[first.id], dag.instrs[second.id]
+            if first is None or second is None:
+                continue
+            _merge(dag, first, second, _joined(first, second, rule), rule.keeps_store)
+            done.update((first.id, second.id))
+        if not done:
+            return dag
+
+
+def forwarding_pairs(dag: Dag) -> list[tuple[Instr, Instr, Rule]]:
+    """Receive-then-send pairs that could fuse (rcs, rrcs)."""
+    return _candidates(dag, FORWARDING_RULES)
+
+
+def fuse_forwarding(dag: Dag, allowed: Callable[[Instr, Instr], bool]) -> Dag:
+    """Fuse the receive-then-send pairs ``allowed`` accepts, chains included
+    (a receive fuses with one send; other sends of the same chunk stay)."""
+    dag = dag.copy()
+    for first, second, rule in forwarding_pairs(dag):
+        first, second = dag.instrs[first.id], dag.instrs[second.id]
+        if first is None or second is None or not allowed(first, second):
+            continue
+        _merge(dag, first, second, _joined(first, second, rule), rule.keeps_store)
+    return dag
+
+
+def drop_dead_stores(dag: Dag, final: Callable[[Instr], bool]) -> Dag:
+    """rrcs(s -> x) -> rrs(s) where nobody reads x's new value and it does not
+    survive to the end (``final(instr)``: its chunks are part of the result)."""
+    dag = dag.copy()
+    for instr in dag.live():
+        if (instr.op is StepOp.RRCS and not dag.readers[instr.id]
+                and (dag.overwritten[instr.id] or not final(instr))):
+            dag.instrs[instr.id] = instr._replace(op=StepOp.RRS, dst=None, store=instr.dst)
+    return dag

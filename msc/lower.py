@@ -1,0 +1,89 @@
+"""Lowering a verified program to a plan: the pipeline, one pass a line.
+
+    trace ops --replicate--> instances --allocate_scratch--> one scratch buffer per rank
+      --build_dag--> instructions --fuse_local--> --place--> threadblocks
+      --fuse_forwarding--> --drop_dead_stores--> --assign--> --order--> --build_plan--> Plan
+      --choose_slots--> the smallest connection capacity the plan is deadlock-free with
+
+Every pass is a pure function of its inputs (see dag.py, fusion.py,
+placement.py, schedule.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from msc.dag import allocate_scratch, build_dag, replicate
+from msc.errors import DeadlockError, LoweringError, UsageError
+from msc.fusion import drop_dead_stores, forwarding_pairs, fuse_forwarding, fuse_local
+from msc.ir import Plan
+from msc.placement import assign, place_auto, place_manual
+from msc.plan_check import PROTOCOLS
+from msc.schedule import build_plan, order
+
+MAX_SLOTS = 8    # the MSCCL runtime's NCCL_STEPS; our runtime provides as many
+
+
+@dataclass(frozen=True)
+class LowerOptions:
+    """How to lower. ``threadblocks``: "auto" or "manual" (honour the DSL's
+    sendtb/recvtb hints). ``tile``: pipelining tile in bytes per chunk and
+    iteration, 0 for the runtime's default."""
+
+    protocol: str = "Simple"
+    instances: int = 1
+    threadblocks: str = "auto"
+    fuse: bool = True
+    tile: int = 0
+
+    def __post_init__(self):
+        if self.protocol not in PROTOCOLS:
+            raise UsageError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {self.protocol!r}")
+        if type(self.instances) is not int or self.instances < 1:
+            raise UsageError(f"instances must be an int >= 1, got {self.instances!r}")
+        if self.threadblocks not in ("auto", "manual"):
+            raise UsageError(f"threadblocks must be 'auto' or 'manual', got {self.threadblocks!r}")
+        if type(self.tile) is not int or self.tile < 0:
+            raise UsageError(f"tile must be an int >= 0 (bytes), got {self.tile!r}")
+
+
+def lower(program, options: LowerOptions = LowerOptions(), *, collective=None) -> Plan:
+    """The plan for a traced program (verify the program first: ``msc.verify``)."""
+    layout = program.layout
+    n = layout.num_ranks
+    physical = set(layout.physical_sizes)
+    ops, scratch_sizes = replicate(program.ops, options.instances, program.scratch_sizes)
+    ops, scratch = allocate_scratch(ops, physical, scratch_sizes, n)
+    dag = build_dag(ops)
+    if options.fuse:
+        dag = fuse_local(dag)
+    if options.threadblocks == "manual":
+        placement = place_manual(dag, n)
+    else:
+        placement = place_auto(dag, forwarding_pairs(dag) if options.fuse else [], n)
+    if options.fuse:
+        dag = fuse_forwarding(dag, placement.allows)
+        dag = drop_dead_stores(dag, final=lambda instr: instr.dst.buffer != "scratch")
+    tb_of, placement = assign(dag, placement, n)
+    plan = build_plan(dag, order(dag), tb_of, placement, name=program.name, collective=layout.name,
+                      num_ranks=n, chunk_factor=layout.chunk_factor * options.instances,
+                      inplace=layout.inplace, input_chunks=layout.logical_sizes["input"] * options.instances,
+                      output_chunks=layout.logical_sizes["output"] * options.instances, scratch=scratch,
+                      root=layout.root, protocol=options.protocol, instances=options.instances, slots=1,
+                      tile=options.tile)
+    return choose_slots(plan, collective=collective)
+
+
+def choose_slots(plan: Plan, *, collective=None) -> Plan:
+    """The plan with the fewest connection slots (1, 2, 4, 8) it runs without
+    deadlock at; verifies it completely on the way."""
+    from msc.plan_verify import verify_plan
+
+    slots = 1
+    while True:
+        try:
+            verify_plan(plan, collective=collective, slots=slots)
+            return replace(plan, slots=slots)
+        except DeadlockError as exc:
+            if slots >= MAX_SLOTS:
+                raise LoweringError(f"the lowered plan deadlocks even with {MAX_SLOTS} slots per connection:\n{exc}")
+            slots *= 2

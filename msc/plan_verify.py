@@ -1,0 +1,421 @@
+"""The plan verifier: independent of the DSL verifier, it executes a plan
+abstractly, threadblock by threadblock, with symbolic chunks and FIFO
+connections that hold at most ``slots`` messages.
+
+- Postcondition: every output chunk holds exactly the contributions the
+  collective requires (the DSL verifier's multisets, ``msc.verify``).
+- Size independence: a chunk's *class* is its index within its data unit
+  (index mod chunk factor). Data may only land in a user-buffer chunk of its
+  own class and only same-class chunks are reduced together; then any element
+  count works, tail chunks included (each class has one length at run time).
+- Deadlock: when no threadblock can move, the waits (dependency, message,
+  space on a connection) are followed to a cycle, which the error lists.
+- Races: two steps of one rank that touch the same chunk, one writing, must
+  be ordered by happens-before: program order, dependencies and
+  send -> receive. Checked on the happens-before relation, not on the order
+  this executor happened to pick, so the verdict does not depend on it.
+
+Deadlock-freedom and the symbolic result do not depend on the execution
+order either: each threadblock is sequential and connections are FIFO with
+blocking ends (a Kahn network), so every order reaches the same state.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from msc.collectives import Collective, get_collective
+from msc.errors import DeadlockError, RaceError, VerificationError
+from msc.ir import Plan, StepOp
+from msc.plan_check import check_plan
+from msc.verify import Sum, contribution_error, contributions
+
+
+@dataclass(frozen=True)
+class PlanReport:
+    name: str
+    collective: str
+    num_ranks: int
+    threadblocks: int
+    steps: int
+    connections: int
+    slots: int
+    seconds: float
+
+    def to_dict(self) -> dict:
+        return {"plan": self.name, "collective": self.collective, "ranks": self.num_ranks,
+                "threadblocks": self.threadblocks, "steps": self.steps, "connections": self.connections,
+                "slots": self.slots, "seconds": round(self.seconds, 6), "verified": True}
+
+
+def _cls(value, k):
+    return value.c if type(value) is Sum else value[1] % k
+
+
+def verify_plan(plan: Plan, *, collective: Collective | None = None, slots: int | None = None,
+                check_races: bool = True) -> PlanReport:
+    """Verify ``plan``; raise VerificationError (DeadlockError, RaceError) or
+    PlanError. ``slots`` overrides the plan's connection capacity."""
+    start = time.perf_counter()
+    check_plan(plan)
+    coll = collective or get_collective(plan.collective)
+    layout = coll.layout(plan.num_ranks, plan.chunk_factor, plan.inplace, plan.root)
+    run = _Execution(plan, layout, slots or plan.slots)
+    run.execute()
+    if check_races:
+        run.check_races()
+    run.check_outputs()
+    return PlanReport(plan.name, plan.collective, plan.num_ranks,
+                      sum(len(r.threadblocks) for r in plan.ranks), run.total_steps, len(run.queues),
+                      slots or plan.slots, time.perf_counter() - start)
+
+
+class _Execution:
+    def __init__(self, plan: Plan, layout, capacity: int):
+        self.plan, self.layout, self.capacity = plan, layout, capacity
+        self.k = plan.chunk_factor
+        n = plan.num_ranks
+        self.bufs, self.writer = [], []
+        for rank in range(n):
+            sizes = dict(layout.physical_sizes)
+            sizes["scratch"] = plan.ranks[rank].scratch
+            bufs = {b: [None] * c for b, c in sizes.items()}
+            for buf, index, label in layout.initial(rank):
+                bufs[buf][index] = label
+            self.bufs.append(bufs)
+            self.writer.append({b: [None] * c for b, c in sizes.items()})
+        # global step ids: base[rank][tb] + step
+        self.base, gid = [], 0
+        for rp in plan.ranks:
+            row = []
+            for tb in rp.threadblocks:
+                row.append(gid)
+                gid += len(tb.steps)
+            self.base.append(row)
+        self.total_steps = gid
+        self.when = [-1] * gid            # execution order of each step
+        self.sender = {}                  # receiving gid -> sending gid
+        self.pcs = [[0] * len(rp.threadblocks) for rp in plan.ranks]
+        self.queues: dict[tuple, list] = {}
+        self.heads: dict[tuple, int] = {}
+        for rp in plan.ranks:
+            for tb in rp.threadblocks:
+                if tb.send is not None:
+                    self.queues.setdefault((rp.rank, tb.send, tb.channel), [])
+                if tb.recv is not None:
+                    self.queues.setdefault((tb.recv, rp.rank, tb.channel), [])
+        self.heads = {c: 0 for c in self.queues}
+        self.tb_of_end = {}               # (src, dst, ch, "send"/"recv") -> (rank, tb)
+        for rp in plan.ranks:
+            for tb in rp.threadblocks:
+                if tb.send is not None:
+                    self.tb_of_end[(rp.rank, tb.send, tb.channel, "send")] = (rp.rank, tb.id)
+                if tb.recv is not None:
+                    self.tb_of_end[(tb.recv, rp.rank, tb.channel, "recv")] = (rp.rank, tb.id)
+
+    # -- running ------------------------------------------------------------
+    def execute(self) -> None:
+        plan = self.plan
+        waiting: dict = {}                # what a blocked tb waits on -> [tbs]
+        work = [(rp.rank, tb.id) for rp in plan.ranks for tb in rp.threadblocks]
+        work.reverse()
+        clock = 0
+        while work:
+            rank, t = work.pop()
+            tb = plan.ranks[rank].threadblocks[t]
+            pcs = self.pcs[rank]
+            while pcs[t] < len(tb.steps):
+                s = pcs[t]
+                step = tb.steps[s]
+                blocker = self._blocker(rank, tb, step)
+                if blocker is not None:
+                    waiting.setdefault(blocker, []).append((rank, t))
+                    break
+                woken = self._run(rank, tb, s, step, clock)
+                clock += 1
+                pcs[t] = s + 1
+                for key in woken + [("tb", rank, t)]:
+                    work.extend(waiting.pop(key, ()))
+        self._check_finished()
+
+    def _blocker(self, rank, tb, step):
+        pcs = self.pcs[rank]
+        for dt, ds in step.deps:
+            if pcs[dt] <= ds:
+                return ("tb", rank, dt)
+        if step.op.receives:
+            conn = (tb.recv, rank, tb.channel)
+            if self.heads[conn] >= len(self.queues[conn]):
+                return ("msg", conn)
+        if step.op.sends:
+            conn = (rank, tb.send, tb.channel)
+            if len(self.queues[conn]) - self.heads[conn] >= self.capacity:
+                return ("space", conn)
+        return None
+
+    def _read(self, rank, tb, s, sl):
+        buf = self.bufs[rank][sl.buffer]
+        out = buf[sl.index:sl.index + sl.count]
+        for j, v in enumerate(out):
+            if v is None:
+                step = self.plan.ranks[rank].threadblocks[tb.id].steps[s]
+                raise VerificationError(
+                    f"rank {rank} threadblock {tb.id} step {s} ({step.op.value}) reads rank {rank} "
+                    f"{sl.buffer}[{sl.index + j}], which nothing has written",
+                    rank=rank, buffer=sl.buffer, index=sl.index + j, where=step.where)
+        return out
+
+    def _add(self, rank, tb, s, a, b):
+        k = self.k
+        ca, cb = _cls(a, k), _cls(b, k)
+        if ca != cb:
+            step = self.plan.ranks[rank].threadblocks[tb.id].steps[s]
+            raise VerificationError(
+                f"rank {rank} threadblock {tb.id} step {s} ({step.op.value}) reduces chunks of different "
+                f"classes ({ca} and {cb}: positions within a data unit of {k} chunks); the plan would only be "
+                f"right when the element count is a multiple of {k}", rank=rank, where=step.where)
+        node = Sum(a, b)
+        node.c = ca
+        return node
+
+    def _write(self, rank, tb, s, sl, values):
+        buf = self.bufs[rank][sl.buffer]
+        wr = self.writer[rank][sl.buffer]
+        gid = self.base[rank][tb.id] + s
+        user = sl.buffer != "scratch"
+        for j, v in enumerate(values):
+            x = sl.index + j
+            if user and _cls(v, self.k) != x % self.k:
+                step = self.plan.ranks[rank].threadblocks[tb.id].steps[s]
+                raise VerificationError(
+                    f"rank {rank} threadblock {tb.id} step {s} ({step.op.value}) writes a chunk of class "
+                    f"{_cls(v, self.k)} into {sl.buffer}[{x}] (class {x % self.k}); the plan would only be right "
+                    f"when the element count is a multiple of {self.k}", rank=rank, buffer=sl.buffer, index=x,
+                    where=step.where)
+            buf[x] = v
+            wr[x] = gid
+
+    def _run(self, rank, tb, s, step, clock) -> list:
+        op = step.op
+        gid = self.base[rank][tb.id] + s
+        self.when[gid] = clock
+        woken = []
+        got = None
+        if op.receives:
+            conn = (tb.recv, rank, tb.channel)
+            q = self.queues[conn]
+            sender_gid, got = q[self.heads[conn]]
+            q[self.heads[conn]] = None
+            self.heads[conn] += 1
+            self.sender[gid] = sender_gid
+            woken.append(("space", conn))
+        srcs = [self._read(rank, tb, s, sl) for sl in step.srcs]
+        out = None
+        if op is StepOp.SEND:
+            out = srcs[0]
+        elif op in (StepOp.RECV, StepOp.RCS):
+            out = got
+            self._write(rank, tb, s, step.dst, got)
+        elif op in (StepOp.RRS, StepOp.RRC, StepOp.RRCS):
+            out = [self._add(rank, tb, s, a, b) for a, b in zip(srcs[0], got)]
+            if step.dst is not None:
+                self._write(rank, tb, s, step.dst, out)
+        elif op is StepOp.COPY:
+            self._write(rank, tb, s, step.dst, srcs[0])
+        elif op is StepOp.REDUCE:
+            acc = srcs[0]
+            for more in srcs[1:]:
+                acc = [self._add(rank, tb, s, a, b) for a, b in zip(acc, more)]
+            self._write(rank, tb, s, step.dst, acc)
+        if op.sends:
+            conn = (rank, tb.send, tb.channel)
+            self.queues[conn].append((gid, list(out)))
+            woken.append(("msg", conn))
+        return woken
+
+    # -- deadlock -----------------------------------------------------------
+    def _check_finished(self) -> None:
+        plan = self.plan
+        stuck = {}
+        for rp in plan.ranks:
+            for tb in rp.threadblocks:
+                s = self.pcs[rp.rank][tb.id]
+                if s < len(tb.steps):
+                    stuck[(rp.rank, tb.id)] = (s, self._blocker(rp.rank, tb, tb.steps[s]))
+        if not stuck:
+            return
+        start = min(stuck)
+        chain, seen, node = [], {}, start
+        while node in stuck and node not in seen:
+            seen[node] = len(chain)
+            s, why = stuck[node]
+            nxt, text = self._waits_on(node, s, why)
+            chain.append((node[0], node[1], s, text))
+            node = nxt
+        if node in seen:
+            cycle = chain[seen[node]:]
+            head = "deadlock: every threadblock in this cycle waits for the next"
+        else:
+            cycle = chain
+            rank, t = node
+            head = (f"deadlock: the wait ends at rank {rank} threadblock {t}, which has finished "
+                    f"(a message or step that never comes)")
+        lines = [f"  rank {r} threadblock {t} step {s}: {text}" for r, t, s, text in cycle]
+        where = plan.ranks[cycle[0][0]].threadblocks[cycle[0][1]].steps[cycle[0][2]].where
+        err = DeadlockError(head + f" ({len(stuck)} threadblocks stuck)\n" + "\n".join(lines), cycle)
+        err.where = where
+        raise err
+
+    def _waits_on(self, node, s, why):
+        kind = why[0]
+        if kind == "tb":
+            _, rank, dt = why
+            step = self.plan.ranks[node[0]].threadblocks[node[1]].steps[s]
+            ds = max(d for t, d in step.deps if t == dt)
+            return (rank, dt), f"waits for threadblock {dt} step {ds} of its rank"
+        conn = why[1]
+        src, dst, ch = conn
+        if kind == "msg":
+            return self.tb_of_end.get((src, dst, ch, "send"), (src, -1)), \
+                f"waits for a message from rank {src} (channel {ch})"
+        return self.tb_of_end.get((src, dst, ch, "recv"), (dst, -1)), \
+            f"waits for space to send to rank {dst} (channel {ch}, {self.capacity} slot(s) full)"
+
+    # -- races ----------------------------------------------------------------
+    def check_races(self) -> None:
+        """FastTrack over the observed order with a static happens-before:
+        each access must follow the chunk's last write, and a write must also
+        follow every read since. Local vector clocks (one entry per
+        threadblock of the rank) answer most questions; the rest search the
+        happens-before graph backwards, pruned by execution time."""
+        plan = self.plan
+        for rp in plan.ranks:
+            tbs = rp.threadblocks
+            if not tbs:
+                continue
+            nt = len(tbs)
+            order = sorted(((self.when[self.base[rp.rank][tb.id] + s], tb.id, s)
+                            for tb in tbs for s in range(len(tb.steps))))
+            vcs = [[None] * len(tb.steps) for tb in tbs]
+            last_write, reads = {}, {}
+            for _, t, s in order:
+                step = tbs[t].steps[s]
+                vc = list(vcs[t][s - 1]) if s else [0] * nt
+                for dt, ds in step.deps:
+                    dv = vcs[dt][ds]
+                    for i in range(nt):
+                        if dv[i] > vc[i]:
+                            vc[i] = dv[i]
+                    if ds + 1 > vc[dt]:
+                        vc[dt] = ds + 1
+                vc[t] = s
+                vcs[t][s] = vc
+                here = (t, s)
+                for sl in step.srcs:
+                    for x in range(sl.index, sl.index + sl.count):
+                        key = (sl.buffer, x)
+                        w = last_write.get(key)
+                        if w is not None and not self._before(rp.rank, w, here, vc):
+                            self._race(rp.rank, w, here, key, "writes", "reads")
+                        reads.setdefault(key, []).append(here)
+                if step.dst is not None:
+                    sl = step.dst
+                    for x in range(sl.index, sl.index + sl.count):
+                        key = (sl.buffer, x)
+                        w = last_write.get(key)
+                        if w is not None and not self._before(rp.rank, w, here, vc):
+                            self._race(rp.rank, w, here, key, "writes", "writes")
+                        for r in reads.pop(key, ()):
+                            if r != here and not self._before(rp.rank, r, here, vc):
+                                self._race(rp.rank, r, here, key, "reads", "writes")
+                        last_write[key] = here
+
+    def _before(self, rank, a, b, vc_b) -> bool:
+        ta, sa = a
+        tb, sb = b
+        if ta == tb:
+            return sa < sb
+        if vc_b[ta] > sa:
+            return True
+        return self._reaches(rank, a, b)
+
+    def _reaches(self, rank, a, b) -> bool:
+        """Is there a happens-before path from step a to step b (both on
+        ``rank``)? Searched backwards from b over steps that ran after a."""
+        plan = self.plan
+        target = self.base[rank][a[0]] + a[1]
+        floor = self.when[target]
+        start = self.base[rank][b[0]] + b[1]
+        loc = {}
+        for r, row in enumerate(self.base):
+            for t, g in enumerate(row):
+                loc[g] = (r, t)
+        bases = sorted(loc)
+        import bisect
+
+        def where(g):
+            g0 = bases[bisect.bisect_right(bases, g) - 1]
+            r, t = loc[g0]
+            return r, t, g - g0
+
+        stack, seen = [start], {start}
+        while stack:
+            g = stack.pop()
+            if g == target:
+                return True
+            r, t, s = where(g)
+            step = plan.ranks[r].threadblocks[t].steps[s]
+            preds = []
+            if s:
+                preds.append(g - 1)
+            preds.extend(self.base[r][dt] + ds for dt, ds in step.deps)
+            if g in self.sender:
+                preds.append(self.sender[g])
+            for p in preds:
+                if p not in seen and self.when[p] >= floor:
+                    seen.add(p)
+                    stack.append(p)
+        return False
+
+    def _race(self, rank, a, b, key, how_a, how_b):
+        tbs = self.plan.ranks[rank].threadblocks
+        sa, sb = tbs[a[0]].steps[a[1]], tbs[b[0]].steps[b[1]]
+        buf, x = key
+        raise RaceError(
+            f"race on rank {rank} {buf}[{x}]: threadblock {a[0]} step {a[1]} ({sa.op.value}, from {sa.where}) "
+            f"{how_a} it and threadblock {b[0]} step {b[1]} ({sb.op.value}, from {sb.where}) {how_b} it, "
+            f"and nothing orders the two (add a dependency)",
+            ((rank, a[0], a[1]), (rank, b[0], b[1])), rank=rank, buffer=buf, index=x, where=sb.where)
+
+    # -- postcondition --------------------------------------------------------
+    def check_outputs(self) -> None:
+        checked = set()
+        for rank in range(self.plan.num_ranks):
+            for index, buf, pidx, expected in self.layout.expected(rank):
+                if expected is None:
+                    continue
+                value = self.bufs[rank][buf][pidx]
+                if value is None:
+                    raise VerificationError(f"rank {rank} output[{index}] is never written by the plan",
+                                            rank=rank, buffer="output", index=index)
+                key = (id(value), id(expected))
+                if key in checked:
+                    continue
+                found = contributions(value)
+                if found != expected.counts:
+                    gid = self.writer[rank][buf][pidx]
+                    how, where = "it still holds its initial value", None
+                    if gid is not None:
+                        r, t, s = self._locate(gid)
+                        step = self.plan.ranks[r].threadblocks[t].steps[s]
+                        how, where = f"last written by threadblock {t} step {s} ({step.op.value})", step.where
+                    raise contribution_error(rank, index, expected.counts, found, how, where)
+                checked.add(key)
+
+    def _locate(self, gid):
+        for r, row in enumerate(self.base):
+            for t, g in enumerate(row):
+                steps = len(self.plan.ranks[r].threadblocks[t].steps)
+                if g <= gid < g + steps:
+                    return r, t, gid - g
+        raise KeyError(gid)
