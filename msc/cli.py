@@ -65,10 +65,32 @@ def trace_from_args(args):
     return msc.trace(alg, args.ranks, inplace=inplace, **parse_params(args.param))
 
 
+def is_plan_file(path: str) -> bool:
+    """A .plan or .xml file, or any existing file that is not Python; other
+    names are algorithm files or library names (allreduce/ring)."""
+    from pathlib import Path
+
+    if path.endswith((".plan", ".xml")):
+        return True
+    return not path.endswith(".py") and Path(path).is_file()
+
+
 def cmd_verify(args) -> int:
     import msc
     from msc.loader import is_msccl_script, run_script
 
+    if is_plan_file(args.file):
+        from msc.plan_text import load_plan
+        from msc.plan_verify import verify_plan
+
+        report = verify_plan(load_plan(args.file, verify=False))
+        if args.json:
+            print(json.dumps(report.to_dict()))
+        else:
+            print(f"verified plan: {report.name} ({report.collective}, {report.num_ranks} ranks, "
+                  f"{report.threadblocks} threadblocks, {report.steps} steps, {report.connections} connections, "
+                  f"{report.slots} slot(s)) in {report.seconds:.3f} s: no deadlock, no race, outputs right")
+        return 0
     if is_msccl_script(args.file):
         programs = run_script(args.file, args.script_args)
         if not programs:
@@ -85,6 +107,97 @@ def cmd_verify(args) -> int:
             print(f"verified: {report.name} ({report.collective}, {report.num_ranks} ranks, "
                   f"{report.ops} ops, {report.chunk_ops} chunk ops, {report.output_chunks} output chunks checked) "
                   f"in {report.seconds:.3f} s")
+    return 0
+
+
+def lower_options(args, overrides: dict | None = None):
+    from msc.lower import LowerOptions
+
+    values = dict(protocol=args.protocol, instances=args.instances, threadblocks=args.threadblocks,
+                  fuse=not args.no_fuse, tile=args.tile)
+    values.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    return LowerOptions(**values)
+
+
+def default_plan_name(program, options) -> str:
+    parts = [program.collective, program.name, f"n{program.num_ranks}"]
+    if options.instances != 1:
+        parts.append(f"i{options.instances}")
+    if options.protocol != "Simple":
+        parts.append(options.protocol)
+    return "-".join(parts) + ".plan"
+
+
+def cmd_compile(args) -> int:
+    import time
+
+    import msc
+    from msc.loader import is_msccl_script, run_script
+    from msc.lower import lower
+    from msc.plan_text import save_plan
+
+    if is_msccl_script(args.file):
+        programs = run_script(args.file, args.script_args)
+        if not programs:
+            raise UsageError(f"{args.file} defined no MSCCLProgram")
+        jobs = []
+        for prog in programs:
+            given = prog.params
+            jobs.append((prog, lower_options(args, {
+                "instances": given.get("instances"), "protocol": given.get("protocol"),
+                "threadblocks": given.get("threadblock_policy"), "fuse": given.get("instr_fusion")})))
+    else:
+        prog = trace_from_args(args)
+        jobs = [(prog, lower_options(args))]
+    if args.output and len(jobs) > 1:
+        raise UsageError(f"{args.file} defines {len(jobs)} programs; -o names one file (leave it out)")
+    for prog, options in jobs:
+        start = time.perf_counter()
+        msc.verify(prog)
+        plan = lower(prog, options)
+        path = save_plan(plan, args.output or default_plan_name(prog, options))
+        seconds = time.perf_counter() - start
+        tbs = sum(len(r.threadblocks) for r in plan.ranks)
+        if args.json:
+            print(json.dumps({"algorithm": prog.name, "plan": str(path), "ranks": plan.num_ranks,
+                              "steps": plan.num_steps(), "threadblocks": tbs, "slots": plan.slots,
+                              "protocol": plan.protocol, "instances": plan.instances,
+                              "seconds": round(seconds, 6), "verified": True}))
+        else:
+            print(f"compiled: {prog.name} ({plan.collective}, {plan.num_ranks} ranks, {plan.protocol}, "
+                  f"{plan.instances} instance(s)) -> {path}: {plan.num_steps()} steps in {tbs} threadblocks, "
+                  f"{plan.slots} slot(s); program and plan verified in {seconds:.3f} s")
+    return 0
+
+
+def load_plan_arg(path: str, verify: bool = True):
+    from msc.plan_text import load_plan
+
+    return load_plan(path, verify=verify)
+
+
+def cmd_export(args) -> int:
+    from msc.xml_export import plan_to_xml
+
+    plan = load_plan_arg(args.plan, verify=not args.no_verify)
+    text = plan_to_xml(plan, runtime=args.runtime, min_bytes=args.min_bytes, max_bytes=args.max_bytes)
+    if args.output:
+        from pathlib import Path
+
+        Path(args.output).write_text(text)
+        print(f"exported {args.plan} -> {args.output} (MSCCL XML for the {args.runtime} runtime)")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def cmd_import(args) -> int:
+    from msc.plan_text import save_plan
+
+    plan = load_plan_arg(args.xml, verify=not args.no_verify)
+    save_plan(plan, args.output)
+    print(f"imported {args.xml} -> {args.output}: {plan.collective}, {plan.num_ranks} ranks, "
+          f"{plan.num_steps()} steps" + ("" if args.no_verify else ", verified"))
     return 0
 
 
@@ -119,12 +232,49 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--inplace", choices=("in", "out"), help="force the in-place or out-of-place form")
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show Python tracebacks")
 
-    p = sub.add_parser("verify", help="verify an algorithm symbolically")
+    p = sub.add_parser("verify", help="verify an algorithm symbolically, or a plan (.plan / MSCCL .xml)")
     algorithm_args(p)
     p.add_argument("--json", action="store_true", help="print a JSON summary")
     p.add_argument("script_args", nargs="*", metavar="-- ARGS",
                    help="arguments for an MSCCLang script (after --)")
     p.set_defaults(func=cmd_verify)
+
+    p = sub.add_parser("compile", help="verify an algorithm, lower it to a plan, verify the plan, write it")
+    algorithm_args(p)
+    p.add_argument("--protocol", choices=("Simple", "LL", "LL128"), default="Simple")
+    p.add_argument("--instances", type=int, default=1, help="replicate the schedule on more channels")
+    p.add_argument("--threadblocks", choices=("auto", "manual"), default="auto",
+                   help="manual: honour the sendtb/recvtb hints")
+    p.add_argument("--no-fuse", action="store_true", help="keep every send and receive a step of its own")
+    p.add_argument("--tile", type=int, default=0, help="pipelining tile in bytes per chunk (0: runtime default)")
+    p.add_argument("-o", "--output", help="plan file (default: COLLECTIVE-NAME-nRANKS.plan)")
+    p.add_argument("--json", action="store_true", help="print a JSON summary")
+    p.add_argument("script_args", nargs="*", metavar="-- ARGS", help="arguments for an MSCCLang script")
+    p.set_defaults(func=cmd_compile)
+
+    p = sub.add_parser("export", help="write a plan as MSCCL XML")
+    p.add_argument("plan")
+    p.add_argument("--format", choices=("msccl-xml",), default="msccl-xml")
+    p.add_argument("--runtime", choices=("msccl", "azure"), default="msccl",
+                   help="which MSCCL runtime reads it (attribute spellings)")
+    p.add_argument("--min-bytes", type=int, default=0)
+    p.add_argument("--max-bytes", type=int, default=None)
+    p.add_argument("-o", "--output")
+    p.add_argument("--no-verify", action="store_true")
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("import", help="read MSCCL XML (from MSCCLang, TACCL, by hand) into a plan file")
+    p.add_argument("xml")
+    p.add_argument("-o", "--output", required=True)
+    p.add_argument("--no-verify", action="store_true")
+    p.set_defaults(func=cmd_import)
+
+    try:
+        from msc.runner import add_run_command
+    except ImportError:
+        pass
+    else:
+        add_run_command(sub, load_plan_arg)
 
     p = sub.add_parser("list", help="list the algorithms in files (default: the library)")
     p.add_argument("files", nargs="*")

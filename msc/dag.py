@@ -55,9 +55,10 @@ class Dag:
     messages: list                  # message id -> [sender id, receiver id]
 
     def copy(self) -> Dag:
-        return Dag(list(self.instrs), [set(s) for s in self.preds], [set(s) for s in self.succs],
-                   [set(s) for s in self.readers], [set(s) for s in self.overwriters],
-                   list(self.overwritten), [list(m) for m in self.messages])
+        """A copy whose tables are new lists sharing their sets: a pass
+        replaces a set it changes (never edits one), so the input stays whole."""
+        return Dag(list(self.instrs), list(self.preds), list(self.succs), list(self.readers),
+                   list(self.overwriters), list(self.overwritten), list(self.messages))
 
     def live(self):
         return (i for i in self.instrs if i is not None)
@@ -112,6 +113,22 @@ def allocate_scratch(ops, physical: set[str], scratch_sizes: dict, num_ranks: in
 def build_dag(ops: list[Op]) -> Dag:
     """Instructions and their local dependencies from a trace whose buffers
     are physical (input, output, scratch)."""
+    slices: dict[tuple, Slice] = {}
+
+    def make_slice(buffer, index, count):
+        key = (buffer, index, count)
+        sl = slices.get(key)
+        if sl is None:
+            sl = slices[key] = Slice(buffer, index, count)
+        return sl
+
+    buffer_ids: dict[str, int] = {}
+    stride = 1 + max((max(op.src_index, op.dst_index) + op.size for op in ops), default=0)
+
+    def slot(rank, buffer, index):     # an int per (rank, buffer, chunk): cheaper than a tuple key
+        b = buffer_ids.setdefault(buffer, len(buffer_ids))
+        return ((rank * 4) + b) * stride + index
+
     instrs, messages = [], []
     last_writer: dict = {}            # (rank, buffer, index) -> instr id
     readers_since: dict = {}          # (rank, buffer, index) -> [instr ids]
@@ -131,7 +148,7 @@ def build_dag(ops: list[Op]) -> Dag:
         rank = instr.rank
         for sl in reads:
             for x in range(sl.index, sl.index + sl.count):
-                key = (rank, sl.buffer, x)
+                key = slot(rank, sl.buffer, x)
                 w = last_writer.get(key)
                 if w is not None and w != iid:
                     p.add(w)
@@ -140,7 +157,7 @@ def build_dag(ops: list[Op]) -> Dag:
         if writes is not None:
             pending_overwrite[iid] = writes.count
             for x in range(writes.index, writes.index + writes.count):
-                key = (rank, writes.buffer, x)
+                key = slot(rank, writes.buffer, x)
                 for r in readers_since.pop(key, ()):
                     if r != iid:
                         p.add(r)
@@ -157,8 +174,8 @@ def build_dag(ops: list[Op]) -> Dag:
             succs[q].add(iid)
 
     for op in ops:
-        src = Slice(op.src_buffer, op.src_index, op.size)
-        dst = Slice(op.dst_buffer, op.dst_index, op.size)
+        src = make_slice(op.src_buffer, op.src_index, op.size)
+        dst = make_slice(op.dst_buffer, op.dst_index, op.size)
         reduce = op.kind is OpKind.REDUCE
         if op.src_rank == op.dst_rank:
             if reduce:

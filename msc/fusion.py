@@ -51,10 +51,16 @@ def _consumes(first: Instr, second: Instr, rule: Rule) -> bool:
     """``second`` reads exactly the chunks ``first`` wrote, in the place the rule expects."""
     if first.dst is None or first.rank != second.rank or first.count != second.count:
         return False
+    d = first.dst
     if rule.second is StepOp.SEND:
-        return second.srcs[0] == first.dst
+        return _same(second.srcs[0], d)
     # rrc(y -> y) / reduce(y <- y, ..): the value is read and rewritten in place
-    return second.dst == first.dst and second.srcs[0] == first.dst
+    return _same(second.dst, d) and _same(second.srcs[0], d)
+
+
+def _same(x, y) -> bool:
+    return x is y or (x is not None and y is not None and x.buffer == y.buffer and x.index == y.index
+                      and x.count == y.count)
 
 
 def _joined(first: Instr, second: Instr, rule: Rule) -> Instr:
@@ -99,11 +105,9 @@ def _merge(dag: Dag, first: Instr, second: Instr, joined: Instr, keeps_store: bo
         if p != a:
             for table in (dag.succs, dag.readers, dag.overwriters):
                 if b in table[p]:
-                    table[p].discard(b)
-                    table[p].add(a)
+                    table[p] = (table[p] - {b}) | {a}
     for s in dag.succs[b]:
-        dag.preds[s].discard(b)
-        dag.preds[s].add(a)
+        dag.preds[s] = (dag.preds[s] - {b}) | {a}
     dag.preds[a] = (dag.preds[a] | dag.preds[b]) - {a, b}
     dag.succs[a] = (dag.succs[a] | dag.succs[b]) - {a, b}
     dag.overwriters[a] = (dag.overwriters[a] | dag.overwriters[b]) - {a, b}
@@ -112,12 +116,12 @@ def _merge(dag: Dag, first: Instr, second: Instr, joined: Instr, keeps_store: bo
     else:                           # first's store is gone; the joined write is second's
         dag.readers[a] = dag.readers[b] - {a}
         dag.overwritten[a] = dag.overwritten[b]
-    dag.preds[b], dag.succs[b], dag.readers[b], dag.overwriters[b] = set(), set(), set(), set()
+    empty = frozenset()
+    dag.preds[b] = dag.succs[b] = dag.readers[b] = dag.overwriters[b] = empty
     dag.instrs[a], dag.instrs[b] = joined, None
     for msg in (joined.msg_in, joined.msg_out):
         if msg is not None:
-            pair = dag.messages[msg]
-            pair[:] = [a if x == b else x for x in pair]
+            dag.messages[msg] = [a if x == b else x for x in dag.messages[msg]]
 
 
 def fuse_local(dag: Dag) -> Dag:

@@ -87,22 +87,15 @@ class StepOp(Enum):
     REDUCE = "reduce"
     NOP = "nop"
 
-    @property
-    def receives(self) -> bool:
-        return self in _RECEIVES
-
-    @property
-    def sends(self) -> bool:
-        return self in _SENDS
-
-    @property
-    def reduces(self) -> bool:
-        return self in _REDUCES
+    receives: bool   # set below, as plain attributes: hashing an Enum member is slow in hot loops
+    sends: bool
+    reduces: bool
 
 
-_RECEIVES = frozenset({StepOp.RECV, StepOp.RCS, StepOp.RRS, StepOp.RRC, StepOp.RRCS})
-_SENDS = frozenset({StepOp.SEND, StepOp.RCS, StepOp.RRS, StepOp.RRCS})
-_REDUCES = frozenset({StepOp.RRS, StepOp.RRC, StepOp.RRCS, StepOp.REDUCE})
+for _op in StepOp:
+    _op.receives = _op.name in ("RECV", "RCS", "RRS", "RRC", "RRCS")
+    _op.sends = _op.name in ("SEND", "RCS", "RRS", "RRCS")
+    _op.reduces = _op.name in ("RRS", "RRC", "RRCS", "REDUCE")
 
 # Which operands each op takes: (number of sources, has a destination).
 STEP_SHAPE = {

@@ -76,12 +76,14 @@ def lower(program, options: LowerOptions = LowerOptions(), *, collective=None) -
 def choose_slots(plan: Plan, *, collective=None) -> Plan:
     """The plan with the fewest connection slots (1, 2, 4, 8) it runs without
     deadlock at; verifies it completely on the way."""
+    from msc.plan_check import check_plan
     from msc.plan_verify import verify_plan
 
+    check_plan(plan)
     slots = 1
     while True:
         try:
-            verify_plan(plan, collective=collective, slots=slots)
+            verify_plan(plan, collective=collective, slots=slots, checked=True)
             return replace(plan, slots=slots)
         except DeadlockError as exc:
             if slots >= MAX_SLOTS:

@@ -1,0 +1,359 @@
+"""The reference executor: runs a plan for all ranks in one process on numpy
+arrays. It is the definition of what a plan computes; every backend is
+tested against it.
+
+Execution follows the plan verifier (plan_verify._Execution) with real data:
+each threadblock runs its steps in order; a step waits for its dependencies
+(steps of other threadblocks of its rank), for a message when it receives
+and for a free slot when it sends; a connection (sender, receiver, channel)
+is a FIFO holding at most ``slots`` messages. Blocked threadblocks wait on a
+worklist until what they wait for happens.
+
+Data. ``count`` (E) is the element count per data *unit* (the NCCL count).
+With k = plan.chunk_factor and q = ceil(E / k), chunk p of a user buffer
+(input, output) holds elements [u*E + min(c*q, E), u*E + min((c+1)*q, E))
+with u = p // k, c = p % k: tail chunks are shorter or empty, so any E
+works. A step reads all its operands (copies), computes, then writes; a
+chunk keeps its length wherever it moves; a scratch chunk holds whatever
+array was written into it. A length mismatch (reducing chunks of two
+lengths, writing a chunk into a user chunk of another length) raises
+ExecutionError naming rank, threadblock and step: the plan verifier's class
+check should have excluded it, and nothing is silently truncated.
+
+Reduction ops: sum, prod, max, min in the buffers' dtype (integers wrap
+around, as on a GPU; float16/bfloat16 round after every operation). avg is
+sum, then, after the plan finished, every output chunk whose postcondition
+asks for m >= 2 contributions (m = number of ranks for the built-in
+allreduce, reducescatter and reduce at the root) is divided by m: floats by
+true division rounded once to the dtype; integers truncated toward zero.
+Outputs of data-movement collectives and reduce's non-root outputs are left
+alone.
+"""
+from __future__ import annotations
+
+import random
+from collections import deque
+
+import numpy as np
+import ml_dtypes
+
+from msc.collectives import get_collective
+from msc.errors import UsageError, VerificationError
+from msc.ir import Plan, StepOp
+from msc.plan_check import check_plan
+
+DTYPES = {np.dtype(t) for t in (np.float64, np.float32, np.float16, ml_dtypes.bfloat16,
+                                 np.int32, np.int64, np.uint8)}
+_COMBINE = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum, "avg": np.add}
+OPS = tuple(_COMBINE)
+
+
+class ExecutionError(VerificationError):
+    """A plan did something the executor cannot do with real data (lengths
+    that do not match, a read of scratch nothing wrote, a stuck plan)."""
+
+    def __init__(self, message: str, *, rank=None, tb=None, step=None, where=None, **kw):
+        self.tb, self.step = tb, step
+        super().__init__(message, rank=rank, where=where, **kw)
+
+
+def chunk_bounds(index: int, count: int, k: int) -> tuple[int, int]:
+    """Element range [lo, hi) of chunk ``index`` of a user buffer."""
+    q = -(-count // k)
+    u, c = divmod(index, k)
+    base = u * count
+    return base + min(c * q, count), base + min((c + 1) * q, count)
+
+
+def buffer_elements(chunks: int, count: int, k: int) -> int:
+    """Elements of a user buffer of ``chunks`` chunks: the end of its last chunk."""
+    return chunk_bounds(chunks - 1, count, k)[1] if chunks else 0
+
+
+def divide_truncating(x: np.ndarray, d: int) -> np.ndarray:
+    """avg's final division: floats rounded once, integers toward zero."""
+    if x.dtype.kind in "iu":
+        wide = x.astype(np.int64)        # holds every supported integer; d may exceed uint8's range
+        q = wide // d                    # floor, then one up where negative and inexact
+        q += (wide < 0) & (wide % d != 0)
+        return q.astype(x.dtype)
+    return (x.astype(np.float64) / d).astype(x.dtype)
+
+
+class Executor:
+    """A plan prepared for running many times (the plan is checked once).
+
+    ``collective``: a Collective object for plans of custom collectives.
+    ``slots``: connection capacity, default plan.slots (the capacity the plan
+    was verified deadlock-free with; fewer may get stuck).
+    """
+
+    def __init__(self, plan: Plan, *, collective=None, slots: int | None = None):
+        check_plan(plan)
+        self.plan = plan
+        self.k = plan.chunk_factor
+        self.collective = get_collective(collective or plan.collective)
+        self.layout = self.collective.layout(plan.num_ranks, plan.chunk_factor, plan.inplace, plan.root)
+        self.capacity = plan.slots if slots is None else slots
+        if type(self.capacity) is not int or self.capacity < 1:
+            raise UsageError(f"slots must be an int >= 1, got {slots!r}")
+        # avg's divisors: (rank, physical buffer, chunk, m) for output chunks of m >= 2 contributions
+        self.averaged = [(rank, buf, index, m) for rank in range(plan.num_ranks)
+                         for _, buf, index, exp in self.layout.expected(rank)
+                         if exp is not None and (m := sum(exp.counts.values())) >= 2]
+
+    def buffer_sizes(self, count: int) -> dict[str, int]:
+        """Elements of every physical buffer of a rank for ``count`` elements per unit."""
+        return {b: buffer_elements(c, count, self.k) for b, c in self.layout.physical_sizes.items()}
+
+    def allocate(self, count: int, dtype) -> list[dict[str, np.ndarray]]:
+        """Zeroed physical buffers for every rank."""
+        return [{b: np.zeros(size, dtype) for b, size in self.buffer_sizes(count).items()}
+                for _ in range(self.plan.num_ranks)]
+
+    def _check_buffers(self, buffers, count):
+        n = self.plan.num_ranks
+        if type(count) is not int or count < 0:
+            raise UsageError(f"count must be an int >= 0 (elements per unit), got {count!r}")
+        if len(buffers) != n:
+            raise UsageError(f"{len(buffers)} ranks of buffers for a plan of {n} ranks")
+        sizes = self.buffer_sizes(count)
+        dtype = None
+        for rank, bufs in enumerate(buffers):
+            if set(bufs) != set(sizes):
+                raise UsageError(f"rank {rank}: buffers {sorted(bufs)}, the plan's physical buffers are "
+                                 f"{sorted(sizes)} ({'in' if self.plan.inplace else 'out of'} place)")
+            for name, arr in bufs.items():
+                where = f"rank {rank} {name}"
+                if not isinstance(arr, np.ndarray) or arr.ndim != 1:
+                    raise UsageError(f"{where}: expected a 1-D numpy array, got {type(arr).__name__} "
+                                     f"of shape {getattr(arr, 'shape', None)}")
+                if arr.dtype not in DTYPES:
+                    raise UsageError(f"{where}: unsupported dtype {arr.dtype} (supported: "
+                                     f"{', '.join(sorted(str(d) for d in DTYPES))})")
+                dtype = dtype or arr.dtype
+                if arr.dtype != dtype:
+                    raise UsageError(f"{where}: dtype {arr.dtype}, other buffers are {dtype}")
+                if arr.size != sizes[name]:
+                    raise UsageError(f"{where}: {arr.size} elements, the plan needs {sizes[name]} "
+                                     f"({self.layout.physical_sizes[name]} chunks at {count} elements per "
+                                     f"unit of {self.k} chunks)")
+                if not arr.flags.writeable:
+                    raise UsageError(f"{where}: array is read-only")
+
+    def run(self, buffers: list[dict[str, np.ndarray]], *, count: int, op: str = "sum",
+            seed: int | None = None) -> None:
+        """Run the plan on ``buffers`` (per rank: physical buffer name -> flat
+        array), in place. ``seed``: pick runnable threadblocks in a random
+        order (results must not depend on it)."""
+        if op not in _COMBINE:
+            raise UsageError(f"unknown reduction op {op!r} (expected one of {', '.join(OPS)})")
+        self._check_buffers(buffers, count)
+        _Run(self, buffers, count, _COMBINE[op], seed).execute()
+        if op == "avg":
+            for rank, buf, index, m in self.averaged:
+                lo, hi = chunk_bounds(index, count, self.k)
+                arr = buffers[rank][buf]
+                arr[lo:hi] = divide_truncating(arr[lo:hi], m)
+
+
+class _Run:
+    """One execution: program counters, FIFOs, scratch."""
+
+    def __init__(self, ex: Executor, buffers, count, combine, seed):
+        self.ex, self.plan, self.bufs, self.count, self.combine = ex, ex.plan, buffers, count, combine
+        self.rng = random.Random(seed) if seed is not None else None
+        self.scratch = [[None] * rp.scratch for rp in self.plan.ranks]
+        self.pcs = [[0] * len(rp.threadblocks) for rp in self.plan.ranks]
+        self.queues: dict[tuple, deque] = {}
+        for rp in self.plan.ranks:
+            for tb in rp.threadblocks:
+                if tb.send is not None:
+                    self.queues.setdefault((rp.rank, tb.send, tb.channel), deque())
+                if tb.recv is not None:
+                    self.queues.setdefault((tb.recv, rp.rank, tb.channel), deque())
+
+    def execute(self) -> None:
+        waiting: dict = {}
+        work = [(rp.rank, tb.id) for rp in self.plan.ranks for tb in rp.threadblocks]
+        work.reverse()
+        while work:
+            if self.rng is not None:
+                i = self.rng.randrange(len(work))
+                work[i], work[-1] = work[-1], work[i]
+            rank, t = work.pop()
+            tb = self.plan.ranks[rank].threadblocks[t]
+            pcs = self.pcs[rank]
+            while pcs[t] < len(tb.steps):
+                step = tb.steps[pcs[t]]
+                blocker = self._blocker(rank, tb, step)
+                if blocker is not None:
+                    waiting.setdefault(blocker, []).append((rank, t))
+                    break
+                woken = self._step(rank, tb, pcs[t], step)
+                pcs[t] += 1
+                for key in woken + [("tb", rank, t)]:
+                    work.extend(waiting.pop(key, ()))
+        self._check_finished()
+
+    def _blocker(self, rank, tb, step):
+        pcs = self.pcs[rank]
+        for dt, ds in step.deps:
+            if pcs[dt] <= ds:
+                return ("tb", rank, dt)
+        if step.op.receives and not self.queues[(tb.recv, rank, tb.channel)]:
+            return ("msg", (tb.recv, rank, tb.channel))
+        if step.op.sends and len(self.queues[(rank, tb.send, tb.channel)]) >= self.ex.capacity:
+            return ("space", (rank, tb.send, tb.channel))
+        return None
+
+    def _check_finished(self) -> None:
+        stuck = [(rp.rank, tb.id, self.pcs[rp.rank][tb.id]) for rp in self.plan.ranks for tb in rp.threadblocks
+                 if self.pcs[rp.rank][tb.id] < len(tb.steps)]
+        if stuck:
+            text = "; ".join(f"rank {r} threadblock {t} step {s}" for r, t, s in stuck[:8])
+            r, t, s = stuck[0]
+            raise ExecutionError(f"the plan is stuck with {self.ex.capacity} slot(s) per connection: {len(stuck)} "
+                                 f"threadblock(s) cannot go on: {text}", rank=r, tb=t, step=s)
+
+    def _fail(self, rank, tb, s, what, **kw):
+        step = tb.steps[s]
+        raise ExecutionError(f"rank {rank} threadblock {tb.id} step {s} ({step.op.value}): {what}",
+                             rank=rank, tb=tb.id, step=s, where=step.where, **kw)
+
+    def _read(self, rank, tb, s, sl) -> list[np.ndarray]:
+        if sl.buffer == "scratch":
+            out = self.scratch[rank][sl.index:sl.index + sl.count]
+            for j, a in enumerate(out):
+                if a is None:
+                    self._fail(rank, tb, s, f"reads scratch[{sl.index + j}], which nothing has written",
+                               buffer="scratch", index=sl.index + j)
+            return out
+        arr, k, count = self.bufs[rank][sl.buffer], self.ex.k, self.count
+        out = []
+        for p in range(sl.index, sl.index + sl.count):
+            lo, hi = chunk_bounds(p, count, k)
+            out.append(arr[lo:hi].copy())     # a snapshot: the buffer may change before it is used
+        return out
+
+    def _write(self, rank, tb, s, sl, values) -> None:
+        if sl.buffer == "scratch":
+            # arrays are never mutated once made, so storing shares them safely
+            self.scratch[rank][sl.index:sl.index + sl.count] = values
+            return
+        arr, k, count = self.bufs[rank][sl.buffer], self.ex.k, self.count
+        for p, a in zip(range(sl.index, sl.index + sl.count), values):
+            lo, hi = chunk_bounds(p, count, k)
+            if hi - lo != a.size:
+                self._fail(rank, tb, s, f"writes a chunk of {a.size} elements into {sl.buffer}[{p}], which holds "
+                           f"{hi - lo} at {count} elements per unit (class {p % k} of {k})",
+                           buffer=sl.buffer, index=p)
+            arr[lo:hi] = a
+
+    def _reduce(self, rank, tb, s, xs, ys) -> list[np.ndarray]:
+        out = []
+        for j, (a, b) in enumerate(zip(xs, ys)):
+            if a.size != b.size:
+                self._fail(rank, tb, s, f"reduces chunks of {a.size} and {b.size} elements (operand chunk {j}); "
+                           f"the plan mixes chunk classes")
+            out.append(self.combine(a, b))
+        return out
+
+    def _step(self, rank, tb, s, step) -> list:
+        op = step.op
+        woken = []
+        got = None
+        if op.receives:
+            conn = (tb.recv, rank, tb.channel)
+            got = self.queues[conn].popleft()
+            woken.append(("space", conn))
+            if len(got) != step.count:
+                self._fail(rank, tb, s, f"receives a message of {len(got)} chunks, the step takes {step.count}")
+        srcs = [self._read(rank, tb, s, sl) for sl in step.srcs]
+        out = None
+        if op is StepOp.SEND:
+            out = srcs[0]
+        elif op is StepOp.RECV or op is StepOp.RCS:
+            out = got
+            self._write(rank, tb, s, step.dst, got)
+        elif op is StepOp.COPY:
+            self._write(rank, tb, s, step.dst, srcs[0])
+        elif op is StepOp.REDUCE:
+            acc = srcs[0]
+            for more in srcs[1:]:
+                acc = self._reduce(rank, tb, s, acc, more)
+            self._write(rank, tb, s, step.dst, acc)
+        elif op.reduces:                              # rrs, rrc, rrcs
+            out = self._reduce(rank, tb, s, srcs[0], got)
+            if step.dst is not None:
+                self._write(rank, tb, s, step.dst, out)
+        if op.sends:
+            conn = (rank, tb.send, tb.channel)
+            self.queues[conn].append(out)
+            woken.append(("msg", conn))
+        return woken
+
+
+def run_plan(plan: Plan, buffers: list[dict[str, np.ndarray]], *, count: int, op: str = "sum",
+             collective=None, slots: int | None = None, seed: int | None = None) -> None:
+    """Run ``plan`` in place on physical ``buffers`` (per rank: {"input": ...,
+    "output": ...}, the names of the collective's layout; flat arrays sized
+    Executor.buffer_sizes(count)). Scratch is allocated here."""
+    Executor(plan, collective=collective, slots=slots).run(buffers, count=count, op=op, seed=seed)
+
+
+def poison(arr: np.ndarray) -> None:
+    """Fill with bytes 0xA5: non-zero in every dtype and easy to spot."""
+    arr.view(np.uint8)[:] = 0xA5
+
+
+def logical_view(ex: Executor, buffers, rank: int, name: str, count: int) -> np.ndarray:
+    """The elements of logical buffer ``name`` ("input"/"output") of ``rank``
+    inside its physical buffer (a view)."""
+    buf, offset = ex.layout.alias(rank, name)
+    if offset % ex.k:
+        raise UsageError(f"{name} of rank {rank} starts at chunk {offset} of {buf}, inside a data unit of "
+                         f"{ex.k} chunks: no element range holds it")
+    lo = (offset // ex.k) * count
+    return buffers[rank][buf][lo:lo + buffer_elements(ex.layout.logical_sizes[name], count, ex.k)]
+
+
+def run_collective(plan: Plan, inputs: list[np.ndarray], op: str = "sum", *, count: int | None = None,
+                   collective=None, seed: int | None = None) -> list[np.ndarray]:
+    """Run ``plan`` on per-rank logical inputs; return per-rank logical outputs.
+
+    Physical buffers are filled with poison (bytes 0xA5), then each input is
+    copied to where its layout puts it (in-place allgather: unit ``rank`` of
+    the output buffer). ``count`` (elements per unit) is taken from the input
+    length unless given. Outputs are copies."""
+    ex = Executor(plan, collective=collective)
+    n = plan.num_ranks
+    if len(inputs) != n:
+        raise UsageError(f"{len(inputs)} inputs for a plan of {n} ranks")
+    arrays = [np.asarray(x) for x in inputs]
+    if any(a.ndim != 1 or a.dtype != arrays[0].dtype for a in arrays):
+        raise UsageError("inputs must be 1-D arrays of one dtype")
+    units = ex.layout.logical_sizes["input"] / ex.k
+    if count is None:
+        if not units or arrays[0].size % units:
+            raise UsageError(f"cannot tell the count from an input of {arrays[0].size} elements "
+                             f"({units:g} units); pass count=")
+        count = int(arrays[0].size // units)
+    if arrays[0].dtype not in DTYPES:
+        raise UsageError(f"unsupported dtype {arrays[0].dtype}")
+    buffers = [{b: np.empty(size, arrays[0].dtype) for b, size in ex.buffer_sizes(count).items()}
+               for _ in range(n)]
+    for rank in range(n):
+        for arr in buffers[rank].values():
+            poison(arr)
+        dst = logical_view(ex, buffers, rank, "input", count)
+        if arrays[rank].size != dst.size:
+            raise UsageError(f"rank {rank}: input of {arrays[rank].size} elements, the plan needs {dst.size} "
+                             f"at {count} elements per unit")
+        dst[:] = arrays[rank]
+    ex.run(buffers, count=count, op=op, seed=seed)
+    return [logical_view(ex, buffers, rank, "output", count).copy() for rank in range(n)]
+
+
+__all__ = ["DTYPES", "OPS", "ExecutionError", "Executor", "buffer_elements", "chunk_bounds",
+           "divide_truncating", "logical_view", "poison", "run_collective", "run_plan"]

@@ -1,0 +1,234 @@
+"""The plan text format: ``dump_plan`` prints, ``parse_plan`` reads back an
+equal plan (grammar: grammars/plan.lark). ``load_plan`` also reads MSCCL XML
+and verifies what it loads unless asked not to.
+
+Parse errors say line:column, what was found and what was expected; values
+are checked after parsing (msc.plan_check) and an error there names the
+line of the offending rank, threadblock or step.
+"""
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+
+from msc.errors import PlanError, SourceLine
+from msc.ir import Plan, RankPlan, Slice, Step, StepOp, Threadblock
+from msc.resources import data_dir
+
+FORMAT_VERSION = 1
+
+
+# -- printing ---------------------------------------------------------------
+def dump_plan(plan: Plan) -> str:
+    out = [
+        f"msc-plan {FORMAT_VERSION}",
+        f"name {json.dumps(plan.name)} collective {plan.collective} ranks {plan.num_ranks} "
+        f"chunk_factor {plan.chunk_factor}",
+        f"input_chunks {plan.input_chunks} output_chunks {plan.output_chunks} "
+        f"inplace {'true' if plan.inplace else 'false'} root {plan.root}",
+        f"protocol {plan.protocol} instances {plan.instances} slots {plan.slots} tile {plan.tile}",
+    ]
+    for rp in plan.ranks:
+        out.append("")
+        out.append(f"rank {rp.rank} scratch {rp.scratch}")
+        for tb in rp.threadblocks:
+            out.append(f"  tb {tb.id} send {_peer(tb.send)} recv {_peer(tb.recv)} channel {tb.channel}")
+            for i, step in enumerate(tb.steps):
+                out.append(f"    {i}: " + _step(step))
+    return "\n".join(out) + "\n"
+
+
+def _peer(p: int | None) -> str:
+    return "-" if p is None else str(p)
+
+
+def _slice(sl: Slice, count: int) -> str:
+    return f"{sl.buffer}[{sl.index}]" if count == 1 else f"{sl.buffer}[{sl.index}:{sl.index + sl.count}]"
+
+
+def _step(step: Step) -> str:
+    text = step.op.value
+    if step.srcs:
+        text += " " + ", ".join(_slice(s, step.count) for s in step.srcs)
+    if step.dst is not None:
+        text += " -> " + _slice(step.dst, step.count)
+    if step.deps:
+        text += " after " + ", ".join(f"{t}.{s}" for t, s in step.deps)
+    if step.where is not None:
+        text = f"{text:<44} @ {json.dumps(step.where.file)}:{step.where.line}"
+    return text
+
+
+def save_plan(plan: Plan, path: str | Path) -> Path:
+    path = Path(path)
+    path.write_text(dump_plan(plan))
+    return path
+
+
+# -- parsing ------------------------------------------------------------------
+@lru_cache(maxsize=1)
+def _parser():
+    from lark import Lark
+
+    return Lark((data_dir("grammars") / "plan.lark").read_text(), parser="lalr", propagate_positions=True)
+
+
+def parse_plan(text: str, *, path: str | None = None) -> Plan:
+    """A plan from its text; PlanError on any syntax or value error."""
+    from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
+
+    try:
+        tree = _parser().parse(text)
+    except UnexpectedToken as exc:
+        found = "end of file" if exc.token.type == "$END" else repr(str(exc.token))
+        raise PlanError(f"found {found}, expected {_expected(exc.expected)}",
+                        line=exc.line, column=exc.column, path=path) from None
+    except UnexpectedCharacters as exc:
+        found = text[exc.pos_in_stream:exc.pos_in_stream + 1] if exc.pos_in_stream is not None else "?"
+        raise PlanError(f"found {found!r}, expected {_expected(exc.allowed)}",
+                        line=exc.line, column=exc.column, path=path) from None
+    except UnexpectedEOF as exc:
+        raise PlanError(f"found end of file, expected {_expected(exc.expected)}", path=path,
+                        line=text.count("\n") + 1) from None
+    except UnexpectedInput as exc:  # any other lark input error
+        raise PlanError(f"syntax error: {exc}", line=getattr(exc, "line", None),
+                        column=getattr(exc, "column", None), path=path) from None
+    lines: dict[tuple, int] = {}
+    plan = _build(tree, lines, path)
+    from msc.plan_check import check_plan
+
+    try:
+        check_plan(plan)
+    except PlanError as exc:
+        key = tuple(v for v in (exc.rank, exc.tb, exc.step) if v is not None)
+        while key and key not in lines:
+            key = key[:-1]
+        line = lines.get(key) if key else None
+        if line is None:
+            raise PlanError(str(exc), path=path) from None
+        raise PlanError(_strip_location(str(exc)), rank=exc.rank, tb=exc.tb, step=exc.step,
+                        line=line, path=path) from None
+    return plan
+
+
+def _strip_location(message: str) -> str:
+    # check_plan's message starts with "rank R, threadblock T, step S: "; PlanError adds it back
+    head, sep, rest = message.partition(": ")
+    return rest if sep and head.startswith("rank ") else message
+
+
+_NAMES = {"INT": "a number", "STRING": "a quoted string", "NAME": "a name", "BOOL": "true or false",
+          "OP": "a step op", "DEP": "a dependency TB.STEP", "NONE": "'-'", "COLON": "':'", "COMMA": "','",
+          "LSQB": "'['", "RSQB": "']'", "__ANON_0": "'->'", "$END": "end of file"}
+
+
+def _expected(names) -> str:
+    shown = sorted({_NAMES.get(n, n.lower().strip('"')) for n in names})
+    return ", ".join(shown[:12]) if shown else "something else"
+
+
+def _int(tok, what, low=None, path=None) -> int:
+    value = int(tok)
+    if low is not None and value < low:
+        raise PlanError(f"{what} must be >= {low}, got {value}", line=tok.line, column=tok.column, path=path)
+    return value
+
+
+def _build(tree, lines, path) -> Plan:
+    header, *sections = tree.children
+    h = header.children
+    version = int(h[0])
+    if version != FORMAT_VERSION:
+        raise PlanError(f"plan format version {version} is not supported (this msc reads {FORMAT_VERSION})",
+                        line=h[0].line, column=h[0].column, path=path)
+    name = json.loads(str(h[1]))
+    collective = str(h[2])
+    num_ranks = _int(h[3], "ranks", 1, path)
+    chunk_factor = _int(h[4], "chunk_factor", 1, path)
+    input_chunks = _int(h[5], "input_chunks", 0, path)
+    output_chunks = _int(h[6], "output_chunks", 0, path)
+    inplace = str(h[7]) == "true"
+    root = _int(h[8], "root", 0, path)
+    protocol = str(h[9])
+    instances = _int(h[10], "instances", 1, path)
+    slots = _int(h[11], "slots", 1, path)
+    tile = _int(h[12], "tile", 0, path)
+    ranks = []
+    for sec in sections:
+        rank_tok, scratch_tok, *tbs = sec.children
+        rank = _int(rank_tok, "rank", 0, path)
+        lines[(rank,)] = rank_tok.line
+        built = []
+        for tb_tree in tbs:
+            tid_tok, send, recv, ch_tok, *steps = tb_tree.children
+            tid = _int(tid_tok, "threadblock id", 0, path)
+            lines[(rank, tid)] = tid_tok.line
+            parsed = []
+            for i, st in enumerate(steps):
+                lines[(rank, tid, i)] = st.meta.line
+                parsed.append(_build_step(st, i, path))
+            built.append(Threadblock(tid, _peer_value(send), _peer_value(recv), _int(ch_tok, "channel", 0, path),
+                                     tuple(parsed)))
+        ranks.append(RankPlan(rank, _int(scratch_tok, "scratch", 0, path), tuple(built)))
+    return Plan(name, collective, num_ranks, chunk_factor, inplace, input_chunks, output_chunks, tuple(ranks),
+                root, protocol, instances, slots, tile)
+
+
+def _peer_value(tree) -> int | None:
+    tok = tree.children[0]
+    return None if tok.type == "NONE" else int(tok)
+
+
+def _build_step(st, position, path) -> Step:
+    num, op_tok, sources, *rest = st.children
+    if int(num) != position:
+        raise PlanError(f"step numbered {int(num)} is step {position} of its threadblock",
+                        line=num.line, column=num.column, path=path)
+    op = StepOp(str(op_tok))
+    srcs = tuple(_build_slice(s) for s in sources.children)
+    dst, deps, where = None, (), None
+    for part in rest:
+        if part.data == "dest":
+            dst = _build_slice(part.children[0])
+        elif part.data == "deps":
+            deps = tuple(tuple(int(x) for x in str(d.children[0]).split(".")) for d in part.children)
+        elif part.data == "source_line":
+            where = SourceLine(json.loads(str(part.children[0])), int(part.children[1]))
+    slices = srcs + ((dst,) if dst is not None else ())
+    counts = {s.count for s in slices}
+    if len(counts) > 1:
+        raise PlanError(f"the operands of a step must have one count, got {sorted(counts)}",
+                        line=st.meta.line, column=st.meta.column, path=path)
+    count = counts.pop() if counts else 1
+    return Step(op, srcs, dst, count, deps, where)
+
+
+def _build_slice(tree) -> Slice:
+    name, start, *end = tree.children
+    lo = int(start)
+    hi = int(end[0]) if end else lo + 1
+    if hi <= lo:
+        raise PlanError(f"slice {name}[{lo}:{hi}] is empty", line=start.line, column=start.column)
+    return Slice(str(name), lo, hi - lo)
+
+
+# -- loading ------------------------------------------------------------------
+def load_plan(path: str | Path, *, verify: bool = True, collective=None) -> Plan:
+    """A plan from a .plan file or MSCCL XML; verified unless ``verify=False``."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise PlanError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if path.suffix.lower() == ".xml" or text.lstrip().startswith("<"):
+        from msc.xml_import import xml_to_plan
+
+        plan = xml_to_plan(text, path=str(path))
+    else:
+        plan = parse_plan(text, path=str(path))
+    if verify:
+        from msc.plan_verify import verify_plan
+
+        verify_plan(plan, collective=collective)
+    return plan
