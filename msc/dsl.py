@@ -17,15 +17,22 @@ from typing import Any, Callable
 from msc.collectives import Collective, Layout, get_collective
 from msc.errors import AlgorithmError, MscError, OperationError, SourceLine, UsageError
 from msc.ir import Op, OpKind
+from msc.perf import pause_gc
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_LIBRARY_DIR = _PACKAGE_DIR + "algorithms" + os.sep   # where a wheel puts the algorithm library
+
+
+def _internal(filename: str) -> bool:
+    """Frames of msc itself (not the algorithm library a wheel ships inside it)."""
+    return filename.startswith(_PACKAGE_DIR) and not filename.startswith(_LIBRARY_DIR)
 _lines: dict[tuple[str, int], SourceLine] = {}
 
 
 def user_line(depth: int = 2) -> SourceLine | None:
     """The first frame outside the msc package: the user's line."""
     frame = sys._getframe(depth)
-    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+    while frame is not None and _internal(frame.f_code.co_filename):
         frame = frame.f_back
     if frame is None:
         return None
@@ -342,6 +349,7 @@ def algorithm(collective: str | Collective, chunk_factor: int | Callable = 1, in
     return wrap
 
 
+@pause_gc
 def trace(alg: Algorithm, num_ranks: int, *, inplace: bool | None = None, **params) -> Program:
     """Run ``alg`` at ``num_ranks`` ranks and return the traced ``Program``."""
     if not isinstance(alg, Algorithm):
@@ -403,7 +411,7 @@ def _innermost_user_line(exc: BaseException, prefer: str | None = None) -> Sourc
     tb, last, preferred = exc.__traceback__, None, None
     while tb is not None:
         name = tb.tb_frame.f_code.co_filename
-        if not name.startswith(_PACKAGE_DIR):
+        if not _internal(name):
             last = SourceLine(_display_path(name), tb.tb_lineno)
             if name == prefer:
                 preferred = last

@@ -136,3 +136,13 @@ class RaceError(VerificationError):
     def __init__(self, message: str, steps: tuple, **kw):
         self.steps = steps
         super().__init__(message, **kw)
+
+
+class ExecutionError(VerificationError):
+    """A plan did something an executor cannot do with real data (lengths
+    that do not match, a read of scratch nothing wrote, a stuck plan);
+    ``rank``, ``tb`` and ``step`` name the step."""
+
+    def __init__(self, message: str, *, rank=None, tb=None, step=None, where=None, **kw):
+        self.tb, self.step = tb, step
+        super().__init__(message, rank=rank, where=where, **kw)

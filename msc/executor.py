@@ -20,14 +20,22 @@ lengths, writing a chunk into a user chunk of another length) raises
 ExecutionError naming rank, threadblock and step: the plan verifier's class
 check should have excluded it, and nothing is silently truncated.
 
-Reduction ops: sum, prod, max, min in the buffers' dtype (integers wrap
-around, as on a GPU; float16/bfloat16 round after every operation). avg is
-sum, then, after the plan finished, every output chunk whose postcondition
-asks for m >= 2 contributions (m = number of ranks for the built-in
-allreduce, reducescatter and reduce at the root) is divided by m: floats by
-true division rounded once to the dtype; integers truncated toward zero.
-Outputs of data-movement collectives and reduce's non-root outputs are left
-alone.
+Reduction ops: sum, prod, max, min in the buffers' dtype, one operation
+per pair of chunks as the plan orders them (integers wrap around, as on a
+GPU; floats, float16 and bfloat16 included, round after every operation: no
+wider accumulator). avg is sum, then, after the plan finished, every output
+chunk whose postcondition asks for m >= 2 contributions (m = number of ranks
+for the built-in allreduce, reducescatter and reduce at the root) is divided
+by m: floats by true division rounded once to the dtype, integers truncated
+toward zero. Outputs of data-movement collectives and reduce's non-root
+outputs are left alone. A plan's protocol, instances and tile do not change
+what it computes.
+
+API: ``run_plan(plan, buffers, count=, op=)`` runs on physical buffers (per
+rank {"input": array, "output": array}, as the collective's layout names
+them; sizes from ``Executor.buffer_sizes(count)``); ``Executor`` checks a
+plan once for many runs; ``run_collective(plan, inputs, op)`` takes and
+returns per-rank *logical* arrays (``load_inputs``/``read_outputs``).
 """
 from __future__ import annotations
 
@@ -38,7 +46,7 @@ import numpy as np
 import ml_dtypes
 
 from msc.collectives import get_collective
-from msc.errors import UsageError, VerificationError
+from msc.errors import ExecutionError, UsageError, VerificationError
 from msc.ir import Plan, StepOp
 from msc.plan_check import check_plan
 
@@ -46,15 +54,6 @@ DTYPES = {np.dtype(t) for t in (np.float64, np.float32, np.float16, ml_dtypes.bf
                                  np.int32, np.int64, np.uint8)}
 _COMBINE = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum, "avg": np.add}
 OPS = tuple(_COMBINE)
-
-
-class ExecutionError(VerificationError):
-    """A plan did something the executor cannot do with real data (lengths
-    that do not match, a read of scratch nothing wrote, a stuck plan)."""
-
-    def __init__(self, message: str, *, rank=None, tb=None, step=None, where=None, **kw):
-        self.tb, self.step = tb, step
-        super().__init__(message, rank=rank, where=where, **kw)
 
 
 def chunk_bounds(index: int, count: int, k: int) -> tuple[int, int]:
@@ -106,11 +105,6 @@ class Executor:
         """Elements of every physical buffer of a rank for ``count`` elements per unit."""
         return {b: buffer_elements(c, count, self.k) for b, c in self.layout.physical_sizes.items()}
 
-    def allocate(self, count: int, dtype) -> list[dict[str, np.ndarray]]:
-        """Zeroed physical buffers for every rank."""
-        return [{b: np.zeros(size, dtype) for b, size in self.buffer_sizes(count).items()}
-                for _ in range(self.plan.num_ranks)]
-
     def _check_buffers(self, buffers, count):
         n = self.plan.num_ranks
         if type(count) is not int or count < 0:
@@ -131,7 +125,8 @@ class Executor:
                 if arr.dtype not in DTYPES:
                     raise UsageError(f"{where}: unsupported dtype {arr.dtype} (supported: "
                                      f"{', '.join(sorted(str(d) for d in DTYPES))})")
-                dtype = dtype or arr.dtype
+                if dtype is None:
+                    dtype = arr.dtype
                 if arr.dtype != dtype:
                     raise UsageError(f"{where}: dtype {arr.dtype}, other buffers are {dtype}")
                 if arr.size != sizes[name]:
@@ -318,31 +313,27 @@ def logical_view(ex: Executor, buffers, rank: int, name: str, count: int) -> np.
     return buffers[rank][buf][lo:lo + buffer_elements(ex.layout.logical_sizes[name], count, ex.k)]
 
 
-def run_collective(plan: Plan, inputs: list[np.ndarray], op: str = "sum", *, count: int | None = None,
-                   collective=None, seed: int | None = None) -> list[np.ndarray]:
-    """Run ``plan`` on per-rank logical inputs; return per-rank logical outputs.
-
-    Physical buffers are filled with poison (bytes 0xA5), then each input is
-    copied to where its layout puts it (in-place allgather: unit ``rank`` of
-    the output buffer). ``count`` (elements per unit) is taken from the input
-    length unless given. Outputs are copies."""
-    ex = Executor(plan, collective=collective)
-    n = plan.num_ranks
+def load_inputs(ex: Executor, inputs: list[np.ndarray], count: int | None = None) -> tuple[list[dict], int]:
+    """Physical buffers filled with poison (bytes 0xA5), each rank's logical
+    input copied to where the layout puts it (in-place allgather: unit
+    ``rank`` of the output buffer); and the count, taken from the input
+    length unless given."""
+    n = ex.plan.num_ranks
     if len(inputs) != n:
         raise UsageError(f"{len(inputs)} inputs for a plan of {n} ranks")
     arrays = [np.asarray(x) for x in inputs]
-    if any(a.ndim != 1 or a.dtype != arrays[0].dtype for a in arrays):
+    dtype = arrays[0].dtype
+    if any(a.ndim != 1 or a.dtype != dtype for a in arrays):
         raise UsageError("inputs must be 1-D arrays of one dtype")
-    units = ex.layout.logical_sizes["input"] / ex.k
+    if dtype not in DTYPES:
+        raise UsageError(f"unsupported dtype {dtype} (supported: {', '.join(sorted(map(str, DTYPES)))})")
     if count is None:
+        units = ex.layout.logical_sizes["input"] / ex.k
         if not units or arrays[0].size % units:
             raise UsageError(f"cannot tell the count from an input of {arrays[0].size} elements "
                              f"({units:g} units); pass count=")
         count = int(arrays[0].size // units)
-    if arrays[0].dtype not in DTYPES:
-        raise UsageError(f"unsupported dtype {arrays[0].dtype}")
-    buffers = [{b: np.empty(size, arrays[0].dtype) for b, size in ex.buffer_sizes(count).items()}
-               for _ in range(n)]
+    buffers = [{b: np.empty(size, dtype) for b, size in ex.buffer_sizes(count).items()} for _ in range(n)]
     for rank in range(n):
         for arr in buffers[rank].values():
             poison(arr)
@@ -351,9 +342,24 @@ def run_collective(plan: Plan, inputs: list[np.ndarray], op: str = "sum", *, cou
             raise UsageError(f"rank {rank}: input of {arrays[rank].size} elements, the plan needs {dst.size} "
                              f"at {count} elements per unit")
         dst[:] = arrays[rank]
+    return buffers, count
+
+
+def read_outputs(ex: Executor, buffers, count: int) -> list[np.ndarray]:
+    """Copies of every rank's logical output."""
+    return [logical_view(ex, buffers, rank, "output", count).copy() for rank in range(ex.plan.num_ranks)]
+
+
+def run_collective(plan: Plan, inputs: list[np.ndarray], op: str = "sum", *, count: int | None = None,
+                   collective=None, seed: int | None = None) -> list[np.ndarray]:
+    """Run ``plan`` on per-rank logical inputs (poisoned outputs, see
+    load_inputs); return per-rank logical outputs (reduce's non-root ranks
+    included, whatever they hold)."""
+    ex = Executor(plan, collective=collective)
+    buffers, count = load_inputs(ex, inputs, count)
     ex.run(buffers, count=count, op=op, seed=seed)
-    return [logical_view(ex, buffers, rank, "output", count).copy() for rank in range(n)]
+    return read_outputs(ex, buffers, count)
 
 
 __all__ = ["DTYPES", "OPS", "ExecutionError", "Executor", "buffer_elements", "chunk_bounds",
-           "divide_truncating", "logical_view", "poison", "run_collective", "run_plan"]
+           "divide_truncating", "load_inputs", "logical_view", "poison", "read_outputs", "run_collective", "run_plan"]

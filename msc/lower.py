@@ -16,6 +16,7 @@ from msc.dag import allocate_scratch, build_dag, replicate
 from msc.errors import DeadlockError, LoweringError, UsageError
 from msc.fusion import drop_dead_stores, forwarding_pairs, fuse_forwarding, fuse_local
 from msc.ir import Plan
+from msc.perf import pause_gc
 from msc.placement import assign, place_auto, place_manual
 from msc.plan_check import PROTOCOLS
 from msc.schedule import build_plan, order
@@ -46,6 +47,7 @@ class LowerOptions:
             raise UsageError(f"tile must be an int >= 0 (bytes), got {self.tile!r}")
 
 
+@pause_gc
 def lower(program, options: LowerOptions = LowerOptions(), *, collective=None) -> Plan:
     """The plan for a traced program (verify the program first: ``msc.verify``)."""
     layout = program.layout
@@ -75,17 +77,20 @@ def lower(program, options: LowerOptions = LowerOptions(), *, collective=None) -
 
 def choose_slots(plan: Plan, *, collective=None) -> Plan:
     """The plan with the fewest connection slots (1, 2, 4, 8) it runs without
-    deadlock at; verifies it completely on the way."""
+    deadlock at, then verified completely at that capacity. The search runs
+    only the blocking behaviour (no symbolic data), which is cheap."""
     from msc.plan_check import check_plan
-    from msc.plan_verify import verify_plan
+    from msc.plan_verify import deadlock_free, verify_plan
 
     check_plan(plan)
     slots = 1
-    while True:
-        try:
-            verify_plan(plan, collective=collective, slots=slots, checked=True)
-            return replace(plan, slots=slots)
-        except DeadlockError as exc:
-            if slots >= MAX_SLOTS:
+    while not deadlock_free(plan, slots):
+        if slots >= MAX_SLOTS:
+            try:
+                verify_plan(plan, collective=collective, slots=slots, checked=True)
+            except DeadlockError as exc:
                 raise LoweringError(f"the lowered plan deadlocks even with {MAX_SLOTS} slots per connection:\n{exc}")
-            slots *= 2
+        slots *= 2
+    plan = replace(plan, slots=slots)
+    verify_plan(plan, collective=collective, checked=True)
+    return plan

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from msc.collectives import Collective, get_collective
 from msc.errors import DeadlockError, RaceError, VerificationError
 from msc.ir import Plan, StepOp
+from msc.perf import pause_gc
 from msc.plan_check import check_plan
 from msc.verify import Sum, contribution_error, contributions
 
@@ -48,10 +49,53 @@ class PlanReport:
                 "slots": self.slots, "seconds": round(self.seconds, 6), "verified": True}
 
 
-def _cls(value, k):
-    return value.c if type(value) is Sum else value[1] % k
+def deadlock_free(plan: Plan, slots: int) -> bool:
+    """Whether the plan finishes with ``slots`` per connection: the blocking
+    behaviour only (deps, messages, space), no data; the plan must be checked."""
+    pcs = [[0] * len(rp.threadblocks) for rp in plan.ranks]
+    inflight: dict[tuple, int] = {}
+    waiting: dict = {}
+    work = [(rp.rank, tb.id) for rp in plan.ranks for tb in rp.threadblocks]
+    while work:
+        rank, t = work.pop()
+        tb = plan.ranks[rank].threadblocks[t]
+        pc = pcs[rank]
+        steps = tb.steps
+        while pc[t] < len(steps):
+            step = steps[pc[t]]
+            blocker = None
+            for dt, ds in step.deps:
+                if pc[dt] <= ds:
+                    blocker = ("tb", rank, dt)
+                    break
+            op = step.op
+            if blocker is None and op.receives and inflight.get((tb.recv, rank, tb.channel), 0) == 0:
+                blocker = ("msg", (tb.recv, rank, tb.channel))
+            if blocker is None and op.sends and inflight.get((rank, tb.send, tb.channel), 0) >= slots:
+                blocker = ("space", (rank, tb.send, tb.channel))
+            if blocker is not None:
+                waiting.setdefault(blocker, []).append((rank, t))
+                break
+            if op.receives:
+                conn = (tb.recv, rank, tb.channel)
+                inflight[conn] -= 1
+                work.extend(waiting.pop(("space", conn), ()))
+            if op.sends:
+                conn = (rank, tb.send, tb.channel)
+                inflight[conn] = inflight.get(conn, 0) + 1
+                work.extend(waiting.pop(("msg", conn), ()))
+            pc[t] += 1
+            work.extend(waiting.pop(("tb", rank, t), ()))
+    return all(pc[t] == len(tb.steps) for rp, pc in zip(plan.ranks, pcs) for t, tb in enumerate(rp.threadblocks))
 
 
+def _cls(value, k, start_class):
+    """A chunk's class: where its data started within a unit (a label's
+    physical starting position, which a custom precondition may choose)."""
+    return value.c if type(value) is Sum else start_class.get(value, value[1] % k)
+
+
+@pause_gc
 def verify_plan(plan: Plan, *, collective: Collective | None = None, slots: int | None = None,
                 check_races: bool = True, checked: bool = False) -> PlanReport:
     """Verify ``plan``; raise VerificationError (DeadlockError, RaceError) or
@@ -75,6 +119,7 @@ class _Execution:
     def __init__(self, plan: Plan, layout, capacity: int):
         self.plan, self.layout, self.capacity = plan, layout, capacity
         self.k = plan.chunk_factor
+        self.start_class: dict = {}
         n = plan.num_ranks
         self.bufs, self.writer = [], []
         for rank in range(n):
@@ -83,6 +128,7 @@ class _Execution:
             bufs = {b: [None] * c for b, c in sizes.items()}
             for buf, index, label in layout.initial(rank):
                 bufs[buf][index] = label
+                self.start_class[label] = index % self.k
             self.bufs.append(bufs)
             self.writer.append({b: [None] * c for b, c in sizes.items()})
         # global step ids: base[rank][tb] + step
@@ -168,7 +214,7 @@ class _Execution:
 
     def _add(self, rank, tb, s, a, b):
         k = self.k
-        ca, cb = _cls(a, k), _cls(b, k)
+        ca, cb = _cls(a, k, self.start_class), _cls(b, k, self.start_class)
         if ca != cb:
             step = self.plan.ranks[rank].threadblocks[tb.id].steps[s]
             raise VerificationError(
@@ -186,11 +232,11 @@ class _Execution:
         user = sl.buffer != "scratch"
         for j, v in enumerate(values):
             x = sl.index + j
-            if user and _cls(v, self.k) != x % self.k:
+            if user and _cls(v, self.k, self.start_class) != x % self.k:
                 step = self.plan.ranks[rank].threadblocks[tb.id].steps[s]
                 raise VerificationError(
                     f"rank {rank} threadblock {tb.id} step {s} ({step.op.value}) writes a chunk of class "
-                    f"{_cls(v, self.k)} into {sl.buffer}[{x}] (class {x % self.k}); the plan would only be right "
+                    f"{_cls(v, self.k, self.start_class)} into {sl.buffer}[{x}] (class {x % self.k}); the plan would only be right "
                     f"when the element count is a multiple of {self.k}", rank=rank, buffer=sl.buffer, index=x,
                     where=step.where)
             buf[x] = v

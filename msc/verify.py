@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from msc.errors import VerificationError
 from msc.ir import OpKind
+from msc.perf import pause_gc
 
 
 class Sum:
@@ -81,6 +82,7 @@ class Report:
                 "seconds": round(self.seconds, 6), "verified": True}
 
 
+@pause_gc
 def verify(program) -> Report:
     """Check that every output chunk of every rank holds exactly what the
     program's collective requires. Raises ``VerificationError`` naming the

@@ -1,0 +1,223 @@
+"""``msc run``: run a plan over a range of sizes, check every result against
+msc.reference and report nccl-tests columns.
+
+Sizes are nccl-tests sizes: bytes per rank of the largest buffer, i.e. the
+per-rank buffer for allreduce/broadcast/reduce and the whole gathered array
+(count * nranks * typesize) for allgather, reducescatter and alltoall. The
+count column is the element count per data unit (the NCCL count). A size
+that is not a whole number of elements per unit is rounded down; the record
+keeps the requested size and says ``rounded``.
+
+Inputs are random and never zero (seeded): floats uniform in [1, 2); for
+integers a random sign (unsigned: none) times 1..7, or 1..3 for prod, so
+sums and products stay small (and where they do wrap, the reference wraps
+the same way). Outputs start poisoned (bytes 0xA5).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import time
+from typing import Callable
+
+from msc.collectives import get_collective
+from msc.errors import UsageError
+
+# numpy (and the executor) are imported where used: registering the command
+# must not import them, the CLI starts without numpy.
+
+OPS = ("sum", "prod", "max", "min", "avg")            # msc.executor.OPS
+# nccl-tests type names (the table's spelling), their numpy names, and the aliases -d accepts.
+TYPES = {"float": "float32", "half": "float16", "double": "float64", "bfloat16": "bfloat16",
+         "int32": "int32", "int64": "int64", "uint8": "uint8"}
+ALIASES = {"float32": "float", "float16": "half", "float64": "double", "bf16": "bfloat16", "int": "int32"}
+BUSBW_FACTOR = {"allreduce": lambda n: 2 * (n - 1) / n, "reducescatter": lambda n: (n - 1) / n,
+                "allgather": lambda n: (n - 1) / n, "alltoall": lambda n: (n - 1) / n,
+                "broadcast": lambda n: 1.0, "reduce": lambda n: 1.0}
+
+
+def _sim(plan):
+    from msc.executor import Executor
+
+    ex = Executor(plan)
+
+    def run(buffers, *, count, op):
+        ex.run(buffers, count=count, op=op)
+    return run
+
+
+# Backend name -> factory(plan) -> run(buffers, *, count, op) on physical buffers (msc.executor's layout).
+BACKENDS: dict[str, Callable] = {"sim": _sim}
+
+
+def parse_size(text) -> int:
+    """Bytes from "8", "1K", "64M", "2G" (powers of 1024, as nccl-tests)."""
+    m = re.fullmatch(r"\s*(\d+)\s*([kKmMgG]?)\s*", str(text))
+    if not m:
+        raise UsageError(f"bad size {text!r}: expected a byte count such as 8, 1K, 64M or 2G")
+    return int(m.group(1)) * 1024 ** " KMG".index(m.group(2).upper() or " ")
+
+
+def parse_dtype(name: str) -> tuple[str, np.dtype]:
+    """(nccl-tests type name, numpy dtype)."""
+    import ml_dtypes
+    import numpy as np
+
+    key = ALIASES.get(str(name).lower(), str(name).lower())
+    if key not in TYPES:
+        raise UsageError(f"unsupported dtype {name!r} (supported: {', '.join(TYPES)}; also "
+                         f"{', '.join(ALIASES)})")
+    return key, np.dtype(ml_dtypes.bfloat16 if key == "bfloat16" else TYPES[key])
+
+
+def sizes(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
+    if min_bytes < 0 or max_bytes < min_bytes:
+        raise UsageError(f"need 0 <= min bytes <= max bytes, got {min_bytes} and {max_bytes}")
+    if type(factor) is not int or factor < 2:
+        raise UsageError(f"step factor must be an int >= 2, got {factor!r}")
+    out, size = [], min_bytes
+    while size <= max_bytes:
+        out.append(size)
+        size = max(size * factor, 1)
+    return out
+
+
+def random_inputs(rng, dtype: np.dtype, op: str, nranks: int, length: int) -> list[np.ndarray]:
+    """Non-zero random inputs, see the module doc."""
+    import numpy as np
+
+    out = []
+    for _ in range(nranks):
+        if dtype.kind == "f" or dtype.name == "bfloat16":
+            out.append(rng.uniform(1.0, 2.0, length).astype(dtype))
+            continue
+        x = rng.integers(1, 4 if op == "prod" else 8, length)
+        if dtype.kind == "i":
+            x = x * rng.choice(np.array([-1, 1]), length)
+        out.append(x.astype(dtype))
+    return out
+
+
+def sweep(plan, *, min_bytes, max_bytes, factor: int = 2, dtype="float", op: str = "sum", iters: int = 1,
+          seed: int = 0, backend: str = "sim") -> list[dict]:
+    """One record per size (JSON-ready dicts, see format_table)."""
+    import numpy as np
+
+    from msc import reference
+    from msc.executor import Executor, buffer_elements, load_inputs, read_outputs
+
+    if op not in OPS:
+        raise UsageError(f"unknown reduction op {op!r} (expected one of {', '.join(OPS)})")
+    if type(iters) is not int or iters < 1:
+        raise UsageError(f"iterations must be an int >= 1, got {iters!r}")
+    if backend not in BACKENDS:
+        raise UsageError(f"unknown backend {backend!r} (available: {', '.join(BACKENDS)})")
+    tname, dt = parse_dtype(dtype)
+    coll = get_collective(plan.collective)
+    if coll.name not in reference.COLLECTIVES:
+        raise UsageError(f"no reference results for collective {plan.collective!r}: msc run checks built-ins only")
+    ex = Executor(plan)
+    run = BACKENDS[backend](plan)
+    n, k = plan.num_ranks, plan.chunk_factor
+    chunks_in, chunks_big = plan.input_chunks, max(plan.input_chunks, plan.output_chunks)
+    reducing = coll.name in reference.REDUCING
+    busbw = BUSBW_FACTOR[coll.name](n)
+    rng = np.random.default_rng(seed)
+    records = []
+    for requested in sizes(parse_size(min_bytes), parse_size(max_bytes), factor):
+        count = requested * k // (dt.itemsize * chunks_big) if chunks_big else 0
+        size = buffer_elements(chunks_big, count, k) * dt.itemsize
+        inputs = random_inputs(rng, dt, op, n, buffer_elements(chunks_in, count, k))
+        seconds = 0.0
+        for _ in range(iters):
+            buffers, _ = load_inputs(ex, inputs, count)      # fresh: in-place runs overwrite their input
+            start = time.perf_counter()
+            run(buffers, count=count, op=op)
+            seconds += time.perf_counter() - start
+        outputs = read_outputs(ex, buffers, count)
+        wrong = reference.check(coll.name, inputs, outputs, op=op, root=plan.root)
+        us = seconds / iters * 1e6
+        algbw = size / us / 1e3 if us > 0 else 0.0
+        records.append({
+            "size": size, "count": count, "type": tname, "redop": op if reducing else "none",
+            "root": plan.root if coll.has_root else -1, "time": us, "algbw": algbw, "busbw": algbw * busbw,
+            "wrong": sum(wrong), "wrong_per_rank": wrong, "inplace": plan.inplace,
+            "requested_size": requested, "rounded": size != requested,
+        })
+    return records
+
+
+def _time(us: float) -> str:
+    return f"{us:7.0f}" if us >= 1e4 else f"{us:7.1f}" if us >= 100 else f"{us:7.2f}"
+
+
+def format_table(records: list[dict], *, title: str | None = None) -> str:
+    """The nccl-tests table: one column group, in-place or out-of-place as the plan is."""
+    form = "in-place" if records and records[0]["inplace"] else "out-of-place"
+    lines = [f"# {title}"] if title else []
+    lines += [
+        f"#{'':54}{form:>30}",
+        f"#{'size':>11}  {'count':>12}  {'type':>8}  {'redop':>6}  {'root':>6}  {'time':>7}  {'algbw':>6}  "
+        f"{'busbw':>6}  {'#wrong':>6}",
+        f"#{'(B)':>11}  {'(elements)':>12}  {'':>8}  {'':>6}  {'':>6}  {'(us)':>7}  {'(GB/s)':>6}  "
+        f"{'(GB/s)':>6}  {'':>6}",
+    ]
+    for r in records:
+        lines.append(f"{r['size']:12d}  {r['count']:12d}  {r['type']:>8}  {r['redop']:>6}  {r['root']:6d}  "
+                     f"{_time(r['time'])}  {r['algbw']:6.2f}  {r['busbw']:6.2f}  {r['wrong']:6d}")
+    wrong = sum(r["wrong"] for r in records)
+    avg = sum(r["busbw"] for r in records) / len(records) if records else 0.0
+    lines.append(f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}")
+    lines.append(f"# Avg bus bandwidth    : {avg:g}")
+    rounded = [f"{r['requested_size']} -> {r['size']}" for r in records if r["rounded"]]
+    if rounded:
+        lines.append(f"# sizes rounded down to whole elements per unit (B): {', '.join(rounded)}")
+    return "\n".join(lines)
+
+
+def _size_arg(text: str) -> int:
+    try:
+        return parse_size(text)
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_run_command(subparsers, load_plan: Callable) -> argparse.ArgumentParser:
+    """Register ``msc run PLAN --backend sim [-b MIN -e MAX -f FACTOR] ...``;
+    ``load_plan(path)`` returns a Plan. The command exits 1 when any element
+    is wrong, else 0."""
+    p = subparsers.add_parser("run", help="run a plan over a range of sizes and check it (nccl-tests columns)")
+    p.add_argument("plan", help="plan file")
+    p.add_argument("--backend", choices=tuple(BACKENDS), default="sim",
+                   help="sim: the reference executor (numpy, one process)")
+    p.add_argument("-b", "--minbytes", type=_size_arg, default=8, help="smallest size (bytes; K, M, G)")
+    p.add_argument("-e", "--maxbytes", type=_size_arg, default=1024 ** 2, help="largest size (bytes; K, M, G)")
+    p.add_argument("-f", "--stepfactor", type=int, default=2, help="size multiplier between runs")
+    p.add_argument("-n", "--iters", type=int, default=1, help="timed runs per size")
+    p.add_argument("-d", "--dtype", default="float", help=f"one of {', '.join(TYPES)}")
+    p.add_argument("-o", "--op", choices=OPS, default="sum")
+    p.add_argument("-r", "--root", type=int,
+                   help="rooted collectives: must match the plan's root (a plan is built for one root)")
+    p.add_argument("--seed", type=int, default=0, help="seed for the random inputs")
+    p.add_argument("--json", action="store_true", help="print the records as JSON")
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show Python tracebacks")
+
+    def cmd_run(args) -> int:
+        plan = load_plan(args.plan)
+        if args.root is not None and get_collective(plan.collective).has_root and args.root != plan.root:
+            raise UsageError(f"the plan was built for root {plan.root}, not {args.root}; compile one for that root")
+        records = sweep(plan, min_bytes=args.minbytes, max_bytes=args.maxbytes, factor=args.stepfactor,
+                        dtype=args.dtype, op=args.op, iters=args.iters, seed=args.seed, backend=args.backend)
+        wrong = sum(r["wrong"] for r in records)
+        if args.json:
+            print(json.dumps({"plan": plan.name, "collective": plan.collective, "ranks": plan.num_ranks,
+                              "backend": args.backend, "inplace": plan.inplace, "wrong": wrong,
+                              "records": records}))
+        else:
+            print(format_table(records, title=f"msc run {args.plan}: {plan.collective}, {plan.num_ranks} ranks, "
+                                              f"backend {args.backend}"))
+        return 1 if wrong else 0
+
+    p.set_defaults(func=cmd_run)
+    return p
