@@ -235,8 +235,6 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("verify", help="verify an algorithm symbolically, or a plan (.plan / MSCCL .xml)")
     algorithm_args(p)
     p.add_argument("--json", action="store_true", help="print a JSON summary")
-    p.add_argument("script_args", nargs="*", metavar="-- ARGS",
-                   help="arguments for an MSCCLang script (after --)")
     p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("compile", help="verify an algorithm, lower it to a plan, verify the plan, write it")
@@ -249,7 +247,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tile", type=int, default=0, help="pipelining tile in bytes per chunk (0: runtime default)")
     p.add_argument("-o", "--output", help="plan file (default: COLLECTIVE-NAME-nRANKS.plan)")
     p.add_argument("--json", action="store_true", help="print a JSON summary")
-    p.add_argument("script_args", nargs="*", metavar="-- ARGS", help="arguments for an MSCCLang script")
     p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser("export", help="write a plan as MSCCL XML")
@@ -283,8 +280,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``msc COMMAND ... [-- SCRIPT ARGS]``: what follows the first ``--``
+    goes, untouched, to an MSCCLang script as its ``sys.argv[1:]``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    script_args: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, script_args = argv[:cut], argv[cut + 1:]
     parser = build_parser()
+    parser.epilog = "Arguments after -- are passed to an MSCCLang script (msc verify/compile prog.py -- 8 1)."
     args = parser.parse_args(argv)
+    args.script_args = script_args
     try:
         return args.func(args)
     except VerificationError as exc:

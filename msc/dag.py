@@ -66,16 +66,23 @@ class Dag:
 
 def replicate(ops, instances: int, scratch_sizes: dict) -> tuple[list[Op], dict]:
     """The trace ``instances`` times over interleaved chunks and new channels:
-    chunk i of instance j is chunk i*instances + j of every buffer, and
-    channel c of instance j is channel j*channels + c."""
+    chunk i of instance j is chunk i*instances + j of every buffer, channel c
+    of instance j is channel j*channels + c, and a threadblock hint t of
+    instance j is t + j*threadblocks (as MSCCLang replicates)."""
     if instances == 1:
         return list(ops), dict(scratch_sizes)
     channels = 1 + max((op.channel or 0 for op in ops), default=0)
+    tbs = 1 + max((max(op.sendtb or 0, op.recvtb or 0) for op in ops), default=0)
+
+    def shift(tb, j):
+        return None if tb is None else tb + j * tbs
+
     out = []
     for op in ops:
         for j in range(instances):
             out.append(op._replace(src_index=op.src_index * instances + j, dst_index=op.dst_index * instances + j,
-                                   channel=j * channels + (op.channel or 0)))
+                                   channel=j * channels + (op.channel or 0), sendtb=shift(op.sendtb, j),
+                                   recvtb=shift(op.recvtb, j)))
     # an op of size s at index i covers i*K+j .. (i+s-1)*K+j with stride K: split into size-1 ops
     flat = []
     for op in out:

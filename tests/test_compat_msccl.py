@@ -469,3 +469,16 @@ def test_mscclang_style_custom_collective_is_refused_clearly():
     with pytest.raises(msc.AlgorithmError, match="msc.CustomCollective"):
         with prog:
             pass
+
+
+def test_compile_script_with_options_before_the_script_arguments(tmp_path):
+    # "-o OUT -- ARGS": everything after -- belongs to the script; two instances of
+    # a manual-policy program get their own threadblocks (hints shifted per instance).
+    from msc.cli import main
+    from msc.plan_text import load_plan
+
+    out = tmp_path / "ring.plan"
+    assert main(["compile", str(EXAMPLES / "msccl_allreduce_ring.py"), "-o", str(out), "--", "4", "2", "LL"]) == 0
+    plan = load_plan(out)
+    assert (plan.num_ranks, plan.instances, plan.protocol) == (4, 2, "LL")
+    assert {tb.channel for tb in plan.ranks[0].threadblocks} == {0, 1}
