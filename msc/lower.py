@@ -13,13 +13,15 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from msc.dag import allocate_scratch, build_dag, replicate
-from msc.errors import DeadlockError, LoweringError, UsageError
+from msc.errors import LoweringError, UsageError
 from msc.fusion import drop_dead_stores, forwarding_pairs, fuse_forwarding, fuse_local
 from msc.ir import Plan
 from msc.perf import pause_gc
 from msc.placement import assign, place_auto, place_manual
 from msc.plan_check import PROTOCOLS
-from msc.schedule import build_plan, order
+from msc.plan_check import check_plan
+from msc.plan_verify import deadlock_free, verify_plan
+from msc.schedule import PRIORITIES, build_plan, order
 
 MAX_SLOTS = 8    # the MSCCL runtime's NCCL_STEPS; our runtime provides as many
 
@@ -66,31 +68,37 @@ def lower(program, options: LowerOptions = LowerOptions(), *, collective=None) -
         dag = fuse_forwarding(dag, placement.allows)
         dag = drop_dead_stores(dag, final=lambda instr: instr.dst.buffer != "scratch")
     tb_of, placement = assign(dag, placement, n)
-    plan = build_plan(dag, order(dag), tb_of, placement, name=program.name, collective=layout.name,
-                      num_ranks=n, chunk_factor=layout.chunk_factor * options.instances,
-                      inplace=layout.inplace, input_chunks=layout.logical_sizes["input"] * options.instances,
-                      output_chunks=layout.logical_sizes["output"] * options.instances, scratch=scratch,
-                      root=layout.root, protocol=options.protocol, instances=options.instances, slots=1,
-                      tile=options.tile)
-    return choose_slots(plan, collective=collective)
+    collective = collective or layout.collective
+    failures = []
+    for priority in PRIORITIES:      # the first order that works with the fewest slots wins
+        try:
+            steps = order(dag, priority)
+        except LoweringError as exc:
+            failures.append(f"{priority} order: {exc}")
+            continue
+        plan = build_plan(dag, steps, tb_of, placement, name=program.name, collective=layout.name,
+                          num_ranks=n, chunk_factor=layout.chunk_factor * options.instances,
+                          inplace=layout.inplace, input_chunks=layout.logical_sizes["input"] * options.instances,
+                          output_chunks=layout.logical_sizes["output"] * options.instances, scratch=scratch,
+                          root=layout.root, protocol=options.protocol, instances=options.instances, slots=1,
+                          tile=options.tile)
+        slots = fewest_slots(plan)
+        if slots is not None:
+            plan = replace(plan, slots=slots)
+            verify_plan(plan, collective=collective, checked=True)
+            return plan
+        failures.append(f"{priority} order: deadlocks even with {MAX_SLOTS} slots per connection")
+    raise LoweringError("no step order works:\n  " + "\n  ".join(failures))
 
 
-def choose_slots(plan: Plan, *, collective=None) -> Plan:
-    """The plan with the fewest connection slots (1, 2, 4, 8) it runs without
-    deadlock at, then verified completely at that capacity. The search runs
-    only the blocking behaviour (no symbolic data), which is cheap."""
-    from msc.plan_check import check_plan
-    from msc.plan_verify import deadlock_free, verify_plan
-
+def fewest_slots(plan: Plan) -> int | None:
+    """The fewest connection slots (1, 2, 4, 8) the plan runs without
+    deadlock at, None if even MAX_SLOTS is not enough. Checks the plan's
+    values first; the search runs only its blocking behaviour (cheap)."""
     check_plan(plan)
     slots = 1
-    while not deadlock_free(plan, slots):
-        if slots >= MAX_SLOTS:
-            try:
-                verify_plan(plan, collective=collective, slots=slots, checked=True)
-            except DeadlockError as exc:
-                raise LoweringError(f"the lowered plan deadlocks even with {MAX_SLOTS} slots per connection:\n{exc}")
+    while slots <= MAX_SLOTS:
+        if deadlock_free(plan, slots):
+            return slots
         slots *= 2
-    plan = replace(plan, slots=slots)
-    verify_plan(plan, collective=collective, checked=True)
-    return plan
+    return None

@@ -11,6 +11,9 @@ from msc.errors import MscError, PlanError
 from msc.ir import STEP_SHAPE, Plan, StepOp
 
 PROTOCOLS = ("Simple", "LL", "LL128")
+# Chunks a buffer may have: far beyond any real schedule, small enough that
+# executing a plan symbolically cannot exhaust memory on a hostile file.
+MAX_CHUNKS = 1 << 26
 
 
 def buffer_sizes(plan: Plan, rank: int) -> dict[str, int]:
@@ -47,6 +50,8 @@ def check_plan(plan: Plan) -> None:
         raise
     except MscError:
         pass   # custom collective
+    if plan.chunk_factor * n > MAX_CHUNKS:
+        raise PlanError(f"chunk_factor {plan.chunk_factor} x {n} ranks exceeds {MAX_CHUNKS} chunks per buffer")
     if plan.root is not None and not 0 <= plan.root < n:
         raise PlanError(f"root {plan.root} is not a rank (0..{n - 1})")
     sends: dict[tuple, list] = {}
@@ -54,6 +59,8 @@ def check_plan(plan: Plan) -> None:
     for r, rp in enumerate(plan.ranks):
         if rp.rank != r:
             raise PlanError(f"rank sections out of order: section {r} is rank {rp.rank}")
+        if type(rp.scratch) is not int or not 0 <= rp.scratch <= MAX_CHUNKS:
+            raise PlanError(f"scratch must be 0..{MAX_CHUNKS} chunks, got {rp.scratch!r}", rank=r)
         sizes = buffer_sizes(plan, r)
         for t, tb in enumerate(rp.threadblocks):
             if tb.id != t:

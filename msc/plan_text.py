@@ -119,13 +119,23 @@ def _strip_location(message: str) -> str:
 
 
 _NAMES = {"INT": "a number", "STRING": "a quoted string", "NAME": "a name", "BOOL": "true or false",
-          "OP": "a step op", "DEP": "a dependency TB.STEP", "NONE": "'-'", "COLON": "':'", "COMMA": "','",
-          "LSQB": "'['", "RSQB": "']'", "__ANON_0": "'->'", "$END": "end of file"}
+          "OP": "a step op", "DEP": "a dependency TB.STEP", "$END": "end of file"}
 
 
 def _expected(names) -> str:
-    shown = sorted({_NAMES.get(n, n.lower().strip('"')) for n in names})
+    """Terminal names as a reader knows them: literals quoted, patterns described."""
+    literals = {t.name: t.pattern.value for t in _parser().terminals if type(t.pattern).__name__ == "PatternStr"}
+    shown = sorted({_NAMES.get(n) or (repr(literals[n]) if n in literals else n.lower()) for n in names})
     return ", ".join(shown[:12]) if shown else "something else"
+
+
+def _string(tok, path) -> str:
+    """A quoted string of the plan (JSON escapes)."""
+    try:
+        return json.loads(str(tok))
+    except ValueError as exc:
+        raise PlanError(f"bad quoted string {str(tok)[:40]!r}: {exc.msg}", line=tok.line, column=tok.column,
+                        path=path) from None
 
 
 def _int(tok, what, low=None, path=None) -> int:
@@ -142,7 +152,7 @@ def _build(tree, lines, path) -> Plan:
     if version != FORMAT_VERSION:
         raise PlanError(f"plan format version {version} is not supported (this msc reads {FORMAT_VERSION})",
                         line=h[0].line, column=h[0].column, path=path)
-    name = json.loads(str(h[1]))
+    name = _string(h[1], path)
     collective = str(h[2])
     num_ranks = _int(h[3], "ranks", 1, path)
     chunk_factor = _int(h[4], "chunk_factor", 1, path)
@@ -186,15 +196,15 @@ def _build_step(st, position, path) -> Step:
         raise PlanError(f"step numbered {int(num)} is step {position} of its threadblock",
                         line=num.line, column=num.column, path=path)
     op = StepOp(str(op_tok))
-    srcs = tuple(_build_slice(s) for s in sources.children)
+    srcs = tuple(_build_slice(s, path) for s in sources.children)
     dst, deps, where = None, (), None
     for part in rest:
         if part.data == "dest":
-            dst = _build_slice(part.children[0])
+            dst = _build_slice(part.children[0], path)
         elif part.data == "deps":
             deps = tuple(tuple(int(x) for x in str(d.children[0]).split(".")) for d in part.children)
         elif part.data == "source_line":
-            where = SourceLine(json.loads(str(part.children[0])), int(part.children[1]))
+            where = SourceLine(_string(part.children[0], path), int(part.children[1]))
     slices = srcs + ((dst,) if dst is not None else ())
     counts = {s.count for s in slices}
     if len(counts) > 1:
@@ -204,12 +214,12 @@ def _build_step(st, position, path) -> Step:
     return Step(op, srcs, dst, count, deps, where)
 
 
-def _build_slice(tree) -> Slice:
+def _build_slice(tree, path=None) -> Slice:
     name, start, *end = tree.children
     lo = int(start)
     hi = int(end[0]) if end else lo + 1
     if hi <= lo:
-        raise PlanError(f"slice {name}[{lo}:{hi}] is empty", line=start.line, column=start.column)
+        raise PlanError(f"slice {name}[{lo}:{hi}] is empty", line=start.line, column=start.column, path=path)
     return Slice(str(name), lo, hi - lo)
 
 

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 
 from msc.collectives import Collective, get_collective
-from msc.errors import DeadlockError, RaceError, VerificationError
+from msc.errors import DeadlockError, PlanError, RaceError, UsageError, VerificationError
 from msc.ir import Plan, StepOp
 from msc.perf import pause_gc
 from msc.plan_check import check_plan
@@ -47,6 +47,37 @@ class PlanReport:
         return {"plan": self.name, "collective": self.collective, "ranks": self.num_ranks,
                 "threadblocks": self.threadblocks, "steps": self.steps, "connections": self.connections,
                 "slots": self.slots, "seconds": round(self.seconds, 6), "verified": True}
+
+
+def plan_collective(plan: Plan) -> Collective:
+    """The built-in collective a plan names (a custom one must be passed in)."""
+    try:
+        return get_collective(plan.collective)
+    except UsageError:
+        raise PlanError(f"the plan is for collective {plan.collective!r}, which is not built in: verify it from "
+                        f"Python with verify_plan(plan, collective=...) and the CustomCollective it was made for") from None
+
+
+@dataclass(frozen=True)
+class StepFacts:
+    """Per step: ``classes[j]``, the class of its chunk j (position within a
+    data unit, which fixes its length at run time); ``fresh[o][j]``, whether
+    chunk j of source operand o is an input read where it started, never
+    written since (where an average scales inputs by 1/n, exactly once)."""
+
+    classes: tuple[int, ...]
+    fresh: tuple[tuple[bool, ...], ...]
+
+
+@pause_gc
+def step_facts(plan: Plan, *, collective: Collective | None = None) -> dict[tuple[int, int, int], StepFacts]:
+    """StepFacts of every (rank, threadblock, step), from one symbolic run
+    (the plan must be valid: verify it first)."""
+    coll = collective or plan_collective(plan)
+    run = _Execution(plan, coll.layout(plan.num_ranks, plan.chunk_factor, plan.inplace, plan.root), plan.slots)
+    run.facts = {}
+    run.execute()
+    return run.facts
 
 
 def deadlock_free(plan: Plan, slots: int) -> bool:
@@ -103,12 +134,12 @@ def verify_plan(plan: Plan, *, collective: Collective | None = None, slots: int 
     start = time.perf_counter()
     if not checked:
         check_plan(plan)
-    coll = collective or get_collective(plan.collective)
+    coll = collective or plan_collective(plan)
     layout = coll.layout(plan.num_ranks, plan.chunk_factor, plan.inplace, plan.root)
     run = _Execution(plan, layout, slots or plan.slots)
-    run.execute()
-    if check_races:
+    if check_races and run.static_order():   # a cycle here is a deadlock: execute() reports it
         run.check_races()
+    run.execute()
     run.check_outputs()
     return PlanReport(plan.name, plan.collective, plan.num_ranks,
                       sum(len(r.threadblocks) for r in plan.ranks), run.total_steps, len(run.queues),
@@ -120,6 +151,7 @@ class _Execution:
         self.plan, self.layout, self.capacity = plan, layout, capacity
         self.k = plan.chunk_factor
         self.start_class: dict = {}
+        self.facts: dict | None = None
         n = plan.num_ranks
         self.bufs, self.writer = [], []
         for rank in range(n):
@@ -257,6 +289,8 @@ class _Execution:
             self.sender[gid] = sender_gid
             woken.append(("space", conn))
         srcs = [self._read(rank, tb, s, sl) for sl in step.srcs]
+        if self.facts is not None:
+            self._record(rank, tb, s, step, srcs, got)
         out = None
         if op is StepOp.SEND:
             out = srcs[0]
@@ -279,6 +313,16 @@ class _Execution:
             self.queues[conn].append((gid, list(out)))
             woken.append(("msg", conn))
         return woken
+
+    def _record(self, rank, tb, s, step, srcs, got) -> None:
+        """What a backend needs to know about a step that the plan does not
+        say: the class of each chunk it moves, and which source chunks are
+        inputs read where they started (never written since)."""
+        values = srcs[0] if srcs else got or ()
+        classes = tuple(_cls(v, self.k, self.start_class) for v in values)
+        fresh = tuple(tuple(type(v) is not Sum and self.writer[rank][sl.buffer][sl.index + j] is None
+                            for j, v in enumerate(vals)) for sl, vals in zip(step.srcs, srcs))
+        self.facts[(rank, tb.id, s)] = StepFacts(classes, fresh)
 
     # -- deadlock -----------------------------------------------------------
     def _check_finished(self) -> None:
@@ -329,6 +373,50 @@ class _Execution:
             f"waits for space to send to rank {dst} (channel {ch}, {self.capacity} slot(s) full)"
 
     # -- races ----------------------------------------------------------------
+    def static_order(self) -> bool:
+        """A happens-before order of all steps that needs no execution:
+        program order, dependencies, and the k-th send of a connection before
+        its k-th receive. Sets ``when`` and ``sender`` for the race check, so
+        its verdict cannot depend on the order an execution picks. False when
+        the relation has a cycle (then the plan deadlocks at any capacity)."""
+        plan = self.plan
+        preds: list[list[int]] = [[] for _ in range(self.total_steps)]
+        sends: dict[tuple, list[int]] = {}
+        recvs: dict[tuple, list[int]] = {}
+        for rp in plan.ranks:
+            base = self.base[rp.rank]
+            for tb in rp.threadblocks:
+                for s, step in enumerate(tb.steps):
+                    g = base[tb.id] + s
+                    if s:
+                        preds[g].append(g - 1)
+                    preds[g].extend(base[dt] + ds for dt, ds in step.deps)
+                    if step.op.sends:
+                        sends.setdefault((rp.rank, tb.send, tb.channel), []).append(g)
+                    if step.op.receives:
+                        recvs.setdefault((tb.recv, rp.rank, tb.channel), []).append(g)
+        self.sender = {}
+        for conn, receivers in recvs.items():
+            for g_send, g_recv in zip(sends.get(conn, ()), receivers):
+                preds[g_recv].append(g_send)
+                self.sender[g_recv] = g_send
+        succs: list[list[int]] = [[] for _ in range(self.total_steps)]
+        indeg = [len(p) for p in preds]
+        for g, ps in enumerate(preds):
+            for p in ps:
+                succs[p].append(g)
+        ready = [g for g, d in enumerate(indeg) if d == 0]
+        clock = 0
+        while ready:
+            g = ready.pop()
+            self.when[g] = clock
+            clock += 1
+            for t in succs[g]:
+                indeg[t] -= 1
+                if indeg[t] == 0:
+                    ready.append(t)
+        return clock == self.total_steps
+
     def check_races(self) -> None:
         """FastTrack over the observed order with a static happens-before:
         each access must follow the chunk's last write, and a write must also
@@ -428,9 +516,12 @@ class _Execution:
         tbs = self.plan.ranks[rank].threadblocks
         sa, sb = tbs[a[0]].steps[a[1]], tbs[b[0]].steps[b[1]]
         buf, x = key
+        def origin(st):
+            return f", from {st.where}" if st.where is not None else ""
+
         raise RaceError(
-            f"race on rank {rank} {buf}[{x}]: threadblock {a[0]} step {a[1]} ({sa.op.value}, from {sa.where}) "
-            f"{how_a} it and threadblock {b[0]} step {b[1]} ({sb.op.value}, from {sb.where}) {how_b} it, "
+            f"race on rank {rank} {buf}[{x}]: threadblock {a[0]} step {a[1]} ({sa.op.value}{origin(sa)}) "
+            f"{how_a} it and threadblock {b[0]} step {b[1]} ({sb.op.value}{origin(sb)}) {how_b} it, "
             f"and nothing orders the two (add a dependency)",
             ((rank, a[0], a[1]), (rank, b[0], b[1])), rank=rank, buffer=buf, index=x, where=sb.where)
 

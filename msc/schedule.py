@@ -1,8 +1,12 @@
 """Ordering the steps of every threadblock, and building the plan.
 
 All instructions get one global order: a topological order of the local
-edges and the messages, smallest depth first (depth = longest path from a
-source, so the ring's hops interleave as they should), ties in trace order.
+edges and the messages, by a priority. ``PRIORITIES`` lists the ones tried:
+smallest depth first (depth = longest path from a source: the ring's hops
+interleave as they should, every link busy from the first step), then trace
+order (the user's own order: never stuck on a connection's order, and it
+keeps trees and chunked pipelines from sending in bursts that need many
+slots). Ties go to trace order.
 A receive is taken only when its message is the oldest one on its
 connection, so every connection is sent and received in the same order
 (connections are FIFO). Each threadblock's steps are the global order
@@ -19,6 +23,9 @@ from msc.dag import Dag
 from msc.errors import LoweringError
 from msc.ir import Plan, RankPlan, Step, StepOp, Threadblock
 from msc.placement import Placement
+
+
+PRIORITIES = ("depth", "trace")
 
 
 def _message_edges(dag: Dag):
@@ -48,9 +55,9 @@ def depths(dag: Dag) -> dict[int, int]:
     return depth
 
 
-def order(dag: Dag) -> list[int]:
+def order(dag: Dag, priority: str = "depth") -> list[int]:
     """The global step order (see the module docstring)."""
-    depth = depths(dag)
+    depth = depths(dag) if priority == "depth" else {i.id: 0 for i in dag.live()}
     msg_succ = _message_edges(dag)
     indeg, conn_of = {}, {}
     for ins in dag.live():
