@@ -1,0 +1,172 @@
+"""Rendering a plan into CUDA C++ through the Jinja templates in templates/.
+
+Python only gathers data here (which threadblock has which steps, chunk
+classes, connections, the encoded step table); every line of CUDA lives in
+the templates. One translation unit per (plan, data type, op, protocol).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from msc.errors import UsageError
+from msc.ir import Plan, StepOp
+from msc.resources import data_dir
+
+
+@dataclass(frozen=True)
+class DType:
+    name: str
+    ctype: str        # the C type (half types: a 16-bit struct, see common.cuh.j2)
+    size: int
+    half: bool = False
+    floating: bool = True
+
+
+DTYPES = {d.name: d for d in (
+    DType("float32", "float", 4), DType("float64", "double", 8),
+    DType("float16", "u16", 2, half=True), DType("bfloat16", "u16", 2, half=True),
+    DType("int32", "int", 4, floating=False),
+)}
+OPS = ("sum", "prod", "max", "min", "avg")
+BUF_IDS = {"input": 0, "output": 1, "scratch": 2}
+# Straight-line code up to this many steps in the whole plan, the table form above: NVRTC
+# time grows with code size (bench/codegen_speed.py measures the trade-off).
+STRAIGHT_LINE_MAX_STEPS = 2048
+NTHREADS = {"Simple": 512, "LL": 256, "LL128": 256}
+
+
+@dataclass(frozen=True)
+class Connection:
+    id: int
+    sender: int
+    receiver: int
+    channel: int
+    max_count: int            # chunks in its largest message (sizes its slots)
+
+
+@dataclass(frozen=True)
+class KernelLayout:
+    """What the host runtime needs to launch a rendered kernel: the global
+    threadblocks (rank, threadblock) in order, each rank's first block and
+    block count, the connections, and the launch shape."""
+
+    num_ranks: int
+    blocks: tuple[tuple[int, int], ...]
+    rank_blocks: tuple[tuple[int, int], ...]     # per rank: (first global block, count)
+    connections: tuple[Connection, ...]
+    scratch_chunks: tuple[int, ...]
+    threadblocks_per_rank: tuple[int, ...]
+    nthreads: int
+    slots: int
+    chunk_factor: int
+    form: str
+
+
+def _check(dtype: str, op: str, plan: Plan) -> DType:
+    if dtype not in DTYPES:
+        raise UsageError(f"the CUDA backend has no data type {dtype!r} (it has {', '.join(DTYPES)})")
+    if op not in OPS:
+        raise UsageError(f"unknown reduction {op!r} (expected one of {', '.join(OPS)})")
+    dt = DTYPES[dtype]
+    if op == "avg" and not dt.floating:
+        raise UsageError(f"avg on the CUDA backend needs a floating type (it scales inputs by 1/n), not {dtype}")
+    if op == "avg" and plan.collective not in ("allreduce", "reducescatter", "reduce"):
+        raise UsageError(f"avg on the CUDA backend is for allreduce, reducescatter and reduce, not {plan.collective}")
+    if plan.protocol == "LL128":
+        raise UsageError("the CUDA backend renders the Simple and LL protocols; LL128 is not implemented")
+    return dt
+
+
+def kernel_layout(plan: Plan, form: str) -> KernelLayout:
+    conns: dict[tuple[int, int, int], int] = {}
+    for rp in plan.ranks:
+        for tb in rp.threadblocks:
+            if tb.send is not None:
+                key = (rp.rank, tb.send, tb.channel)
+                conns[key] = max([conns.get(key, 0)] + [s.count for s in tb.steps if s.op.sends])
+    connections = tuple(Connection(i, s, r, c, m) for i, ((s, r, c), m) in enumerate(sorted(conns.items())))
+    blocks, rank_blocks = [], []
+    for rp in plan.ranks:
+        rank_blocks.append((len(blocks), len(rp.threadblocks)))
+        blocks.extend((rp.rank, tb.id) for tb in rp.threadblocks)
+    return KernelLayout(plan.num_ranks, tuple(blocks), tuple(rank_blocks), connections,
+                        tuple(rp.scratch for rp in plan.ranks), tuple(len(rp.threadblocks) for rp in plan.ranks),
+                        NTHREADS[plan.protocol], plan.slots, plan.chunk_factor, form)
+
+
+def _context(plan: Plan, dtype: DType, op: str, form: str, facts) -> dict:
+    layout = kernel_layout(plan, form)
+    conn_id = {(c.sender, c.receiver, c.channel): c for c in layout.connections}
+    published = {(r, t, s) for (r, _, _, step) in
+                 ((rp.rank, tb, i, st) for rp in plan.ranks for tb in rp.threadblocks for i, st in enumerate(tb.steps))
+                 for (t, s) in step.deps}
+    tbs, table, starts = [], [], []
+    for gid, (rank, t) in enumerate(layout.blocks):
+        rp = plan.ranks[rank]
+        tb = rp.threadblocks[t]
+        cin = conn_id.get((tb.recv, rank, tb.channel)) if tb.recv is not None else None
+        cout = conn_id.get((rank, tb.send, tb.channel)) if tb.send is not None else None
+        steps = []
+        starts.append(len(table))
+        for i, step in enumerate(tb.steps):
+            fact = facts[(rank, t, i)]
+            cls = list(fact.classes) if fact.classes else [0] * step.count
+            fresh = [int(f) for row in fact.fresh for f in row] if op == "avg" else [0] * (len(step.srcs) * step.count)
+            deps = [x for (dt, ds) in step.deps for x in (dt, ds, len(rp.threadblocks[dt].steps))]
+            srcs = [(BUF_IDS[sl.buffer], sl.index) for sl in step.srcs]
+            dst = (BUF_IDS[step.dst.buffer], step.dst.index) if step.dst is not None else (0, 0)
+            publish = (rank, t, i) in published
+            steps.append(dict(index=i, op=step.op.name, count=step.count, srcs=srcs, dst=dst, cls=cls, fresh=fresh,
+                              deps=deps, publish=publish, text=_describe(step)))
+            table.extend([list(StepOp).index(step.op), step.count, len(srcs), len(deps) // 3, int(publish),
+                          dst[0], dst[1], *[x for o in srcs for x in o], *cls, *fresh, *deps])
+        tbs.append(dict(gid=gid, rank=rank, tb=t, send=_peer(tb.send), recv=_peer(tb.recv), channel=tb.channel,
+                        conn_in=cin.id if cin else -1, conn_out=cout.id if cout else -1,
+                        max_in=cin.max_count if cin else 0, max_out=cout.max_count if cout else 0, steps=steps))
+    return dict(plan=plan, dtype=dtype, op=op, protocol=plan.protocol, form=form, nthreads=layout.nthreads,
+                conns=layout.connections, tbs=tbs, table=table or [0], starts=starts or [0]), layout
+
+
+def _peer(p):
+    return "-" if p is None else str(p)
+
+
+def _describe(step) -> str:
+    text = step.op.value
+    if step.srcs:
+        text += " " + ", ".join(str(s) for s in step.srcs)
+    if step.dst is not None:
+        text += f" -> {step.dst}"
+    if step.where is not None:
+        text += f"   ({step.where})"
+    return text.replace("*/", "* /")
+
+
+@lru_cache(maxsize=1)
+def environment():
+    from jinja2 import Environment, FileSystemLoader, StrictUndefined
+
+    env = Environment(loader=FileSystemLoader(str(data_dir("templates"))), undefined=StrictUndefined,
+                      trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+    env.globals["max"] = max
+    return env
+
+
+def choose_form(plan: Plan, form: str | None) -> str:
+    if form is None:
+        return "straight" if plan.num_steps() <= STRAIGHT_LINE_MAX_STEPS else "table"
+    if form not in ("straight", "table"):
+        raise UsageError(f"form must be 'straight' or 'table', got {form!r}")
+    return form
+
+
+def render(plan: Plan, *, dtype: str = "float32", op: str = "sum", form: str | None = None,
+           collective=None) -> tuple[str, KernelLayout]:
+    """CUDA source for the plan and the layout the runtime launches it with."""
+    from msc.plan_verify import step_facts
+
+    dt = _check(dtype, op, plan)
+    form = choose_form(plan, form)
+    context, layout = _context(plan, dt, op, form, step_facts(plan, collective=collective))
+    return environment().get_template("kernel.cu.j2").render(**context), layout
