@@ -149,6 +149,8 @@ def cmd_compile(args) -> int:
     else:
         prog = trace_from_args(args)
         jobs = [(prog, lower_options(args))]
+    if args.emit is None and (args.arch or args.form):
+        raise UsageError("--arch and --form go with --emit cuda")
     if args.output and len(jobs) > 1:
         raise UsageError(f"{args.file} defines {len(jobs)} programs; -o names one file (leave it out)")
     for prog, options in jobs:
@@ -156,18 +158,43 @@ def cmd_compile(args) -> int:
         msc.verify(prog)
         plan = lower(prog, options)
         path = save_plan(plan, args.output or default_plan_name(prog, options))
+        emitted = emit_cuda(plan, path, args) if args.emit == "cuda" else []
         seconds = time.perf_counter() - start
         tbs = sum(len(r.threadblocks) for r in plan.ranks)
         if args.json:
             print(json.dumps({"algorithm": prog.name, "plan": str(path), "ranks": plan.num_ranks,
                               "steps": plan.num_steps(), "threadblocks": tbs, "slots": plan.slots,
                               "protocol": plan.protocol, "instances": plan.instances,
+                              "emitted": [str(p) for p in emitted],
                               "seconds": round(seconds, 6), "verified": True}))
         else:
             print(f"compiled: {prog.name} ({plan.collective}, {plan.num_ranks} ranks, {plan.protocol}, "
                   f"{plan.instances} instance(s)) -> {path}: {plan.num_steps()} steps in {tbs} threadblocks, "
                   f"{plan.slots} slot(s); program and plan verified in {seconds:.3f} s")
+            for p in emitted:
+                print(f"  wrote {p}")
     return 0
+
+
+def emit_cuda(plan, plan_path, args) -> list:
+    """Write the plan's CUDA source (and, with --arch, its cubin) next to it."""
+    import shutil
+
+    from msc.cuda import compile as compile_cuda
+    from msc.cuda import render
+
+    stem = plan_path.with_suffix("")
+    tag = f"{args.dtype}-{args.op}"
+    cu = stem.with_name(f"{stem.name}.{tag}.cu")
+    if args.arch is None:
+        source, _ = render(plan, dtype=args.dtype, op=args.op, form=args.form)
+        cu.write_text(source)
+        return [cu]
+    kernel = compile_cuda(plan, dtype=args.dtype, op=args.op, arch=args.arch, form=args.form)
+    cubin = stem.with_name(f"{stem.name}.{tag}.{args.arch}.cubin")
+    shutil.copyfile(kernel.source_path, cu)
+    cubin.write_bytes(kernel.cubin)
+    return [cu, cubin]
 
 
 def load_plan_arg(path: str, verify: bool = True):
@@ -246,6 +273,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-fuse", action="store_true", help="keep every send and receive a step of its own")
     p.add_argument("--tile", type=int, default=0, help="pipelining tile in bytes per chunk (0: runtime default)")
     p.add_argument("-o", "--output", help="plan file (default: COLLECTIVE-NAME-nRANKS.plan)")
+    p.add_argument("--emit", choices=("cuda",), help="also write the CUDA source next to the plan")
+    p.add_argument("--arch", help="with --emit cuda: compile with NVRTC for this arch (sm_90, sm_80...) and "
+                                  "write the .cubin too")
+    p.add_argument("--dtype", default="float32", help="with --emit cuda: data type (float32, bfloat16, float16, "
+                                                      "float64, int32)")
+    p.add_argument("--op", default="sum", choices=("sum", "prod", "max", "min", "avg"),
+                   help="with --emit cuda: the reduction")
+    p.add_argument("--form", choices=("straight", "table"),
+                   help="with --emit cuda: straight-line or table-driven kernel (default: by plan size)")
     p.add_argument("--json", action="store_true", help="print a JSON summary")
     p.set_defaults(func=cmd_compile)
 

@@ -146,3 +146,14 @@ class ExecutionError(VerificationError):
     def __init__(self, message: str, *, rank=None, tb=None, step=None, where=None, **kw):
         self.tb, self.step = tb, step
         super().__init__(message, rank=rank, where=where, **kw)
+
+
+class CompileError(MscError):
+    """NVRTC rejected generated CUDA: carries the compiler's log and the path
+    of the rendered source it was given."""
+
+    def __init__(self, message: str, *, log: str = "", source_path: str | None = None):
+        self.log = log
+        self.source_path = source_path
+        text = message + (f" (source: {source_path})" if source_path else "")
+        super().__init__(text + ("\n" + log.strip() if log.strip() else ""))

@@ -32,7 +32,7 @@ OPS = ("sum", "prod", "max", "min", "avg")
 BUF_IDS = {"input": 0, "output": 1, "scratch": 2}
 # Straight-line code up to this many steps in the whole plan, the table form above: NVRTC
 # time grows with code size (bench/codegen_speed.py measures the trade-off).
-STRAIGHT_LINE_MAX_STEPS = 2048
+STRAIGHT_LINE_MAX_STEPS = 256
 NTHREADS = {"Simple": 512, "LL": 256, "LL128": 256}
 
 
