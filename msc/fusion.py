@@ -147,11 +147,13 @@ def forwarding_pairs(dag: Dag) -> list[tuple[Instr, Instr, Rule]]:
     return _candidates(dag, FORWARDING_RULES)
 
 
-def fuse_forwarding(dag: Dag, allowed: Callable[[Instr, Instr], bool]) -> Dag:
+def fuse_forwarding(dag: Dag, allowed: Callable[[Instr, Instr], bool], pairs=None) -> Dag:
     """Fuse the receive-then-send pairs ``allowed`` accepts, chains included
-    (a receive fuses with one send; other sends of the same chunk stay)."""
+    (a receive fuses with one send; other sends of the same chunk stay).
+    ``pairs``: forwarding_pairs(dag), when the caller already has them."""
+    pairs = forwarding_pairs(dag) if pairs is None else pairs
     dag = dag.copy()
-    for first, second, rule in forwarding_pairs(dag):
+    for first, second, rule in pairs:
         first, second = dag.instrs[first.id], dag.instrs[second.id]
         if first is None or second is None or not allowed(first, second):
             continue

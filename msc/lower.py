@@ -10,20 +10,25 @@ placement.py, schedule.py).
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 
 from msc.dag import allocate_scratch, build_dag, replicate
-from msc.errors import LoweringError, UsageError
+from msc.errors import DeadlockError, LoweringError, UsageError
 from msc.fusion import drop_dead_stores, forwarding_pairs, fuse_forwarding, fuse_local
 from msc.ir import Plan
 from msc.perf import pause_gc
 from msc.placement import assign, place_auto, place_manual
 from msc.plan_check import PROTOCOLS
 from msc.plan_check import check_plan
-from msc.plan_verify import deadlock_free, verify_plan
+from msc.plan_verify import verify_plan
 from msc.schedule import PRIORITIES, build_plan, order
 
 MAX_SLOTS = 8    # the MSCCL runtime's NCCL_STEPS; our runtime provides as many
+# Check every lowered plan's values (plan_check) before verifying it. Lowering
+# builds valid plans by construction, so this costs time for nothing in use;
+# the tests turn it on (MSC_CHECK=1, see tests/conftest.py).
+CHECK_IR = os.environ.get("MSC_CHECK") == "1"
 
 
 @dataclass(frozen=True)
@@ -60,12 +65,13 @@ def lower(program, options: LowerOptions = LowerOptions(), *, collective=None) -
     dag = build_dag(ops)
     if options.fuse:
         dag = fuse_local(dag)
+    pairs = forwarding_pairs(dag) if options.fuse else []
     if options.threadblocks == "manual":
         placement = place_manual(dag, n)
     else:
-        placement = place_auto(dag, forwarding_pairs(dag) if options.fuse else [], n)
+        placement = place_auto(dag, pairs, n)
     if options.fuse:
-        dag = fuse_forwarding(dag, placement.allows)
+        dag = fuse_forwarding(dag, placement.allows, pairs)
         dag = drop_dead_stores(dag, final=lambda instr: instr.dst.buffer != "scratch")
     tb_of, placement = assign(dag, placement, n)
     collective = collective or layout.collective
@@ -82,23 +88,26 @@ def lower(program, options: LowerOptions = LowerOptions(), *, collective=None) -
                           output_chunks=layout.logical_sizes["output"] * options.instances, scratch=scratch,
                           root=layout.root, protocol=options.protocol, instances=options.instances, slots=1,
                           tile=options.tile)
-        slots = fewest_slots(plan)
-        if slots is not None:
-            plan = replace(plan, slots=slots)
-            verify_plan(plan, collective=collective, checked=True)
-            return plan
+        if CHECK_IR:
+            check_plan(plan)
+        verified = verified_with_fewest_slots(plan, collective)
+        if verified is not None:
+            return verified
         failures.append(f"{priority} order: deadlocks even with {MAX_SLOTS} slots per connection")
     raise LoweringError("no step order works:\n  " + "\n  ".join(failures))
 
 
-def fewest_slots(plan: Plan) -> int | None:
-    """The fewest connection slots (1, 2, 4, 8) the plan runs without
-    deadlock at, None if even MAX_SLOTS is not enough. Checks the plan's
-    values first; the search runs only its blocking behaviour (cheap)."""
-    check_plan(plan)
+def verified_with_fewest_slots(plan: Plan, collective) -> Plan | None:
+    """The plan verified with the fewest connection slots (1, 2, 4, 8) it runs
+    without deadlock at; None if even MAX_SLOTS deadlocks. A deadlock shows
+    early when slots are too few (the first messages block), so trying the
+    full verification at each capacity costs about one verification."""
     slots = 1
     while slots <= MAX_SLOTS:
-        if deadlock_free(plan, slots):
-            return slots
-        slots *= 2
+        candidate = replace(plan, slots=slots)
+        try:
+            verify_plan(candidate, collective=collective, checked=True)
+            return candidate
+        except DeadlockError:
+            slots *= 2
     return None

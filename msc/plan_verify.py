@@ -80,46 +80,6 @@ def step_facts(plan: Plan, *, collective: Collective | None = None) -> dict[tupl
     return run.facts
 
 
-def deadlock_free(plan: Plan, slots: int) -> bool:
-    """Whether the plan finishes with ``slots`` per connection: the blocking
-    behaviour only (deps, messages, space), no data; the plan must be checked."""
-    pcs = [[0] * len(rp.threadblocks) for rp in plan.ranks]
-    inflight: dict[tuple, int] = {}
-    waiting: dict = {}
-    work = [(rp.rank, tb.id) for rp in plan.ranks for tb in rp.threadblocks]
-    while work:
-        rank, t = work.pop()
-        tb = plan.ranks[rank].threadblocks[t]
-        pc = pcs[rank]
-        steps = tb.steps
-        while pc[t] < len(steps):
-            step = steps[pc[t]]
-            blocker = None
-            for dt, ds in step.deps:
-                if pc[dt] <= ds:
-                    blocker = ("tb", rank, dt)
-                    break
-            op = step.op
-            if blocker is None and op.receives and inflight.get((tb.recv, rank, tb.channel), 0) == 0:
-                blocker = ("msg", (tb.recv, rank, tb.channel))
-            if blocker is None and op.sends and inflight.get((rank, tb.send, tb.channel), 0) >= slots:
-                blocker = ("space", (rank, tb.send, tb.channel))
-            if blocker is not None:
-                waiting.setdefault(blocker, []).append((rank, t))
-                break
-            if op.receives:
-                conn = (tb.recv, rank, tb.channel)
-                inflight[conn] -= 1
-                work.extend(waiting.pop(("space", conn), ()))
-            if op.sends:
-                conn = (rank, tb.send, tb.channel)
-                inflight[conn] = inflight.get(conn, 0) + 1
-                work.extend(waiting.pop(("msg", conn), ()))
-            pc[t] += 1
-            work.extend(waiting.pop(("tb", rank, t), ()))
-    return all(pc[t] == len(tb.steps) for rp, pc in zip(plan.ranks, pcs) for t, tb in enumerate(rp.threadblocks))
-
-
 def _cls(value, k, start_class):
     """A chunk's class: where its data started within a unit (a label's
     physical starting position, which a custom precondition may choose)."""
