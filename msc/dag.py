@@ -44,7 +44,7 @@ class Dag:
     """Instructions (``None`` where fusion removed one), their local
     predecessors and successors, and per instruction the instructions that
     read the value it wrote (``readers``) and that later overwrite chunks it
-    read or wrote (``overwriters``)."""
+    read or wrote (``overwriters``): each a tuple of ids without repeats."""
 
     instrs: list
     preds: list
@@ -55,8 +55,8 @@ class Dag:
     messages: list                  # message id -> [sender id, receiver id]
 
     def copy(self) -> Dag:
-        """A copy whose tables are new lists sharing their sets: a pass
-        replaces a set it changes (never edits one), so the input stays whole."""
+        """A copy whose tables are new lists sharing their (immutable) tuples:
+        a pass replaces a cell it changes, so its input stays whole."""
         return Dag(list(self.instrs), list(self.preds), list(self.succs), list(self.readers),
                    list(self.overwriters), list(self.overwritten), list(self.messages))
 
@@ -142,14 +142,23 @@ def build_dag(ops: list[Op]) -> Dag:
     preds, succs, readers, overwriters, overwritten = [], [], [], [], []
     pending_overwrite: list[int] = []  # per instr: chunks written and not yet overwritten
 
+    # Edge tables grow as lists (appends are cheap) and become tuples at the
+    # end: millions of instructions, most with one or two neighbours, and a
+    # small tuple is a quarter the size of a set (the empty one is shared).
+    def grow(table, i, x):
+        cell = table[i]
+        if cell is None:
+            table[i] = [x]
+        elif x not in cell:
+            cell.append(x)
+
     def add(instr: Instr, reads: Slice | tuple, writes: Slice | None):
         iid = instr.id
         instrs.append(instr)
-        p = set()
-        preds.append(p)
-        succs.append(set())
-        readers.append(set())
-        overwriters.append(set())
+        preds.append(None)
+        succs.append(None)
+        readers.append(None)
+        overwriters.append(None)
         overwritten.append(False)
         pending_overwrite.append(0)
         rank = instr.rank
@@ -158,8 +167,8 @@ def build_dag(ops: list[Op]) -> Dag:
                 key = slot(rank, sl.buffer, x)
                 w = last_writer.get(key)
                 if w is not None and w != iid:
-                    p.add(w)
-                    readers[w].add(iid)
+                    grow(preds, iid, w)
+                    grow(readers, w, iid)
                 readers_since.setdefault(key, []).append(iid)
         if writes is not None:
             pending_overwrite[iid] = writes.count
@@ -167,18 +176,18 @@ def build_dag(ops: list[Op]) -> Dag:
                 key = slot(rank, writes.buffer, x)
                 for r in readers_since.pop(key, ()):
                     if r != iid:
-                        p.add(r)
-                        overwriters[r].add(iid)
+                        grow(preds, iid, r)
+                        grow(overwriters, r, iid)
                 w = last_writer.get(key)
                 if w is not None and w != iid:
-                    p.add(w)
-                    overwriters[w].add(iid)
+                    grow(preds, iid, w)
+                    grow(overwriters, w, iid)
                     pending_overwrite[w] -= 1
                     if pending_overwrite[w] == 0:
                         overwritten[w] = True
                 last_writer[key] = iid
-        for q in p:
-            succs[q].add(iid)
+        for q in preds[iid] or ():
+            grow(succs, q, iid)
 
     for op in ops:
         src = make_slice(op.src_buffer, op.src_index, op.size)
@@ -206,5 +215,10 @@ def build_dag(ops: list[Op]) -> Dag:
         else:
             add(Instr(receiver, op.dst_rank, StepOp.RECV, (), dst, op.size, recv_peer=op.src_rank,
                       msg_in=m, channel=channel, recvtb=op.recvtb, where=op.where), (), dst)
-        messages.append([sender, receiver])
-    return Dag(instrs, preds, succs, readers, overwriters, overwritten, messages)
+        messages.append((sender, receiver))
+    return Dag(instrs, _tuples(preds), _tuples(succs), _tuples(readers), _tuples(overwriters), overwritten,
+               messages)
+
+
+def _tuples(table: list) -> list:
+    return [() if cell is None else tuple(cell) for cell in table]

@@ -58,6 +58,14 @@ def _consumes(first: Instr, second: Instr, rule: Rule) -> bool:
     return _same(second.dst, d) and _same(second.srcs[0], d)
 
 
+def _without(ids: tuple, drop: set, add: int | None = None) -> tuple:
+    """``ids`` less ``drop``, plus ``add``, without repeats, in order."""
+    out = [x for x in ids if x not in drop]
+    if add is not None:
+        out.append(add)
+    return tuple(dict.fromkeys(out))
+
+
 def _same(x, y) -> bool:
     return x is y or (x is not None and y is not None and x.buffer == y.buffer and x.index == y.index
                       and x.count == y.count)
@@ -87,9 +95,9 @@ def _candidates(dag: Dag, rules) -> list[tuple[Instr, Instr, Rule]]:
         for rule in by_first.get(first.op, ()):
             for sid in sorted(dag.succs[first.id]):
                 second = dag.instrs[sid]
-                if (second is not None and second.op is rule.second and dag.preds[sid] == {first.id}
+                if (second is not None and second.op is rule.second and dag.preds[sid] == (first.id,)
                         and _consumes(first, second, rule)):
-                    if not rule.keeps_store and (dag.readers[first.id] != {sid}
+                    if not rule.keeps_store and (dag.readers[first.id] != (sid,)
                                                  or not _sources_stable(dag, first, second)):
                         continue
                     found.append((first, second, rule))
@@ -105,23 +113,22 @@ def _merge(dag: Dag, first: Instr, second: Instr, joined: Instr, keeps_store: bo
         if p != a:
             for table in (dag.succs, dag.readers, dag.overwriters):
                 if b in table[p]:
-                    table[p] = (table[p] - {b}) | {a}
+                    table[p] = _without(table[p], {b}, a)
     for s in dag.succs[b]:
-        dag.preds[s] = (dag.preds[s] - {b}) | {a}
-    dag.preds[a] = (dag.preds[a] | dag.preds[b]) - {a, b}
-    dag.succs[a] = (dag.succs[a] | dag.succs[b]) - {a, b}
-    dag.overwriters[a] = (dag.overwriters[a] | dag.overwriters[b]) - {a, b}
+        dag.preds[s] = _without(dag.preds[s], {b}, a)
+    dag.preds[a] = _without(dag.preds[a] + dag.preds[b], {a, b})
+    dag.succs[a] = _without(dag.succs[a] + dag.succs[b], {a, b})
+    dag.overwriters[a] = _without(dag.overwriters[a] + dag.overwriters[b], {a, b})
     if keeps_store:                 # the joined write is first's (second is a send)
-        dag.readers[a] = dag.readers[a] - {b}
+        dag.readers[a] = _without(dag.readers[a], {b})
     else:                           # first's store is gone; the joined write is second's
-        dag.readers[a] = dag.readers[b] - {a}
+        dag.readers[a] = _without(dag.readers[b], {a})
         dag.overwritten[a] = dag.overwritten[b]
-    empty = frozenset()
-    dag.preds[b] = dag.succs[b] = dag.readers[b] = dag.overwriters[b] = empty
+    dag.preds[b] = dag.succs[b] = dag.readers[b] = dag.overwriters[b] = ()
     dag.instrs[a], dag.instrs[b] = joined, None
     for msg in (joined.msg_in, joined.msg_out):
         if msg is not None:
-            dag.messages[msg] = [a if x == b else x for x in dag.messages[msg]]
+            dag.messages[msg] = tuple(a if x == b else x for x in dag.messages[msg])
 
 
 def fuse_local(dag: Dag) -> Dag:

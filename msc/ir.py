@@ -105,7 +105,7 @@ STEP_SHAPE = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)   # slots: plans hold millions of these
 class Slice:
     """``count`` chunks of a rank's ``buffer`` (input, output, scratch) from ``index``."""
 
@@ -119,7 +119,7 @@ class Slice:
         return f"{self.buffer}[{self.index}:{self.index + self.count}]"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)   # slots: plans hold millions of these
 class Step:
     """One step of a threadblock. ``deps`` are (threadblock, step) pairs of the
     same rank that must finish first; ``where`` is the user's line it came from."""

@@ -21,7 +21,7 @@ from msc.perf import pause_gc
 from msc.placement import assign, place_auto, place_manual
 from msc.plan_check import PROTOCOLS
 from msc.plan_check import check_plan
-from msc.plan_verify import verify_plan
+from msc.plan_verify import check_races, verify_plan
 from msc.schedule import PRIORITIES, build_plan, order
 
 MAX_SLOTS = 8    # the MSCCL runtime's NCCL_STEPS; our runtime provides as many
@@ -102,11 +102,12 @@ def verified_with_fewest_slots(plan: Plan, collective) -> Plan | None:
     without deadlock at; None if even MAX_SLOTS deadlocks. A deadlock shows
     early when slots are too few (the first messages block), so trying the
     full verification at each capacity costs about one verification."""
+    check_races(plan, collective=collective)      # races do not depend on the capacity: once
     slots = 1
     while slots <= MAX_SLOTS:
         candidate = replace(plan, slots=slots)
         try:
-            verify_plan(candidate, collective=collective, checked=True)
+            verify_plan(candidate, collective=collective, checked=True, check_races=False)
             return candidate
         except DeadlockError:
             slots *= 2

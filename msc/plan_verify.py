@@ -49,6 +49,15 @@ class PlanReport:
                 "slots": self.slots, "seconds": round(self.seconds, 6), "verified": True}
 
 
+@pause_gc
+def check_races(plan: Plan, *, collective: Collective | None = None) -> None:
+    """Only the race check of verify_plan (RaceError); the plan must be checked."""
+    coll = collective or plan_collective(plan)
+    run = _Execution(plan, coll.layout(plan.num_ranks, plan.chunk_factor, plan.inplace, plan.root), plan.slots)
+    if run.static_order():
+        run.check_races()
+
+
 def plan_collective(plan: Plan) -> Collective:
     """The built-in collective a plan names (a custom one must be passed in)."""
     try:

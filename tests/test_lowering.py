@@ -201,7 +201,7 @@ def test_build_dag_instructions_messages_and_local_edges():
         (0, "send input[1] >r1"),
         (1, "rrc output[0] -> output[0] <r0"),
     ]
-    assert dag.messages == [[1, 2], [5, 6]]
+    assert dag.messages == [(1, 2), (5, 6)]
     edges = {(p, s) for s, preds in enumerate(dag.preds) for p in preds}
     # 0->1 RAW (send reads the copy), 0->3 WAW, 1->3 WAR (copy overwrites what the send reads),
     # 2->4 RAW+WAW (the reduce reads and rewrites the received chunk), 4->6 RAW+WAW.
@@ -267,7 +267,7 @@ def test_fuse_local_copy_then_rrc_reduces_from_the_input():
                                  2: "rrc output[0] -> output[0] <r1"}
     assert instrs(st["local"]) == {0: "rrc input[0] -> output[0] <r1", 1: "send input[0] >r0"}
     assert st["local"].instrs[2] is None
-    assert st["local"].messages == [[1, 0]]          # the message now ends at the joined instruction
+    assert st["local"].messages == [(1, 0)]          # the message now ends at the joined instruction
     assert tbs(lower_any(copy_then_rrc, 2), 0) == [(None, 1, 0, ["rrc input[0] -> output[0]"])]
     plain = lower_any(copy_then_rrc, 2, LowerOptions(fuse=False))
     assert tbs(plain, 0) == [(None, 1, 0, ["copy input[0] -> output[0]", "rrc output[0] -> output[0]"])]
