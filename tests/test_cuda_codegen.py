@@ -10,7 +10,6 @@ the generated source, CHECK-style.
 """
 from __future__ import annotations
 
-import glob
 import re
 from functools import lru_cache
 from pathlib import Path
@@ -23,12 +22,11 @@ from msc.cuda import nvrtc_compile, render
 from msc.cuda.codegen import STRAIGHT_LINE_MAX_STEPS, choose_form
 from msc.errors import CompileError, UsageError
 from msc.lower import LowerOptions, lower
+from library import algorithms
 
 pytest.importorskip("cuda.core")
 ROOT = Path(__file__).resolve().parent.parent
-ALGORITHMS = {f"{Path(f).parent.name}/{Path(f).stem}:{a.name}": a
-              for f in sorted(glob.glob(str(ROOT / "algorithms" / "**" / "*.py"), recursive=True))
-              for a in msc.load_algorithms(f)}
+ALGORITHMS = algorithms()
 
 
 @lru_cache(maxsize=None)

@@ -8,21 +8,13 @@ import pytest
 
 import msc
 from msc.ir import OpKind
+from library import LIBRARY, algorithms
 
-LIBRARY = Path(__file__).resolve().parent.parent / "algorithms"
 MAX_RANKS = 64
 FORMS = {"inplace": True, "outofplace": False}
 
 
-def _discover() -> dict[str, msc.Algorithm]:
-    found = {}
-    for path in sorted(LIBRARY.rglob("*.py")):
-        for alg in msc.load_algorithms(path):
-            found[f"{path.relative_to(LIBRARY).with_suffix('').as_posix()}:{alg.name}"] = alg
-    return found
-
-
-ALGORITHMS = _discover()
+ALGORITHMS = algorithms()
 
 
 def library(*ids: str) -> list[msc.Algorithm]:

@@ -28,10 +28,10 @@ from msc.placement import assign, place_auto, place_manual
 from msc.plan_check import check_plan
 from msc.plan_verify import verify_plan
 from msc.schedule import build_plan, order
+from library import LIBRARY, algorithms
 
 from algfile import assert_at, load_one
 
-LIBRARY = Path(__file__).resolve().parent.parent / "algorithms"
 
 # A collective that requires nothing of its outputs: the plan verifier then
 # only checks deadlock, races, chunk classes and reads of unwritten chunks,
@@ -41,15 +41,7 @@ ANY = msc.CustomCollective("anything", input_chunks=lambda n, k: 4 * k, output_c
                            postcondition=lambda r, i, n, k: None)
 
 
-def _discover() -> dict[str, msc.Algorithm]:
-    found = {}
-    for path in sorted(LIBRARY.rglob("*.py")):
-        for alg in msc.load_algorithms(path):
-            found[f"{path.relative_to(LIBRARY).with_suffix('').as_posix()}:{alg.name}"] = alg
-    return found
-
-
-ALGORITHMS = _discover()
+ALGORITHMS = algorithms()
 
 
 # -- helpers ------------------------------------------------------------------

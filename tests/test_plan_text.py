@@ -19,19 +19,11 @@ from msc.ir import Plan, RankPlan, Slice, Step, StepOp, Threadblock
 from msc.lower import LowerOptions, lower
 from msc.plan_check import check_plan
 from msc.plan_text import dump_plan, load_plan, parse_plan, save_plan
-
-LIBRARY = Path(__file__).resolve().parent.parent / "algorithms"
-
-
-def _discover() -> dict[str, msc.Algorithm]:
-    found = {}
-    for path in sorted(LIBRARY.rglob("*.py")):
-        for alg in msc.load_algorithms(path):
-            found[f"{path.relative_to(LIBRARY).with_suffix('').as_posix()}:{alg.name}"] = alg
-    return found
+from library import algorithms
 
 
-ALGORITHMS = _discover()
+
+ALGORITHMS = algorithms()
 _PLANS: dict = {}
 
 

@@ -21,22 +21,14 @@ from msc.lower import LowerOptions, lower
 from msc.plan_verify import verify_plan
 from msc.xml_export import CONNECTION_SLOTS, RuntimeLimitError, plan_to_xml, program_to_xml
 from msc.xml_import import xml_to_plan
+from library import algorithms
 
-LIBRARY = Path(__file__).resolve().parent.parent / "algorithms"
 STEP_ATTRS = ("s", "type", "srcbuf", "srcoff", "dstbuf", "dstoff", "cnt", "depid", "deps", "hasdep")
 USES_SRC = {"s", "rrs", "rrc", "rrcs", "cpy", "re"}
 USES_DST = {"r", "rcs", "rrc", "rrcs", "cpy", "re"}
 
 
-def _discover() -> dict[str, msc.Algorithm]:
-    found = {}
-    for path in sorted(LIBRARY.rglob("*.py")):
-        for alg in msc.load_algorithms(path):
-            found[f"{path.relative_to(LIBRARY).with_suffix('').as_posix()}:{alg.name}"] = alg
-    return found
-
-
-ALGORITHMS = _discover()
+ALGORITHMS = algorithms()
 
 
 @functools.lru_cache(maxsize=None)
