@@ -46,7 +46,7 @@ import numpy as np
 import ml_dtypes
 
 from msc.collectives import get_collective
-from msc.errors import ExecutionError, UsageError, VerificationError
+from msc.errors import ExecutionError, UsageError
 from msc.ir import Plan, StepOp
 from msc.plan_check import check_plan
 

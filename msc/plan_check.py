@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from msc.collectives import get_collective
 from msc.errors import MscError, PlanError
-from msc.ir import STEP_SHAPE, Plan, StepOp
+from msc.ir import STEP_SHAPE, Plan
 
 PROTOCOLS = ("Simple", "LL", "LL128")
 # Chunks a buffer may have: far beyond any real schedule, small enough that

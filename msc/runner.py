@@ -19,10 +19,13 @@ import argparse
 import json
 import re
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from msc.collectives import get_collective
 from msc.errors import UsageError
+
+if TYPE_CHECKING:        # numpy is imported where used, so `msc` commands start fast
+    import numpy as np
 
 # numpy (and the executor) are imported where used: registering the command
 # must not import them, the CLI starts without numpy.

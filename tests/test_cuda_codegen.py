@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
-from pathlib import Path
 
 import pytest
 
@@ -25,7 +24,6 @@ from msc.lower import LowerOptions, lower
 from library import algorithms
 
 pytest.importorskip("cuda.core")
-ROOT = Path(__file__).resolve().parent.parent
 ALGORITHMS = algorithms()
 
 

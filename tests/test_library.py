@@ -2,7 +2,6 @@
 forms at every rank count it supports up to 64, also with other parameters."""
 import ast
 import sys
-from pathlib import Path
 
 import pytest
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import itertools
 from collections import defaultdict, deque
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest

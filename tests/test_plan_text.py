@@ -5,9 +5,7 @@ makes the parser fail with anything but PlanError."""
 from __future__ import annotations
 
 import itertools
-import json
 import re
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings

@@ -7,7 +7,6 @@ import functools
 import xml.etree.ElementTree as ET
 from copy import deepcopy
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
