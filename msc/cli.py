@@ -302,12 +302,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-verify", action="store_true")
     p.set_defaults(func=cmd_import)
 
-    try:
-        from msc.runner import add_run_command
-    except ImportError:
-        pass
-    else:
-        add_run_command(sub, load_plan_arg)
+    from msc.runner import add_run_command
+    from msc.sim_cli import add_commands as add_simulation_commands
+
+    add_run_command(sub, load_plan_arg)
+    add_simulation_commands(sub, load_plan_arg)      # simulate, tune, show
 
     p = sub.add_parser("list", help="list the algorithms in files (default: the library)")
     p.add_argument("files", nargs="*")
@@ -339,6 +338,9 @@ def main(argv: list[str] | None = None) -> int:
             raise
         _report(args, "error", exc, {"message": str(exc)})
         return 2
+    except BrokenPipeError:          # output piped into `head`: stop quietly
+        sys.stderr.close()
+        return 0
     except (OSError, ValueError) as exc:
         if args.debug:
             raise
