@@ -115,8 +115,6 @@ def test_pictures(tmp_path, capsys):
     assert rc == 2 and "--topology" in err
 
 
-@pytest.mark.xfail(strict=True, reason="msc/torch/registry.py rejects the index keys algorithm, protocol and "
-                                       "instances (its _ENTRY_KEYS); remove this mark once it accepts them")
 def test_index_loads_in_the_registry(tuned, tmp_path):
     from msc.torch.registry import PlanRegistry
 

@@ -1,0 +1,58 @@
+"""msc on PyTorch: run compiled plans over torch.distributed, in training.
+
+    import msc.torch as mt
+    registry = mt.PlanRegistry.from_dir("plans/")          # torch-free
+    mt.all_reduce(registry, tensor)                         # like dist.all_reduce
+    mt.run_plan(plan, input, output, op="sum")              # any plan, any collective
+    ddp.register_comm_hook(None, mt.allreduce_hook("plans/"))
+
+- ``run_plan(plan, input, output=None, *, op, group, backend, transport)``:
+  this process's part of a plan over a torch.distributed group (plan rank
+  r = group rank r), in deadlock-free rounds of messages (batched
+  isend/irecv, or one all_to_all_single per round: the default on gloo)
+  and local torch reductions (msc.torch.rounds, program, execute).
+  Results are the reference executor's (msc.executor), bit for bit.
+- ``all_reduce``, ``all_gather``, ``reduce_scatter``, ``all_to_all``,
+  ``broadcast``, ``reduce``: torch.distributed's signatures with the plans
+  first (a PlanRegistry, a directory, a Plan or a list).
+- ``PlanRegistry``: plans by collective, ranks, form and size range
+  (msc.torch.registry; ``NoPlanError`` when nothing covers a call).
+- ``allreduce_hook(plans)``: a DDP communication hook (msc.torch.ddp).
+- ``run_local(plan, buffers, count=, op=)``: every rank in this process, for
+  tests and debugging.
+
+Importing msc.torch does not import torch; the names that need it load it
+on first use and say how to install it when it is missing.
+"""
+from __future__ import annotations
+
+import importlib
+
+from msc.torch.registry import NoPlanError, PlanEntry, PlanRegistry
+
+_LAZY = {
+    "run_plan": "msc.torch.calls", "all_reduce": "msc.torch.calls", "all_gather": "msc.torch.calls",
+    "reduce_scatter": "msc.torch.calls", "all_to_all": "msc.torch.calls", "broadcast": "msc.torch.calls",
+    "reduce": "msc.torch.calls", "registry_of": "msc.torch.calls",
+    "allreduce_hook": "msc.torch.ddp",
+    "run_local": "msc.torch.execute", "prepare": "msc.torch.execute", "Prepared": "msc.torch.execute",
+    "clear_caches": "msc.torch.execute",
+    "BackendUnavailableError": "msc.torch.backends",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'msc.torch' has no attribute {name!r}")
+    try:
+        value = getattr(importlib.import_module(module), name)
+    except ModuleNotFoundError as exc:
+        if exc.name == "torch" or (exc.name or "").startswith("torch."):
+            raise ImportError(f"msc.torch.{name} needs PyTorch: pip install 'msc[torch]'") from exc
+        raise
+    globals()[name] = value
+    return value
+
+
+__all__ = ["NoPlanError", "PlanEntry", "PlanRegistry", *_LAZY]

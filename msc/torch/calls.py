@@ -1,0 +1,278 @@
+"""``run_plan`` and the torch.distributed-like collectives.
+
+A call names logical tensors as torch.distributed does; the plan names
+physical buffers (msc.collectives layouts). The *call form* is in place
+when the tensors alias as NCCL's in-place forms do (allreduce, broadcast,
+reduce, alltoall: one tensor; allgather: the input is unit ``rank`` of the
+output; reducescatter: the output is unit ``rank`` of the input), out of
+place otherwise. A plan of the other form still runs, at the price of one
+copy (see ``_physical``).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from msc.errors import UsageError
+from msc.ir import Plan
+from msc.torch import backends
+from msc.torch.execute import DTYPES, DistTransport, Prepared, choose_transport, execute, op_name, prepare
+from msc.torch.registry import PlanRegistry, normalize
+
+_SUPPORTED = set(DTYPES)
+
+
+def _group_info(group) -> tuple[int, int]:
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        raise UsageError("torch.distributed is not initialized: call torch.distributed.init_process_group first "
+                         "(or launch with torchrun)")
+    n = dist.get_world_size(group)
+    rank = dist.get_rank(group)
+    if rank < 0:
+        raise UsageError("this process is not a member of the group it calls a collective on")
+    return rank, n
+
+
+def _flat(t: torch.Tensor | None, what: str) -> torch.Tensor | None:
+    if t is None:
+        return None
+    if not isinstance(t, torch.Tensor):
+        raise UsageError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
+    if not t.is_contiguous():
+        raise UsageError(f"{what} must be contiguous (as torch.distributed requires); call .contiguous() first")
+    if t.dtype not in _SUPPORTED:
+        raise UsageError(f"{what}: unsupported dtype {t.dtype} (msc runs {', '.join(str(d) for d in DTYPES)})")
+    return t.view(-1)
+
+
+def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.data_ptr() == b.data_ptr() and a.numel() == b.numel()
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
+
+
+class _Call:
+    """A call of ``collective`` over ``n`` ranks with chunk factor ``k``:
+    its count (elements per unit), form and tensors."""
+
+    def __init__(self, collective, n: int, k: int, rank: int, input, output):
+        name = collective.name
+        units = {}
+        for which, chunks in (("input", collective.input_chunks(n, k)), ("output", collective.output_chunks(n, k))):
+            if chunks % k:
+                raise UsageError(f"{name}: {which} of {chunks} chunks is not whole units of {k} chunks; "
+                                 f"msc.torch runs collectives whose buffers are whole units")
+            units[which] = chunks // k
+        alias, target, offset = collective.inplace_alias(rank, n, k)
+        if offset % k:
+            raise UsageError(f"{name}: the in-place {alias} starts inside a data unit")
+        self.alias, self.target, self.unit = alias, target, offset // k
+        tensors = {"input": _flat(input, "input"), "output": _flat(output, "output")}
+        given = {which: t for which, t in tensors.items() if t is not None}
+        if not given:
+            raise UsageError("no tensors given")
+        dtypes = {t.dtype for t in given.values()}
+        devices = {t.device for t in given.values()}
+        if len(dtypes) > 1 or len(devices) > 1:
+            raise UsageError(f"input and output differ in dtype or device: {sorted(map(str, dtypes | devices))}")
+        base = "input" if tensors["input"] is not None else "output"
+        numel = given[base].numel()
+        if units[base] == 0 or numel % units[base]:
+            raise UsageError(f"{name} over {n} ranks: {base} of {numel} elements is not "
+                             f"{units[base]} equal units")
+        self.count = count = numel // units[base]
+        self.units = units
+        self.dtype, self.device = given[base].dtype, given[base].device
+        self.itemsize = given[base].element_size()
+        # the form: NCCL's in-place aliasing, or one tensor standing for both
+        whole = tensors[target]
+        part = tensors[alias]
+        if whole is None and alias == "output" and units[alias] == units[target] and self.unit == 0:
+            whole = tensors["input"]                 # all_reduce(tensor): the output is the input
+        if whole is None:
+            raise UsageError(f"{name}: the {target} tensor is required")
+        if whole.numel() != units[target] * count:
+            raise UsageError(f"{name}: {target} has {whole.numel()} elements, expected "
+                             f"{units[target] * count} ({units[target]} units of {count})")
+        view = whole[self.unit * count:(self.unit + units[alias]) * count]
+        if part is None or _same_memory(part, view):
+            self.inplace, self.whole, self.part = True, whole, view
+        else:
+            if part.numel() != units[alias] * count:
+                raise UsageError(f"{name}: {alias} has {part.numel()} elements, expected "
+                                 f"{units[alias] * count} ({units[alias]} units of {count})")
+            if _overlap(part, whole):
+                raise UsageError(f"{name}: input and output overlap but not as the in-place form "
+                                 f"({alias} = unit {self.unit} of {target})")
+            self.inplace = False
+        self.tensors = tensors if not self.inplace else None
+
+    @property
+    def output(self) -> torch.Tensor:
+        if self.inplace:
+            return self.whole if self.target == "output" else self.part
+        return self.tensors["output"]
+
+    def nbytes(self) -> int:
+        return max(self.units.values()) * self.count * self.itemsize
+
+
+def _physical(prepared: Prepared, call: _Call, run) -> None:
+    """Run on physical buffers, adapting the call form to the plan's form."""
+    plan = prepared.plan
+    if plan.inplace and call.inplace:
+        run({call.target: call.whole})
+    elif not plan.inplace and not call.inplace:
+        run(call.tensors)
+    elif plan.inplace:                                   # out-of-place call, in-place plan
+        src, dst = call.tensors["input"], call.tensors["output"]
+        if call.target == "output":                      # allgather: the input goes to its unit of the output
+            dst[call.unit * call.count:(call.unit + call.units["input"]) * call.count].copy_(src)
+            run({"output": dst})
+        elif call.units["output"] == call.units["input"] and call.unit == 0:
+            dst.copy_(src)                               # allreduce & co: run on the output
+            run({"input": dst})
+        else:                                            # reducescatter: the input must stay untouched
+            tmp = src.clone()
+            run({"input": tmp})
+            dst.copy_(tmp[call.unit * call.count:(call.unit + call.units["output"]) * call.count])
+    else:                                                # in-place call, out-of-place plan
+        if call.target == "input":
+            tmp = torch.empty(call.units["output"] * call.count, dtype=call.dtype, device=call.device)
+            run({"input": call.whole, "output": tmp})
+            call.part.copy_(tmp)
+        else:
+            run({"input": call.part.clone(), "output": call.whole})
+
+
+def _load(plan):
+    if isinstance(plan, (str, Path)):
+        from msc.plan_text import load_plan
+
+        return load_plan(plan)
+    return plan
+
+
+def run_plan(plan, input: torch.Tensor | None, output: torch.Tensor | None = None, *, op="sum", group=None,
+             backend: str = "auto", transport: str = "auto", collective=None) -> torch.Tensor:
+    """Run ``plan`` (a verified Plan, or a plan file) as this process's
+    part of the collective over ``group`` (default: the world), the plan's
+    rank r being group rank r. Every rank of the group must make the same
+    call (same plan, count, op, transport), as for any collective. Returns
+    the output tensor (a view of the input for in-place reducescatter).
+    Blocks until this rank is done.
+
+    ``op``: "sum", "prod", "max", "min", "avg" or a torch.distributed.ReduceOp.
+    ``backend``: "auto" (today: the torch.distributed executor), "torch", or
+    "cuda" (the future msc CUDA runtime; raises today: msc.torch.backends).
+    ``transport``: how the torch.distributed executor moves a round's
+    messages: "p2p" (batched isend/irecv), "alltoall" (one
+    all_to_all_single per round), or "auto" (alltoall on gloo groups of up
+    to 8 ranks, p2p otherwise).
+    """
+    prepared = prepare(_load(plan), collective)
+    rank, n = _group_info(group)
+    if prepared.plan.num_ranks != n:
+        raise UsageError(f"plan {prepared.plan.name!r} is for {prepared.plan.num_ranks} ranks, the group has {n}")
+    op = op_name(op)
+    call = _Call(prepared.collective, n, prepared.plan.chunk_factor, rank, input, output)
+    chosen = backends.choose(backend, call.device, group)
+    if chosen == "cuda":
+        backends.run_cuda(prepared, call, op, group)      # unreachable today: see msc.torch.backends
+        return call.output
+    prog = prepared.program(rank, call.count, choose_transport(transport, group, n))
+    comm = DistTransport(group)
+    _physical(prepared, call, lambda phys: execute(prog, phys, op, comm))
+    return call.output
+
+
+# -- torch.distributed-like calls --------------------------------------------------------------------
+
+def registry_of(plans) -> PlanRegistry | Plan | Prepared:
+    """What callers pass as ``plans``, ready for ``pick``: a PlanRegistry,
+    a Plan (or Prepared) as is; a directory (``PlanRegistry.from_dir``) or a
+    plan or index file, read once per process (cached by resolved path);
+    a list of Plans and plan files (each for all sizes)."""
+    if isinstance(plans, (PlanRegistry, Plan, Prepared)):
+        return plans
+    if isinstance(plans, (str, Path)):
+        key = str(Path(plans).resolve())
+        hit = _REGISTRIES.get(key)
+        if hit is None:
+            p = Path(plans)
+            hit = _REGISTRIES[key] = PlanRegistry.from_dir(p) if p.is_dir() else PlanRegistry.from_files([p])
+        return hit
+    if isinstance(plans, (list, tuple)):
+        return PlanRegistry.from_plans(plans)
+    raise UsageError(f"plans must be a PlanRegistry, a Plan, a path or a list of them, got {type(plans).__name__}")
+
+
+_REGISTRIES: dict[str, PlanRegistry] = {}
+
+
+def pick(plans, collective: str, group, input, output, root: int = 0) -> Plan | Prepared:
+    """The plan ``plans`` offers for this call."""
+    found = registry_of(plans)
+    if not isinstance(found, PlanRegistry):
+        plan = found.plan if isinstance(found, Prepared) else found
+        if normalize(plan.collective) != normalize(collective):
+            raise UsageError(f"plan {plan.name!r} is a {plan.collective} plan, this call is {collective}")
+        return found
+    rank, n = _group_info(group)
+    from msc.collectives import get_collective
+
+    call = _Call(get_collective(collective), n, 1, rank, input, output)
+    return found.select(collective, n, call.nbytes(), call.inplace, root)
+
+
+def all_reduce(plans, tensor, op="sum", group=None, **kw) -> torch.Tensor:
+    """In place, as torch.distributed.all_reduce."""
+    return run_plan(pick(plans, "allreduce", group, tensor, None), tensor, None, op=op, group=group, **kw)
+
+
+def all_gather(plans, output_tensor, input_tensor, group=None, **kw) -> torch.Tensor:
+    """As torch.distributed.all_gather_into_tensor (in place when the
+    input is unit ``rank`` of the output)."""
+    return run_plan(pick(plans, "allgather", group, input_tensor, output_tensor), input_tensor, output_tensor,
+                    group=group, **kw)
+
+
+def reduce_scatter(plans, output, input, op="sum", group=None, **kw) -> torch.Tensor:
+    """As torch.distributed.reduce_scatter_tensor (in place when the
+    output is unit ``rank`` of the input)."""
+    return run_plan(pick(plans, "reducescatter", group, input, output), input, output, op=op, group=group, **kw)
+
+
+def all_to_all(plans, output, input, group=None, **kw) -> torch.Tensor:
+    """As torch.distributed.all_to_all_single with equal splits."""
+    return run_plan(pick(plans, "alltoall", group, input, output), input, output, group=group, **kw)
+
+
+def broadcast(plans, tensor, src: int = 0, group=None, **kw) -> torch.Tensor:
+    """In place, as torch.distributed.broadcast; ``src`` is a group rank and
+    must be the plan's root."""
+    plan = pick(plans, "broadcast", group, tensor, None, root=src)
+    _check_root(plan, src, "src")
+    return run_plan(plan, tensor, None, group=group, **kw)
+
+
+def reduce(plans, tensor, dst: int = 0, op="sum", group=None, **kw) -> torch.Tensor:
+    """In place, as torch.distributed.reduce; ``dst`` (a group rank) must
+    be the plan's root. Other ranks' tensors hold unspecified values after."""
+    plan = pick(plans, "reduce", group, tensor, None, root=dst)
+    _check_root(plan, dst, "dst")
+    return run_plan(plan, tensor, None, op=op, group=group, **kw)
+
+
+def _check_root(plan, root: int, what: str) -> None:
+    p = plan.plan if isinstance(plan, Prepared) else plan
+    if p.root != root:
+        raise UsageError(f"plan {p.name!r} has root {p.root}, the call asks {what}={root}")

@@ -1,0 +1,294 @@
+"""Running a compiled rank program on torch tensors.
+
+``Prepared`` holds what a plan needs once (its rounds and layout) and, per
+(rank, count), the compiled ``Program`` with a reusable workspace tensor per
+(dtype, device): repeated calls of one size cost no planning and no
+allocation. ``execute`` runs a program round by round; its communication
+phases go through a transport object, so the same code runs over
+torch.distributed (``DistTransport``) and all ranks in one process
+(``run_local``, for tests and debugging).
+
+Not thread-safe: one call at a time per process (as collectives are).
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+
+from msc.collectives import get_collective
+from msc.errors import UsageError
+from msc.ir import Plan
+from msc.torch.program import ARENA, BUFFER, TRANSPORTS, Program, compile_rank
+from msc.torch.rounds import schedule
+
+# The executor's reductions, in the buffers' dtype (integers wrap; floats
+# round after every operation). avg sums, then divides (see ``average``).
+COMBINE = {"sum": torch.add, "prod": torch.mul, "max": torch.maximum, "min": torch.minimum, "avg": torch.add}
+OPS = tuple(COMBINE)
+DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64, torch.uint8)
+TAG = 0x6D73     # "ms": keeps our point-to-point messages apart from a user's tag-0 traffic (gloo)
+_PROGRAMS_PER_PLAN = 64
+
+
+class Prepared:
+    """A plan ready to run: its global rounds, its layout, and compiled
+    programs per (rank, count), least recently used dropped first."""
+
+    def __init__(self, plan: Plan, collective=None):
+        self.plan = plan
+        self.collective = get_collective(collective or plan.collective)
+        self.layout = self.collective.layout(plan.num_ranks, plan.chunk_factor, plan.inplace, plan.root)
+        self.rounds = schedule(plan)          # checks the plan's values and that it cannot get stuck
+        self._programs: OrderedDict[tuple[int, int, str], Program] = OrderedDict()
+
+    def program(self, rank: int, count: int, transport: str = "p2p") -> Program:
+        key = (rank, count, transport)
+        prog = self._programs.get(key)
+        if prog is None:
+            prog = compile_rank(self.rounds, rank, count, self.layout, transport)
+            self._programs[key] = prog
+            if len(self._programs) > _PROGRAMS_PER_PLAN:
+                self._programs.popitem(last=False)
+        else:
+            self._programs.move_to_end(key)
+        return prog
+
+
+_PREPARED: OrderedDict[int, tuple[Plan, object, Prepared]] = OrderedDict()
+_PREPARED_MAX = 64
+
+
+def prepare(plan, collective=None) -> Prepared:
+    """The cached ``Prepared`` for ``plan`` (a Plan or a Prepared). Keyed by
+    identity (hashing a big frozen plan costs more than scheduling a small
+    one); the cache holds the plan, so its id stays unique."""
+    if isinstance(plan, Prepared):
+        return plan
+    if not isinstance(plan, Plan):
+        raise UsageError(f"expected an msc Plan, got {type(plan).__name__}")
+    hit = _PREPARED.get(id(plan))
+    if hit is not None and hit[0] is plan and hit[1] is collective:
+        _PREPARED.move_to_end(id(plan))
+        return hit[2]
+    prepared = Prepared(plan, collective)
+    _PREPARED[id(plan)] = (plan, collective, prepared)
+    if len(_PREPARED) > _PREPARED_MAX:
+        _PREPARED.popitem(last=False)
+    return prepared
+
+
+def clear_caches() -> None:
+    """Forget prepared plans, compiled programs and their workspaces."""
+    _PREPARED.clear()
+
+
+def op_name(op) -> str:
+    """"sum" etc. from a name or a torch.distributed.ReduceOp."""
+    if isinstance(op, str):
+        key = op.lower()
+    else:
+        import torch.distributed as dist
+
+        names = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.PRODUCT: "prod", dist.ReduceOp.MAX: "max",
+                 dist.ReduceOp.MIN: "min", dist.ReduceOp.AVG: "avg"}
+        try:
+            key = names.get(op)
+        except TypeError:
+            key = None
+        if key is None:
+            raise UsageError(f"unsupported reduction op {op!r} (msc runs sum, prod, max, min, avg)")
+    key = {"product": "prod", "mean": "avg"}.get(key, key)
+    if key not in COMBINE:
+        raise UsageError(f"unknown reduction op {op!r} (expected one of {', '.join(OPS)})")
+    return key
+
+
+def workspace(prog: Program, like: torch.Tensor) -> torch.Tensor:
+    key = (like.dtype, like.device)
+    ws = prog.workspace.get(key)
+    if ws is None:
+        ws = prog.workspace[key] = torch.empty(prog.arena, dtype=like.dtype, device=like.device)
+    return ws
+
+
+def _views(bufs, pieces):
+    return [(peer, bufs[b][lo:hi]) for peer, (b, lo, hi) in pieces]
+
+
+def compute(prog_round, bufs, combine) -> None:
+    """The compute phase of one round."""
+    for op in prog_round.ops:
+        if op[0] == "copy":
+            (db, dlo, dhi), (sb, slo, shi) = op[1], op[2]
+            bufs[db][dlo:dhi].copy_(bufs[sb][slo:shi])
+        else:
+            (db, dlo, dhi), (ab, alo, ahi), (bb, blo, bhi) = op[1], op[2], op[3]
+            combine(bufs[ab][alo:ahi], bufs[bb][blo:bhi], out=bufs[db][dlo:dhi])
+
+
+def buffers_for(prog: Program, phys: dict[str, torch.Tensor]) -> list:
+    bufs: list = [None, None, None]
+    for name, tensor in phys.items():
+        bufs[BUFFER[name]] = tensor
+    ref = phys.get("input", phys.get("output"))
+    bufs[ARENA] = workspace(prog, ref)
+    return bufs
+
+
+def execute(prog: Program, phys: dict[str, torch.Tensor], op: str, transport) -> None:
+    """Run ``prog`` on this rank's physical buffers (1-D, contiguous).
+    ``transport.p2p(sends, recvs)`` moves one round's messages ((peer,
+    tensor) lists); ``transport.alltoall(input, output, input_splits,
+    output_splits)`` runs a round's all_to_all_single; both return when the
+    round's communication is done."""
+    bufs = buffers_for(prog, phys)
+    combine = COMBINE[op]
+    for r in prog.rounds:
+        compute(r, bufs, combine)
+        if r.alltoall is not None:
+            (ib, ilo, ihi), in_splits, (ob, olo, ohi), out_splits = r.alltoall
+            transport.alltoall(bufs[ib][ilo:ihi], bufs[ob][olo:ohi], in_splits, out_splits)
+        elif r.sends or r.recvs:
+            transport.p2p(_views(bufs, r.sends), _views(bufs, r.recvs))
+    if op == "avg":
+        average(prog, bufs)
+
+
+def average(prog: Program, bufs) -> None:
+    """avg's division, as msc.executor: floats divided in float64 and
+    rounded once to the dtype, integers truncated toward zero."""
+    for (b, lo, hi), m in prog.averaged:
+        view = bufs[b][lo:hi]
+        if view.dtype.is_floating_point:
+            view.copy_(view.to(torch.float64).div_(m))
+        else:
+            view.copy_(torch.div(view.to(torch.int64), m, rounding_mode="trunc"))
+
+
+class DistTransport:
+    """Rounds over a torch.distributed group (peers are group ranks).
+
+    p2p: one batch per round; NCCL coalesces it into one group call
+    (batch_isend_irecv); gloo gets its receives and then its sends posted
+    directly (what batch_isend_irecv does for it, less the per-op Python
+    checks). Receives first: gloo then knows a receive waits when the
+    peer's data comes; sends first cost a handshake per message.
+
+    alltoall: one all_to_all_single per round (every rank calls it).
+    """
+
+    def __init__(self, group, tag: int = TAG):
+        import torch.distributed as dist
+
+        self.dist, self.group, self.tag = dist, group, tag
+        self.pg = group if group is not None else dist.distributed_c10d._get_default_group()
+        self.backend = dist.get_backend(self.pg)
+
+    def p2p(self, sends, recvs) -> None:
+        dist, tag = self.dist, self.tag
+        if self.backend == "gloo":
+            works = [self.pg.recv([t], p, tag) for p, t in recvs]
+            works += [self.pg.send([t], p, tag) for p, t in sends]
+        else:
+            ops = [dist.P2POp(dist.irecv, t, group=self.group, group_peer=p, tag=tag) for p, t in recvs]
+            ops += [dist.P2POp(dist.isend, t, group=self.group, group_peer=p, tag=tag) for p, t in sends]
+            works = dist.batch_isend_irecv(ops)
+        for work in works:
+            work.wait()
+
+    def alltoall(self, inp, out, in_splits, out_splits) -> None:
+        self.dist.all_to_all_single(out, inp, out_splits, in_splits, group=self.group)
+
+
+def choose_transport(transport: str, group, n: int) -> str:
+    """"auto": alltoall for gloo groups of up to ALLTOALL_MAX_RANKS ranks
+    (gloo's point-to-point path costs far more per round than its
+    collectives: bench/torch_dist.py), p2p otherwise (NCCL; and large gloo
+    groups, where a full alltoall per round would send n-1 messages, most
+    of them empty)."""
+    if transport == "auto":
+        import torch.distributed as dist
+
+        pg = group if group is not None else dist.distributed_c10d._get_default_group()
+        return "alltoall" if dist.get_backend(pg) == "gloo" and n <= ALLTOALL_MAX_RANKS else "p2p"
+    if transport not in TRANSPORTS:
+        raise UsageError(f"unknown transport {transport!r} (expected auto or one of {', '.join(TRANSPORTS)})")
+    return transport
+
+
+ALLTOALL_MAX_RANKS = 8
+
+
+def run_local(plan, phys: list[dict[str, torch.Tensor]], *, count: int, op: str = "sum", collective=None,
+              transport: str = "p2p") -> None:
+    """Run every rank of ``plan`` in this process, round by round, on
+    per-rank physical buffers (as msc.executor.run_plan, with tensors):
+    the same programs and rounds as the distributed run, each round's
+    messages copied between ranks once every rank finished its compute
+    phase."""
+    prepared = prepare(plan, collective)
+    n = prepared.plan.num_ranks
+    if len(phys) != n:
+        raise UsageError(f"{len(phys)} ranks of buffers for a plan of {n} ranks")
+    op = op_name(op)
+    if transport not in TRANSPORTS:
+        raise UsageError(f"unknown transport {transport!r} (expected one of {', '.join(TRANSPORTS)})")
+    progs = [prepared.program(r, count, transport) for r in range(n)]
+    for r, prog in enumerate(progs):
+        for name, size in prog.sizes.items():
+            if phys[r].get(name) is None or phys[r][name].numel() != size:
+                raise UsageError(f"rank {r}: buffer {name} needs {size} elements at count {count}")
+    bufs = [buffers_for(prog, p) for prog, p in zip(progs, phys)]
+    combine = COMBINE[op]
+    at = [{rd.t: rd for rd in prog.rounds} for prog in progs]
+    for t in range(prepared.rounds.num_rounds):
+        here = [at[r].get(t) for r in range(n)]
+        for r in range(n):
+            if here[r] is not None:
+                compute(here[r], bufs[r], combine)
+        if any(h is not None and h.alltoall is not None for h in here):
+            _local_alltoall(t, here, bufs)
+        else:
+            _local_p2p(t, here, bufs)
+    if op == "avg":
+        for prog, b in zip(progs, bufs):
+            average(prog, b)
+
+
+def _local_p2p(t, here, bufs) -> None:
+    sent = {}
+    for r, rd in enumerate(here):
+        for peer, view in _views(bufs[r], rd.sends if rd else ()):
+            sent.setdefault((r, peer), []).append(view)
+    for r, rd in enumerate(here):
+        for peer, view in _views(bufs[r], rd.recvs if rd else ()):
+            src = sent[(peer, r)].pop(0)
+            if src.numel() != view.numel():
+                raise UsageError(f"round {t}: rank {peer} sends {src.numel()} elements, rank {r} expects "
+                                 f"{view.numel()}")
+            view.copy_(src)
+    if any(sent.values()):
+        raise UsageError(f"round {t}: messages nobody receives: {[k for k, v in sent.items() if v]}")
+
+
+def _local_alltoall(t, here, bufs) -> None:
+    """all_to_all_single's semantics: rank r's output segment from s is
+    s's input segment for r; every rank must take part."""
+    calls = []
+    for r, rd in enumerate(here):
+        if rd is None or rd.alltoall is None:
+            raise UsageError(f"round {t}: rank {r} does not take part in the round's alltoall")
+        (ib, ilo, ihi), isp, (ob, olo, ohi), osp = rd.alltoall
+        calls.append((bufs[r][ib][ilo:ihi], isp, bufs[r][ob][olo:ohi], osp))
+    sources = [list(inp.split(isp)) for inp, isp, _, _ in calls]
+    for r, (_, _, out, osp) in enumerate(calls):
+        for s, piece in enumerate(out.split(osp)):
+            if piece.numel() != sources[s][r].numel():
+                raise UsageError(f"round {t}: rank {s} sends {sources[s][r].numel()} elements to rank {r}, which "
+                                 f"expects {piece.numel()}")
+            piece.copy_(sources[s][r])
+
+
+__all__ = ["COMBINE", "DTYPES", "DistTransport", "OPS", "Prepared", "TAG", "choose_transport", "clear_caches",
+           "execute", "op_name", "prepare", "run_local"]

@@ -1,0 +1,315 @@
+"""Which plan runs a call: plans by collective, rank count, in-place form,
+root and message size, like MSCCL's minBytes/maxBytes.
+
+Torch-free. A registry is built from a directory, files, Plan objects or
+``add`` calls; ``select`` picks the plan for a call and raises ``NoPlanError``
+(naming what was asked and what exists) when none covers it.
+
+Sizes. ``nbytes`` of a call is the byte size, on one rank, of the larger
+logical buffer (msc run's and nccl-tests' size, NCCL's nBytes): the tensor
+for allreduce, broadcast and reduce; the gathered output for allgather; the
+full input for reducescatter and alltoall. An entry covers
+``min_bytes <= nbytes < max_bytes`` (max_bytes None: no upper bound).
+
+The index file. A directory may hold ``plans.json``::
+
+    {"version": 1,
+     "plans": [
+       {"file": "allreduce-ring-n4.plan",     "min_bytes": 0,    "max_bytes": "1M"},
+       {"file": "allreduce-allpairs-n4.plan", "min_bytes": "1M", "max_bytes": null}
+     ]}
+
+(a bare list of entries also works). ``file`` is relative to the index;
+sizes are byte counts or strings such as "64K", "1M", "2G" (powers of
+1024); ``min_bytes`` defaults to 0 and ``max_bytes`` to null. An entry may
+also state ``collective``, ``ranks``, ``inplace`` and ``root``: then the
+plan file is read only when a call first selects it (and must agree);
+otherwise it is read when the index is. Keys starting with ``_`` and
+``note`` are ignored (room for a tuner's measurements); any other key is an
+error. Without ``plans.json`` every ``*.plan`` and ``*.xml`` file of the
+directory is an entry covering all sizes.
+
+Entries for the same (collective, ranks, form, root) must not overlap:
+two plans for one call is an error when the registry is built, not a
+silent pick.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from msc.errors import PlanError, UsageError
+from msc.ir import Plan
+
+INDEX = "plans.json"
+_ROOTED = ("broadcast", "reduce")
+# the tuner (msc tune -o DIR) also records which algorithm, protocol and instance count won
+_ENTRY_KEYS = {"file", "collective", "ranks", "inplace", "root", "min_bytes", "max_bytes", "note",
+               "algorithm", "protocol", "instances"}
+
+
+class NoPlanError(UsageError):
+    """No registered plan covers a call. ``available`` lists what exists
+    for the collective (all entries when it has none)."""
+
+    def __init__(self, message: str, *, collective: str, num_ranks: int, nbytes: int, inplace: bool,
+                 root: int | None, available: list[str]):
+        self.collective, self.num_ranks, self.nbytes = collective, num_ranks, nbytes
+        self.inplace, self.root, self.available = inplace, root, available
+        super().__init__(message)
+
+
+def normalize(collective: str) -> str:
+    """msc.collectives' spelling: "all_reduce", "AllReduce" -> "allreduce"."""
+    return str(collective).lower().replace("_", "").replace("-", "")
+
+
+def parse_bytes(value, what: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise UsageError(f"{what} must be a byte count or a size such as \"1M\", got {value!r}")
+    from msc.runner import parse_size
+
+    n = parse_size(value) if isinstance(value, str) else value
+    if n < 0:
+        raise UsageError(f"{what} must be >= 0, got {value!r}")
+    return n
+
+
+def format_bytes(n: int | None) -> str:
+    if n is None:
+        return "inf"
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale}{unit}"
+    return str(n)
+
+
+class PlanEntry:
+    """One plan and the calls it serves. ``plan`` is read on first use
+    when the entry was made from an index that states its metadata."""
+
+    def __init__(self, *, collective: str, num_ranks: int, inplace: bool, root: int, min_bytes: int,
+                 max_bytes: int | None, source: str, plan: Plan | None = None, path: Path | None = None,
+                 verify: bool = True):
+        if max_bytes is not None and max_bytes <= min_bytes:
+            raise UsageError(f"{source}: max_bytes ({max_bytes}) must be > min_bytes ({min_bytes}) or null")
+        self.collective, self.num_ranks, self.inplace = normalize(collective), num_ranks, inplace
+        self.root = root if self.collective in _ROOTED else 0
+        self.min_bytes, self.max_bytes, self.source = min_bytes, max_bytes, source
+        self._plan, self._path, self._verify = plan, path, verify
+
+    @classmethod
+    def of(cls, plan: Plan, *, min_bytes: int = 0, max_bytes: int | None = None, source: str | None = None):
+        return cls(collective=plan.collective, num_ranks=plan.num_ranks, inplace=plan.inplace, root=plan.root,
+                   min_bytes=min_bytes, max_bytes=max_bytes, source=source or f"<plan {plan.name}>", plan=plan)
+
+    @property
+    def key(self) -> tuple:
+        return (self.collective, self.num_ranks, self.inplace, self.root)
+
+    @property
+    def plan(self) -> Plan:
+        if self._plan is None:
+            plan = _load(self._path, self._verify)
+            stated = (self.collective, self.num_ranks, self.inplace, self.root)
+            found = (normalize(plan.collective), plan.num_ranks, plan.inplace,
+                     plan.root if normalize(plan.collective) in _ROOTED else 0)
+            if stated != found:
+                raise PlanError(f"{self.source}: the index says {_describe_key(stated)}, the plan is "
+                                f"{_describe_key(found)}", path=str(self._path))
+            self._plan = plan
+        return self._plan
+
+    def covers(self, nbytes: int) -> bool:
+        return self.min_bytes <= nbytes and (self.max_bytes is None or nbytes < self.max_bytes)
+
+    def overlaps(self, other: PlanEntry) -> bool:
+        lo = max(self.min_bytes, other.min_bytes)
+        his = [h for h in (self.max_bytes, other.max_bytes) if h is not None]
+        return not his or lo < min(his)
+
+    def __repr__(self) -> str:
+        return f"<PlanEntry {self.describe()}>"
+
+    def describe(self) -> str:
+        return (f"{_describe_key(self.key)} [{format_bytes(self.min_bytes)}, {format_bytes(self.max_bytes)}) "
+                f"from {self.source}")
+
+
+def _describe_key(key) -> str:
+    collective, n, inplace, root = key
+    text = f"{collective} {n} ranks {'in place' if inplace else 'out of place'}"
+    return text + (f" root {root}" if collective in _ROOTED else "")
+
+
+def _load(path: Path, verify: bool) -> Plan:
+    from msc.plan_text import load_plan
+
+    return load_plan(path, verify=verify)
+
+
+class PlanRegistry:
+    """Plans by (collective, ranks, in-place, root) and size range."""
+
+    def __init__(self, entries=()):
+        self._entries: list[PlanEntry] = []
+        for entry in entries:
+            self._insert(entry)
+
+    # -- building -----------------------------------------------------------------------------------
+    @classmethod
+    def from_dir(cls, path, *, verify: bool = True) -> PlanRegistry:
+        """``path/plans.json`` if there is one, else every ``*.plan``/``*.xml``
+        file of the directory, each for all sizes."""
+        path = Path(path)
+        if not path.is_dir():
+            raise UsageError(f"{path} is not a directory of plans")
+        if (path / INDEX).is_file():
+            return cls.from_index(path / INDEX, verify=verify)
+        files = sorted(p for p in path.iterdir() if p.suffix.lower() in (".plan", ".xml") and p.is_file())
+        if not files:
+            raise UsageError(f"{path} holds no plans (no {INDEX}, no *.plan or *.xml files); write them with "
+                             f"`msc compile ALGORITHM --ranks N -o {path}/NAME.plan`")
+        return cls.from_files(files, verify=verify)
+
+    @classmethod
+    def from_files(cls, paths, *, verify: bool = True) -> PlanRegistry:
+        """Plan files (each for all sizes) and index files (``*.json``)."""
+        reg = cls()
+        for p in paths:
+            p = Path(p)
+            if p.suffix.lower() == ".json":
+                for entry in _read_index(p, verify):
+                    reg._insert(entry)
+            else:
+                reg.add(p, verify=verify)
+        return reg
+
+    @classmethod
+    def from_index(cls, path, *, verify: bool = True) -> PlanRegistry:
+        return cls(_read_index(Path(path), verify))
+
+    @classmethod
+    def from_plans(cls, plans) -> PlanRegistry:
+        """Plan objects or files, each for all sizes."""
+        reg = cls()
+        for plan in plans:
+            reg.add(plan)
+        return reg
+
+    def add(self, plan, *, min_bytes=0, max_bytes=None, verify: bool = True) -> PlanEntry:
+        """Register a Plan (or a plan file) for ``min_bytes <= nbytes < max_bytes``."""
+        lo = parse_bytes(min_bytes, "min_bytes") or 0
+        hi = parse_bytes(max_bytes, "max_bytes")
+        if isinstance(plan, (str, Path)):
+            path = Path(plan)
+            entry = PlanEntry.of(_load(path, verify), min_bytes=lo, max_bytes=hi, source=str(path))
+        elif isinstance(plan, Plan):
+            entry = PlanEntry.of(plan, min_bytes=lo, max_bytes=hi)
+        else:
+            raise UsageError(f"expected a Plan or a plan file, got {type(plan).__name__}")
+        self._insert(entry)
+        return entry
+
+    def _insert(self, entry: PlanEntry) -> None:
+        for other in self._entries:
+            if other.key == entry.key and other.overlaps(entry):
+                raise UsageError(f"two plans for the same calls: {other.describe()} and {entry.describe()}; "
+                                 f"give them size ranges that do not overlap (min_bytes/max_bytes)")
+        self._entries.append(entry)
+
+    # -- looking up ---------------------------------------------------------------------------------
+    def __iter__(self):
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def entry(self, collective: str, num_ranks: int, nbytes: int, inplace: bool = True, root: int = 0, *,
+              exact: bool = False) -> PlanEntry:
+        """The entry for a call: same form first, then (unless ``exact``)
+        the other form, which run_plan adapts with one copy."""
+        coll = normalize(collective)
+        root = root if coll in _ROOTED else 0
+        forms = (inplace,) if exact else (inplace, not inplace)
+        for form in forms:
+            for e in self._entries:
+                if e.key == (coll, num_ranks, form, root) and e.covers(nbytes):
+                    return e
+        same = [e for e in self._entries if e.collective == coll] or self._entries
+        listing = "; ".join(e.describe() for e in same) or "nothing (the registry is empty)"
+        asked = _describe_key((coll, num_ranks, inplace, root))
+        raise NoPlanError(f"no msc plan for {asked} at {nbytes} bytes ({format_bytes(nbytes)})"
+                          f"{' in that form' if exact else ''}; the registry has: {listing}. "
+                          f"Compile one (msc compile ALGORITHM --ranks {num_ranks}) and register it for that "
+                          f"size", collective=coll, num_ranks=num_ranks, nbytes=nbytes, inplace=inplace,
+                          root=root if coll in _ROOTED else None, available=[e.describe() for e in same])
+
+    def select(self, collective: str, num_ranks: int, nbytes: int, inplace: bool = True, root: int = 0, *,
+               exact: bool = False) -> Plan:
+        """The plan for a call (see ``entry``); NoPlanError when none covers it."""
+        return self.entry(collective, num_ranks, nbytes, inplace, root, exact=exact).plan
+
+    def gaps(self, collective: str, num_ranks: int, inplace: bool | None = True, root: int = 0) -> list[tuple]:
+        """Size ranges [lo, hi) (hi None: unbounded) that no entry covers
+        for calls of this form (``inplace=None``: of either form, as
+        ``select`` without ``exact`` serves them)."""
+        coll = normalize(collective)
+        root = root if coll in _ROOTED else 0
+        forms = (True, False) if inplace is None else (inplace,)
+        spans = sorted((e.min_bytes, e.max_bytes) for e in self._entries
+                       if e.key in {(coll, num_ranks, f, root) for f in forms})
+        out, at = [], 0
+        for lo, hi in spans:
+            if lo > at:
+                out.append((at, lo))
+            if hi is None:
+                return out
+            at = max(at, hi)
+        out.append((at, None))
+        return out
+
+    def describe(self) -> str:
+        return "\n".join(e.describe() for e in self._entries) or "(no plans)"
+
+
+def _read_index(path: Path, verify: bool) -> list[PlanEntry]:
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{path}:{exc.lineno}:{exc.colno}: not JSON: {exc.msg}") from None
+    items = data.get("plans") if isinstance(data, dict) else data
+    if isinstance(data, dict) and data.get("version", 1) != 1:
+        raise UsageError(f"{path}: index version {data.get('version')!r}, this msc reads version 1")
+    if not isinstance(items, list):
+        raise UsageError(f"{path}: expected {{\"plans\": [...]}} or a list of entries")
+    entries = []
+    for i, item in enumerate(items):
+        where = f"{path} entry {i}"
+        if not isinstance(item, dict) or "file" not in item:
+            raise UsageError(f"{where}: expected an object with a \"file\" key, got {item!r}")
+        unknown = sorted(k for k in item if k not in _ENTRY_KEYS and not str(k).startswith("_"))
+        if unknown:
+            raise UsageError(f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(_ENTRY_KEYS))})")
+        file = path.parent / item["file"]
+        lo = parse_bytes(item.get("min_bytes", 0), f"{where}: min_bytes") or 0
+        hi = parse_bytes(item.get("max_bytes"), f"{where}: max_bytes")
+        source = f"{path.name}:{item['file']}"
+        if all(k in item for k in ("collective", "ranks", "inplace")):
+            if not file.is_file():
+                raise UsageError(f"{where}: plan file {file} does not exist")
+            entries.append(PlanEntry(collective=item["collective"], num_ranks=int(item["ranks"]),
+                                     inplace=bool(item["inplace"]), root=int(item.get("root", 0)), min_bytes=lo,
+                                     max_bytes=hi, source=source, path=file, verify=verify))
+        else:
+            entry = PlanEntry.of(_load(file, verify), min_bytes=lo, max_bytes=hi, source=source)
+            for k, attr in (("collective", "collective"), ("ranks", "num_ranks"), ("inplace", "inplace"),
+                            ("root", "root")):
+                if k in item and normalize(item[k]) != normalize(getattr(entry, attr)):
+                    raise UsageError(f"{where}: says {k} {item[k]!r}, the plan has {getattr(entry, attr)!r}")
+            entries.append(entry)
+    return entries

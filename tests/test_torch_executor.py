@@ -1,0 +1,237 @@
+"""msc.torch: the torch.distributed executor against msc.executor (bit for
+bit) and torch.distributed's own collectives (gloo, CPU processes), the DDP
+hook against stock DDP, and examples/train_ddp.py under torchrun.
+
+In-process tests run every rank in one process (msc.torch.run_local: the
+same compiled rounds, messages copied); the rest run on pools of gloo
+worker processes started once per process count (tests/torchdist.py).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+
+import torchdist  # noqa: E402  (tests/ helper: the worker pool and the cases it runs)
+from torchdist import COMBOS, algorithms, library_plan, np_dtype, to_numpy, to_torch  # noqa: E402
+
+import msc.torch as mt  # noqa: E402
+from msc import runner  # noqa: E402
+from msc.executor import Executor, load_inputs  # noqa: E402
+from msc.plan_text import save_plan  # noqa: E402
+from msc.torch.execute import OPS, prepare  # noqa: E402
+from msc.torch.program import comm_conflicts  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
+
+
+def library_keys(n: int):
+    return [key for key, alg in algorithms().items() if alg.supports(n)]
+
+
+def counts(k: int) -> list[int]:
+    """0, 1, counts no chunk factor divides, and one every class is full."""
+    return sorted({0, 1, k - 1, k + 1, 3 * k + k // 2 + 1, 1009})
+
+
+# -- every rank in one process ------------------------------------------------------------------------
+
+def run_both(plan, dtype: str, op: str, count: int, seed: int = 0, transport: str = "p2p"):
+    """msc.executor and msc.torch.run_local on the same inputs: physical buffers of both."""
+    ex = Executor(plan)
+    inputs = runner.random_inputs(np.random.default_rng(seed), np_dtype(dtype), op, plan.num_ranks,
+                                  plan.input_chunks // plan.chunk_factor * count)
+    buffers, _ = load_inputs(ex, inputs, count)
+    tensors = [{k: to_torch(v) for k, v in b.items()} for b in buffers]
+    ex.run(buffers, count=count, op=op)
+    mt.run_local(plan, tensors, count=count, op=op, transport=transport)
+    return buffers, tensors
+
+
+LOCAL = [(key, n, inplace, inst) for n in (2, 3, 4) for key in library_keys(n)
+         for inplace in (True, False) for inst in (1, 2)]
+
+
+@pytest.mark.parametrize("key,n,inplace,instances", LOCAL,
+                         ids=[f"{k}-n{n}-{'in' if i else 'out'}-i{inst}" for k, n, i, inst in LOCAL])
+def test_rounds_match_reference_executor_bit_for_bit(key, n, inplace, instances):
+    """Every library plan, its whole physical buffers (not only the outputs),
+    for counts no chunk factor divides, over both transports; and no
+    round's communication touches memory twice."""
+    roots = (0, n - 1) if algorithms()[key].collective.has_root else (0,)
+    for root in roots:
+        plan = library_plan(key, n, inplace, instances, root)
+        for i, count in enumerate(counts(plan.chunk_factor)):
+            dtype, op = COMBOS[(i + len(key)) % len(COMBOS)]
+            transport = ("p2p", "alltoall")[i % 2]
+            buffers, tensors = run_both(plan, dtype, op, count, seed=i, transport=transport)
+            for r in range(n):
+                for name, arr in buffers[r].items():
+                    assert to_numpy(tensors[r][name]).tobytes() == arr.tobytes(), \
+                        (root, count, dtype, op, transport, r, name)
+            for r in range(n):
+                for tr in ("p2p", "alltoall"):
+                    assert comm_conflicts(prepare(plan).program(r, count, tr)) == []
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "bfloat16", "int32", "int64", "uint8"])
+def test_every_dtype_and_op(dtype):
+    plan = library_plan("allreduce/ring:ring", 3, False)
+    for op in OPS:
+        for count in (1, 4, 1009):
+            buffers, tensors = run_both(plan, dtype, op, count)
+            for r in range(3):
+                assert to_numpy(tensors[r]["output"]).tobytes() == buffers[r]["output"].tobytes(), (op, count)
+
+
+def test_big_messages_move_without_copies():
+    """Ring allreduce: no copies at all (messages go out from the buffer or
+    the staging area they were reduced in; the allgather half lands in
+    place: n-1 direct receives per rank), one reduction per step."""
+    n = 4
+    for inplace in (True, False):
+        for transport in ("p2p", "alltoall"):
+            prog = prepare(library_plan("allreduce/ring:ring", n, inplace)).program(1, 1 << 20, transport)
+            assert prog.direct == n - 1
+            assert [op[0] for r in prog.rounds for op in r.ops] == ["op"] * (n - 1)
+            assert len(prog.rounds) == 2 * (n - 1)      # the last receive lands directly: no round of its own
+            # the only workspace: one chunk of staging per reduce-scatter step
+            assert prog.arena == (n - 1) * (1 << 20) // n
+
+
+def test_prepared_plans_and_programs_are_cached():
+    plan = library_plan("allreduce/ring:ring", 2, True)
+    assert prepare(plan) is prepare(plan)
+    assert prepare(plan).program(0, 100) is prepare(plan).program(0, 100)
+
+
+def test_stuck_plan_is_an_error_not_a_hang():
+    from dataclasses import replace
+
+    from msc.errors import ExecutionError
+    from msc.ir import RankPlan, Slice, Step, StepOp, Threadblock
+
+    plan = library_plan("allreduce/ring:ring", 2, True)
+    # each rank receives before it sends, from the other: no round can start
+    ranks = tuple(RankPlan(r, 0, (Threadblock(0, 1 - r, 1 - r, 0, (
+        Step(StepOp.RECV, (), Slice("input", 0, 1), 1), Step(StepOp.SEND, (Slice("input", 1, 1),), None, 1))),))
+        for r in range(2))
+    with pytest.raises(ExecutionError, match="stuck"):
+        prepare(replace(plan, ranks=ranks, name="stuck"))
+
+
+def test_op_names():
+    from msc.errors import UsageError
+    from msc.torch.execute import op_name
+
+    assert op_name(dist.ReduceOp.SUM) == "sum" and op_name(dist.ReduceOp.PRODUCT) == "prod"
+    assert op_name("MAX") == "max" and op_name(dist.ReduceOp.AVG) == "avg"
+    with pytest.raises(UsageError):
+        op_name(dist.ReduceOp.BAND)
+
+
+# -- gloo processes -------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def pools():
+    started = {}
+
+    def get(n: int) -> torchdist.Pool:
+        if n not in started:
+            started[n] = torchdist.Pool(n, timeout=120)
+        return started[n]
+    yield get
+    for pool in started.values():
+        pool.close()
+
+
+def collective_cases(n: int, keys) -> list:
+    cases = []
+    for key in keys:
+        alg = algorithms()[key]
+        for root in ((0, n - 1) if alg.collective.has_root else (0,)):
+            k = library_plan(key, n, True, 1, root).chunk_factor
+            for plan_inplace in (True, False):
+                for call_inplace in (True, False):
+                    for j, count in enumerate((0, 1, k + 1, 1009)):
+                        dtype, op = COMBOS[(j + 2 * plan_inplace + call_inplace + len(cases)) % len(COMBOS)]
+                        cases.append((key, plan_inplace, 1, root, call_inplace, count, dtype, op))
+    return cases
+
+
+COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "reduce")
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("collective", COLLECTIVES)
+def test_collectives_match_torch_distributed(pools, n, collective):
+    """Every library algorithm of the collective that supports n ranks, in
+    both plan forms and both call forms, at counts 0, 1, k+1 and 1009, over
+    the dtype/op combinations (every dtype and op appears)."""
+    keys = [k for k in library_keys(n) if k.startswith(collective + "/")]
+    if not keys:
+        pytest.skip(f"no library {collective} for {n} ranks")
+    cases = collective_cases(n, keys)
+    checks = pools(n).run(torchdist.collective_cases, cases)
+    assert sum(checks) > 0
+
+
+def test_instances_and_large_counts(pools):
+    cases = [("allreduce/ring:ring", True, 2, 0, True, 100_003, "float32", "sum"),
+             ("allreduce/allpairs:allpairs", False, 1, 0, True, 65_537, "bfloat16", "avg"),
+             ("alltoall/allpairs:allpairs", True, 2, 0, False, 20_001, "int64", "sum"),
+             ("reducescatter/ring:ring", True, 2, 0, True, 30_011, "float16", "max")]
+    pools(2).run(torchdist.collective_cases, cases)
+
+
+def test_misuse_raises_typed_errors_on_every_rank(pools):
+    messages = pools(2).run(torchdist.error_cases)
+    assert messages[0] == messages[1]
+    text = "\n".join(messages[0])
+    assert "is for 3 ranks, the group has 2" in text
+    assert "contiguous" in text and "unsupported dtype" in text and "unknown reduction op" in text
+    assert "no msc plan for allreduce 2 ranks in place at 4096 bytes (4K)" in text
+    assert "[0, 1K)" in text                                     # and it says what exists
+    assert "msc CUDA runtime" in text
+
+
+def test_registry_picks_by_size_in_a_run(pools):
+    names = pools(2).run(torchdist.registry_cases)
+    assert names[0] == names[1] == ["ring", "ring", "allpairs", "allpairs"]
+
+
+def test_ddp_hook_trains_like_stock_ddp(pools, tmp_path):
+    save_plan(library_plan("allreduce/ring:ring", 2, True), tmp_path / "allreduce-ring-n2.plan")
+    results = pools(2).run(torchdist.ddp_case, 4, str(tmp_path))
+    for r in results:
+        assert r["hook_calls"] >= 2 * 4 and len(r["bucket_sizes"]) >= 2     # several buckets, every step
+        # 2 ranks: dividing by 2 is exact and a two-term sum has one rounding: the same bits
+        assert r["msc"] == r["stock"]
+        assert r["msc"][-1] < r["msc"][0]
+
+
+# -- the example under torchrun -------------------------------------------------------------------------
+
+def test_train_ddp_example_under_torchrun(tmp_path):
+    save_plan(library_plan("allreduce/ring:ring", 2, True), tmp_path / "allreduce-ring-n2.plan")
+    out = tmp_path / "losses.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         str(ROOT / "examples" / "train_ddp.py"), "--plans", str(tmp_path), "--steps", "3", "--check-stock",
+         "--losses", str(out), "--quiet"],
+        capture_output=True, text=True, timeout=240, env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["world"] == 2 and len(result["losses"]) == 3
+    assert result["losses"] == result["stock_losses"]
+    assert "msc losses match stock DDP" in done.stdout

@@ -1,0 +1,146 @@
+"""msc.torch.PlanRegistry: which plan serves a call, and the errors when
+none or two do. Torch-free: runs without PyTorch installed."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from functools import cache
+
+import pytest
+
+import msc
+from msc.errors import PlanError, UsageError
+from msc.lower import LowerOptions, lower
+from msc.plan_text import save_plan
+from msc.resources import data_dir
+from msc.torch import NoPlanError, PlanRegistry
+
+
+@cache
+def plan(collective: str, name: str, n: int, inplace: bool = True, root: int = 0):
+    [alg] = [a for a in msc.load_algorithms(data_dir("algorithms") / collective / f"{name}.py") if a.name == name]
+    program = msc.trace(alg, n, inplace=inplace, **({"root": root} if alg.collective.has_root else {}))
+    msc.verify(program)
+    return lower(program, LowerOptions())
+
+
+def test_importing_msc_torch_does_not_import_torch():
+    code = "import sys, msc, msc.torch; assert 'torch' not in sys.modules, 'torch imported'; print('ok')"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+def test_directory_without_index_covers_all_sizes(tmp_path):
+    save_plan(plan("allreduce", "ring", 4), tmp_path / "allreduce-ring-n4.plan")
+    save_plan(plan("allgather", "ring", 4, False), tmp_path / "allgather-ring-n4.plan")
+    (tmp_path / "notes.txt").write_text("not a plan")
+    reg = PlanRegistry.from_dir(tmp_path)
+    assert len(reg) == 2
+    for nbytes in (0, 1, 1 << 40):
+        assert reg.select("allreduce", 4, nbytes).name == "ring"
+        assert reg.select("all_gather", 4, nbytes, inplace=False).collective == "allgather"
+
+
+def test_index_size_ranges_min_inclusive_max_exclusive(tmp_path):
+    save_plan(plan("allreduce", "ring", 4), tmp_path / "ring.plan")
+    save_plan(plan("allreduce", "allpairs", 4), tmp_path / "allpairs.plan")
+    (tmp_path / "plans.json").write_text(json.dumps({"version": 1, "plans": [
+        {"file": "allpairs.plan", "min_bytes": 0, "max_bytes": "64K", "note": "small messages"},
+        {"file": "ring.plan", "min_bytes": 65536, "_measured_busbw": 1.5}]}))
+    reg = PlanRegistry.from_dir(tmp_path)
+    assert [reg.select("allreduce", 4, b).name for b in (0, 65535, 65536, 1 << 30)] == \
+        ["allpairs", "allpairs", "ring", "ring"]
+    assert reg.gaps("allreduce", 4) == []
+
+
+def test_index_with_metadata_reads_plans_lazily(tmp_path):
+    save_plan(plan("allreduce", "ring", 2), tmp_path / "ring.plan")
+    (tmp_path / "broken.plan").write_text("msc-plan 1\nthis is not a plan\n")
+    (tmp_path / "plans.json").write_text(json.dumps([
+        {"file": "ring.plan", "collective": "allreduce", "ranks": 2, "inplace": True, "max_bytes": 1024},
+        {"file": "broken.plan", "collective": "allreduce", "ranks": 2, "inplace": True, "min_bytes": 1024}]))
+    reg = PlanRegistry.from_dir(tmp_path)            # neither file read yet
+    assert reg.select("allreduce", 2, 100).name == "ring"
+    with pytest.raises(PlanError):
+        reg.select("allreduce", 2, 4096)
+
+
+def test_index_metadata_must_agree_with_the_plan(tmp_path):
+    save_plan(plan("allreduce", "ring", 2), tmp_path / "ring.plan")
+    (tmp_path / "plans.json").write_text(json.dumps([
+        {"file": "ring.plan", "collective": "allreduce", "ranks": 4, "inplace": True}]))
+    reg = PlanRegistry.from_dir(tmp_path)
+    with pytest.raises(PlanError, match="the index says allreduce 4 ranks in place, the plan is allreduce 2 ranks"):
+        reg.select("allreduce", 4, 100)
+
+
+@pytest.mark.parametrize("index,message", [
+    ('[{"file": "ring.plan", "max_byte": 10}]', "unknown key"),
+    ('[{"min_bytes": 10}]', 'with a "file" key'),
+    ('{"plans": [}', "not JSON"),
+    ('{"version": 2, "plans": []}', "version 2"),
+    ('[{"file": "ring.plan", "min_bytes": "lots"}]', "bad size"),
+    ('[{"file": "ring.plan", "min_bytes": 100, "max_bytes": 100}]', "must be > min_bytes"),
+    ('[{"file": "missing.plan"}]', "cannot read"),
+])
+def test_bad_index_files(tmp_path, index, message):
+    save_plan(plan("allreduce", "ring", 2), tmp_path / "ring.plan")
+    (tmp_path / "plans.json").write_text(index)
+    with pytest.raises((UsageError, PlanError), match=message):
+        PlanRegistry.from_dir(tmp_path)
+
+
+def test_overlapping_plans_for_the_same_calls_are_an_error(tmp_path):
+    save_plan(plan("allreduce", "ring", 4), tmp_path / "a.plan")
+    save_plan(plan("allreduce", "allpairs", 4), tmp_path / "b.plan")
+    with pytest.raises(UsageError, match="two plans for the same calls: .*a.plan.*b.plan"):
+        PlanRegistry.from_dir(tmp_path)
+    reg = PlanRegistry()
+    reg.add(plan("allreduce", "ring", 4), max_bytes="1M")
+    reg.add(plan("allreduce", "allpairs", 4), min_bytes="1M")          # adjacent is fine
+    reg.add(plan("allreduce", "allpairs", 4, inplace=False))           # another form is another call
+    with pytest.raises(UsageError, match="overlap"):
+        reg.add(plan("allreduce", "ring", 4), min_bytes="512K", max_bytes="2M")
+
+
+def test_no_plan_error_names_the_call_and_what_exists():
+    reg = PlanRegistry()
+    reg.add(plan("allreduce", "ring", 4), max_bytes="1M")
+    with pytest.raises(NoPlanError) as info:
+        reg.select("allreduce", 4, 3 << 20)
+    text = str(info.value)
+    assert "no msc plan for allreduce 4 ranks in place at 3145728 bytes (3M)" in text
+    assert "allreduce 4 ranks in place [0, 1M) from <plan ring>" in text
+    assert "msc compile" in text
+    assert (info.value.collective, info.value.num_ranks, info.value.nbytes) == ("allreduce", 4, 3 << 20)
+    with pytest.raises(NoPlanError, match="allreduce 8 ranks"):
+        reg.select("allreduce", 8, 100)
+    with pytest.raises(NoPlanError, match="no msc plan for broadcast.*the registry has: allreduce"):
+        reg.select("broadcast", 4, 100)
+    assert reg.gaps("allreduce", 4) == [(1 << 20, None)]
+    assert reg.gaps("allreduce", 2) == [(0, None)]
+
+
+def test_the_other_form_serves_unless_exact():
+    reg = PlanRegistry.from_plans([plan("allreduce", "ring", 2, inplace=False)])
+    assert reg.select("allreduce", 2, 100, inplace=True).inplace is False
+    with pytest.raises(NoPlanError, match="in that form"):
+        reg.select("allreduce", 2, 100, inplace=True, exact=True)
+    assert reg.gaps("allreduce", 2, inplace=True) == [(0, None)]
+    assert reg.gaps("allreduce", 2, inplace=None) == []
+
+
+def test_rooted_collectives_match_the_root():
+    reg = PlanRegistry.from_plans([plan("broadcast", "chain", 3, root=0), plan("broadcast", "chain", 3, root=2)])
+    assert reg.select("broadcast", 3, 64, root=2).root == 2
+    assert reg.select("broadcast", 3, 64, root=0).root == 0
+    with pytest.raises(NoPlanError, match="broadcast 3 ranks in place root 1"):
+        reg.select("broadcast", 3, 64, root=1)
+
+
+def test_empty_directory_says_how_to_make_plans(tmp_path):
+    with pytest.raises(UsageError, match="holds no plans.*msc compile"):
+        PlanRegistry.from_dir(tmp_path)
+    with pytest.raises(UsageError, match="not a directory"):
+        PlanRegistry.from_dir(tmp_path / "nowhere")

@@ -1,0 +1,379 @@
+"""A pool of torch.distributed (gloo, CPU) worker processes for tests.
+
+Starting processes and importing torch costs seconds, so a pool starts
+``n`` workers once (torch.multiprocessing, spawn) and runs many cases on
+them: ``pool.run(fn, *args)`` calls the module-level ``fn(rank, n, *args)``
+in every worker and returns the per-rank results, or raises with the
+workers' tracebacks. A case that hangs fails after ``timeout`` seconds and
+the pool is torn down (a deadlock must not hang the test run).
+"""
+from __future__ import annotations
+
+import os
+import queue
+import tempfile
+import traceback
+
+
+def _worker(rank: int, n: int, init_file: str, jobs, results) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)           # n processes share the machine's cores
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=n)
+    while True:
+        job = jobs.get()
+        if job is None:
+            break
+        fn, args = job
+        try:
+            results.put((rank, True, fn(rank, n, *args)))
+        except BaseException:           # report, keep serving: the next case must not hang
+            results.put((rank, False, traceback.format_exc()))
+    dist.destroy_process_group()
+
+
+class Pool:
+    def __init__(self, n: int, timeout: float = 60.0):
+        import torch.multiprocessing as mp
+
+        self.n, self.timeout = n, timeout
+        ctx = mp.get_context("spawn")
+        fd, self._init_file = tempfile.mkstemp(prefix="msc-gloo-")
+        os.close(fd)
+        os.unlink(self._init_file)      # the file store creates it
+        self.jobs = [ctx.Queue() for _ in range(n)]
+        self.results = ctx.Queue()
+        self.procs = [ctx.Process(target=_worker, args=(r, n, self._init_file, self.jobs[r], self.results),
+                                  daemon=True) for r in range(n)]
+        for p in self.procs:
+            p.start()
+        self.broken = None
+
+    def run(self, fn, *args) -> list:
+        if self.broken:
+            raise RuntimeError(f"the pool is broken: {self.broken}")
+        for q in self.jobs:
+            q.put((fn, args))
+        out, errors = [None] * self.n, []
+        for _ in range(self.n):
+            try:
+                rank, ok, value = self.results.get(timeout=self.timeout)
+            except queue.Empty:
+                self.broken = f"{fn.__name__}{args!r} did not finish in {self.timeout} s (deadlock?)"
+                self.close()
+                raise TimeoutError(self.broken) from None
+            if ok:
+                out[rank] = value
+            else:
+                errors.append(f"rank {rank}:\n{value}")
+        if errors:
+            raise AssertionError("\n".join(errors))
+        return out
+
+    def close(self) -> None:
+        for q, p in zip(self.jobs, self.procs):
+            if p.is_alive():
+                try:
+                    q.put(None)
+                except (OSError, ValueError):
+                    pass
+        for p in self.procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+        try:
+            os.unlink(self._init_file)
+        except OSError:
+            pass
+
+
+# -- cases, run in the workers (module-level so spawn can find them) ---------------------------------
+
+import functools
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _library() -> Path:
+    from msc.resources import data_dir
+
+    return data_dir("algorithms")
+# (dtype, op) pairs the collective cases cycle through: every dtype and every op appear
+COMBOS = (("float32", "sum"), ("bfloat16", "sum"), ("int32", "max"), ("float16", "avg"), ("int64", "prod"),
+          ("float64", "min"), ("int64", "avg"), ("float32", "prod"), ("uint8", "sum"), ("float64", "sum"),
+          ("int32", "min"), ("float32", "avg"))
+
+
+@functools.cache
+def algorithms() -> dict:
+    import msc
+
+    library = _library()
+    return {f"{p.relative_to(library).with_suffix('').as_posix()}:{a.name}": a
+            for p in sorted(library.rglob("*.py")) if p.name != "__init__.py" for a in msc.load_algorithms(p)}
+
+
+@functools.cache
+def library_plan(key: str, n: int, inplace: bool, instances: int = 1, root: int = 0):
+    import msc
+    from msc.lower import LowerOptions, lower
+
+    alg = algorithms()[key]
+    program = msc.trace(alg, n, inplace=inplace, **({"root": root} if alg.collective.has_root else {}))
+    msc.verify(program)
+    return lower(program, LowerOptions(instances=instances))
+
+
+def np_dtype(name: str):
+    import ml_dtypes
+    import numpy as np
+
+    return np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(name)
+
+
+def to_torch(a):
+    import numpy as np
+    import torch
+
+    if a.dtype.name == "bfloat16":
+        return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
+    return torch.from_numpy(a.copy())
+
+
+def to_numpy(t):
+    import ml_dtypes
+
+    if str(t.dtype) == "torch.bfloat16":
+        return t.contiguous().view(__import__("torch").int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
+
+
+def _dist_result(collective: str, x, n: int, count: int, op: str, root: int):
+    """torch.distributed's own collective on a copy of this rank's input;
+    None where gloo has no such operation (integer avg)."""
+    import warnings
+
+    import torch
+    import torch.distributed as dist
+
+    rop = {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT, "max": dist.ReduceOp.MAX,
+           "min": dist.ReduceOp.MIN, "avg": dist.ReduceOp.AVG}[op]
+    if op == "avg" and not x.dtype.is_floating_point and collective in ("allreduce", "reducescatter", "reduce"):
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)    # all_gather_into_tensor & co are being renamed
+        if collective == "allreduce":
+            t = x.clone()
+            dist.all_reduce(t, op=rop)
+            return t
+        if collective == "allgather":
+            t = torch.empty(n * count, dtype=x.dtype)
+            dist.all_gather_into_tensor(t, x)
+            return t
+        if collective == "reducescatter":
+            t = torch.empty(count, dtype=x.dtype)
+            dist.reduce_scatter_tensor(t, x.clone(), op=rop)
+            return t
+        if collective == "alltoall":
+            t = torch.empty_like(x)
+            dist.all_to_all_single(t, x)
+            return t
+        if collective == "broadcast":
+            t = x.clone()
+            dist.broadcast(t, src=root)
+            return t
+        t = x.clone()
+        dist.reduce(t, dst=root, op=rop)
+        return t if dist.get_rank() == root else None
+
+
+def _msc_call(collective: str, plans, x, count: int, n: int, rank: int, op: str, root: int, inplace: bool,
+              transport: str):
+    """The msc.torch collective with torch.distributed's signature; returns the output."""
+    import torch
+
+    import msc.torch as mt
+
+    mt = _With(mt, transport=transport)
+
+    if collective in ("allreduce", "broadcast", "reduce"):
+        if inplace:
+            t = x.clone()
+        else:                                        # out of place through run_plan
+            out = torch.full_like(x, 7)
+            return mt.run_plan(plans, x, out, op=op)
+        if collective == "allreduce":
+            return mt.all_reduce(plans, t, op=op)
+        if collective == "broadcast":
+            return mt.broadcast(plans, t, src=root)
+        return mt.reduce(plans, t, dst=root, op=op)
+    if collective == "allgather":
+        out = torch.full((n * count,), 7, dtype=x.dtype)
+        if inplace:
+            out[rank * count:(rank + 1) * count] = x
+            return mt.all_gather(plans, out, out[rank * count:(rank + 1) * count])
+        return mt.all_gather(plans, out, x)
+    if collective == "reducescatter":
+        if inplace:
+            t = x.clone()
+            return mt.reduce_scatter(plans, t[rank * count:(rank + 1) * count], t, op=op)
+        return mt.reduce_scatter(plans, torch.full((count,), 7, dtype=x.dtype), x, op=op)
+    if inplace:
+        t = x.clone()
+        return mt.all_to_all(plans, t, t)
+    return mt.all_to_all(plans, torch.full_like(x, 7), x)
+
+
+class _With:
+    """A module whose collectives get extra keyword arguments."""
+
+    def __init__(self, module, **kw):
+        self.module, self.kw = module, kw
+
+    def __getattr__(self, name):
+        import functools
+
+        return functools.partial(getattr(self.module, name), **self.kw)
+
+
+def collective_cases(rank: int, n: int, cases: list) -> int:
+    """Each case (algorithm key, plan in place, instances, root, call in
+    place, count, dtype, op): the msc result must equal the reference
+    executor's bit for bit, and torch.distributed's within tolerance.
+    Returns the number of checks made."""
+    import numpy as np
+    import torch
+
+    from msc import reference, runner
+    from msc.executor import run_collective
+
+    checks = 0
+    for i, (key, plan_inplace, instances, root, call_inplace, count, dtype, op) in enumerate(cases):
+        plan = library_plan(key, n, plan_inplace, instances, root)
+        coll = plan.collective
+        units = plan.input_chunks // plan.chunk_factor
+        dt = np_dtype(dtype)
+        inputs = runner.random_inputs(np.random.default_rng(1000 + i), dt, op, n, units * count)
+        assert all(np.all(a != 0) for a in inputs)
+        x = to_torch(inputs[rank])
+        transport = ("alltoall", "p2p")[i % 2]
+        mine = _msc_call(coll, plan, x.clone(), count, n, rank, op, root, call_inplace, transport)
+        where = f"case {i}: {key} n={n} plan {'in' if plan_inplace else 'out'}-place i{instances} root {root}, " \
+                f"call {'in' if call_inplace else 'out'}-place, count {count}, {dtype} {op}, {transport}, rank {rank}"
+        assert torch.equal(x, to_torch(inputs[rank])), where + ": the input changed"
+        if coll == "reduce" and rank != root:
+            _dist_result(coll, x, n, count, op, root)       # take part; nothing to compare
+            continue
+        # bit for bit the reference executor (msc.executor), whatever the call form
+        ref = run_collective(plan, inputs, op, count=count)[rank]
+        got = to_numpy(mine)
+        assert got.tobytes() == ref.tobytes(), f"{where}: differs from msc.executor: {got[:8]} vs {ref[:8]}"
+        # torch.distributed's own collective, within float tolerance
+        theirs = _dist_result(coll, x, n, count, op, root)
+        if theirs is not None:
+            rtol = 2 * reference.tolerance(dt, n, op, coll)
+            scale = None
+            if rtol and op != "prod":
+                mags = [np.abs(a.astype(np.float64)) for a in inputs]
+                scale = [reference.expected_outputs(coll, mags, op="avg" if op == "avg" else "sum", root=root)[rank]]
+            wrong = reference.count_wrong([got], [to_numpy(theirs)], rtol=rtol, scale=scale)
+            assert wrong == [0], f"{where}: {wrong[0]} elements differ from torch.distributed"
+        checks += 1
+    return checks
+
+
+def error_cases(rank: int, n: int) -> list[str]:
+    """Misuse gives typed msc errors on every rank, and nothing hangs after."""
+    import torch
+
+    import msc.torch as mt
+    from msc.errors import UsageError
+
+    out = []
+    ring = library_plan("allreduce/ring:ring", n, True)
+    other = library_plan("allreduce/ring:ring", n + 1, True)
+
+    def expect(exc_type, fn, *args, **kw):
+        try:
+            fn(*args, **kw)
+        except exc_type as exc:
+            out.append(str(exc))
+        else:
+            raise AssertionError(f"{fn.__name__}{args} did not raise {exc_type.__name__}")
+
+    expect(UsageError, mt.run_plan, other, torch.ones(8))                     # plan for n+1 ranks
+    expect(UsageError, mt.run_plan, ring, torch.ones(8, 2)[:, 0])             # not contiguous
+    expect(UsageError, mt.run_plan, ring, torch.ones(8, dtype=torch.complex64))
+    expect(UsageError, mt.run_plan, ring, torch.ones(8), op="xor")
+    expect(UsageError, mt.run_plan, ring, torch.ones(8), torch.ones(9))        # sizes disagree
+    ag = library_plan("allgather/ring:ring", n, False)
+    expect(UsageError, mt.run_plan, ag, torch.ones(5), torch.ones(5))          # output must be n units
+    expect(mt.BackendUnavailableError, mt.run_plan, ring, torch.ones(8), backend="cuda")
+    registry = mt.PlanRegistry()
+    registry.add(ring, max_bytes=1024)
+    expect(mt.NoPlanError, mt.all_reduce, registry, torch.ones(1024))          # 4 KiB: not covered
+    # and a good call still works after all that
+    t = torch.full((10,), float(rank + 1))
+    mt.all_reduce(registry, t)
+    assert t.tolist() == [float(n * (n + 1) // 2)] * 10, t
+    return out
+
+
+def registry_cases(rank: int, n: int) -> list[str]:
+    """Calls pick plans by size: ring below 4 KiB, allpairs above."""
+    import torch
+
+    import msc.torch as mt
+
+    registry = mt.PlanRegistry()
+    registry.add(library_plan("allreduce/ring:ring", n, True), max_bytes="4K")
+    registry.add(library_plan("allreduce/allpairs:allpairs", n, True), min_bytes="4K")
+    names = []
+    for numel in (1, 1023, 1024, 5000):
+        names.append(registry.entry("allreduce", n, numel * 4, True).plan.name)
+        t = torch.arange(numel, dtype=torch.float32) + rank
+        mt.all_reduce(registry, t)
+        expect = n * torch.arange(numel, dtype=torch.float32) + n * (n - 1) / 2
+        assert torch.equal(t, expect), (numel, t[:4], expect[:4])
+    return names
+
+
+def ddp_case(rank: int, n: int, steps: int, plan_dir: str) -> dict:
+    """Losses of the example's model trained with the msc hook and with stock DDP."""
+    import importlib.util
+
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import msc.torch as mt
+
+    spec = importlib.util.spec_from_file_location("train_ddp", ROOT / "examples" / "train_ddp.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    args = example.argparse.Namespace(seed=0, batch=4, seq=16, vocab=64, dim=32, heads=2, layers=2, lr=3e-3)
+    hook = mt.allreduce_hook(plan_dir)
+    calls = []
+
+    def counting(state, bucket):          # unannotated: DDP checks annotations, and they are strings here
+        calls.append(bucket.buffer().numel())
+        return hook(state, bucket)
+
+    losses = {}
+    for mode in ("msc", "stock"):
+        torch.manual_seed(0)
+        model = example.TinyLM(args.vocab, args.dim, args.heads, args.layers, args.seq)
+        ddp = DDP(model, bucket_cap_mb=0.02)
+        if mode == "msc":
+            ddp.register_comm_hook(None, counting)
+        opt = torch.optim.AdamW(ddp.parameters(), lr=args.lr)
+        losses[mode] = []
+        for step in range(steps):
+            x, y = example.batch(args, rank, step, torch.device("cpu"))
+            loss = torch.nn.functional.cross_entropy(ddp(x).reshape(-1, args.vocab), y.reshape(-1))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            losses[mode].append(loss.item())
+    return {**losses, "bucket_sizes": sorted(set(calls)), "hook_calls": len(calls)}
