@@ -62,6 +62,16 @@ def parse_size(text) -> int:
     return int(m.group(1)) * 1024 ** " KMG".index(m.group(2).upper() or " ")
 
 
+def format_size(n: int | None) -> str:
+    """The shortest exact spelling parse_size reads back ("64M"); "inf" for None."""
+    if n is None:
+        return "inf"
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale}{unit}"
+    return str(n)
+
+
 def parse_dtype(name: str) -> tuple[str, np.dtype]:
     """(nccl-tests type name, numpy dtype)."""
     import ml_dtypes

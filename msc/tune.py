@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from msc.errors import AlgorithmError, LoweringError, MscError, UsageError
-from msc.runner import BUSBW_FACTOR
+from msc.runner import BUSBW_FACTOR, format_size
 from msc.simulate import Simulator
 
 MAX_VARIANTS = 12
@@ -270,13 +270,6 @@ def write_plans(result: TuneResult, outdir: str | Path) -> list[dict]:
     return entries
 
 
-def _bytes(n) -> str:
-    if n is None:
-        return "inf"
-    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if n >= scale and n % scale == 0:
-            return f"{n // scale}{unit}"
-    return str(n)
 
 
 def per_size(result: TuneResult) -> list[dict]:
@@ -306,11 +299,11 @@ def format_tune(result: TuneResult, outdir: str | None = None) -> str:
     for row in rows:
         x = f"{row['vs_runner_up']:.2f}x" if row["vs_runner_up"] else "-"
         ring = f"{row['vs_ring']:.2f}x" if row["vs_ring"] else "-"
-        lines.append(f"{_bytes(row['size']):>11}  {row['winner']:<{w}} {row['time_us']:9.2f} {row['busbw']:7.2f}  "
+        lines.append(f"{format_size(row['size']):>11}  {row['winner']:<{w}} {row['time_us']:9.2f} {row['busbw']:7.2f}  "
                      f"{row['runner_up'] or '-':<{w}} {x:>6}  {ring:>7}")
     lines.append("# chosen (min_bytes <= size < max_bytes)" + (f", written to {outdir}/plans.json:" if outdir else ":"))
     for entry, (lo, hi, i) in zip(index_entries(result), result.ranges):
-        span = f"[{_bytes(lo)}, {_bytes(hi)})"
+        span = f"[{format_size(lo)}, {format_size(hi)})"
         lines.append(f"#   {span:<22} {result.candidates[i].label:<{w}} {entry['file']}")
     if result.baseline is None:
         lines.append("# vs ring: no ring baseline for this collective")

@@ -40,6 +40,7 @@ from pathlib import Path
 
 from msc.errors import PlanError, UsageError
 from msc.ir import Plan
+from msc.runner import format_size
 
 INDEX = "plans.json"
 _ROOTED = ("broadcast", "reduce")
@@ -77,13 +78,6 @@ def parse_bytes(value, what: str) -> int | None:
     return n
 
 
-def format_bytes(n: int | None) -> str:
-    if n is None:
-        return "inf"
-    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if n >= scale and n % scale == 0:
-            return f"{n // scale}{unit}"
-    return str(n)
 
 
 class PlanEntry:
@@ -134,7 +128,7 @@ class PlanEntry:
         return f"<PlanEntry {self.describe()}>"
 
     def describe(self) -> str:
-        return (f"{_describe_key(self.key)} [{format_bytes(self.min_bytes)}, {format_bytes(self.max_bytes)}) "
+        return (f"{_describe_key(self.key)} [{format_size(self.min_bytes)}, {format_size(self.max_bytes)}) "
                 f"from {self.source}")
 
 
@@ -241,7 +235,7 @@ class PlanRegistry:
         same = [e for e in self._entries if e.collective == coll] or self._entries
         listing = "; ".join(e.describe() for e in same) or "nothing (the registry is empty)"
         asked = _describe_key((coll, num_ranks, inplace, root))
-        raise NoPlanError(f"no msc plan for {asked} at {nbytes} bytes ({format_bytes(nbytes)})"
+        raise NoPlanError(f"no msc plan for {asked} at {nbytes} bytes ({format_size(nbytes)})"
                           f"{' in that form' if exact else ''}; the registry has: {listing}. "
                           f"Compile one (msc compile ALGORITHM --ranks {num_ranks}) and register it for that "
                           f"size", collective=coll, num_ranks=num_ranks, nbytes=nbytes, inplace=inplace,
