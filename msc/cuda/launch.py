@@ -1,0 +1,101 @@
+"""The host side of the kernel's ABI: launch parameters for an element count,
+the device memory a placement must provide, and the MscArgs block (the
+struct in templates/steps.cuh.j2) packed with ctypes. Pure Python: the GPU
+runtime fills in real pointers; tests check this layout against the C
+struct compiled by a C compiler.
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+from dataclasses import dataclass
+
+from msc.cuda.codegen import DTYPES, KernelLayout
+from msc.errors import UsageError
+
+# Pipelining tile per chunk and iteration, by protocol (bytes); the simulator
+# models the same defaults (msc/topology.py). A plan's `tile` overrides them.
+DEFAULT_TILE_BYTES = {"Simple": 512 * 1024, "LL": 32 * 1024, "LL128": 256 * 1024}
+ERROR_WORDS = 5          # code, rank, threadblock, step, iteration
+
+
+@dataclass(frozen=True)
+class LaunchParams:
+    """What one launch computes from the element count E (per data unit)."""
+
+    count: int           # E
+    chunk: int           # q = ceil(E / K): elements of a full chunk
+    tile: int            # elements of a chunk per iteration (a multiple of 8)
+    iterations: int      # ceil(q / tile); 0 when there is nothing to move
+
+
+def launch_params(layout: KernelLayout, count: int, *, dtype: str, protocol: str, tile_bytes: int = 0) -> LaunchParams:
+    if type(count) is not int or count < 0:
+        raise UsageError(f"element count must be an int >= 0, got {count!r}")
+    size = DTYPES[dtype].size
+    q = -(-count // layout.chunk_factor)
+    want = tile_bytes or DEFAULT_TILE_BYTES[protocol]
+    tile = max(8, (want // size) // 8 * 8)
+    tile = min(tile, max(8, -(-q // 8) * 8))        # no larger than a chunk needs
+    return LaunchParams(count, q, tile, 0 if q == 0 else math.ceil(q / tile))
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """Bytes of device memory a rank's buffers need for one launch shape."""
+
+    scratch: tuple[int, ...]           # per rank
+    slots: tuple[int, ...]             # per connection (in its receiver's memory)
+    progress: tuple[int, ...]          # per rank: a u64 per threadblock
+    counters: int = 16                 # per connection: tail (receiver) and head (sender), a u64 each
+    error: int = 4 * ERROR_WORDS
+
+
+def footprint(layout: KernelLayout, params: LaunchParams, *, dtype: str, protocol: str, slots: int) -> Footprint:
+    """Device memory for ``params``; ``slots`` per connection (at least the plan's)."""
+    if slots < layout.slots:
+        raise UsageError(f"the plan was verified deadlock-free with {layout.slots} slots per connection; "
+                         f"{slots} may deadlock")
+    size = DTYPES[dtype].size
+    per_elem = 2 * size if protocol == "LL" else size          # LL: 4 flag bytes per 4 data bytes
+    return Footprint(
+        scratch=tuple(c * params.chunk * size for c in layout.scratch_chunks),
+        slots=tuple(slots * c.max_count * params.tile * per_elem for c in layout.connections),
+        progress=tuple(8 * n for n in layout.threadblocks_per_rank))
+
+
+# -- MscArgs, as in templates/steps.cuh.j2 --------------------------------------------
+class MscConn(ctypes.Structure):
+    _fields_ = [("slots", ctypes.c_void_p), ("tail", ctypes.c_void_p), ("head", ctypes.c_void_p)]
+
+
+class MscRank(ctypes.Structure):
+    _fields_ = [("input", ctypes.c_void_p), ("output", ctypes.c_void_p), ("scratch", ctypes.c_void_p),
+                ("progress", ctypes.c_void_p)]
+
+
+def args_struct(num_ranks: int, num_connections: int) -> type[ctypes.Structure]:
+    """The ctypes twin of MscArgs for a kernel's NRANKS and NCONN."""
+    return type("MscArgs", (ctypes.Structure,), {"_fields_": [
+        ("count", ctypes.c_int64), ("chunk", ctypes.c_int64), ("tile", ctypes.c_int64),
+        ("iterations", ctypes.c_int64), ("timeout", ctypes.c_int64), ("inv_n", ctypes.c_float),
+        ("first_block", ctypes.c_int32), ("error", ctypes.c_void_p),
+        ("rank", MscRank * num_ranks), ("conn", MscConn * max(num_connections, 1))]})
+
+
+def pack_args(layout: KernelLayout, params: LaunchParams, *, ranks: list[dict], connections: list[dict],
+              error: int, first_block: int = 0, timeout_cycles: int = 10 ** 10) -> bytes:
+    """MscArgs as bytes to copy to the device. ``ranks[r]``: pointers input,
+    output, scratch, progress (0 for a rank this process does not run);
+    ``connections[c]``: pointers slots, tail, head, in layout.connections order."""
+    if len(ranks) != layout.num_ranks or len(connections) != len(layout.connections):
+        raise UsageError(f"pointer tables for {len(ranks)} ranks and {len(connections)} connections; the kernel "
+                         f"has {layout.num_ranks} and {len(layout.connections)}")
+    cls = args_struct(layout.num_ranks, len(layout.connections))
+    args = cls(count=params.count, chunk=params.chunk, tile=params.tile, iterations=params.iterations,
+               timeout=timeout_cycles, inv_n=1.0 / layout.num_ranks, first_block=first_block, error=error)
+    for r, ptrs in enumerate(ranks):
+        args.rank[r] = MscRank(**ptrs)
+    for c, ptrs in enumerate(connections):
+        args.conn[c] = MscConn(**ptrs)
+    return bytes(args)

@@ -1,0 +1,91 @@
+"""The kernel ABI on the host side: MscArgs packed by ctypes must match the C
+struct the kernel is compiled with (checked by compiling the struct from the
+rendered source with the machine's C++ compiler), and launch parameters and
+buffer sizes must follow the chunk geometry."""
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+
+import pytest
+
+import msc
+from msc.cuda import render
+from msc.cuda.launch import MscConn, MscRank, args_struct, footprint, launch_params, pack_args
+from msc.errors import UsageError
+from msc.lower import LowerOptions, lower
+from library import algorithms
+
+
+def _plan(key="allreduce/ring:ring", n=3, **opts):
+    return lower(msc.trace(algorithms()[key], n), LowerOptions(**opts))
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs a C++ compiler")
+def test_packed_layout_matches_the_kernels_struct(tmp_path):
+    plan = _plan("allreduce/allpairs:allpairs", 4)
+    source, layout = render(plan, form="table")
+    structs = source[source.index("struct MscConn {"):source.index("enum { BUF_INPUT")]
+    head = "\n".join(line for line in source.splitlines() if line.startswith(("#define NRANKS", "#define NCONN")))
+    fields = ["count", "chunk", "tile", "iterations", "timeout", "inv_n", "first_block", "error", "rank", "conn"]
+    probe = "\n".join([
+        "#include <stdio.h>", "#include <stddef.h>", head,
+        "typedef unsigned long long u64; typedef long long i64; typedef unsigned int u32;", structs,
+        "int main(void) {",
+        '  printf("size %zu\\n", sizeof(struct MscArgs));',
+        *[f'  printf("{f} %zu\\n", offsetof(struct MscArgs, {f}));' for f in fields],
+        '  printf("rank1 %zu\\n", offsetof(struct MscArgs, rank[1].scratch));',
+        '  printf("conn2 %zu\\n", offsetof(struct MscArgs, conn[2].head));',
+        "  return 0; }"])
+    (tmp_path / "probe.c").write_text(probe)
+    subprocess.run(["g++", "-x", "c++", "-o", str(tmp_path / "probe"), str(tmp_path / "probe.c")], check=True)
+    out = dict(line.split() for line in subprocess.run([str(tmp_path / "probe")], capture_output=True,
+                                                       text=True, check=True).stdout.splitlines())
+    cls = args_struct(layout.num_ranks, len(layout.connections))
+    assert int(out["size"]) == ctypes.sizeof(cls)
+    for f in fields:
+        assert int(out[f]) == getattr(cls, f).offset, f
+    assert int(out["rank1"]) == cls.rank.offset + ctypes.sizeof(MscRank) + MscRank.scratch.offset
+    assert int(out["conn2"]) == cls.conn.offset + 2 * ctypes.sizeof(MscConn) + MscConn.head.offset
+
+
+def test_pack_args_writes_the_pointers_where_the_struct_says():
+    plan = _plan()
+    _, layout = render(plan, form="table")
+    params = launch_params(layout, 1000, dtype="float32", protocol="Simple")
+    ranks = [dict(input=0x1000 * (r + 1), output=0, scratch=0x10, progress=0x20 + r) for r in range(3)]
+    conns = [dict(slots=0x5000 + c, tail=0x6000 + c, head=0x7000 + c) for c in range(len(layout.connections))]
+    raw = pack_args(layout, params, ranks=ranks, connections=conns, error=0xE0, first_block=1)
+    cls = args_struct(3, len(layout.connections))
+    back = cls.from_buffer_copy(raw)
+    assert (back.count, back.chunk, back.first_block, back.error) == (1000, 334, 1, 0xE0)
+    assert back.rank[2].input == 0x3000 and back.conn[1].head == 0x7001
+    assert abs(back.inv_n - 1 / 3) < 1e-7
+    with pytest.raises(UsageError, match="pointer tables"):
+        pack_args(layout, params, ranks=ranks[:2], connections=conns, error=0)
+
+
+@pytest.mark.parametrize("count, k, expect_chunk", [(0, 3, 0), (1, 3, 1), (7, 3, 3), (3000, 3, 1000)])
+def test_launch_params_follow_the_chunk_geometry(count, k, expect_chunk):
+    plan = _plan(n=k)
+    _, layout = render(plan, form="table")
+    p = launch_params(layout, count, dtype="bfloat16", protocol="LL")
+    assert p.chunk == expect_chunk
+    assert p.tile % 8 == 0 and p.tile >= 8
+    assert p.iterations == (0 if expect_chunk == 0 else -(-expect_chunk // p.tile))
+    big = launch_params(layout, 10 ** 8, dtype="float32", protocol="Simple", tile_bytes=4096)
+    assert big.tile == 1024 and big.iterations == -(-big.chunk // 1024)
+
+
+def test_footprint_sizes_scratch_slots_and_counters():
+    plan = _plan("reducescatter/ring:ring", 3)
+    _, layout = render(plan, form="table")
+    params = launch_params(layout, 4096, dtype="float32", protocol="Simple")
+    fp = footprint(layout, params, dtype="float32", protocol="Simple", slots=8)
+    assert fp.scratch == tuple(c * params.chunk * 4 for c in layout.scratch_chunks)
+    assert fp.slots == tuple(8 * c.max_count * params.tile * 4 for c in layout.connections)
+    ll = footprint(layout, params, dtype="float32", protocol="LL", slots=8)
+    assert ll.slots == tuple(2 * s for s in fp.slots)                  # LL: a flag word per data word
+    with pytest.raises(UsageError, match="deadlock"):
+        footprint(layout, params, dtype="float32", protocol="Simple", slots=layout.slots - 1 or 0)
