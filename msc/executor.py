@@ -49,6 +49,7 @@ from msc.collectives import get_collective
 from msc.errors import ExecutionError, UsageError
 from msc.ir import Plan, StepOp
 from msc.plan_check import check_plan
+from msc.worklist import drive
 
 DTYPES = {np.dtype(t) for t in (np.float64, np.float32, np.float16, ml_dtypes.bfloat16,
                                  np.int32, np.int64, np.uint8)}
@@ -169,26 +170,7 @@ class _Run:
                     self.queues.setdefault((tb.recv, rp.rank, tb.channel), deque())
 
     def execute(self) -> None:
-        waiting: dict = {}
-        work = [(rp.rank, tb.id) for rp in self.plan.ranks for tb in rp.threadblocks]
-        work.reverse()
-        while work:
-            if self.rng is not None:
-                i = self.rng.randrange(len(work))
-                work[i], work[-1] = work[-1], work[i]
-            rank, t = work.pop()
-            tb = self.plan.ranks[rank].threadblocks[t]
-            pcs = self.pcs[rank]
-            while pcs[t] < len(tb.steps):
-                step = tb.steps[pcs[t]]
-                blocker = self._blocker(rank, tb, step)
-                if blocker is not None:
-                    waiting.setdefault(blocker, []).append((rank, t))
-                    break
-                woken = self._step(rank, tb, pcs[t], step)
-                pcs[t] += 1
-                for key in woken + [("tb", rank, t)]:
-                    work.extend(waiting.pop(key, ()))
+        drive(self.plan, self.pcs, self._blocker, self._step, self.rng)
         self._check_finished()
 
     def _blocker(self, rank, tb, step):

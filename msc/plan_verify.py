@@ -30,6 +30,7 @@ from msc.ir import Plan, StepOp
 from msc.perf import pause_gc
 from msc.plan_check import check_plan
 from msc.verify import Sum, contribution_error, contributions
+from msc.worklist import drive
 
 
 @dataclass(frozen=True)
@@ -163,27 +164,9 @@ class _Execution:
 
     # -- running ------------------------------------------------------------
     def execute(self) -> None:
-        plan = self.plan
-        waiting: dict = {}                # what a blocked tb waits on -> [tbs]
-        work = [(rp.rank, tb.id) for rp in plan.ranks for tb in rp.threadblocks]
-        work.reverse()
-        clock = 0
-        while work:
-            rank, t = work.pop()
-            tb = plan.ranks[rank].threadblocks[t]
-            pcs = self.pcs[rank]
-            while pcs[t] < len(tb.steps):
-                s = pcs[t]
-                step = tb.steps[s]
-                blocker = self._blocker(rank, tb, step)
-                if blocker is not None:
-                    waiting.setdefault(blocker, []).append((rank, t))
-                    break
-                woken = self._run(rank, tb, s, step, clock)
-                clock += 1
-                pcs[t] = s + 1
-                for key in woken + [("tb", rank, t)]:
-                    work.extend(waiting.pop(key, ()))
+        clock = iter(range(self.total_steps))
+        drive(self.plan, self.pcs, self._blocker,
+              lambda rank, tb, s, step: self._run(rank, tb, s, step, next(clock)))
         self._check_finished()
 
     def _blocker(self, rank, tb, step):
