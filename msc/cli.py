@@ -219,12 +219,20 @@ def cmd_export(args) -> int:
 
 
 def cmd_import(args) -> int:
+    from pathlib import Path
+
     from msc.plan_text import save_plan
+    from msc.torch.registry import file_range
 
     plan = load_plan_arg(args.xml, verify=not args.no_verify)
     save_plan(plan, args.output)
     print(f"imported {args.xml} -> {args.output}: {plan.collective}, {plan.num_ranks} ranks, "
           f"{plan.num_steps()} steps" + ("" if args.no_verify else ", verified"))
+    low, high = file_range(Path(args.xml))
+    if (low, high) != (0, None):     # a .plan holds no size range: say where it goes instead
+        print(f"note: the XML selects sizes {low} <= bytes < {high if high is not None else 'any'}; a plan file "
+              f"does not keep that: give it as min_bytes/max_bytes in the plans.json that registers "
+              f"{args.output}", file=sys.stderr)
     return 0
 
 

@@ -65,6 +65,57 @@ def xml_to_plan(text: str | bytes, *, path: str | None = None, slots: int | None
     return _Reader(lines, path).plan(root, slots)
 
 
+class _FirstElement(Exception):
+    """Stops expat at the root element (its attributes are all we want)."""
+
+
+def xml_byte_range(text: str | bytes, *, path: str | None = None) -> tuple[int, int | None]:
+    """The message sizes an MSCCL XML asks to be selected for, as
+    ``(min_bytes, max_bytes)`` with msc's ``min_bytes <= size < max_bytes``
+    (max_bytes None: no upper bound), read from ``<algo minBytes maxBytes>``
+    (or the lower-case spellings of msccl's config file). Absent bounds,
+    ``maxBytes="0"`` (the azure runtime's "no limit") and msccl's largest
+    int64 mean no bound. azure compares ``size <= maxBytes``; msc reads every
+    bound as msccl does, so such a range ends one byte earlier here. Only the
+    root element is read."""
+    if not isinstance(text, (str, bytes)):
+        raise PlanError(f"MSCCL XML must be str or bytes, got {type(text).__name__}", path=path)
+    parser = expat.ParserCreate()
+    found: dict = {}
+
+    def start(tag, attrs):
+        found.update(tag=tag, attrs=attrs, line=parser.CurrentLineNumber)
+        raise _FirstElement
+
+    parser.StartElementHandler = start
+    try:
+        parser.Parse(text, True)
+    except _FirstElement:
+        pass
+    except expat.ExpatError as exc:
+        raise PlanError(f"not well-formed XML: {expat.ErrorString(exc.code)}", path=path, line=exc.lineno,
+                        column=exc.offset + 1) from None
+    if found.get("tag") != "algo":
+        raise PlanError(f"the root element is <{found.get('tag')}>, expected <algo>", path=path, line=found.get("line"))
+    attrs, line = found["attrs"], found["line"]
+
+    def bound(name):
+        value = attrs.get(name, attrs.get(name.lower()))
+        if value is None:
+            return None
+        number = _integer(value)
+        if number is None or number < 0:
+            raise PlanError(f"<algo> attribute {name}={value!r:.40} is not an integer >= 0", path=path, line=line)
+        return number
+
+    low, high = bound("minBytes") or 0, bound("maxBytes")
+    if high == 0 or (high is not None and high >= (1 << 63) - 1):
+        high = None
+    if high is not None and high <= low:
+        raise PlanError(f"<algo> selects no size: minBytes={low} and maxBytes={high}", path=path, line=line)
+    return low, high
+
+
 def _parse(text, path):
     """Elements and their line numbers (ElementTree's builder fed by expat,
     which knows the lines)."""

@@ -270,3 +270,15 @@ def test_cli_imports_no_numpy_torch_or_cuda():
                               capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr
         assert done.stdout.splitlines()[-1] == "[]", done.stdout
+
+
+def test_import_names_the_size_range_a_plan_file_does_not_keep(tmp_path):
+    plan = tmp_path / "ring.plan"
+    assert cli("compile", "algorithms/allreduce/ring.py", "--ranks", "4", "-o", plan).returncode == 0
+    for extra, note in (((), False), (("--min-bytes", "1024", "--max-bytes", "65536"), True)):
+        xml = tmp_path / "ring.xml"
+        assert cli("export", plan, "--format", "msccl-xml", "-o", xml, *extra).returncode == 0
+        done = cli("import", xml, "-o", tmp_path / "back.plan")
+        assert done.returncode == 0, done.stderr
+        assert ("1024 <= bytes < 65536" in done.stderr) is note
+        assert ("plans.json" in done.stderr) is note

@@ -144,3 +144,60 @@ def test_empty_directory_says_how_to_make_plans(tmp_path):
         PlanRegistry.from_dir(tmp_path)
     with pytest.raises(UsageError, match="not a directory"):
         PlanRegistry.from_dir(tmp_path / "nowhere")
+
+
+def xml_for(plan_, **byte_range) -> str:
+    from msc.xml_export import plan_to_xml
+
+    return plan_to_xml(plan_, **byte_range)
+
+
+def test_xml_files_keep_their_own_size_ranges(tmp_path):
+    (tmp_path / "small.xml").write_text(xml_for(plan("allreduce", "allpairs", 4), max_bytes=65536))
+    (tmp_path / "large.xml").write_text(xml_for(plan("allreduce", "ring", 4), min_bytes=65536))
+    reg = PlanRegistry.from_dir(tmp_path)
+    assert [reg.select("allreduce", 4, b).name for b in (0, 65535, 65536, 1 << 30)] == \
+        ["allpairs", "allpairs", "ring", "ring"]
+    # an index entry without bounds takes the XML's; stated bounds win
+    (tmp_path / "plans.json").write_text(json.dumps([{"file": "small.xml"},
+                                                     {"file": "large.xml", "min_bytes": "1M"}]))
+    reg = PlanRegistry.from_dir(tmp_path)
+    assert reg.select("allreduce", 4, 100).name == "allpairs"
+    assert reg.gaps("allreduce", 4) == [(65536, 1 << 20)]
+    # an explicit range given to add() wins over the file's
+    reg = PlanRegistry()
+    assert reg.add(tmp_path / "small.xml", min_bytes=0, max_bytes=None).max_bytes is None
+
+
+def test_two_xml_files_for_the_same_sizes_is_an_error(tmp_path):
+    for name in ("a.xml", "b.xml"):
+        (tmp_path / name).write_text(xml_for(plan("allreduce", "ring", 4), max_bytes=1 << 20))
+    with pytest.raises(UsageError, match="two plans for the same calls"):
+        PlanRegistry.from_dir(tmp_path)
+
+
+@pytest.mark.parametrize("attrs, expected", [
+    ('', (0, None)),
+    ('minBytes="1024" maxBytes="4096"', (1024, 4096)),
+    ('minbytes="5" maxbytes="9"', (5, 9)),
+    ('minBytes="0" maxBytes="0"', (0, None)),                       # azure: 0 is no limit
+    ('minBytes="7" maxBytes="9223372036854775807"', (7, None)),     # msccl's int64 max
+])
+def test_xml_byte_range(attrs, expected):
+    from msc.xml_import import xml_byte_range
+
+    assert xml_byte_range(f'<algo name="x" {attrs}><gpu id="0"/></algo>') == expected
+
+
+@pytest.mark.parametrize("text, message", [
+    ('<algo minBytes="-1"/>', "minBytes='-1' is not an integer >= 0"),
+    ('<algo maxBytes="lots"/>', "maxBytes='lots' is not an integer >= 0"),
+    ('<algo minBytes="10" maxBytes="10"/>', "selects no size"),
+    ('<gpu/>', "the root element is <gpu>"),
+    ('<algo', "not well-formed"),
+])
+def test_xml_byte_range_errors(text, message):
+    from msc.xml_import import xml_byte_range
+
+    with pytest.raises(PlanError, match=message):
+        xml_byte_range(text)

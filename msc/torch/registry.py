@@ -27,7 +27,9 @@ plan file is read only when a call first selects it (and must agree);
 otherwise it is read when the index is. Keys starting with ``_`` and
 ``note`` are ignored (room for a tuner's measurements); any other key is an
 error. Without ``plans.json`` every ``*.plan`` and ``*.xml`` file of the
-directory is an entry covering all sizes.
+directory is an entry covering all sizes, except that an MSCCL XML file
+covers the sizes its ``<algo minBytes maxBytes>`` select (also in an index
+entry that gives neither ``min_bytes`` nor ``max_bytes``).
 
 Entries for the same (collective, ranks, form, root) must not overlap:
 two plans for one call is an error when the registry is built, not a
@@ -138,6 +140,23 @@ def _describe_key(key) -> str:
     return text + (f" root {root}" if collective in _ROOTED else "")
 
 
+_UNSET = object()      # a size bound the caller did not give
+
+
+def file_range(path: Path) -> tuple[int, int | None]:
+    """The sizes a plan file asks for: an MSCCL XML's minBytes/maxBytes
+    (msc.xml_import.xml_byte_range); every size for a .plan file."""
+    if path.suffix.lower() != ".xml":
+        return 0, None
+    from msc.xml_import import xml_byte_range
+
+    try:
+        text = path.read_bytes()
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+    return xml_byte_range(text, path=str(path))
+
+
 def _load(path: Path, verify: bool) -> Plan:
     from msc.plan_text import load_plan
 
@@ -156,7 +175,8 @@ class PlanRegistry:
     @classmethod
     def from_dir(cls, path, *, verify: bool = True) -> PlanRegistry:
         """``path/plans.json`` if there is one, else every ``*.plan``/``*.xml``
-        file of the directory, each for all sizes."""
+        file of the directory, each for all sizes (an XML: its own
+        minBytes/maxBytes)."""
         path = Path(path)
         if not path.is_dir():
             raise UsageError(f"{path} is not a directory of plans")
@@ -170,7 +190,8 @@ class PlanRegistry:
 
     @classmethod
     def from_files(cls, paths, *, verify: bool = True) -> PlanRegistry:
-        """Plan files (each for all sizes) and index files (``*.json``)."""
+        """Plan files (each for all sizes, an XML for its own
+        minBytes/maxBytes) and index files (``*.json``)."""
         reg = cls()
         for p in paths:
             p = Path(p)
@@ -193,10 +214,14 @@ class PlanRegistry:
             reg.add(plan)
         return reg
 
-    def add(self, plan, *, min_bytes=0, max_bytes=None, verify: bool = True) -> PlanEntry:
-        """Register a Plan (or a plan file) for ``min_bytes <= nbytes < max_bytes``."""
-        lo = parse_bytes(min_bytes, "min_bytes") or 0
-        hi = parse_bytes(max_bytes, "max_bytes")
+    def add(self, plan, *, min_bytes=_UNSET, max_bytes=_UNSET, verify: bool = True) -> PlanEntry:
+        """Register a Plan (or a plan file) for ``min_bytes <= nbytes <
+        max_bytes`` (max_bytes None: no upper bound). Unset, they are 0 and
+        None, except for an MSCCL XML file: its own minBytes/maxBytes."""
+        if isinstance(plan, (str, Path)) and min_bytes is _UNSET and max_bytes is _UNSET:
+            min_bytes, max_bytes = file_range(Path(plan))
+        lo = parse_bytes(0 if min_bytes is _UNSET else min_bytes, "min_bytes") or 0
+        hi = parse_bytes(None if max_bytes is _UNSET else max_bytes, "max_bytes")
         if isinstance(plan, (str, Path)):
             path = Path(plan)
             entry = PlanEntry.of(_load(path, verify), min_bytes=lo, max_bytes=hi, source=str(path))
@@ -290,8 +315,11 @@ def _read_index(path: Path, verify: bool) -> list[PlanEntry]:
         if unknown:
             raise UsageError(f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(_ENTRY_KEYS))})")
         file = path.parent / item["file"]
-        lo = parse_bytes(item.get("min_bytes", 0), f"{where}: min_bytes") or 0
-        hi = parse_bytes(item.get("max_bytes"), f"{where}: max_bytes")
+        if "min_bytes" in item or "max_bytes" in item:
+            lo = parse_bytes(item.get("min_bytes", 0), f"{where}: min_bytes") or 0
+            hi = parse_bytes(item.get("max_bytes"), f"{where}: max_bytes")
+        else:                                          # an XML's own range, else every size
+            lo, hi = file_range(file) if file.is_file() else (0, None)
         source = f"{path.name}:{item['file']}"
         if all(k in item for k in ("collective", "ranks", "inplace")):
             if not file.is_file():
