@@ -65,6 +65,8 @@ class Program:
         self.ops: list[Op] | tuple[Op, ...] = []
         self.scratch_sizes: dict[tuple[int, str], int] = {}
         self._sealed = False
+        # (ops verified, report) of the last MSCCLang Check(): `msc verify` reuses it for the sealed program
+        self.check_report = None
         self._physical = layout.physical_sizes
         self._logical = layout.logical_sizes
         self._alias = layout.alias_table

@@ -482,3 +482,39 @@ def test_compile_script_with_options_before_the_script_arguments(tmp_path):
     plan = load_plan(out)
     assert (plan.num_ranks, plan.instances, plan.protocol) == (4, 2, "LL")
     assert {tb.channel for tb in plan.ranks[0].threadblocks} == {0, 1}
+
+
+
+CHECKED_SCRIPT = """from msc.compat.msccl import *
+
+with MSCCLProgram("gather2", fully_connected(2), AllGather(2, 1, True), 1):
+    chunk(0, Buffer.input, 0).copy(1, Buffer.output, 0)
+    chunk(1, Buffer.input, 0).copy(0, Buffer.output, 1)
+    {middle}
+    chunk(1, Buffer.input, 0).copy(0, Buffer.output, 1)    # again: still right, but unseen by a Check() above
+    {end}
+"""
+
+
+@pytest.mark.parametrize("middle, end, verifications", [
+    ("pass", "Check()", 1),         # Check() saw every op: msc verify reuses its report
+    ("Check()", "pass", 2),         # it missed the last op: msc verify verifies the whole program
+    ("pass", "pass", 1),
+])
+def test_msc_verify_does_not_verify_a_checked_script_twice(tmp_path, capsys, monkeypatch, middle, end,
+                                                           verifications):
+    calls = []
+    real = msc.verify
+
+    def counting(program):
+        calls.append(len(program.ops))
+        return real(program)
+
+    monkeypatch.setattr(msc, "verify", counting)
+    monkeypatch.setattr("msc.compat.msccl.verify", counting)
+    script = tmp_path / "gather2.py"
+    script.write_text(CHECKED_SCRIPT.format(middle=middle, end=end))
+    rc, out, err = _verify_cli(capsys, script)
+    assert rc == 0, err
+    assert "verified: gather2" in out
+    assert len(calls) == verifications and calls[-1] == 3

@@ -369,7 +369,7 @@ class MSCCLProgram:
     # -- MSCCLang's program methods -------------------------------------------------
     def check(self) -> bool:
         """Verify the operations so far (raises ``msc.VerificationError``)."""
-        verify(self.program)
+        self.program.check_report = (len(self.program.ops), verify(self.program))
         return True
 
     def generate_xml(self) -> str:
