@@ -323,6 +323,9 @@ def build_parser() -> argparse.ArgumentParser:
     from msc.sim_cli import add_commands as add_simulation_commands
 
     add_run_command(sub, load_plan_arg)
+    from msc.cuda.bench import add_bench_command
+
+    add_bench_command(sub, load_plan_arg)           # msc bench PLAN --backend cuda
     add_simulation_commands(sub, load_plan_arg)      # simulate, tune, show
 
     p = sub.add_parser("list", help="list the algorithms in files (default: the library)")

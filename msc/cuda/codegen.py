@@ -110,7 +110,7 @@ def _context(plan: Plan, dtype: DType, op: str, form: str, facts) -> dict:
         steps = []
         starts.append(len(table))
         for i, step in enumerate(tb.steps):
-            fact = facts[(rank, t, i)]
+            fact = facts.get((rank, t, i)) or _guessed_facts(step, plan.chunk_factor)
             cls = list(fact.classes) if fact.classes else [0] * step.count
             fresh = [int(f) for row in fact.fresh for f in row] if op == "avg" else [0] * (len(step.srcs) * step.count)
             deps = [x for (dt, ds) in step.deps for x in (dt, ds, len(rp.threadblocks[dt].steps))]
@@ -126,6 +126,39 @@ def _context(plan: Plan, dtype: DType, op: str, form: str, facts) -> dict:
                         max_in=cin.max_count if cin else 0, max_out=cout.max_count if cout else 0, steps=steps))
     return dict(plan=plan, dtype=dtype, op=op, protocol=plan.protocol, form=form, nthreads=layout.nthreads,
                 conns=layout.connections, tbs=tbs, table=table or [0], starts=starts or [0]), layout
+
+
+def _guessed_facts(step, k: int):
+    """Facts for a step the symbolic run never reached (a deadlocking plan
+    rendered with allow_deadlock): classes from user-buffer indices, nothing
+    pre-scaled. Such a step never runs where the plan deadlocks."""
+    from msc.plan_verify import StepFacts
+
+    sl = step.dst if step.dst is not None and step.dst.buffer != "scratch" else next(
+        (x for x in step.srcs if x.buffer != "scratch"), None)
+    classes = tuple((sl.index + j) % k if sl is not None else 0 for j in range(step.count))
+    return StepFacts(classes, tuple(tuple(False for _ in range(step.count)) for _ in step.srcs))
+
+
+def plan_facts(plan: Plan, *, collective=None, allow_deadlock: bool = False) -> dict:
+    """plan_verify.step_facts; with ``allow_deadlock``, the facts of the steps
+    a deadlocking plan reaches before it sticks (the rest are guessed), so
+    that tests can put a deadlock on a GPU and see it time out."""
+    from msc.plan_verify import step_facts
+
+    if not allow_deadlock:
+        return step_facts(plan, collective=collective)
+    from msc.errors import DeadlockError
+    from msc.plan_verify import _Execution, plan_collective
+
+    coll = collective or plan_collective(plan)
+    run = _Execution(plan, coll.layout(plan.num_ranks, plan.chunk_factor, plan.inplace, plan.root), plan.slots)
+    run.facts = {}
+    try:
+        run.execute()
+    except DeadlockError:
+        pass
+    return run.facts
 
 
 def _peer(p):
@@ -162,11 +195,11 @@ def choose_form(plan: Plan, form: str | None) -> str:
 
 
 def render(plan: Plan, *, dtype: str = "float32", op: str = "sum", form: str | None = None,
-           collective=None) -> tuple[str, KernelLayout]:
-    """CUDA source for the plan and the layout the runtime launches it with."""
-    from msc.plan_verify import step_facts
-
+           collective=None, allow_deadlock: bool = False) -> tuple[str, KernelLayout]:
+    """CUDA source for the plan and the layout the runtime launches it with.
+    ``allow_deadlock``: render a plan that deadlocks (for timeout tests)."""
     dt = _check(dtype, op, plan)
     form = choose_form(plan, form)
-    context, layout = _context(plan, dt, op, form, step_facts(plan, collective=collective))
+    facts = plan_facts(plan, collective=collective, allow_deadlock=allow_deadlock)
+    context, layout = _context(plan, dt, op, form, facts)
     return environment().get_template("kernel.cu.j2").render(**context), layout

@@ -94,8 +94,10 @@ def _check_arch(arch: str) -> str:
 
 
 def compile(plan: Plan, *, dtype: str = "float32", op: str = "sum", arch: str = "sm_90", form: str | None = None,
-            collective=None, cache: Path | None = None) -> CompiledKernel:
-    """The plan's kernel as a cubin for ``arch`` (rendered, compiled, cached)."""
+            collective=None, cache: Path | None = None, allow_deadlock: bool = False) -> CompiledKernel:
+    """The plan's kernel as a cubin for ``arch`` (rendered, compiled, cached).
+    ``allow_deadlock`` renders a deadlocking plan (for timeout tests); it
+    changes nothing for a plan that does not deadlock, so it is not in the key."""
     _check_arch(arch)
     form = choose_form(plan, form)
     key = cache_key(plan, dtype=dtype, op=op, arch=arch, form=form)
@@ -104,7 +106,8 @@ def compile(plan: Plan, *, dtype: str = "float32", op: str = "sum", arch: str = 
     if cubin_path.is_file() and layout_path.is_file() and src_path.is_file():
         return CompiledKernel(cubin_path.read_bytes(), src_path, cubin_path, _load_layout(layout_path), arch, dtype,
                               op, plan.protocol, key, True)
-    source, layout = render(plan, dtype=dtype, op=op, form=form, collective=collective)
+    source, layout = render(plan, dtype=dtype, op=op, form=form, collective=collective,
+                            allow_deadlock=allow_deadlock)
     folder.mkdir(parents=True, exist_ok=True)
     _write(src_path, source.encode())
     cubin = nvrtc_compile(source, arch=arch, source_path=src_path)

@@ -1,0 +1,313 @@
+"""``msc bench PLAN --backend cuda``: time a plan on a GPU, nccl-tests style,
+with two baselines measured in the same run on the same per-rank tensors.
+
+- the plan, through msc.cuda.Communicator (virtual placement by default:
+  every rank on one GPU), plain launches, or with ``-G N`` the ``-n``
+  launches captured in one CUDA graph and replayed N times;
+- ``torch``: a one-GPU PyTorch implementation of the same collective
+  (``torch_collective``: stack + reduce + copy back for allreduce, ...);
+- ``copy``: device-to-device copy bandwidth of the size (the ceiling).
+
+Flags and columns follow nccl-tests and ``msc run`` (msc.runner: sizes,
+dtype names, the table): -b -e -f sizes, -n timed iterations, -w warm-up
+iterations, -G graph replays, -d dtype, -o op, -c check; columns size
+count type redop root time algbw busbw #wrong, then the baselines. #wrong
+comes from one run on fresh random inputs (never zero) with poisoned
+outputs, compared to msc.reference. Without a GPU and driver the command
+exits 2 and says so.
+
+Everything here but ``torch_collective`` (tested on CPU tensors) needs a GPU
+and has not run on one yet.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+
+from msc.errors import UsageError
+
+
+def torch_collective(collective: str, inputs: list, outputs: list, op: str = "sum", root: int = 0) -> None:
+    """The collective over per-rank logical tensors, with plain torch ops on
+    whatever device they are (the baseline; also right on CPU)."""
+    import torch
+
+    n = len(inputs)
+
+    def reduce(stack):
+        if op in ("sum", "avg"):
+            out = stack.sum(0)
+            return out / n if op == "avg" else out
+        if op == "prod":
+            return stack.prod(0)
+        if op == "max":
+            return stack.amax(0)
+        if op == "min":
+            return stack.amin(0)
+        raise UsageError(f"unknown reduction {op!r}")
+
+    if collective == "allreduce":
+        r = reduce(torch.stack(inputs)).to(inputs[0].dtype)
+        for o in outputs:
+            o.copy_(r)
+    elif collective == "reduce":
+        outputs[root].copy_(reduce(torch.stack(inputs)).to(inputs[0].dtype))
+    elif collective == "broadcast":
+        for o in outputs:
+            o.copy_(inputs[root])
+    elif collective == "allgather":
+        g = torch.cat(inputs)
+        for o in outputs:
+            o.copy_(g)
+    elif collective == "reducescatter":
+        r = reduce(torch.stack(inputs).view(n, n, -1)).to(inputs[0].dtype)
+        for j, o in enumerate(outputs):
+            o.copy_(r[j])
+    elif collective == "alltoall":
+        t = torch.stack(inputs).view(n, n, -1).transpose(0, 1).reshape(n, -1)
+        for j, o in enumerate(outputs):
+            o.copy_(t[j])
+    else:
+        raise UsageError(f"no PyTorch baseline for collective {collective!r}")
+
+
+def environment(device: int) -> dict:
+    """What a result file records about the machine and software."""
+    import torch
+
+    from msc.cuda import device as cu
+    from msc.cuda.compiler import nvrtc_version
+
+    env = {"python": platform.python_version(), "torch": torch.__version__, "torch_cuda": torch.version.cuda,
+           "gpu": torch.cuda.get_device_name(device), "arch": cu.arch(device), "nvrtc": nvrtc_version()}
+    try:
+        from cuda.bindings import driver
+
+        env["driver"] = cu.call(driver.cuDriverGetVersion)
+        import cuda.bindings
+        import cuda.core
+
+        env["cuda_core"], env["cuda_bindings"] = cuda.core.__version__, cuda.bindings.__version__
+    except Exception as exc:       # versions are a courtesy
+        env["versions_error"] = str(exc)
+    return env
+
+
+def _timed(fn, iters: int, warmup: int, graphs: int = 0) -> float:
+    """Microseconds per call of ``fn`` on the current stream."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    if graphs > 0:
+        graph = torch.cuda.CUDAGraph()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()                                   # warm up on the capture stream too
+        torch.cuda.current_stream().wait_stream(side)
+        with torch.cuda.graph(graph):
+            for _ in range(iters):
+                fn()
+        graph.replay()
+        start.record()
+        for _ in range(graphs):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) * 1000 / (graphs * iters)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1000 / iters
+
+
+def _to_numpy(t):
+    import ml_dtypes
+    import torch
+
+    t = t.detach().cpu()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
+
+
+def _from_numpy(a, device):
+    import numpy as np
+    import torch
+
+    if a.dtype.name == "bfloat16":
+        return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16).to(device)
+    return torch.from_numpy(a.copy()).to(device)
+
+
+def bench(plan, *, min_bytes, max_bytes, factor: int = 2, iters: int = 20, warmup: int = 5, graphs: int = 0,
+          dtype: str = "float", op: str = "sum", placement: str = "virtual", device: int | None = None,
+          check: bool = True, seed: int = 0, baselines: bool = True) -> dict:
+    """Records per size (msc.runner's fields plus the baselines)."""
+    import numpy as np
+    import torch
+
+    from msc import reference, runner
+    from msc.collectives import get_collective
+    from msc.cuda import device as cu
+    from msc.cuda.runtime import Communicator
+    from msc.cuda.validate import units
+
+    cu.require_driver()
+    if placement != "virtual":
+        raise UsageError("msc bench runs the virtual placement (every rank on one GPU)")
+    if iters < 1 or warmup < 0 or graphs < 0:
+        raise UsageError(f"need -n >= 1, -w >= 0, -G >= 0; got {iters}, {warmup}, {graphs}")
+    tname, dt = runner.parse_dtype(dtype)
+    tdtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+              "float64": torch.float64, "int32": torch.int32}.get(runner.TYPES[tname])
+    if tdtype is None:
+        raise UsageError(f"the CUDA kernels have no {tname}")
+    coll = get_collective(plan.collective)
+    dev = torch.cuda.current_device() if device is None else device
+    torch.cuda.set_device(dev)
+    comm = Communicator(plan, "virtual", dev)
+    n, k = plan.num_ranks, plan.chunk_factor
+    in_units, out_units = units(plan)
+    reducing = coll.name in reference.REDUCING
+    busbw = runner.BUSBW_FACTOR[coll.name](n)
+    rng = np.random.default_rng(seed)
+    records = []
+    for requested in runner.sizes(runner.parse_size(min_bytes), runner.parse_size(max_bytes), factor):
+        count = requested // (dt.itemsize * max(in_units, out_units))
+        size = count * max(in_units, out_units) * dt.itemsize
+        # logical per-rank tensors, and the physical ones the plan runs on
+        ins = [torch.empty(in_units * count, dtype=tdtype, device=dev).uniform_(1, 2) for _ in range(n)]
+        outs = [torch.empty(out_units * count, dtype=tdtype, device=dev) for _ in range(n)]
+        call = _call(comm, plan, coll, ins, outs, count)
+        wrong = [0] * n
+        if check:
+            wrong = _check(comm, plan, coll, rng, dt, op, n, count, in_units, out_units, dev)
+        t = _timed(lambda: call(op), iters, warmup, graphs) if count else 0.0
+        rec = {"size": size, "count": count, "type": tname, "redop": op if reducing else "none",
+               "root": plan.root if coll.has_root else -1, "time": t,
+               "algbw": size / t / 1e3 if t > 0 else 0.0, "wrong": sum(wrong), "wrong_per_rank": wrong,
+               "inplace": plan.inplace, "requested_size": requested, "rounded": size != requested,
+               "graph_replays": graphs}
+        rec["busbw"] = rec["algbw"] * busbw
+        if baselines and count:
+            bt = _timed(lambda: torch_collective(coll.name, ins, outs, op if reducing else "sum", plan.root),
+                        iters, warmup)
+            src = torch.empty(size, dtype=torch.uint8, device=dev)
+            dst = torch.empty_like(src)
+            ct = _timed(lambda: dst.copy_(src), iters, warmup)
+            rec.update(torch_time=bt, torch_algbw=size / bt / 1e3 if bt > 0 else 0.0, copy_time=ct,
+                       copy_bw=size / ct / 1e3 if ct > 0 else 0.0, speedup=bt / t if t > 0 else 0.0)
+        records.append(rec)
+    comm.synchronize()
+    comm.close()
+    return {"plan": plan.name, "collective": plan.collective, "ranks": n, "protocol": plan.protocol,
+            "backend": "cuda", "placement": placement, "inplace": plan.inplace, "environment": environment(dev),
+            "wrong": sum(r["wrong"] for r in records), "records": records}
+
+
+def _call(comm, plan, coll, ins, outs, count):
+    """A function op -> one launch on the physical buffers of ``ins``/``outs``."""
+    if not plan.inplace:
+        return lambda op: comm.run(ins, outs, op)
+    alias, target, _ = coll.inplace_alias(0, plan.num_ranks, plan.chunk_factor)
+    if target == "input":
+        return lambda op: comm.run(ins, None, op)
+    return lambda op: comm.run(None, outs, op)
+
+
+def _check(comm, plan, coll, rng, dt, op, n, count, in_units, out_units, dev) -> list[int]:
+    """Wrong elements per rank of one run on fresh inputs, outputs poisoned."""
+    import torch
+
+    from msc import reference, runner
+
+    inputs = runner.random_inputs(rng, dt, op, n, in_units * count)
+    ins = [_from_numpy(a, dev) for a in inputs]
+    outs = [torch.empty(out_units * count, dtype=ins[0].dtype, device=dev) for _ in range(n)]
+    for o in outs:
+        o.view(torch.uint8).fill_(0xA5)
+    if plan.inplace:
+        alias, target, _ = coll.inplace_alias(0, n, plan.chunk_factor)
+        if target == "output":                         # allgather: the input sits in unit `rank` of the output
+            for r, o in enumerate(outs):
+                off = coll.inplace_alias(r, n, plan.chunk_factor)[2] // plan.chunk_factor
+                o[off * count:(off + in_units) * count].copy_(ins[r])
+            got = comm.run(None, outs, op)
+        else:
+            got = comm.run(ins, None, op)
+    else:
+        got = comm.run(ins, outs, op)
+    comm.synchronize()
+    return reference.check(coll.name, inputs, [_to_numpy(g) for g in got], op=op, root=plan.root)
+
+
+def format_baselines(records: list[dict]) -> str:
+    """The baselines beside msc: PyTorch on one GPU, and the copy ceiling."""
+    from msc.runner import _time
+
+    lines = ["# baselines on the same GPU and tensors: torch = one-GPU PyTorch collective, copy = device copy",
+             f"#{'size':>11}  {'msc':>7}  {'torch':>7}  {'speedup':>7}  {'copy':>7}  {'copy bw':>7}  {'msc/copy':>8}",
+             f"#{'(B)':>11}  {'(us)':>7}  {'(us)':>7}  {'':>7}  {'(us)':>7}  {'(GB/s)':>7}  {'(busbw)':>8}"]
+    for r in records:
+        if "torch_time" not in r:
+            continue
+        frac = r["busbw"] / r["copy_bw"] if r["copy_bw"] else 0.0
+        lines.append(f"{r['size']:12d}  {_time(r['time'])}  {_time(r['torch_time'])}  {r['speedup']:7.2f}  "
+                     f"{_time(r['copy_time'])}  {r['copy_bw']:7.1f}  {frac:8.2f}")
+    return "\n".join(lines)
+
+
+def add_bench_command(subparsers, load_plan) -> argparse.ArgumentParser:
+    """Register ``msc bench PLAN --backend cuda ...`` (exit 1 when any
+    element is wrong, 2 without a GPU)."""
+    from msc.runner import OPS, TYPES, _size_arg
+
+    p = subparsers.add_parser("bench", help="time a plan on a GPU against PyTorch and copy baselines "
+                                            "(nccl-tests columns)")
+    p.add_argument("plan", help="plan file")
+    p.add_argument("--backend", choices=("cuda",), default="cuda", help="cuda: the msc CUDA runtime")
+    p.add_argument("-b", "--minbytes", type=_size_arg, default=8, help="smallest size (bytes; K, M, G)")
+    p.add_argument("-e", "--maxbytes", type=_size_arg, default=64 * 1024 ** 2, help="largest size (bytes; K, M, G)")
+    p.add_argument("-f", "--stepfactor", type=int, default=2, help="size multiplier between runs")
+    p.add_argument("-n", "--iters", type=int, default=20, help="timed iterations per size")
+    p.add_argument("-w", "--warmup_iters", type=int, default=5, help="untimed iterations first")
+    p.add_argument("-G", "--cudagraph", type=int, default=0,
+                   help="capture the -n iterations in a CUDA graph and replay it this many times (0: no graph)")
+    p.add_argument("-d", "--dtype", default="float", help=f"one of {', '.join(TYPES)}")
+    p.add_argument("-o", "--op", choices=OPS, default="sum")
+    p.add_argument("-c", "--check", type=int, default=1, help="1: count wrong elements of one run per size")
+    p.add_argument("--device", type=int, help="GPU index (default: the current one)")
+    p.add_argument("--no-baselines", action="store_true", help="time msc only")
+    p.add_argument("--seed", type=int, default=0, help="seed for the checked run's inputs")
+    p.add_argument("--json", action="store_true", help="print the records as JSON")
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show Python tracebacks")
+
+    def cmd_bench(args) -> int:
+        from msc.cuda import device as cu
+        from msc.runner import format_table
+
+        cu.require_driver()                     # exit 2 with the reason, before reading anything else
+        plan = load_plan(args.plan)
+        out = bench(plan, min_bytes=args.minbytes, max_bytes=args.maxbytes, factor=args.stepfactor,
+                    iters=args.iters, warmup=args.warmup_iters, graphs=args.cudagraph, dtype=args.dtype,
+                    op=args.op, device=args.device, check=bool(args.check), seed=args.seed,
+                    baselines=not args.no_baselines)
+        if args.json:
+            print(json.dumps(out))
+        else:
+            env = out["environment"]
+            print(format_table(out["records"], title=f"msc bench {args.plan}: {plan.collective}, {plan.num_ranks} "
+                                                     f"virtual ranks on {env['gpu']} ({env['arch']}), "
+                                                     f"{plan.protocol}, graph replays {args.cudagraph}"))
+            if not args.no_baselines:
+                print(format_baselines(out["records"]))
+        return 1 if out["wrong"] else 0
+
+    p.set_defaults(func=cmd_bench)
+    return p
