@@ -1,0 +1,425 @@
+"""The CUDA runtime's host side, on CPU (no GPU, no driver needed).
+
+What is proven here: call validation (msc.cuda.validate) with exact
+messages; arena layout, growth and the pointer tables of the three
+placements (the same logical layout, slots and tail with the receiver, head
+with the sender, as the kernel polls them); launch shapes; error-word
+decoding; the torchrun bootstrap's handle exchange between two gloo
+processes with the IPC calls faked; compile-at-first-use for sm_90; the
+PyTorch baseline of msc bench; msc bench's exit without a GPU. What needs a
+GPU is in tests/test_cuda_gpu.py.
+"""
+from __future__ import annotations
+
+import re
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import msc
+from msc.cuda.codegen import kernel_layout
+from msc.cuda.device import driver_available, probe, timeout_cycles
+from msc.cuda.diagnose import Counters, DeviceTimeoutError, counters_from_arena, decode, parse_words
+from msc.cuda.launch import ERROR_WORDS, Footprint, footprint, launch_params
+from msc.cuda.runtime import Kernels, launches, resolve_devices, runtime_plan
+from msc.cuda.tables import (UserBuffers, arena_layout, error_pointer, grow, peers, pointer_tables, resolve,
+                             total_bytes)
+from msc.cuda.validate import TensorDesc, check_call, check_collective, check_op, describe
+from msc.errors import ExecutionError, UsageError
+from msc.lower import LowerOptions, lower
+from cudaboot import runtime_layout
+from library import algorithms
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _plan(key: str, n: int, inplace: bool | None = None, protocol: str = "Simple"):
+    return lower(msc.trace(algorithms()[key], n, inplace=inplace), LowerOptions(protocol=protocol))
+
+
+def _t(numel=8, dtype="float32", device="cuda:0", contiguous=True, ptr=0x10000, itemsize=4):
+    return TensorDesc(dtype, device, numel, contiguous, ptr, itemsize)
+
+
+def _ranks(n, numel=8, **kw):
+    return [_t(numel, ptr=0x100000 * (r + 1), **kw) for r in range(n)]
+
+
+DEV4 = ("cuda:0",) * 4
+
+
+# -- validation ---------------------------------------------------------------------------
+@pytest.mark.parametrize("change, message", [
+    (lambda xs: xs[:3], r"^inputs: 3 tensor\(s\) for 4 rank\(s\)"),
+    (lambda xs: xs[:2] + [_t(8, "int64", ptr=0x300000)] + xs[3:],
+     r"^rank 2 input: dtype int64 is not one the CUDA kernels take"),
+    (lambda xs: xs[:1] + [_t(8, device="cuda:1", ptr=0x200000)] + xs[2:],
+     r"^rank 1 input: tensor is on cuda:1, expected cuda:0 \(rank 1's GPU\)"),
+    (lambda xs: xs[:3] + [_t(8, contiguous=False, ptr=0x400000)],
+     r"^rank 3 input: tensor is not contiguous"),
+    (lambda xs: xs[:2] + [_t(12, ptr=0x300000)] + xs[3:],
+     r"^rank 2 input: 12 elements, rank 0 has 8; every rank must pass the same size"),
+    (lambda xs: xs[:1] + [_t(8, "float16", ptr=0x200000, itemsize=2)] + xs[2:],
+     r"^rank 1 input: dtype float16, rank 0's is float32"),
+])
+def test_bad_calls_name_the_rank_and_the_problem(change, message):
+    plan = _plan("allreduce/ring:ring", 4)
+    with pytest.raises(UsageError, match=message):
+        check_call(plan, change(_ranks(4)), None, op="sum", ranks=(0, 1, 2, 3), devices=DEV4)
+
+
+def test_sizes_the_layout_cannot_take():
+    rs = _plan("reducescatter/ring:ring", 4, inplace=False)
+    with pytest.raises(UsageError, match=r"^rank 0 input: 10 elements is not 4 equal units \(reducescatter over 4"):
+        check_call(rs, _ranks(4, 10), _ranks(4, 2), op="sum", ranks=(0, 1, 2, 3), devices=DEV4)
+    ag = _plan("allgather/ring:ring", 4, inplace=False)
+    outs = [_t(16, ptr=0x900000 * (r + 1)) for r in range(4)]
+    outs[1] = _t(15, ptr=0x1200000)
+    with pytest.raises(UsageError, match=r"^rank 1 output: 15 elements, expected 16 \(4 unit\(s\) of 4"):
+        check_call(ag, _ranks(4, 4), outs, op="sum", ranks=(0, 1, 2, 3), devices=DEV4)
+
+
+def test_ops_are_checked_and_data_movement_uses_one_kernel():
+    ar, ag = _plan("allreduce/ring:ring", 4), _plan("allgather/ring:ring", 4)
+    with pytest.raises(UsageError, match="unknown reduction 'xor'"):
+        check_call(ar, _ranks(4), None, op="xor", ranks=(0, 1, 2, 3), devices=DEV4)
+    with pytest.raises(UsageError, match="avg .* floating type .* not int32"):
+        check_call(ar, _ranks(4, dtype="int32"), None, op="avg", ranks=(0, 1, 2, 3), devices=DEV4)
+    assert check_op(ag, "max") == "sum" and check_op(ar, "max") == "max"
+    with pytest.raises(UsageError, match="is a allgather plan; this call is allreduce"):
+        check_collective(ag, "allreduce")
+
+
+def test_in_place_forms():
+    ar = _plan("allreduce/ring:ring", 4)
+    spec = check_call(ar, _ranks(4, 10), None, op="sum", ranks=(0, 1, 2, 3), devices=DEV4)
+    assert spec.count == 10 and spec.buffers[2] == UserBuffers(0x300000, 0x300000)
+    same = check_call(ar, _ranks(4, 10), _ranks(4, 10), op="sum", ranks=(0, 1, 2, 3), devices=DEV4)
+    assert same == spec
+    with pytest.raises(UsageError, match=r"^rank 0 output: plan .* runs in place, so the output must be unit 0"):
+        check_call(ar, _ranks(4, 10), [_t(10, ptr=0x5)] * 4, op="sum", ranks=(0, 1, 2, 3), devices=DEV4)
+    # in-place allgather runs on the outputs; each input is unit `rank` of its output
+    ag = _plan("allgather/ring:ring", 4)
+    outs = [_t(12, ptr=0x100000 * (r + 1)) for r in range(4)]
+    ins = [_t(3, ptr=0x100000 * (r + 1) + r * 3 * 4) for r in range(4)]
+    spec = check_call(ag, ins, outs, op="sum", ranks=(0, 1, 2, 3), devices=DEV4)
+    assert spec.count == 3 and spec.buffers[1] == UserBuffers(0x200000, 0x200000)
+    with pytest.raises(UsageError, match="runs allgather in place on each rank's output buffer: pass the outputs"):
+        check_call(ag, ins, None, op="sum", ranks=(0, 1, 2, 3), devices=DEV4)
+    bad = ins[:2] + [_t(3, ptr=0x300000)] + ins[3:]
+    with pytest.raises(UsageError, match=r"^rank 2 input: .* must be unit 2 of the output \(3 elements at element 6\)"):
+        check_call(ag, bad, outs, op="sum", ranks=(0, 1, 2, 3), devices=DEV4)
+
+
+def test_out_of_place_buffers_must_not_overlap_and_one_rank_under_torchrun():
+    ar = _plan("allreduce/ring:ring", 4, inplace=False)
+    with pytest.raises(UsageError, match="pass inputs and outputs"):
+        check_call(ar, _ranks(4), None, op="sum", ranks=(0, 1, 2, 3), devices=DEV4)
+    outs = [_t(8, ptr=0x100000 * (r + 1) + 16) for r in range(4)]
+    with pytest.raises(UsageError, match="^rank 0: input and output overlap"):
+        check_call(ar, _ranks(4), outs, op="sum", ranks=(0, 1, 2, 3), devices=DEV4)
+    spec = check_call(ar, [_t(8, device="cuda:2", ptr=0x10)], [_t(8, device="cuda:2", ptr=0x1000)], op="max",
+                      ranks=(2,), devices=("cuda:2",))
+    assert spec.buffers == (UserBuffers(0x10, 0x1000),) and spec.op == "max"
+
+
+def test_real_cpu_tensors_are_described_and_refused():
+    torch = pytest.importorskip("torch")
+    plan = _plan("allreduce/ring:ring", 2)
+    xs = [torch.ones(8), torch.ones(8, 2)[:, 0]]
+    assert describe(xs[1]) == TensorDesc("float32", "cpu", 8, False, xs[1].data_ptr(), 4)
+    with pytest.raises(UsageError, match=r"^rank 0 input: tensor is on cpu, expected cuda:0"):
+        check_call(plan, [describe(x) for x in xs], None, op="sum", ranks=(0, 1), devices=("cuda:0",) * 2)
+    assert describe(torch.ones(4, dtype=torch.bfloat16)).dtype == "bfloat16"
+
+
+# -- arenas and pointer tables ------------------------------------------------------------
+def _arenas(key="reducescatter/ring:ring", n=4, count=1 << 16, dtype="float32"):
+    plan, layout = runtime_layout(key, n)
+    params = launch_params(layout, count, dtype=dtype, protocol=plan.protocol)
+    fp = footprint(layout, params, dtype=dtype, protocol=plan.protocol, slots=plan.slots)
+    return plan, layout, fp, arena_layout(layout, fp)
+
+
+def test_arena_regions_are_disjoint_aligned_and_sized():
+    plan, layout, fp, arenas = _arenas()
+    assert plan.slots == 8
+    for a in arenas:
+        regions = [(a.error, 4 * ERROR_WORDS), (a.progress, 8 * layout.threadblocks_per_rank[a.rank])]
+        regions += [(o, 8) for o in a.tail.values()] + [(o, 8) for o in a.head.values()]
+        regions += [(a.slots[c], fp.slots[c]) for c in a.slots] + [(a.scratch, fp.scratch[a.rank])]
+        regions.sort()
+        for (o1, s1), (o2, _) in zip(regions, regions[1:]):
+            assert o1 + s1 <= o2
+        assert regions[-1][0] + regions[-1][1] <= a.size
+        assert all(o % 256 == 0 for o in list(a.slots.values()) + [a.scratch])
+        assert a.counters_end <= min(a.slots.values()) and a.counters_end <= a.scratch
+        assert set(a.tail) == set(a.slots) == {c.id for c in layout.connections if c.receiver == a.rank}
+        assert set(a.head) == {c.id for c in layout.connections if c.sender == a.rank}
+    assert fp.scratch[0] != fp.scratch[1] and total_bytes(arenas) == sum(a.size for a in arenas)
+
+
+def test_growth_reallocates_only_for_a_larger_call():
+    plan, layout, small, _ = _arenas(count=1000)
+    _, _, big, _ = _arenas(count=1 << 22)
+    assert grow(None, small) == small
+    assert grow(big, small) is None and grow(small, small) is None
+    assert grow(small, big) == big
+    # a different dtype can need more of one region and less of another: the max of both
+    ll = Footprint(scratch=tuple(s // 2 for s in big.scratch), slots=tuple(s * 2 for s in big.slots),
+                   progress=big.progress)
+    both = grow(big, ll)
+    assert both.scratch == big.scratch and both.slots == ll.slots
+    assert grow(both, big) is None and grow(both, ll) is None
+
+
+def test_the_kernel_polls_tail_as_receiver_and_head_as_sender():
+    """The template's contract that the tables follow: a receiver spins on
+    its connection's tail, a sender on its head; each must be local."""
+    from msc.cuda import render
+
+    for protocol in ("Simple", "LL"):
+        source, _ = render(runtime_plan(_plan("allreduce/ring:ring", 2, protocol=protocol)), form="table")
+        waits = re.findall(r"wait_counter\(a->conn\[b\.conn_(in|out)\]\.(tail|head)", source)
+        assert set(waits) <= {("in", "tail"), ("out", "head")} and ("out", "head") in waits
+        assert ("in", "tail") in waits or protocol == "LL"          # LL receivers poll packet flags in slots
+        assert "st_release(a->conn[b.conn_in].head" in source and "st_release(a->conn[b.conn_out].tail" in source
+
+
+def _logical(ranks, conns, arenas, bases):
+    return ({r: {f: resolve(v, arenas, bases) if f in ("scratch", "progress") else v for f, v in e.items()}
+             for r, e in enumerate(ranks)},
+            [{f: resolve(v, arenas, bases) for f, v in c.items()} for c in conns])
+
+
+@pytest.mark.parametrize("key", ["allreduce/ring:ring", "reducescatter/ring:ring", "alltoall/allpairs:allpairs"])
+def test_pointer_tables_of_the_three_placements_agree(key):
+    plan, layout, fp, arenas = _arenas(key)
+    n = plan.num_ranks
+    user = [UserBuffers(0x1000 + r, 0x2000 + r) for r in range(n)]
+    # virtual: every arena on one GPU; devices: one per GPU (other addresses, same process)
+    virtual = [0x10_0000_0000 + r * 0x1_0000_0000 for r in range(n)]
+    devices = [0x7f00_0000_0000 + r * 0x10_0000_0000 for r in range(n)]
+    want = _logical(*pointer_tables(layout, arenas, virtual, user, tuple(range(n))), arenas, virtual)
+    assert want == _logical(*pointer_tables(layout, arenas, devices, user, tuple(range(n))), arenas, devices)
+    for c, entry in zip(layout.connections, want[1]):
+        assert entry["slots"] == (c.receiver, f"slots{c.id}", 0)
+        assert entry["tail"] == (c.receiver, f"tail{c.id}", 0)
+        assert entry["head"] == (c.sender, f"head{c.id}", 0)
+    for r in range(n):
+        assert want[0][r] == {"input": 0x1000 + r, "output": 0x2000 + r, "scratch": (r, "scratch", 0),
+                              "progress": (r, "progress", 0)}
+    # torchrun: each process sees its own arena and its peers' at addresses of its own
+    for me in range(n):
+        bases = [None] * n
+        bases[me] = 0x5000_0000_0000
+        for p in peers(layout, me):
+            bases[p] = 0x6000_0000_0000 + p * 0x10_0000_0000
+        mine = [user[r] if r == me else None for r in range(n)]
+        got = _logical(*pointer_tables(layout, arenas, bases, mine, (me,)), arenas, bases)
+        assert got[0][me] == want[0][me]
+        assert all(got[0][r] == {"input": 0, "output": 0, "scratch": None, "progress": None}
+                   for r in range(n) if r != me)
+        for c, g, w in zip(layout.connections, got[1], want[1]):
+            assert g == (w if me in (c.sender, c.receiver) else {"slots": None, "tail": None, "head": None})
+        assert resolve(error_pointer(arenas, bases, me), arenas, bases) == (me, "error", 0)
+
+
+def test_pointer_tables_refuse_what_a_local_rank_cannot_reach():
+    plan, layout, fp, arenas = _arenas("allreduce/ring:ring")
+    bases = [0x1000_0000, None, None, None]
+    with pytest.raises(UsageError, match=r"connection \d+ \(rank 0 -> rank 1.* arena of rank 1 is not mapped"):
+        pointer_tables(layout, arenas, bases, [UserBuffers(1, 1), None, None, None], (0,))
+    with pytest.raises(UsageError, match="rank 0 runs here but its arena or buffers are unknown"):
+        pointer_tables(layout, arenas, bases, [None] * 4, (0,))
+
+
+def test_launch_shapes_and_devices():
+    plan, layout = runtime_layout("allreduce/allpairs:allpairs", 4)
+    (v,) = launches(layout, "virtual", (3,))
+    assert (v.device, v.first_block, v.grid, v.error_rank) == (3, 0, len(layout.blocks), 0)
+    per = launches(layout, "devices", (4, 5, 6, 7))
+    assert [(L.device, L.first_block, L.grid) for L in per] == [(4 + r, *layout.rank_blocks[r]) for r in range(4)]
+    assert sum(L.grid for L in per) == len(layout.blocks)
+    (t,) = launches(layout, "torchrun", (0,), rank=2)
+    assert (t.ranks, t.first_block, t.grid, t.error_rank) == ((2,), *layout.rank_blocks[2], 2)
+    assert resolve_devices("devices", None, 4, 0) == (0, 1, 2, 3)
+    assert resolve_devices("virtual", "cuda:2", 4, 0) == (2,) and resolve_devices("torchrun", None, 4, 1) == (1,)
+    with pytest.raises(UsageError, match="distinct GPU per rank"):
+        resolve_devices("devices", [0, 0, 1, 2], 4, 0)
+    with pytest.raises(UsageError, match="a GPU per rank: 4 ranks"):
+        resolve_devices("devices", [0, 1], 4, 0)
+    with pytest.raises(UsageError, match="placement must be one of"):
+        resolve_devices("nvlink", None, 4, 0)
+
+
+def test_timeout_is_converted_with_the_clock():
+    assert timeout_cycles(2.0, 1_980_000_000) == 3_960_000_000
+    with pytest.raises(UsageError, match="timeout_s must be > 0"):
+        timeout_cycles(0, 1)
+
+
+# -- error words --------------------------------------------------------------------------
+def test_error_words_decode_to_rank_threadblock_step_and_waits():
+    plan, layout = runtime_layout("allreduce/ring:ring", 4)
+    assert decode((0, 0, 0, 0, 0), plan, layout) is None
+    raw = struct.pack("<5I", 1, 2, 0, 3, 7)
+    words = parse_words(raw)
+    step = plan.ranks[2].threadblocks[0].steps[3]
+    err = decode(words, plan, layout, timeout_s=5)
+    assert isinstance(err, DeviceTimeoutError) and isinstance(err, ExecutionError)
+    assert (err.rank, err.tb, err.step, err.iteration) == (2, 0, 3, 7)
+    text = str(err)
+    head = f"{step.where}: " if step.where else ""          # the user's algorithm line, where known
+    assert text.startswith(f"{head}rank 2 threadblock 0 step 3 ({step.op.value}) timed out in a spin-wait after 5 s "
+                           f"at iteration 7")
+    assert "a message from rank 1 on channel 0" in text or not step.op.receives
+    assert "communicator is now unusable" in text
+    # with counters: the receive is unmet (nothing posted beyond what was consumed), the slot is free
+    tb = plan.ranks[2].threadblocks[0]
+    conn = {(c.sender, c.receiver, c.channel): c.id for c in layout.connections}
+    cin, cout = conn[(tb.recv, 2, tb.channel)], conn[(2, tb.send, tb.channel)]
+    counters = Counters({(2, 0): 5 << 32}, {cin: 40, cout: 41}, {cin: 40, cout: 40})
+    err = decode(words, plan, layout, counters=counters, slots=8)
+    assert "still unmet: a message from rank 1 on channel 0" in str(err)
+    assert all(met is not False for d, met in err.waits if d.startswith("a free slot"))
+
+
+def test_dependency_waits_are_checked_against_the_launch_epoch():
+    plan, layout = runtime_layout("allreduce/allpairs:allpairs", 4)
+    found = next(((r.rank, tb.id, i, s) for r in plan.ranks for tb in r.threadblocks
+                  for i, s in enumerate(tb.steps) if s.deps), None)
+    if found is None:
+        pytest.skip("no dependency in this plan")
+    rank, tb, i, s = found
+    dt, ds = s.deps[0]
+    epoch = 3 << 32
+    nsteps = len(plan.ranks[rank].threadblocks[dt].steps)
+    progress = {(rank, tb): epoch + 1, (rank, dt): epoch + 2 * nsteps + ds}        # one short, at iteration 2
+    err = decode((1, rank, tb, i, 2), plan, layout, counters=Counters(progress))
+    assert f"still unmet: threadblock {dt} step {ds} of rank {rank}" in str(err)
+    progress[(rank, dt)] += 1
+    err = decode((1, rank, tb, i, 2), plan, layout, counters=Counters(progress))
+    assert (f"threadblock {dt} step {ds} of rank {rank}", True) in err.waits
+
+
+def test_counters_are_read_from_an_arena_image():
+    plan, layout, fp, arenas = _arenas("allreduce/ring:ring")
+    a = arenas[1]
+    image = bytearray(a.counters_end)
+    struct.pack_into("<Q", image, a.progress, 9 << 32)
+    (cin,) = a.tail
+    struct.pack_into("<Q", image, a.tail[cin], 17)
+    got = counters_from_arena(bytes(image), a, layout)
+    assert got.progress[(1, 0)] == 9 << 32 and got.tail == {cin: 17} and set(got.head) == set(a.head)
+
+
+# -- the torchrun bootstrap between two processes (gloo, fake IPC) ---------------------------
+@pytest.fixture(scope="module")
+def gloo2():
+    pytest.importorskip("torch")
+    import torchdist
+
+    pool = torchdist.Pool(2, timeout=120)
+    yield pool
+    pool.close()
+
+
+def test_torchrun_bootstrap_exchanges_handles_and_builds_the_same_tables(gloo2):
+    import cudaboot
+
+    key = "reducescatter/ring:ring"
+    got = gloo2.run(cudaboot.exchange_case, key, 4096)
+    plan, layout = runtime_layout(key, 2)
+    params = launch_params(layout, 4096, dtype="float32", protocol=plan.protocol)
+    arenas = arena_layout(layout, footprint(layout, params, dtype="float32", protocol=plan.protocol, slots=8))
+    virtual = [0x10_0000_0000, 0x20_0000_0000]
+    want = _logical(*pointer_tables(layout, arenas, virtual, [UserBuffers(0x1000 + r, 0x1000 + r) for r in range(2)],
+                                    (0, 1)), arenas, virtual)
+    for rank, out in enumerate(got):
+        assert out["opened"] == out["peers"] == [1 - rank]            # each opened its one peer's handle
+        assert out["logical"]["conns"] == want[1]                     # both ends of every connection are local
+        assert out["logical"]["ranks"][rank] == want[0][rank]
+    messages = gloo2.run(cudaboot.mismatch_case)
+    assert all("every rank must make the same call" in m for m in messages), messages
+
+
+# -- compiling at first use, without a driver ----------------------------------------------
+def test_kernels_compile_at_first_use_for_sm90(tmp_path):
+    pytest.importorskip("cuda.core")
+    plan = runtime_plan(_plan("allreduce/ring:ring", 4, protocol="LL"))
+    kernels = Kernels(plan, "sm_90", cache=tmp_path)
+    assert not kernels._compiled
+    k = kernels.compiled("bfloat16", "max")
+    assert k.cubin[:4] == b"\x7fELF" and k.arch == "sm_90" and not k.cache_hit
+    assert "#define SLOTS 8" in k.source
+    assert kernels.compiled("bfloat16", "max") is k                       # once per (dtype, op)
+    assert Kernels(plan, "sm_90", cache=tmp_path).compiled("bfloat16", "max").cache_hit   # and on disk
+
+
+def test_a_deadlocking_plan_compiles_only_when_asked(tmp_path):
+    pytest.importorskip("cuda.core")
+    from msc.cuda import compile as compile_cuda
+    from msc.errors import DeadlockError
+    from cudaboot import deadlock_plan
+
+    plan = runtime_plan(deadlock_plan())
+    with pytest.raises(DeadlockError):
+        compile_cuda(plan, cache=tmp_path)
+    assert compile_cuda(plan, cache=tmp_path, allow_deadlock=True).cubin[:4] == b"\x7fELF"
+
+
+# -- without a GPU ---------------------------------------------------------------------------
+def test_probe_never_raises():
+    ok, why = probe()
+    assert driver_available() is ok and isinstance(why, str) and why
+
+
+@pytest.mark.skipif(driver_available(), reason="checks the no-driver path")
+def test_communicator_without_a_gpu_is_a_clear_usage_error():
+    pytest.importorskip("torch")
+    with pytest.raises(UsageError, match="needs an NVIDIA GPU and driver"):
+        msc.cuda.Communicator(_plan("allreduce/ring:ring", 2))
+
+
+@pytest.mark.skipif(driver_available(), reason="checks the no-driver path")
+def test_bench_without_a_gpu_exits_2(tmp_path):
+    plan = tmp_path / "ring.plan"
+    from msc.plan_text import save_plan
+
+    save_plan(_plan("allreduce/ring:ring", 4), plan)
+    done = subprocess.run([sys.executable, "-m", "msc.cli", "bench", str(plan), "--backend", "cuda", "-e", "1M"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "msc: error: the msc CUDA runtime needs an NVIDIA GPU and driver" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("collective, key", [("allreduce", "allreduce/ring:ring"),
+                                             ("allgather", "allgather/ring:ring"),
+                                             ("reducescatter", "reducescatter/ring:ring"),
+                                             ("alltoall", "alltoall/allpairs:allpairs"),
+                                             ("broadcast", "broadcast/chain:chain"), ("reduce", "reduce/tree:tree")])
+def test_pytorch_baseline_is_the_collective(collective, key):
+    """The bench's one-GPU PyTorch baseline, on CPU tensors, against msc.reference."""
+    torch = pytest.importorskip("torch")
+    import numpy as np
+
+    from msc import reference
+    from msc.cuda.bench import torch_collective
+
+    n, count = 4, 6
+    ins_units = n if collective in ("reducescatter", "alltoall") else 1
+    outs_units = n if collective in ("allgather", "alltoall") else 1
+    for op in (("sum", "max") if collective in reference.REDUCING else ("sum",)):
+        g = torch.Generator().manual_seed(0)
+        ins = [torch.rand(ins_units * count, generator=g) + 1 for _ in range(n)]
+        outs = [torch.full((outs_units * count,), 7.0) for _ in range(n)]
+        torch_collective(collective, ins, outs, op, root=1)
+        want = reference.expected_outputs(collective, [x.numpy() for x in ins], op=op, root=1)
+        for r in range(n):
+            if want[r] is not None:
+                np.testing.assert_allclose(outs[r].numpy(), want[r], rtol=1e-6)
