@@ -14,6 +14,7 @@ from pathlib import Path
 
 from msc.errors import PlanError, SourceLine
 from msc.ir import Plan, RankPlan, Slice, Step, StepOp, Threadblock
+from msc.plan_lines import read_plan_lines
 from msc.resources import data_dir
 
 FORMAT_VERSION = 1
@@ -76,6 +77,27 @@ def _parser():
 
 def parse_plan(text: str, *, path: str | None = None) -> Plan:
     """A plan from its text; PlanError on any syntax or value error."""
+    lines: dict[tuple, int] = {}       # (rank,), (rank, tb), (rank, tb, step) -> line, for value errors
+    plan = read_plan_lines(text, lines) if isinstance(text, str) else None
+    if plan is None:                   # not in dump_plan's layout (or wrong): the grammar reads it
+        plan = _parse_with_grammar(text, lines, path)
+    from msc.plan_check import check_plan
+
+    try:
+        check_plan(plan)
+    except PlanError as exc:
+        key = tuple(v for v in (exc.rank, exc.tb, exc.step) if v is not None)
+        while key and key not in lines:
+            key = key[:-1]
+        line = lines.get(key) if key else None
+        if line is None:
+            raise PlanError(str(exc), path=path) from None
+        raise PlanError(_strip_location(str(exc)), rank=exc.rank, tb=exc.tb, step=exc.step,
+                        line=line, path=path) from None
+    return plan
+
+
+def _parse_with_grammar(text: str, lines: dict, path: str | None) -> Plan:
     from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
     try:
@@ -94,22 +116,7 @@ def parse_plan(text: str, *, path: str | None = None) -> Plan:
     except UnexpectedInput as exc:  # any other lark input error
         raise PlanError(f"syntax error: {exc}", line=getattr(exc, "line", None),
                         column=getattr(exc, "column", None), path=path) from None
-    lines: dict[tuple, int] = {}
-    plan = _build(tree, lines, path)
-    from msc.plan_check import check_plan
-
-    try:
-        check_plan(plan)
-    except PlanError as exc:
-        key = tuple(v for v in (exc.rank, exc.tb, exc.step) if v is not None)
-        while key and key not in lines:
-            key = key[:-1]
-        line = lines.get(key) if key else None
-        if line is None:
-            raise PlanError(str(exc), path=path) from None
-        raise PlanError(_strip_location(str(exc)), rank=exc.rank, tb=exc.tb, step=exc.step,
-                        line=line, path=path) from None
-    return plan
+    return _build(tree, lines, path)
 
 
 def _strip_location(message: str) -> str:
