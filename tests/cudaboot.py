@@ -98,3 +98,41 @@ def mismatch_case(rank: int, n: int) -> str:
     except UsageError as exc:
         return str(exc)
     return "no error"
+
+
+def ipc_case(rank: int, n: int) -> dict:
+    """GPU only: the torchrun placement's real bootstrap on one GPU. Each
+    process allocates its arena (driver memory), exports a CUDA IPC handle,
+    opens its peer's; it marks its own scratch with bytes rank+1 and reads
+    the peer's mark through the opened mapping. No kernel runs: two
+    processes spinning on one GPU time-slice, so only the exchange is tested."""
+    import torch
+    import torch.distributed as dist
+
+    from msc.cuda import device as cu
+    from msc.cuda.launch import footprint, launch_params
+    from msc.cuda.runtime import Communicator
+    from msc.cuda.tables import UserBuffers, pointer_tables
+
+    plan, layout = runtime_layout("reducescatter/ring:ring", n)
+    torch.cuda.set_device(0)
+    comm = Communicator(plan, "torchrun")
+    params = launch_params(comm.layout, 1 << 14, dtype="float32", protocol=plan.protocol)
+    comm._reserve(footprint(comm.layout, params, dtype="float32", protocol=plan.protocol, slots=comm.slots))
+    arenas, bases = comm._arenas, comm._bases
+    own = bases[rank] + arenas[rank].scratch
+    stream = torch.cuda.current_stream().cuda_stream
+    from cuda.bindings import driver
+
+    cu.call(driver.cuMemsetD8Async, driver.CUdeviceptr(own), rank + 1, 64, driver.CUstream(stream))
+    torch.cuda.synchronize()
+    dist.barrier()
+    peer = 1 - rank
+    seen = cu.read(bases[peer] + arenas[peer].scratch, 4)
+    buffers = [None] * n
+    buffers[rank] = UserBuffers(1, 1)
+    ranks, conns = pointer_tables(comm.layout, arenas, bases, buffers, (rank,))
+    dist.barrier()
+    comm.close()
+    return {"seen": list(seen), "opened": sorted(r for r, b in enumerate(bases) if b is not None and r != rank),
+            "conns": len([c for c in conns if c["slots"]])}

@@ -172,7 +172,7 @@ def bench(plan, *, min_bytes, max_bytes, factor: int = 2, iters: int = 20, warmu
     dev = torch.cuda.current_device() if device is None else device
     torch.cuda.set_device(dev)
     comm = Communicator(plan, "virtual", dev)
-    n, k = plan.num_ranks, plan.chunk_factor
+    n = plan.num_ranks
     in_units, out_units = units(plan)
     reducing = coll.name in reference.REDUCING
     busbw = runner.BUSBW_FACTOR[coll.name](n)
@@ -223,28 +223,43 @@ def _call(comm, plan, coll, ins, outs, count):
 
 def _check(comm, plan, coll, rng, dt, op, n, count, in_units, out_units, dev) -> list[int]:
     """Wrong elements per rank of one run on fresh inputs, outputs poisoned."""
-    import torch
-
     from msc import reference, runner
 
     inputs = runner.random_inputs(rng, dt, op, n, in_units * count)
+    got = run_numpy(comm, inputs, count, op, dev)
+    return reference.check(coll.name, inputs, got, op=op, root=plan.root)
+
+
+def run_numpy(comm, inputs: list, count: int, op: str, dev: int) -> list:
+    """Run ``comm`` (virtual placement) once on per-rank logical numpy
+    inputs, every output poisoned first (bytes 0xA5); the logical outputs as
+    numpy arrays, after synchronizing (which raises a launch's error)."""
+    import torch
+
+    from msc.collectives import get_collective
+    from msc.cuda.validate import units
+
+    plan = comm.plan
+    n, k = plan.num_ranks, plan.chunk_factor
+    coll = get_collective(plan.collective)
+    _, out_units = units(plan)
     ins = [_from_numpy(a, dev) for a in inputs]
     outs = [torch.empty(out_units * count, dtype=ins[0].dtype, device=dev) for _ in range(n)]
     for o in outs:
         o.view(torch.uint8).fill_(0xA5)
     if plan.inplace:
-        alias, target, _ = coll.inplace_alias(0, n, plan.chunk_factor)
+        alias, target, _ = coll.inplace_alias(0, n, k)
         if target == "output":                         # allgather: the input sits in unit `rank` of the output
             for r, o in enumerate(outs):
-                off = coll.inplace_alias(r, n, plan.chunk_factor)[2] // plan.chunk_factor
-                o[off * count:(off + in_units) * count].copy_(ins[r])
+                off = coll.inplace_alias(r, n, k)[2] // k
+                o[off * count:off * count + ins[r].numel()].copy_(ins[r])
             got = comm.run(None, outs, op)
         else:
             got = comm.run(ins, None, op)
     else:
         got = comm.run(ins, outs, op)
     comm.synchronize()
-    return reference.check(coll.name, inputs, [_to_numpy(g) for g in got], op=op, root=plan.root)
+    return [_to_numpy(g) for g in got]
 
 
 def format_baselines(records: list[dict]) -> str:

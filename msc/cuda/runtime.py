@@ -223,6 +223,14 @@ class Communicator:
         for d in self.devices:
             if d >= count:
                 raise UsageError(f"GPU {d} does not exist ({count} visible)")
+        from cuda.core import Device
+
+        here = torch.cuda.current_device()
+        for d in self.devices:                   # cuda.core on the primary context torch uses
+            with torch.cuda.device(d):
+                torch.empty(0, device=f"cuda:{d}")      # torch has made the context
+                Device(d).set_current()
+        torch.cuda.set_device(here)
         self.ranks_here = tuple(range(n)) if placement != "torchrun" else (self.rank,)
         self.device_of = {r: self.devices[0] if placement != "devices" else self.devices[r] for r in self.ranks_here}
         self._launches = launches(self.layout, placement, self.devices, self.rank)
@@ -454,6 +462,8 @@ class Communicator:
         hit = self._args.get(key)
         if hit is not None:
             self._args.move_to_end(key)
+            if capturing and not hit[2]:           # a graph now reads it: keep it for good
+                self._args[key] = (hit[0], hit[1], True)
             return hit[0].data_ptr()
         host = torch.frombuffer(bytearray(args), dtype=torch.uint8).pin_memory()
         on_device = torch.empty(len(args), dtype=torch.uint8, device=f"cuda:{dev}")
