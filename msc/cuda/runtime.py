@@ -283,7 +283,8 @@ class Communicator:
         spec = check_call(self.plan, None if ins is None else [describe(t) for t in ins],
                           None if outs is None else [describe(t) for t in outs], op=op, ranks=self.ranks_here,
                           devices=tuple(f"cuda:{self.device_of[r]}" for r in self.ranks_here))
-        self.poll()
+        if not torch.cuda.is_current_stream_capturing():     # no event queries inside a capture
+            self.poll()
         result = self._logical_outputs(ins, outs, spec.count)
         if spec.count > 0:
             self._launch_all(spec)
