@@ -20,7 +20,6 @@ from pathlib import Path
 import pytest
 
 import msc
-from msc.cuda.codegen import kernel_layout
 from msc.cuda.device import driver_available, probe, timeout_cycles
 from msc.cuda.diagnose import Counters, DeviceTimeoutError, counters_from_arena, decode, parse_words
 from msc.cuda.launch import ERROR_WORDS, Footprint, footprint, launch_params
@@ -423,3 +422,241 @@ def test_pytorch_baseline_is_the_collective(collective, key):
         for r in range(n):
             if want[r] is not None:
                 np.testing.assert_allclose(outs[r].numpy(), want[r], rtol=1e-6)
+
+
+# -- the Communicator end to end with a fake driver --------------------------------------------
+class FakeMemory:
+    """Device memory as bytearrays at fake addresses."""
+
+    def __init__(self):
+        self.blocks, self.next, self.freed = {}, 0x7000_0000_0000, []
+
+    def alloc(self, n):
+        base, self.next = self.next, self.next + (1 << 32)
+        self.blocks[base] = bytearray(b"\xee" * n)          # not zero: the runtime must zero it
+        return base
+
+    def find(self, ptr):
+        for base, b in self.blocks.items():
+            if base <= ptr < base + len(b):
+                return b, ptr - base
+        raise AssertionError(f"{ptr:#x} is not allocated")
+
+    def write(self, ptr, data):
+        b, o = self.find(ptr)
+        b[o:o + len(data)] = data
+
+    def read(self, ptr, n):
+        b, o = self.find(ptr)
+        return bytes(b[o:o + n])
+
+    def free(self, ptr):
+        del self.blocks[ptr]
+        self.freed.append(ptr)
+
+
+class FakeStream:
+    def __init__(self, d):
+        self.cuda_stream, self.waited = 0x1000 + d, []
+
+    def wait_event(self, e):
+        self.waited.append(e)
+
+
+class FakeEvent:
+    def record(self, stream):
+        pass
+
+    def query(self):
+        return True
+
+
+class FakeCuda:
+    Event = FakeEvent
+
+    def __init__(self):
+        self.current, self.streams, self.synced = 0, {}, []
+
+    def init(self):
+        pass
+
+    def current_device(self):
+        return self.current
+
+    def device_count(self):
+        return 8
+
+    def set_device(self, d):
+        self.current = d
+
+    def device(self, d):
+        import contextlib
+
+        @contextlib.contextmanager
+        def cm():
+            old, self.current = self.current, d
+            yield
+            self.current = old
+        return cm()
+
+    def current_stream(self, d=None):
+        d = self.current if d is None else d
+        return self.streams.setdefault(d, FakeStream(d))
+
+    def is_current_stream_capturing(self):
+        return False
+
+    def synchronize(self, d=None):
+        self.synced.append(d)
+
+
+class FakeTorch:
+    """The real (CPU) torch, with torch.cuda faked and device/pinning ignored."""
+
+    def __init__(self):
+        import torch
+
+        self._torch, self.cuda = torch, FakeCuda()
+
+    def __getattr__(self, name):
+        return getattr(self._torch, name)
+
+    def zeros(self, *a, pin_memory=False, **kw):
+        return self._torch.zeros(*a, **kw)
+
+    def empty(self, *a, device=None, **kw):
+        return self._torch.empty(*a, **kw)
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """Everything below the runtime faked: driver calls, torch.cuda, cuda.core."""
+    import ctypes
+
+    torch = pytest.importorskip("torch")
+    from msc.cuda import device as cu
+    from msc.cuda import runtime
+
+    mem, fake = FakeMemory(), FakeTorch()
+    state = {"launches": [], "args": {}, "uploads": 0, "on": {}, "peer": []}
+
+    def upload(self, dev, args, capturing):
+        ptr = 0x9000_0000 + 0x10000 * len(state["args"])
+        if args not in state["args"].values():
+            state["uploads"] += 1
+        state["args"][ptr] = args
+        return ptr
+
+    def fake_describe(t):
+        return dataclasses.replace(describe(t), device=state["on"].get(t.data_ptr(), "cuda:0"))
+
+    import dataclasses
+
+    monkeypatch.setattr(runtime, "_torch", lambda: fake)
+    monkeypatch.setattr(runtime, "describe", fake_describe)
+    monkeypatch.setattr(runtime.Communicator, "_bind", staticmethod(lambda d: None))
+    monkeypatch.setattr(runtime.Communicator, "_upload", upload)
+    def launch(stream, grid, block, kernel, ptr):
+        state["launches"].append((stream.cuda_stream, grid, block, kernel, state["args"][ptr]))
+        if state.get("fail"):             # the "kernel" times out: it writes the error word
+            error = _decode_args(state["layout"], state["args"][ptr]).error
+            mem.write(error, struct.pack("<5I", *state.pop("fail")))
+
+    monkeypatch.setattr(runtime.Communicator, "_kernel_launch", staticmethod(launch))
+    monkeypatch.setattr(runtime.Kernels, "loaded", lambda self, dtype, op: ("kernel", self.arch, dtype, op))
+    for name, fn in dict(require_driver=lambda: None, arch=lambda d: "sm_90", clock_rate_hz=lambda d: 2_000_000_000,
+                         mem_alloc=mem.alloc, mem_free=mem.free,
+                         memset_async=lambda p, n, s: mem.write(p, bytes(n)), read=mem.read,
+                         copy_to_host_async=lambda h, d, n, s: ctypes.memmove(h, mem.read(d, n), n),
+                         can_access_peer=lambda a, b: True,
+                         enable_peer_access=lambda b: state["peer"].append((fake.cuda.current, b))).items():
+        monkeypatch.setattr(cu, name, fn)
+    state["mem"], state["torch"] = mem, torch
+    return state
+
+
+def _decode_args(layout, raw):
+    from msc.cuda.launch import args_struct
+
+    return args_struct(layout.num_ranks, len(layout.connections)).from_buffer_copy(raw)
+
+
+def test_communicator_virtual_with_a_fake_driver(fake_gpu):
+    from msc.cuda import BrokenCommunicatorError, Communicator
+
+    torch, mem = fake_gpu["torch"], fake_gpu["mem"]
+    plan = _plan("allreduce/ring:ring", 4)
+    comm = Communicator(plan, "virtual", 0, timeout_s=2.0)
+    xs = [torch.ones(1000) * (r + 1) for r in range(4)]
+    out = comm.all_reduce(xs)
+    assert out == xs                                           # in place: the tensors themselves
+    (stream, grid, block, kernel, raw), = fake_gpu["launches"]
+    layout = comm.layout
+    assert (grid, block, kernel) == (len(layout.blocks), layout.nthreads, ("kernel", "sm_90", "float32", "sum"))
+    a = _decode_args(layout, raw)
+    assert (a.count, a.first_block, a.timeout) == (1000, 0, 4_000_000_000)
+    assert [a.rank[r].input for r in range(4)] == [x.data_ptr() for x in xs]
+    assert all(a.rank[r].output == a.rank[r].input for r in range(4))
+    arenas, bases = comm._arenas, comm._bases
+    assert a.error == bases[0] + arenas[0].error
+    for c in layout.connections:
+        assert a.conn[c.id].slots == bases[c.receiver] + arenas[c.receiver].slots[c.id]
+        assert a.conn[c.id].head == bases[c.sender] + arenas[c.sender].head[c.id]
+    assert all(mem.read(b, arenas[r].size) == bytes(arenas[r].size) for r, b in enumerate(bases))   # zeroed
+    # the same call again: no new memory, no new upload; a larger one grows (old arenas freed)
+    comm.all_reduce(xs)
+    assert fake_gpu["uploads"] == 1 and not mem.freed and comm._generation == 1
+    comm.all_reduce([torch.ones(1 << 20) for _ in range(4)])
+    assert comm._generation == 2 and sorted(mem.freed) == sorted(bases)
+    # a launch that times out returns (nothing waits for it); the next call reads its error word, raises,
+    # and the communicator is broken
+    fake_gpu.update(fail=(1, 2, 0, 3, 7), layout=layout)
+    comm.all_reduce(xs)
+    with pytest.raises(DeviceTimeoutError, match="rank 2 threadblock 0 step 3 .* at iteration 7"):
+        comm.all_reduce(xs)
+    assert comm.broken and len(fake_gpu["launches"]) == 4
+    with pytest.raises(BrokenCommunicatorError, match="unusable after a failed launch"):
+        comm.all_reduce(xs)
+    with pytest.raises(BrokenCommunicatorError):
+        comm.synchronize()
+
+
+def test_communicator_devices_and_out_of_place_with_a_fake_driver(fake_gpu):
+    from msc.cuda import Communicator
+
+    torch = fake_gpu["torch"]
+    plan = _plan("reducescatter/ring:ring", 4, inplace=False)
+    comm = Communicator(plan, "devices", [4, 5, 6, 7])
+    assert sorted(fake_gpu["peer"]) == sorted((a, b) for a in range(4, 8) for b in range(4, 8) if a != b)
+    xs = [torch.rand(4 * 50) for _ in range(4)]
+    for r, x in enumerate(xs):
+        fake_gpu["on"][x.data_ptr()] = f"cuda:{4 + r}"
+    with pytest.raises(UsageError, match="rank 0 output: tensor is on cuda:0, expected cuda:4"):
+        comm.reduce_scatter(None, xs)                           # outputs allocated where the fake torch puts them
+    outs = [torch.empty(50) for _ in range(4)]
+    for r, o in enumerate(outs):
+        fake_gpu["on"][o.data_ptr()] = f"cuda:{4 + r}"
+    assert comm.reduce_scatter(outs, xs, op="max") == outs
+    launches = fake_gpu["launches"]
+    assert [(s, g) for s, g, *_ in launches] == [(0x1000 + 4 + r, comm.layout.rank_blocks[r][1]) for r in range(4)]
+    for r, (*_, kernel, raw) in enumerate(launches):
+        a = _decode_args(comm.layout, raw)
+        assert a.first_block == comm.layout.rank_blocks[r][0] and kernel[3] == "max"
+        assert a.error == comm._bases[r] + comm._arenas[r].error
+        assert (a.rank[r].input, a.rank[r].output) == (xs[r].data_ptr(), outs[r].data_ptr())
+    comm.synchronize()                                         # clean error words: no error
+    comm.close()
+    assert not fake_gpu["mem"].blocks
+
+
+def test_synchronize_reads_the_error_word_with_a_fake_driver(fake_gpu):
+    from msc.cuda import Communicator
+
+    torch = fake_gpu["torch"]
+    comm = Communicator(_plan("allgather/ring:ring", 2), "virtual", 0, timeout_s=1)
+    fake_gpu.update(fail=(1, 1, 0, 0, 0), layout=comm.layout)
+    outs = [torch.zeros(20) for _ in range(2)]
+    comm.all_gather(outs)                                      # in place: each input is unit `rank` of its output
+    with pytest.raises(DeviceTimeoutError, match=r"^.*rank 1 threadblock 0 step 0 .* after 1 s at iteration 0"):
+        comm.synchronize()
+    assert comm.broken

@@ -223,13 +223,10 @@ class Communicator:
         for d in self.devices:
             if d >= count:
                 raise UsageError(f"GPU {d} does not exist ({count} visible)")
-        from cuda.core import Device
-
         here = torch.cuda.current_device()
-        for d in self.devices:                   # cuda.core on the primary context torch uses
+        for d in self.devices:
             with torch.cuda.device(d):
-                torch.empty(0, device=f"cuda:{d}")      # torch has made the context
-                Device(d).set_current()
+                self._bind(d)
         torch.cuda.set_device(here)
         self.ranks_here = tuple(range(n)) if placement != "torchrun" else (self.rank,)
         self.device_of = {r: self.devices[0] if placement != "devices" else self.devices[r] for r in self.ranks_here}
@@ -264,6 +261,22 @@ class Communicator:
                                              f"'devices' needs every pair")
                         with torch.cuda.device(a):
                             cu.enable_peer_access(b)
+
+    # -- the only places that call cuda.core (tests replace them with fakes) ----------------
+    @staticmethod
+    def _bind(d: int) -> None:
+        """cuda.core on GPU d's primary context, the one torch uses."""
+        from cuda.core import Device
+
+        _torch().empty(0, device=f"cuda:{d}")       # torch has made the context
+        Device(d).set_current()
+
+    @staticmethod
+    def _kernel_launch(stream, grid: int, block: int, kernel, args_ptr: int) -> None:
+        """One cooperative launch of ``kernel(args_ptr)`` on ``stream`` (a torch stream)."""
+        from cuda.core import LaunchConfig, launch
+
+        launch(stream, LaunchConfig(grid=grid, block=block, is_cooperative=True), kernel, args_ptr)
 
     # -- the collective calls -------------------------------------------------------------
     def run(self, inputs, outputs=None, op: str = "sum"):
@@ -411,8 +424,6 @@ class Communicator:
 
     def _launch_all(self, spec) -> None:
         torch = _torch()
-        from cuda.core import LaunchConfig, launch
-
         params = launch_params(self.layout, spec.count, dtype=spec.dtype, protocol=self.kplan.protocol,
                                tile_bytes=self.kplan.tile)
         self._reserve(footprint(self.layout, params, dtype=spec.dtype, protocol=self.kplan.protocol,
@@ -433,9 +444,8 @@ class Communicator:
                 if last is not None and last[0] != stream and not capturing:
                     stream.wait_event(last[1])          # launches of one communicator never overlap
                 ptr = self._upload(L.device, args, capturing)
-                config = LaunchConfig(grid=L.grid, block=self.layout.nthreads, is_cooperative=True)
                 try:
-                    launch(stream, config, kernel, ptr)
+                    self._kernel_launch(stream, L.grid, self.layout.nthreads, kernel, ptr)
                 except ValueError as exc:           # cuda.core: the grid cannot be resident at once
                     raise UsageError(f"GPU {L.device} cannot hold the {L.grid} blocks of {self.layout.nthreads} "
                                      f"threads of this launch at once (a cooperative launch needs them all "
