@@ -136,3 +136,217 @@ def ipc_case(rank: int, n: int) -> dict:
     comm.close()
     return {"seen": list(seen), "opened": sorted(r for r, b in enumerate(bases) if b is not None and r != rank),
             "conns": len([c for c in conns if c["slots"]])}
+
+
+# -- a fake GPU under the runtime (CPU tests of msc.cuda.runtime) -------------------------------
+class FakeMemory:
+    """Device memory as bytearrays at fake addresses."""
+
+    def __init__(self):
+        self.blocks, self.next, self.freed = {}, 0x7000_0000_0000, []
+
+    def alloc(self, n):
+        base, self.next = self.next, self.next + (1 << 32)
+        self.blocks[base] = bytearray(b"\xee" * n)          # not zero: the runtime must zero it
+        return base
+
+    def find(self, ptr):
+        for base, b in self.blocks.items():
+            if base <= ptr < base + len(b):
+                return b, ptr - base
+        raise AssertionError(f"{ptr:#x} is not allocated")
+
+    def write(self, ptr, data):
+        b, o = self.find(ptr)
+        b[o:o + len(data)] = data
+
+    def read(self, ptr, n):
+        b, o = self.find(ptr)
+        return bytes(b[o:o + n])
+
+    def free(self, ptr):
+        del self.blocks[ptr]
+        self.freed.append(ptr)
+
+
+class FakeStream:
+    def __init__(self, d):
+        self.cuda_stream, self.waited = 0x1000 + d, []
+
+    def wait_event(self, e):
+        self.waited.append(e)
+
+
+class FakeEvent:
+    def record(self, stream):
+        pass
+
+    def query(self):
+        return True
+
+
+class FakeCuda:
+    Event = FakeEvent
+
+    def __init__(self):
+        self.current, self.streams, self.synced = 0, {}, []
+
+    def init(self):
+        pass
+
+    def current_device(self):
+        return self.current
+
+    def device_count(self):
+        return 8
+
+    def set_device(self, d):
+        self.current = d
+
+    def device(self, d):
+        import contextlib
+
+        @contextlib.contextmanager
+        def cm():
+            old, self.current = self.current, d
+            yield
+            self.current = old
+        return cm()
+
+    def current_stream(self, d=None):
+        d = self.current if d is None else d
+        return self.streams.setdefault(d, FakeStream(d))
+
+    def is_current_stream_capturing(self):
+        return False
+
+    def synchronize(self, d=None):
+        self.synced.append(d)
+
+
+class FakeTorch:
+    """The real (CPU) torch, with torch.cuda faked and device/pinning ignored."""
+
+    def __init__(self):
+        import torch
+
+        self._torch, self.cuda = torch, FakeCuda()
+
+    def __getattr__(self, name):
+        return getattr(self._torch, name)
+
+    def zeros(self, *a, pin_memory=False, **kw):
+        return self._torch.zeros(*a, **kw)
+
+    def empty(self, *a, device=None, **kw):
+        return self._torch.empty(*a, **kw)
+
+
+def install_fakes(setattr_):
+    """Replace, with ``setattr_(obj, name, value)`` (monkeypatch.setattr in a
+    test, setattr in a worker), the driver calls (msc.cuda.device),
+    torch.cuda (msc.cuda.runtime._torch), cuda.core (Communicator._bind,
+    _kernel_launch, Kernels.loaded) and the args upload. Returns the state
+    the fakes record: launches (stream, grid, block, kernel, packed args),
+    uploads, memory; ``state["on"][data_ptr] = "cuda:N"`` places a tensor;
+    ``state["fail"] = words`` makes the next launch write that error word."""
+    import ctypes
+    import dataclasses
+    import struct
+
+    import torch
+
+    from msc.cuda import device as cu
+    from msc.cuda import runtime
+    from msc.cuda.validate import describe
+
+    mem, fake = FakeMemory(), FakeTorch()
+    state = {"launches": [], "args": {}, "uploads": 0, "on": {}, "peer": []}
+
+    def upload(self, dev, args, capturing):
+        ptr = 0x9000_0000 + 0x10000 * len(state["args"])
+        if args not in state["args"].values():
+            state["uploads"] += 1
+        state["args"][ptr] = args
+        return ptr
+
+    def fake_describe(t):
+        return dataclasses.replace(describe(t), device=state["on"].get(t.data_ptr(), "cuda:0"))
+
+    def launch(stream, grid, block, kernel, ptr):
+        state["launches"].append((stream.cuda_stream, grid, block, kernel, state["args"][ptr]))
+        if state.get("fail"):             # the "kernel" times out: it writes the error word
+            error = decode_args(state["layout"], state["args"][ptr]).error
+            mem.write(error, struct.pack("<5I", *state.pop("fail")))
+
+    setattr_(runtime, "_torch", lambda: fake)
+    setattr_(runtime, "describe", fake_describe)
+    setattr_(runtime.Communicator, "_bind", staticmethod(lambda d: None))
+    setattr_(runtime.Communicator, "_upload", upload)
+    setattr_(runtime.Communicator, "_kernel_launch", staticmethod(launch))
+    setattr_(runtime.Kernels, "loaded", lambda self, dtype, op: ("kernel", self.arch, dtype, op))
+    for name, fn in dict(require_driver=lambda: None, arch=lambda d: "sm_90", clock_rate_hz=lambda d: 2_000_000_000,
+                         mem_alloc=mem.alloc, mem_free=mem.free,
+                         memset_async=lambda p, n, s: mem.write(p, bytes(n)), read=mem.read,
+                         copy_to_host_async=lambda h, d, n, s: ctypes.memmove(h, mem.read(d, n), n),
+                         can_access_peer=lambda a, b: True,
+                         enable_peer_access=lambda b: state["peer"].append((fake.cuda.current, b))).items():
+        setattr_(cu, name, fn)
+    state["mem"], state["torch"] = mem, torch
+    return state
+
+
+def decode_args(layout, raw):
+    from msc.cuda.launch import args_struct
+
+    return args_struct(layout.num_ranks, len(layout.connections)).from_buffer_copy(raw)
+
+
+
+
+def fake_torchrun_case(rank: int, n: int) -> dict:
+    """The torchrun placement end to end on a fake GPU: a Communicator per
+    process bootstraps over gloo (fake IPC handles), launches its rank's
+    blocks; returns what it launched and its connections' pointers resolved
+    to (rank, region, offset)."""
+    import torch
+
+    from msc.cuda.runtime import Communicator
+    from msc.cuda.tables import resolve
+
+    saved = []
+
+    def setattr_(obj, name, value):
+        saved.append((obj, name, getattr(obj, name)))
+        setattr(obj, name, value)
+
+    class Ipc:
+        def export(self, ptr):
+            return rank.to_bytes(8, "little") + ptr.to_bytes(8, "little") + bytes(48)
+
+        def open(self, handle):
+            return 0x5000_0000_0000 + (int.from_bytes(handle[:8], "little") << 36)
+
+        def close(self, ptr):
+            pass
+
+    state = install_fakes(setattr_)
+    try:
+        plan, _ = runtime_layout("reducescatter/ring:ring", n)
+        comm = Communicator(plan, "torchrun", ipc=Ipc())
+        x = torch.rand(n * 64)
+        out = comm.reduce_scatter(None, x)
+        (_, grid, _, _, raw), = state["launches"]
+        a = decode_args(comm.layout, raw)
+        conns = {c.id: {f: resolve(getattr(a.conn[c.id], f) or 0, comm._arenas, comm._bases)
+                        for f in ("slots", "tail", "head")} for c in comm.layout.connections}
+        result = {"grid": grid, "first_block": a.first_block, "rank_blocks": comm.layout.rank_blocks[rank],
+                  "error": resolve(a.error, comm._arenas, comm._bases), "conns": conns,
+                  "out": (out.data_ptr() - x.data_ptr()) // 4, "count": a.count,
+                  "input": a.rank[rank].input == x.data_ptr(),
+                  "others": [a.rank[r].input or 0 for r in range(n) if r != rank]}
+        comm.close()
+        return result
+    finally:
+        for obj, name, value in reversed(saved):
+            setattr(obj, name, value)

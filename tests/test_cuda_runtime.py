@@ -346,6 +346,21 @@ def test_torchrun_bootstrap_exchanges_handles_and_builds_the_same_tables(gloo2):
     assert all("every rank must make the same call" in m for m in messages), messages
 
 
+def test_torchrun_communicator_on_a_fake_gpu(gloo2):
+    import cudaboot
+
+    got = gloo2.run(cudaboot.fake_torchrun_case)
+    plan, layout = runtime_layout("reducescatter/ring:ring", 2)
+    for rank, out in enumerate(got):
+        assert (out["first_block"], out["grid"]) == tuple(out["rank_blocks"]) == layout.rank_blocks[rank]
+        assert out["error"] == (rank, "error", 0) and out["input"] and out["others"] == [0]
+        assert out["out"] == rank * 64 and out["count"] == 64          # in-place reducescatter: unit `rank`
+        for c in layout.connections:                                     # both ends local on 2 ranks
+            assert out["conns"][c.id] == {"slots": (c.receiver, f"slots{c.id}", 0),
+                                          "tail": (c.receiver, f"tail{c.id}", 0),
+                                          "head": (c.sender, f"head{c.id}", 0)}
+
+
 # -- compiling at first use, without a driver ----------------------------------------------
 def test_kernels_compile_at_first_use_for_sm90(tmp_path):
     pytest.importorskip("cuda.core")
@@ -425,160 +440,17 @@ def test_pytorch_baseline_is_the_collective(collective, key):
 
 
 # -- the Communicator end to end with a fake driver --------------------------------------------
-class FakeMemory:
-    """Device memory as bytearrays at fake addresses."""
-
-    def __init__(self):
-        self.blocks, self.next, self.freed = {}, 0x7000_0000_0000, []
-
-    def alloc(self, n):
-        base, self.next = self.next, self.next + (1 << 32)
-        self.blocks[base] = bytearray(b"\xee" * n)          # not zero: the runtime must zero it
-        return base
-
-    def find(self, ptr):
-        for base, b in self.blocks.items():
-            if base <= ptr < base + len(b):
-                return b, ptr - base
-        raise AssertionError(f"{ptr:#x} is not allocated")
-
-    def write(self, ptr, data):
-        b, o = self.find(ptr)
-        b[o:o + len(data)] = data
-
-    def read(self, ptr, n):
-        b, o = self.find(ptr)
-        return bytes(b[o:o + n])
-
-    def free(self, ptr):
-        del self.blocks[ptr]
-        self.freed.append(ptr)
-
-
-class FakeStream:
-    def __init__(self, d):
-        self.cuda_stream, self.waited = 0x1000 + d, []
-
-    def wait_event(self, e):
-        self.waited.append(e)
-
-
-class FakeEvent:
-    def record(self, stream):
-        pass
-
-    def query(self):
-        return True
-
-
-class FakeCuda:
-    Event = FakeEvent
-
-    def __init__(self):
-        self.current, self.streams, self.synced = 0, {}, []
-
-    def init(self):
-        pass
-
-    def current_device(self):
-        return self.current
-
-    def device_count(self):
-        return 8
-
-    def set_device(self, d):
-        self.current = d
-
-    def device(self, d):
-        import contextlib
-
-        @contextlib.contextmanager
-        def cm():
-            old, self.current = self.current, d
-            yield
-            self.current = old
-        return cm()
-
-    def current_stream(self, d=None):
-        d = self.current if d is None else d
-        return self.streams.setdefault(d, FakeStream(d))
-
-    def is_current_stream_capturing(self):
-        return False
-
-    def synchronize(self, d=None):
-        self.synced.append(d)
-
-
-class FakeTorch:
-    """The real (CPU) torch, with torch.cuda faked and device/pinning ignored."""
-
-    def __init__(self):
-        import torch
-
-        self._torch, self.cuda = torch, FakeCuda()
-
-    def __getattr__(self, name):
-        return getattr(self._torch, name)
-
-    def zeros(self, *a, pin_memory=False, **kw):
-        return self._torch.zeros(*a, **kw)
-
-    def empty(self, *a, device=None, **kw):
-        return self._torch.empty(*a, **kw)
-
-
 @pytest.fixture
 def fake_gpu(monkeypatch):
-    """Everything below the runtime faked: driver calls, torch.cuda, cuda.core."""
-    import ctypes
+    """Everything below the runtime faked (cudaboot.install_fakes): driver
+    calls, torch.cuda, cuda.core."""
+    pytest.importorskip("torch")
+    import cudaboot
 
-    torch = pytest.importorskip("torch")
-    from msc.cuda import device as cu
-    from msc.cuda import runtime
-
-    mem, fake = FakeMemory(), FakeTorch()
-    state = {"launches": [], "args": {}, "uploads": 0, "on": {}, "peer": []}
-
-    def upload(self, dev, args, capturing):
-        ptr = 0x9000_0000 + 0x10000 * len(state["args"])
-        if args not in state["args"].values():
-            state["uploads"] += 1
-        state["args"][ptr] = args
-        return ptr
-
-    def fake_describe(t):
-        return dataclasses.replace(describe(t), device=state["on"].get(t.data_ptr(), "cuda:0"))
-
-    import dataclasses
-
-    monkeypatch.setattr(runtime, "_torch", lambda: fake)
-    monkeypatch.setattr(runtime, "describe", fake_describe)
-    monkeypatch.setattr(runtime.Communicator, "_bind", staticmethod(lambda d: None))
-    monkeypatch.setattr(runtime.Communicator, "_upload", upload)
-    def launch(stream, grid, block, kernel, ptr):
-        state["launches"].append((stream.cuda_stream, grid, block, kernel, state["args"][ptr]))
-        if state.get("fail"):             # the "kernel" times out: it writes the error word
-            error = _decode_args(state["layout"], state["args"][ptr]).error
-            mem.write(error, struct.pack("<5I", *state.pop("fail")))
-
-    monkeypatch.setattr(runtime.Communicator, "_kernel_launch", staticmethod(launch))
-    monkeypatch.setattr(runtime.Kernels, "loaded", lambda self, dtype, op: ("kernel", self.arch, dtype, op))
-    for name, fn in dict(require_driver=lambda: None, arch=lambda d: "sm_90", clock_rate_hz=lambda d: 2_000_000_000,
-                         mem_alloc=mem.alloc, mem_free=mem.free,
-                         memset_async=lambda p, n, s: mem.write(p, bytes(n)), read=mem.read,
-                         copy_to_host_async=lambda h, d, n, s: ctypes.memmove(h, mem.read(d, n), n),
-                         can_access_peer=lambda a, b: True,
-                         enable_peer_access=lambda b: state["peer"].append((fake.cuda.current, b))).items():
-        monkeypatch.setattr(cu, name, fn)
-    state["mem"], state["torch"] = mem, torch
-    return state
+    return cudaboot.install_fakes(monkeypatch.setattr)
 
 
-def _decode_args(layout, raw):
-    from msc.cuda.launch import args_struct
-
-    return args_struct(layout.num_ranks, len(layout.connections)).from_buffer_copy(raw)
+from cudaboot import decode_args as _decode_args  # noqa: E402
 
 
 def test_communicator_virtual_with_a_fake_driver(fake_gpu):
