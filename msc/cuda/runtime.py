@@ -446,7 +446,9 @@ class Communicator:
                 ptr = self._upload(L.device, args, capturing)
                 try:
                     self._kernel_launch(stream, L.grid, self.layout.nthreads, kernel, ptr)
-                except ValueError as exc:           # cuda.core: the grid cannot be resident at once
+                except Exception as exc:            # the grid cannot be resident at once?
+                    if not isinstance(exc, ValueError) and "COOPERATIVE_LAUNCH_TOO_LARGE" not in str(exc):
+                        raise
                     raise UsageError(f"GPU {L.device} cannot hold the {L.grid} blocks of {self.layout.nthreads} "
                                      f"threads of this launch at once (a cooperative launch needs them all "
                                      f"resident): {exc}") from None
