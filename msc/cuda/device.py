@@ -98,11 +98,20 @@ def arch(index: int) -> str:
     return f"sm_{Device(index).arch}"
 
 
+FALLBACK_CLOCK_HZ = 2_000_000_000
+
+
 def clock_rate_hz(index: int) -> int:
-    """The SM clock (what clock64() counts), as the driver reports it."""
+    """The SM clock (what clock64() counts), as the driver reports it; 2 GHz
+    where it does not (CUDA 13 deprecates the attribute). A clock above the
+    real one only makes a timeout last longer."""
     from cuda.core import Device
 
-    return int(Device(index).properties.clock_rate) * 1000
+    try:
+        khz = int(Device(index).properties.clock_rate)
+    except Exception:
+        khz = 0
+    return khz * 1000 if khz > 0 else FALLBACK_CLOCK_HZ
 
 
 def multiprocessors(index: int) -> int:
