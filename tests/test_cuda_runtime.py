@@ -532,3 +532,17 @@ def test_synchronize_reads_the_error_word_with_a_fake_driver(fake_gpu):
     with pytest.raises(DeviceTimeoutError, match=r"^.*rank 1 threadblock 0 step 0 .* after 1 s at iteration 0"):
         comm.synchronize()
     assert comm.broken
+
+
+def test_bench_tables_reuse_the_runner_columns():
+    from msc.cuda.bench import format_baselines
+    from msc.runner import format_table
+
+    rec = {"size": 1 << 20, "count": 1 << 18, "type": "float", "redop": "sum", "root": -1, "time": 50.0,
+           "algbw": 20.97, "busbw": 31.46, "wrong": 0, "wrong_per_rank": [0] * 4, "inplace": True,
+           "requested_size": 1 << 20, "rounded": False, "torch_time": 80.0, "torch_algbw": 13.1, "copy_time": 1.0,
+           "copy_bw": 1048.6, "speedup": 1.6}
+    table = format_table([rec], title="msc bench")
+    assert "#wrong" in table and "1048576" in table and "Out of bounds values : 0 OK" in table
+    base = format_baselines([rec]).splitlines()
+    assert "speedup" in base[1] and base[-1].split()[:4] == ["1048576", "50.00", "80.00", "1.60"]
