@@ -31,6 +31,9 @@ def main(argv=None) -> int:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--graphs", type=int, default=100, help="graph replays for the small-message goal")
+    ap.add_argument("--instances", default="1,4",
+                    help="lowering instances to try for the large goal (more channels, more blocks: a ring at "
+                         "8 ranks has only 8 blocks)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = ap.parse_args(argv)
 
@@ -47,19 +50,20 @@ def main(argv=None) -> int:
     library = ROOT / "algorithms" / "allreduce"
     algs = [a for p in sorted(library.glob("*.py")) for a in msc.load_algorithms(p) if a.supports(args.ranks)]
     runs, text = [], []
-    goals = {"large": ("64M", "bfloat16", "Simple", 0), "small": ("8K", "float", "LL", args.graphs)}
-    for goal, (size, dtype, protocol, graphs) in goals.items():
-        for alg in algs:
+    instances = [int(x) for x in args.instances.split(",")]
+    goals = {"large": ("64M", "bfloat16", "Simple", 0, instances), "small": ("8K", "float", "LL", args.graphs, [1])}
+    for goal, (size, dtype, protocol, graphs, tries) in goals.items():
+        for alg, inst in ((a, i) for a in algs for i in tries):
             try:
-                plan = lower(msc.trace(alg, args.ranks), LowerOptions(protocol=protocol))
+                plan = lower(msc.trace(alg, args.ranks), LowerOptions(protocol=protocol, instances=inst))
                 out = bench(plan, min_bytes=size, max_bytes=size, iters=args.iters, warmup=args.warmup,
                             graphs=graphs, dtype=dtype, op="sum")
             except MscError as exc:
-                print(f"# {goal} {alg.name}: {exc}", file=sys.stderr)
+                print(f"# {goal} {alg.name} x{inst}: {exc}", file=sys.stderr)
                 continue
-            out.update(goal=goal, algorithm=alg.name)
+            out.update(goal=goal, algorithm=f"{alg.name} x{inst}")
             runs.append(out)
-            text.append(format_table(out["records"], title=f"{goal}: {alg.name} {protocol} {dtype} "
+            text.append(format_table(out["records"], title=f"{goal}: {alg.name} x{inst} {protocol} {dtype} "
                                                            f"{args.ranks} virtual ranks, graph replays {graphs}"))
             text.append(format_baselines(out["records"]))
     summary = []
