@@ -132,13 +132,15 @@ def build_dag(ops: list[Op]) -> Dag:
     buffer_ids: dict[str, int] = {}
     stride = 1 + max((max(op.src_index, op.dst_index) + op.size for op in ops), default=0)
 
-    def slot(rank, buffer, index):     # an int per (rank, buffer, chunk): cheaper than a tuple key
-        b = buffer_ids.setdefault(buffer, len(buffer_ids))
-        return ((rank * 4) + b) * stride + index
+    def first_slot(rank, buffer):     # an int per (rank, buffer, chunk): cheaper than a tuple key
+        b = buffer_ids.get(buffer)
+        if b is None:
+            b = buffer_ids[buffer] = len(buffer_ids)
+        return ((rank * 4) + b) * stride
 
     instrs, messages = [], []
-    last_writer: dict = {}            # (rank, buffer, index) -> instr id
-    readers_since: dict = {}          # (rank, buffer, index) -> [instr ids]
+    last_writer: dict = {}            # slot -> instr id
+    readers_since: dict = {}          # slot -> [instr ids]
     preds, succs, readers, overwriters, overwritten = [], [], [], [], []
     pending_overwrite: list[int] = []  # per instr: chunks written and not yet overwritten
 
@@ -152,41 +154,48 @@ def build_dag(ops: list[Op]) -> Dag:
         elif x not in cell:
             cell.append(x)
 
-    def add(instr: Instr, reads: Slice | tuple, writes: Slice | None):
+    def add(instr: Instr, reads: tuple, writes: Slice | None):
         iid = instr.id
         instrs.append(instr)
-        preds.append(None)
         succs.append(None)
         readers.append(None)
         overwriters.append(None)
         overwritten.append(False)
         pending_overwrite.append(0)
         rank = instr.rank
+        mine = []                     # this instruction's predecessors, in the order found
         for sl in reads:
-            for x in range(sl.index, sl.index + sl.count):
-                key = slot(rank, sl.buffer, x)
+            first = first_slot(rank, sl.buffer) + sl.index
+            for key in range(first, first + sl.count):
                 w = last_writer.get(key)
-                if w is not None and w != iid:
-                    grow(preds, iid, w)
+                if w is not None and w != iid and w not in mine:
+                    mine.append(w)
                     grow(readers, w, iid)
-                readers_since.setdefault(key, []).append(iid)
+                since = readers_since.get(key)
+                if since is None:
+                    readers_since[key] = [iid]
+                else:
+                    since.append(iid)
         if writes is not None:
             pending_overwrite[iid] = writes.count
-            for x in range(writes.index, writes.index + writes.count):
-                key = slot(rank, writes.buffer, x)
+            first = first_slot(rank, writes.buffer) + writes.index
+            for key in range(first, first + writes.count):
                 for r in readers_since.pop(key, ()):
                     if r != iid:
-                        grow(preds, iid, r)
+                        if r not in mine:
+                            mine.append(r)
                         grow(overwriters, r, iid)
                 w = last_writer.get(key)
                 if w is not None and w != iid:
-                    grow(preds, iid, w)
+                    if w not in mine:
+                        mine.append(w)
                     grow(overwriters, w, iid)
                     pending_overwrite[w] -= 1
                     if pending_overwrite[w] == 0:
                         overwritten[w] = True
                 last_writer[key] = iid
-        for q in preds[iid] or ():
+        preds.append(tuple(mine))
+        for q in mine:
             grow(succs, q, iid)
 
     for op in ops:
@@ -216,7 +225,7 @@ def build_dag(ops: list[Op]) -> Dag:
             add(Instr(receiver, op.dst_rank, StepOp.RECV, (), dst, op.size, recv_peer=op.src_rank,
                       msg_in=m, channel=channel, recvtb=op.recvtb, where=op.where), (), dst)
         messages.append((sender, receiver))
-    return Dag(instrs, _tuples(preds), _tuples(succs), _tuples(readers), _tuples(overwriters), overwritten,
+    return Dag(instrs, preds, _tuples(succs), _tuples(readers), _tuples(overwriters), overwritten,
                messages)
 
 

@@ -66,17 +66,25 @@ def _without(ids: tuple, drop: set, add: int | None = None) -> tuple:
     return tuple(dict.fromkeys(out))
 
 
+def _renamed(ids: tuple, old: int, new: int) -> tuple:
+    """``ids`` (no repeats) less ``old``, plus ``new`` at the end unless
+    present: _without(ids, {old}, new) without the set and the dict."""
+    kept = tuple(x for x in ids if x != old)
+    return kept if new in kept else kept + (new,)
+
+
 def _same(x, y) -> bool:
     return x is y or (x is not None and y is not None and x.buffer == y.buffer and x.index == y.index
                       and x.count == y.count)
 
 
 def _joined(first: Instr, second: Instr, rule: Rule) -> Instr:
-    if rule.second is StepOp.SEND:
-        return first._replace(op=rule.result, send_peer=second.send_peer, msg_out=second.msg_out,
-                              sendtb=second.sendtb, where=second.where)
-    if rule.first is StepOp.COPY:   # the copy's source replaces the in-place operand
-        return second._replace(id=first.id, srcs=first.srcs + second.srcs[1:], where=second.where)
+    # Instr(...) spelled out: _replace builds a dict and is several times slower
+    if rule.second is StepOp.SEND:   # the receive keeps its store and takes the send's message
+        return Instr(first.id, first.rank, rule.result, first.srcs, first.dst, first.count, first.recv_peer,
+                     second.send_peer, first.msg_in, second.msg_out, first.channel, first.recvtb, second.sendtb,
+                     second.where, first.store)
+    # local rules: first's sources replace the in-place operand (a copy's where is second's anyway)
     return second._replace(id=first.id, srcs=first.srcs + second.srcs[1:])
 
 
@@ -88,16 +96,19 @@ def _sources_stable(dag: Dag, first: Instr, second: Instr) -> bool:
 
 def _candidates(dag: Dag, rules) -> list[tuple[Instr, Instr, Rule]]:
     found = []
-    by_first = {}
-    for rule in rules:
-        by_first.setdefault(rule.first, []).append(rule)
+    firsts = tuple(rule.first for rule in rules)    # a tuple: hashing an Enum member is slow
+    instrs, succs, preds, readers = dag.instrs, dag.succs, dag.preds, dag.readers
     for first in dag.live():
-        for rule in by_first.get(first.op, ()):
-            for sid in sorted(dag.succs[first.id]):
-                second = dag.instrs[sid]
-                if (second is not None and second.op is rule.second and dag.preds[sid] == (first.id,)
+        if first.op not in firsts:   # most instructions start no rule: skip them early
+            continue
+        for rule in rules:
+            if rule.first is not first.op:
+                continue
+            for sid in sorted(succs[first.id]):
+                second = instrs[sid]
+                if (second is not None and second.op is rule.second and preds[sid] == (first.id,)
                         and _consumes(first, second, rule)):
-                    if not rule.keeps_store and (dag.readers[first.id] != (sid,)
+                    if not rule.keeps_store and (readers[first.id] != (sid,)
                                                  or not _sources_stable(dag, first, second)):
                         continue
                     found.append((first, second, rule))
@@ -109,22 +120,25 @@ def _merge(dag: Dag, first: Instr, second: Instr, joined: Instr, keeps_store: bo
     """Replace first and second by ``joined``, which takes first's id: every
     table that named second names the joined instruction instead."""
     a, b = first.id, second.id
-    for p in dag.preds[b]:          # whoever b depended on lists b as a successor/reader/overwriter
+    preds, succs, readers, overwriters = dag.preds, dag.succs, dag.readers, dag.overwriters
+    pb, sb = preds[b], succs[b]
+    for p in pb:                    # whoever b depended on lists b as a successor/reader/overwriter
         if p != a:
-            for table in (dag.succs, dag.readers, dag.overwriters):
+            for table in (succs, readers, overwriters):
                 if b in table[p]:
-                    table[p] = _without(table[p], {b}, a)
-    for s in dag.succs[b]:
-        dag.preds[s] = _without(dag.preds[s], {b}, a)
-    dag.preds[a] = _without(dag.preds[a] + dag.preds[b], {a, b})
-    dag.succs[a] = _without(dag.succs[a] + dag.succs[b], {a, b})
-    dag.overwriters[a] = _without(dag.overwriters[a] + dag.overwriters[b], {a, b})
+                    table[p] = _renamed(table[p], b, a)
+    for s in sb:
+        preds[s] = _renamed(preds[s], b, a)
+    # b's only predecessor is a (a candidate's condition), so a's own lists just lose b
+    preds[a] = _without(preds[a] + pb, {a, b}) if pb != (a,) else tuple(x for x in preds[a] if x != b)
+    succs[a] = _without(succs[a] + sb, {a, b})
+    overwriters[a] = _without(overwriters[a] + overwriters[b], {a, b})
     if keeps_store:                 # the joined write is first's (second is a send)
-        dag.readers[a] = _without(dag.readers[a], {b})
+        readers[a] = tuple(x for x in readers[a] if x != b)
     else:                           # first's store is gone; the joined write is second's
-        dag.readers[a] = _without(dag.readers[b], {a})
+        readers[a] = tuple(x for x in readers[b] if x != a)
         dag.overwritten[a] = dag.overwritten[b]
-    dag.preds[b] = dag.succs[b] = dag.readers[b] = dag.overwriters[b] = ()
+    preds[b] = succs[b] = readers[b] = overwriters[b] = ()
     dag.instrs[a], dag.instrs[b] = joined, None
     for msg in (joined.msg_in, joined.msg_out):
         if msg is not None:
@@ -175,5 +189,8 @@ def drop_dead_stores(dag: Dag, final: Callable[[Instr], bool]) -> Dag:
     for instr in dag.live():
         if (instr.op is StepOp.RRCS and not dag.readers[instr.id]
                 and (dag.overwritten[instr.id] or not final(instr))):
-            dag.instrs[instr.id] = instr._replace(op=StepOp.RRS, dst=None, store=instr.dst)
+            # Instr(...) spelled out: _replace is several times slower
+            dag.instrs[instr.id] = Instr(instr.id, instr.rank, StepOp.RRS, instr.srcs, None, instr.count,
+                                         instr.recv_peer, instr.send_peer, instr.msg_in, instr.msg_out,
+                                         instr.channel, instr.recvtb, instr.sendtb, instr.where, instr.dst)
     return dag

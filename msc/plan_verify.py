@@ -122,17 +122,7 @@ class _Execution:
         self.k = plan.chunk_factor
         self.start_class: dict = {}
         self.facts: dict | None = None
-        n = plan.num_ranks
-        self.bufs, self.writer = [], []
-        for rank in range(n):
-            sizes = dict(layout.physical_sizes)
-            sizes["scratch"] = plan.ranks[rank].scratch
-            bufs = {b: [None] * c for b, c in sizes.items()}
-            for buf, index, label in layout.initial(rank):
-                bufs[buf][index] = label
-                self.start_class[label] = index % self.k
-            self.bufs.append(bufs)
-            self.writer.append({b: [None] * c for b, c in sizes.items()})
+        self.bufs, self.writer = [], []   # filled by execute(): the race check needs no data
         # global step ids: base[rank][tb] + step
         self.base, gid = [], 0
         for rp in plan.ranks:
@@ -163,10 +153,23 @@ class _Execution:
                     self.tb_of_end[(tb.recv, rp.rank, tb.channel, "recv")] = (rp.rank, tb.id)
 
     # -- running ------------------------------------------------------------
+    def _load_inputs(self) -> None:
+        """Every rank's buffers holding the collective's initial labels."""
+        plan, layout = self.plan, self.layout
+        for rank in range(plan.num_ranks):
+            sizes = dict(layout.physical_sizes)
+            sizes["scratch"] = plan.ranks[rank].scratch
+            bufs = {b: [None] * c for b, c in sizes.items()}
+            for buf, index, label in layout.initial(rank):
+                bufs[buf][index] = label
+                self.start_class[label] = index % self.k
+            self.bufs.append(bufs)
+            self.writer.append({b: [None] * c for b, c in sizes.items()})
+
     def execute(self) -> None:
-        clock = iter(range(self.total_steps))
-        drive(self.plan, self.pcs, self._blocker,
-              lambda rank, tb, s, step: self._run(rank, tb, s, step, next(clock)))
+        self._load_inputs()
+        self.clock = 0                    # execution order, for ``when``
+        drive(self.plan, self.pcs, self._blocker, self._run)
         self._check_finished()
 
     def _blocker(self, rank, tb, step):
@@ -185,20 +188,20 @@ class _Execution:
         return None
 
     def _read(self, rank, tb, s, sl):
-        buf = self.bufs[rank][sl.buffer]
-        out = buf[sl.index:sl.index + sl.count]
-        for j, v in enumerate(out):
-            if v is None:
-                step = self.plan.ranks[rank].threadblocks[tb.id].steps[s]
-                raise VerificationError(
-                    f"rank {rank} threadblock {tb.id} step {s} ({step.op.value}) reads rank {rank} "
-                    f"{sl.buffer}[{sl.index + j}], which nothing has written",
-                    rank=rank, buffer=sl.buffer, index=sl.index + j, where=step.where)
+        out = self.bufs[rank][sl.buffer][sl.index:sl.index + sl.count]
+        if None in out:               # one scan in C; the error names the first unwritten chunk
+            j = out.index(None)
+            step = self.plan.ranks[rank].threadblocks[tb.id].steps[s]
+            raise VerificationError(
+                f"rank {rank} threadblock {tb.id} step {s} ({step.op.value}) reads rank {rank} "
+                f"{sl.buffer}[{sl.index + j}], which nothing has written",
+                rank=rank, buffer=sl.buffer, index=sl.index + j, where=step.where)
         return out
 
     def _add(self, rank, tb, s, a, b):
-        k = self.k
-        ca, cb = _cls(a, k, self.start_class), _cls(b, k, self.start_class)
+        k, start_class = self.k, self.start_class
+        ca = a.c if type(a) is Sum else start_class.get(a, a[1] % k)     # _cls, inlined: once per chunk
+        cb = b.c if type(b) is Sum else start_class.get(b, b[1] % k)
         if ca != cb:
             step = self.plan.ranks[rank].threadblocks[tb.id].steps[s]
             raise VerificationError(
@@ -213,46 +216,43 @@ class _Execution:
         buf = self.bufs[rank][sl.buffer]
         wr = self.writer[rank][sl.buffer]
         gid = self.base[rank][tb.id] + s
-        user = sl.buffer != "scratch"
-        for j, v in enumerate(values):
-            x = sl.index + j
-            if user and _cls(v, self.k, self.start_class) != x % self.k:
-                step = self.plan.ranks[rank].threadblocks[tb.id].steps[s]
-                raise VerificationError(
-                    f"rank {rank} threadblock {tb.id} step {s} ({step.op.value}) writes a chunk of class "
-                    f"{_cls(v, self.k, self.start_class)} into {sl.buffer}[{x}] (class {x % self.k}); the plan would only be right "
-                    f"when the element count is a multiple of {self.k}", rank=rank, buffer=sl.buffer, index=x,
-                    where=step.where)
-            buf[x] = v
-            wr[x] = gid
+        x = sl.index
+        if sl.buffer != "scratch":    # a user buffer: each chunk must land in its own class
+            k, start_class = self.k, self.start_class
+            for j, v in enumerate(values):
+                c = v.c if type(v) is Sum else start_class.get(v, v[1] % k)
+                if c != (x + j) % k:
+                    step = self.plan.ranks[rank].threadblocks[tb.id].steps[s]
+                    raise VerificationError(
+                        f"rank {rank} threadblock {tb.id} step {s} ({step.op.value}) writes a chunk of class "
+                        f"{c} into {sl.buffer}[{x + j}] (class {(x + j) % k}); the plan would only be right "
+                        f"when the element count is a multiple of {k}", rank=rank, buffer=sl.buffer, index=x + j,
+                        where=step.where)
+        buf[x:x + len(values)] = values
+        wr[x:x + len(values)] = [gid] * len(values)
 
-    def _run(self, rank, tb, s, step, clock) -> list:
+    def _run(self, rank, tb, s, step) -> tuple:
         op = step.op
         gid = self.base[rank][tb.id] + s
-        self.when[gid] = clock
-        woken = []
+        self.when[gid] = self.clock
+        self.clock += 1
         got = None
         if op.receives:
-            conn = (tb.recv, rank, tb.channel)
-            q = self.queues[conn]
-            sender_gid, got = q[self.heads[conn]]
-            q[self.heads[conn]] = None
-            self.heads[conn] += 1
+            conn_in = (tb.recv, rank, tb.channel)
+            q, head = self.queues[conn_in], self.heads[conn_in]
+            sender_gid, got = q[head]
+            q[head] = None
+            self.heads[conn_in] = head + 1
             self.sender[gid] = sender_gid
-            woken.append(("space", conn))
         srcs = [self._read(rank, tb, s, sl) for sl in step.srcs]
         if self.facts is not None:
             self._record(rank, tb, s, step, srcs, got)
         out = None
         if op is StepOp.SEND:
             out = srcs[0]
-        elif op in (StepOp.RECV, StepOp.RCS):
+        elif op is StepOp.RECV or op is StepOp.RCS:
             out = got
             self._write(rank, tb, s, step.dst, got)
-        elif op in (StepOp.RRS, StepOp.RRC, StepOp.RRCS):
-            out = [self._add(rank, tb, s, a, b) for a, b in zip(srcs[0], got)]
-            if step.dst is not None:
-                self._write(rank, tb, s, step.dst, out)
         elif op is StepOp.COPY:
             self._write(rank, tb, s, step.dst, srcs[0])
         elif op is StepOp.REDUCE:
@@ -260,11 +260,20 @@ class _Execution:
             for more in srcs[1:]:
                 acc = [self._add(rank, tb, s, a, b) for a, b in zip(acc, more)]
             self._write(rank, tb, s, step.dst, acc)
+        elif op is StepOp.RRS or op is StepOp.RRC or op is StepOp.RRCS:
+            out = [self._add(rank, tb, s, a, b) for a, b in zip(srcs[0], got)]
+            if step.dst is not None:
+                self._write(rank, tb, s, step.dst, out)
+        # every ``out`` is a list of its own (a slice, a message, new sums): it is sent as is
         if op.sends:
-            conn = (rank, tb.send, tb.channel)
-            self.queues[conn].append((gid, list(out)))
-            woken.append(("msg", conn))
-        return woken
+            conn_out = (rank, tb.send, tb.channel)
+            self.queues[conn_out].append((gid, out))
+            if op.receives:
+                return ("space", conn_in), ("msg", conn_out)
+            return (("msg", conn_out),)
+        if op.receives:
+            return (("space", conn_in),)
+        return ()
 
     def _record(self, rank, tb, s, step, srcs, got) -> None:
         """What a backend needs to know about a step that the plan does not
@@ -332,36 +341,51 @@ class _Execution:
         its verdict cannot depend on the order an execution picks. False when
         the relation has a cycle (then the plan deadlocks at any capacity)."""
         plan = self.plan
-        preds: list[list[int]] = [[] for _ in range(self.total_steps)]
         sends: dict[tuple, list[int]] = {}
         recvs: dict[tuple, list[int]] = {}
         for rp in plan.ranks:
             base = self.base[rp.rank]
             for tb in rp.threadblocks:
-                for s, step in enumerate(tb.steps):
-                    g = base[tb.id] + s
-                    if s:
-                        preds[g].append(g - 1)
-                    preds[g].extend(base[dt] + ds for dt, ds in step.deps)
+                g = base[tb.id]
+                for step in tb.steps:
                     if step.op.sends:
                         sends.setdefault((rp.rank, tb.send, tb.channel), []).append(g)
                     if step.op.receives:
                         recvs.setdefault((tb.recv, rp.rank, tb.channel), []).append(g)
-        self.sender = {}
+                    g += 1
+        self.sender = sender = {}
         for conn, receivers in recvs.items():
             for g_send, g_recv in zip(sends.get(conn, ()), receivers):
-                preds[g_recv].append(g_send)
-                self.sender[g_recv] = g_send
+                sender[g_recv] = g_send
+        # Successors in increasing step id, each step's predecessors in the
+        # order previous step, dependencies, sender (the order of ``when``,
+        # and so which race is reported first, follows from it).
         succs: list[list[int]] = [[] for _ in range(self.total_steps)]
-        indeg = [len(p) for p in preds]
-        for g, ps in enumerate(preds):
-            for p in ps:
-                succs[p].append(g)
+        indeg = [0] * self.total_steps
+        for rp in plan.ranks:
+            base = self.base[rp.rank]
+            for tb in rp.threadblocks:
+                g = base[tb.id]
+                for s, step in enumerate(tb.steps):
+                    n_in = 0
+                    if s:
+                        succs[g - 1].append(g)
+                        n_in = 1
+                    for dt, ds in step.deps:
+                        succs[base[dt] + ds].append(g)
+                        n_in += 1
+                    p = sender.get(g)
+                    if p is not None:
+                        succs[p].append(g)
+                        n_in += 1
+                    indeg[g] = n_in
+                    g += 1
         ready = [g for g, d in enumerate(indeg) if d == 0]
         clock = 0
+        when = self.when
         while ready:
             g = ready.pop()
-            self.when[g] = clock
+            when[g] = clock
             clock += 1
             for t in succs[g]:
                 indeg[t] -= 1

@@ -28,50 +28,61 @@ from msc.placement import Placement
 PRIORITIES = ("depth", "trace")
 
 
-def _message_edges(dag: Dag):
-    out = {}
-    for sender, receiver in dag.messages:
-        out[sender] = out.get(sender, ()) + (receiver,)
-    return out
+def _after(dag: Dag, i: int):
+    """What waits for instruction ``i``: its local successors, then the
+    receiver of the message it sends."""
+    ins = dag.instrs[i]
+    if ins.msg_out is None:
+        return dag.succs[i]
+    return dag.succs[i] + (dag.messages[ins.msg_out][1],)
 
 
-def depths(dag: Dag) -> dict[int, int]:
-    """Longest path from a source to every instruction (local and message edges)."""
-    msg_succ = _message_edges(dag)
-    indeg = {}
-    for ins in dag.live():
-        indeg[ins.id] = len(dag.preds[ins.id]) + (1 if ins.msg_in is not None else 0)
-    depth = {i: 0 for i, d in indeg.items() if d == 0}
-    queue = deque(depth)
+def _indegrees(dag: Dag) -> list:
+    """Per instruction id: local predecessors plus the message it receives
+    (None where fusion removed the instruction)."""
+    preds = dag.preds
+    return [None if ins is None else len(preds[ins.id]) + (ins.msg_in is not None) for ins in dag.instrs]
+
+
+def depths(dag: Dag) -> list[int]:
+    """Longest path from a source to every instruction (local and message
+    edges), by instruction id (0 where fusion removed one)."""
+    indeg = _indegrees(dag)
+    depth = [0] * len(indeg)
+    queue = deque(i for i, d in enumerate(indeg) if d == 0)
+    done = 0
     while queue:
         i = queue.popleft()
-        for s in list(dag.succs[i]) + list(msg_succ.get(i, ())):
-            depth[s] = max(depth.get(s, 0), depth[i] + 1)
+        done += 1
+        di = depth[i] + 1
+        for s in _after(dag, i):
+            if depth[s] < di:
+                depth[s] = di
             indeg[s] -= 1
             if indeg[s] == 0:
                 queue.append(s)
-    if len(depth) != len(indeg):
+    if done != len(indeg) - indeg.count(None):
         raise LoweringError("the program's dependencies form a cycle")
     return depth
 
 
 def order(dag: Dag, priority: str = "depth") -> list[int]:
     """The global step order (see the module docstring)."""
-    depth = depths(dag) if priority == "depth" else {i.id: 0 for i in dag.live()}
-    msg_succ = _message_edges(dag)
-    indeg, conn_of = {}, {}
+    depth = depths(dag) if priority == "depth" else [0] * len(dag.instrs)
+    indeg = _indegrees(dag)
+    conn_of = {}
     for ins in dag.live():
-        indeg[ins.id] = len(dag.preds[ins.id]) + (1 if ins.msg_in is not None else 0)
         if ins.msg_in is not None:
             conn_of[ins.msg_in] = (ins.recv_peer, ins.rank, ins.channel)
     queues: dict[tuple, deque] = {}
     parked: dict[int, int] = {}      # message -> receiver waiting for it to reach the head
-    heap = [(depth[i], i) for i, d in indeg.items() if d == 0]
+    heap = [(depth[i], i) for i, d in enumerate(indeg) if d == 0]
     heapq.heapify(heap)
     result = []
+    instrs = dag.instrs
     while heap:
         _, i = heapq.heappop(heap)
-        ins = dag.instrs[i]
+        ins = instrs[i]
         if ins.msg_in is not None:
             q = queues[conn_of[ins.msg_in]]
             if q[0] != ins.msg_in:
@@ -83,13 +94,16 @@ def order(dag: Dag, priority: str = "depth") -> list[int]:
                 heapq.heappush(heap, (depth[r], r))
         if ins.msg_out is not None:
             conn = (ins.rank, ins.send_peer, ins.channel)
-            queues.setdefault(conn, deque()).append(ins.msg_out)
+            q = queues.get(conn)
+            if q is None:
+                q = queues[conn] = deque()
+            q.append(ins.msg_out)
         result.append(i)
-        for s in list(dag.succs[i]) + list(msg_succ.get(i, ())):
+        for s in _after(dag, i):
             indeg[s] -= 1
             if indeg[s] == 0:
                 heapq.heappush(heap, (depth[s], s))
-    if len(result) != len(indeg):
+    if len(result) != len(indeg) - indeg.count(None):
         _stuck(dag, parked, queues, conn_of)
     return result
 
@@ -111,29 +125,35 @@ def build_plan(dag: Dag, global_order: list[int], tb_of: dict[int, int], placeme
                name: str, collective: str, num_ranks: int, chunk_factor: int, inplace: bool,
                input_chunks: int, output_chunks: int, scratch: list[int], root: int, protocol: str,
                instances: int, slots: int, tile: int) -> Plan:
-    position: dict[int, tuple[int, int]] = {}
+    where_tb = [-1] * len(dag.instrs)      # instruction id -> its threadblock and step index
+    where_step = [-1] * len(dag.instrs)
     lists = [[[] for _ in tbs] for tbs in placement.tbs]
+    instrs, preds = dag.instrs, dag.preds
     for i in global_order:
-        ins = dag.instrs[i]
         tb = tb_of[i]
-        position[i] = (tb, len(lists[ins.rank][tb]))
-        lists[ins.rank][tb].append(i)
+        steps = lists[instrs[i].rank][tb]
+        where_tb[i], where_step[i] = tb, len(steps)
+        steps.append(i)
+    receive_only = (StepOp.RECV, StepOp.RCS)
     ranks = []
     for rank, tbs in enumerate(placement.tbs):
         built = []
         for tb in tbs:
             steps = []
-            for i in lists[rank][tb.id]:
-                ins = dag.instrs[i]
+            t = tb.id
+            for i in lists[rank][t]:
+                ins = instrs[i]
                 latest: dict[int, int] = {}
-                for p in dag.preds[i]:
-                    ptb, pstep = position[p]
-                    if ptb != tb.id and pstep > latest.get(ptb, -1):
-                        latest[ptb] = pstep
-                dst = None if ins.op is StepOp.RRS else ins.dst
-                srcs = () if ins.op in (StepOp.RECV, StepOp.RCS) else ins.srcs
-                steps.append(Step(ins.op, srcs, dst, ins.count, tuple(sorted(latest.items())), ins.where))
-            built.append(Threadblock(tb.id, tb.send, tb.recv, tb.channel, tuple(steps)))
+                for p in preds[i]:
+                    ptb = where_tb[p]
+                    if ptb != t and where_step[p] > latest.get(ptb, -1):
+                        latest[ptb] = where_step[p]
+                op = ins.op
+                dst = None if op is StepOp.RRS else ins.dst
+                srcs = () if op in receive_only else ins.srcs
+                steps.append(Step(op, srcs, dst, ins.count, tuple(sorted(latest.items())) if latest else (),
+                                  ins.where))
+            built.append(Threadblock(t, tb.send, tb.recv, tb.channel, tuple(steps)))
         ranks.append(RankPlan(rank, scratch[rank], tuple(built)))
     return Plan(name, collective, num_ranks, chunk_factor, inplace, input_chunks, output_chunks, tuple(ranks),
                 root, protocol, instances, slots, tile)

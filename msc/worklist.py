@@ -22,6 +22,9 @@ def drive(plan: Plan, pcs: list[list[int]], blocker: Callable, run: Callable, rn
     The caller checks which threadblocks did not finish.
     """
     waiting: dict = {}                # reason -> threadblocks waiting on it
+    # Waits on a threadblock's progress, per rank and threadblock: every step
+    # releases them, and a list lookup is cheaper than building a key for a dict.
+    on_tb = [[None] * len(rp.threadblocks) for rp in plan.ranks]
     work = [(rp.rank, tb.id) for rp in plan.ranks for tb in rp.threadblocks]
     work.reverse()
     while work:
@@ -30,16 +33,30 @@ def drive(plan: Plan, pcs: list[list[int]], blocker: Callable, run: Callable, rn
             work[i], work[-1] = work[-1], work[i]
         rank, t = work.pop()
         tb = plan.ranks[rank].threadblocks[t]
-        pc = pcs[rank]
-        while pc[t] < len(tb.steps):
+        steps, pc, mine = tb.steps, pcs[rank], on_tb[rank]
+        while pc[t] < len(steps):
             s = pc[t]
-            step = tb.steps[s]
+            step = steps[s]
             reason = blocker(rank, tb, step)
             if reason is not None:
-                waiting.setdefault(reason, []).append((rank, t))
+                if reason[0] == "tb":
+                    _, r, dt = reason
+                    if on_tb[r][dt] is None:
+                        on_tb[r][dt] = []
+                    on_tb[r][dt].append((rank, t))
+                else:
+                    waiting.setdefault(reason, []).append((rank, t))
                 break
             released = run(rank, tb, s, step)
             pc[t] = s + 1
             for key in released:
-                work.extend(waiting.pop(key, ()))
-            work.extend(waiting.pop(("tb", rank, t), ()))
+                if key[0] == "tb":
+                    _, r, dt = key
+                    if on_tb[r][dt] is not None:
+                        work.extend(on_tb[r][dt])
+                        on_tb[r][dt] = None
+                else:
+                    work.extend(waiting.pop(key, ()))
+            if mine[t] is not None:
+                work.extend(mine[t])
+                mine[t] = None
