@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from msc.dag import Dag, Instr
+from msc.dag import Dag, Instr, instr_from_fields
 from msc.ir import StepOp
 
 
@@ -66,11 +66,24 @@ def _without(ids: tuple, drop: set, add: int | None = None) -> tuple:
     return tuple(dict.fromkeys(out))
 
 
+def _less(ids: tuple, x: int) -> tuple:
+    """``ids`` without ``x`` (the same tuple when it has none: the usual case)."""
+    return tuple(v for v in ids if v != x) if x in ids else ids
+
+
 def _renamed(ids: tuple, old: int, new: int) -> tuple:
     """``ids`` (no repeats) less ``old``, plus ``new`` at the end unless
     present: _without(ids, {old}, new) without the set and the dict."""
-    kept = tuple(x for x in ids if x != old)
+    kept = _less(ids, old)
     return kept if new in kept else kept + (new,)
+
+
+def _both(x: tuple, y: tuple, a: int, b: int) -> tuple:
+    """``x`` then ``y`` (each without repeats) less ``a`` and ``b``, without
+    repeats: _without(x + y, {a, b}), with no dict when ``y`` adds nothing."""
+    if not y:
+        return _less(_less(x, a), b)
+    return tuple(dict.fromkeys(v for v in x + y if v != a and v != b))
 
 
 def _same(x, y) -> bool:
@@ -79,11 +92,11 @@ def _same(x, y) -> bool:
 
 
 def _joined(first: Instr, second: Instr, rule: Rule) -> Instr:
-    # Instr(...) spelled out: _replace builds a dict and is several times slower
+    # every field spelled out: _replace builds a dict and is several times slower
     if rule.second is StepOp.SEND:   # the receive keeps its store and takes the send's message
-        return Instr(first.id, first.rank, rule.result, first.srcs, first.dst, first.count, first.recv_peer,
-                     second.send_peer, first.msg_in, second.msg_out, first.channel, first.recvtb, second.sendtb,
-                     second.where, first.store)
+        return instr_from_fields((first.id, first.rank, rule.result, first.srcs, first.dst, first.count,
+                                  first.recv_peer, second.send_peer, first.msg_in, second.msg_out, first.channel,
+                                  first.recvtb, second.sendtb, second.where, first.store))
     # local rules: first's sources replace the in-place operand (a copy's where is second's anyway)
     return second._replace(id=first.id, srcs=first.srcs + second.srcs[1:])
 
@@ -130,19 +143,20 @@ def _merge(dag: Dag, first: Instr, second: Instr, joined: Instr, keeps_store: bo
     for s in sb:
         preds[s] = _renamed(preds[s], b, a)
     # b's only predecessor is a (a candidate's condition), so a's own lists just lose b
-    preds[a] = _without(preds[a] + pb, {a, b}) if pb != (a,) else tuple(x for x in preds[a] if x != b)
-    succs[a] = _without(succs[a] + sb, {a, b})
-    overwriters[a] = _without(overwriters[a] + overwriters[b], {a, b})
+    preds[a] = _without(preds[a] + pb, {a, b}) if pb != (a,) else _less(preds[a], b)
+    succs[a] = _both(succs[a], sb, a, b)
+    overwriters[a] = _both(overwriters[a], overwriters[b], a, b)
     if keeps_store:                 # the joined write is first's (second is a send)
-        readers[a] = tuple(x for x in readers[a] if x != b)
+        readers[a] = _less(readers[a], b)
     else:                           # first's store is gone; the joined write is second's
-        readers[a] = tuple(x for x in readers[b] if x != a)
+        readers[a] = _less(readers[b], a)
         dag.overwritten[a] = dag.overwritten[b]
     preds[b] = succs[b] = readers[b] = overwriters[b] = ()
     dag.instrs[a], dag.instrs[b] = joined, None
     for msg in (joined.msg_in, joined.msg_out):
         if msg is not None:
-            dag.messages[msg] = tuple(a if x == b else x for x in dag.messages[msg])
+            sender, receiver = dag.messages[msg]
+            dag.messages[msg] = (a if sender == b else sender, a if receiver == b else receiver)
 
 
 def fuse_local(dag: Dag) -> Dag:
@@ -189,8 +203,9 @@ def drop_dead_stores(dag: Dag, final: Callable[[Instr], bool]) -> Dag:
     for instr in dag.live():
         if (instr.op is StepOp.RRCS and not dag.readers[instr.id]
                 and (dag.overwritten[instr.id] or not final(instr))):
-            # Instr(...) spelled out: _replace is several times slower
-            dag.instrs[instr.id] = Instr(instr.id, instr.rank, StepOp.RRS, instr.srcs, None, instr.count,
-                                         instr.recv_peer, instr.send_peer, instr.msg_in, instr.msg_out,
-                                         instr.channel, instr.recvtb, instr.sendtb, instr.where, instr.dst)
+            # every field spelled out: _replace is several times slower
+            dag.instrs[instr.id] = instr_from_fields((instr.id, instr.rank, StepOp.RRS, instr.srcs, None, instr.count,
+                                                      instr.recv_peer, instr.send_peer, instr.msg_in, instr.msg_out,
+                                                      instr.channel, instr.recvtb, instr.sendtb, instr.where,
+                                                      instr.dst))
     return dag

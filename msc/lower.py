@@ -73,6 +73,7 @@ def lower(program, options: LowerOptions = LowerOptions(), *, collective=None) -
     if options.fuse:
         dag = fuse_forwarding(dag, placement.allows, pairs)
         dag = drop_dead_stores(dag, final=lambda instr: instr.dst.buffer != "scratch")
+    del pairs                        # they keep the pre-fusion instructions alive
     tb_of, placement = assign(dag, placement, n)
     collective = collective or layout.collective
     failures = []

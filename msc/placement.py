@@ -123,11 +123,11 @@ def place_manual(dag: Dag, num_ranks: int) -> Placement:
     return Placement(tuple(tuple(t) for t in tbs), recv_tb, send_tb, hinted)
 
 
-def assign(dag: Dag, placement: Placement, num_ranks: int) -> tuple[dict[int, int], Placement]:
-    """Threadblock of every instruction. Local steps join the threadblock
-    that produces their input, else the least loaded one (a new one on a
-    rank that has none)."""
-    tb_of: dict[int, int] = {}
+def assign(dag: Dag, placement: Placement, num_ranks: int) -> tuple[list, Placement]:
+    """Threadblock of every instruction, by id (None where fusion removed
+    one). Local steps join the threadblock that produces their input, else
+    the least loaded one (a new one on a rank that has none)."""
+    tb_of: list = [None] * len(dag.instrs)     # by id: a dict keyed by millions of ints is far larger
     tbs = [list(t) for t in placement.tbs]
     load = [Counter() for _ in range(num_ranks)]
     local = []
@@ -142,7 +142,7 @@ def assign(dag: Dag, placement: Placement, num_ranks: int) -> tuple[dict[int, in
         load[ins.rank][tb_of[ins.id]] += 1
     for ins in local:
         hint = ins.sendtb if ins.sendtb is not None else ins.recvtb
-        producers = sorted(p for p in dag.preds[ins.id] if p in tb_of)
+        producers = sorted(p for p in dag.preds[ins.id] if tb_of[p] is not None)
         if producers:
             tb = tb_of[producers[-1]]
         elif tbs[ins.rank]:

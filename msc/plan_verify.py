@@ -21,6 +21,7 @@ blocking ends (a Kahn network), so every order reaches the same state.
 """
 from __future__ import annotations
 
+import bisect
 import time
 from dataclasses import dataclass
 
@@ -134,6 +135,7 @@ class _Execution:
         self.total_steps = gid
         self.when = [-1] * gid            # execution order of each step
         self.sender = {}                  # receiving gid -> sending gid
+        self._starts = None               # _reaches: first gid of each threadblock -> (rank, tb), sorted gids
         self.pcs = [[0] * len(rp.threadblocks) for rp in plan.ranks]
         self.queues: dict[tuple, list] = {}
         self.heads: dict[tuple, int] = {}
@@ -399,17 +401,24 @@ class _Execution:
         follow every read since. Local vector clocks (one entry per
         threadblock of the rank) answer most questions; the rest search the
         happens-before graph backwards, pruned by execution time."""
-        plan = self.plan
+        plan, when = self.plan, self.when
         for rp in plan.ranks:
             tbs = rp.threadblocks
             if not tbs:
                 continue
             nt = len(tbs)
-            order = sorted(((self.when[self.base[rp.rank][tb.id] + s], tb.id, s)
-                            for tb in tbs for s in range(len(tb.steps))))
+            # this rank's steps by execution time (``when`` is a total order, so no ties)
+            first = self.base[rp.rank][0]
+            t_of = [tb.id for tb in tbs for _ in tb.steps]
+            s_of = [s for tb in tbs for s in range(len(tb.steps))]
+            order = sorted(range(first, first + len(t_of)), key=when.__getitem__)
             vcs = [[None] * len(tb.steps) for tb in tbs]
-            last_write, reads = {}, {}
-            for _, t, s in order:
+            # per buffer, chunk index -> last write / reads since: small int keys, no tuple per access
+            last_write = {sl.buffer: {} for tb in tbs for step in tb.steps
+                          for sl in step.srcs + ((step.dst,) if step.dst is not None else ())}
+            reads = {buf: {} for buf in last_write}
+            for g in order:
+                t, s = t_of[g - first], s_of[g - first]
                 step = tbs[t].steps[s]
                 vc = list(vcs[t][s - 1]) if s else [0] * nt
                 for dt, ds in step.deps:
@@ -423,23 +432,27 @@ class _Execution:
                 vcs[t][s] = vc
                 here = (t, s)
                 for sl in step.srcs:
+                    writes, since = last_write[sl.buffer], reads[sl.buffer]
                     for x in range(sl.index, sl.index + sl.count):
-                        key = (sl.buffer, x)
-                        w = last_write.get(key)
+                        w = writes.get(x)
                         if w is not None and not self._before(rp.rank, w, here, vc):
-                            self._race(rp.rank, w, here, key, "writes", "reads")
-                        reads.setdefault(key, []).append(here)
+                            self._race(rp.rank, w, here, (sl.buffer, x), "writes", "reads")
+                        r = since.get(x)
+                        if r is None:
+                            since[x] = [here]
+                        else:
+                            r.append(here)
                 if step.dst is not None:
                     sl = step.dst
+                    writes, since = last_write[sl.buffer], reads[sl.buffer]
                     for x in range(sl.index, sl.index + sl.count):
-                        key = (sl.buffer, x)
-                        w = last_write.get(key)
+                        w = writes.get(x)
                         if w is not None and not self._before(rp.rank, w, here, vc):
-                            self._race(rp.rank, w, here, key, "writes", "writes")
-                        for r in reads.pop(key, ()):
+                            self._race(rp.rank, w, here, (sl.buffer, x), "writes", "writes")
+                        for r in since.pop(x, ()):
                             if r != here and not self._before(rp.rank, r, here, vc):
-                                self._race(rp.rank, r, here, key, "reads", "writes")
-                        last_write[key] = here
+                                self._race(rp.rank, r, here, (sl.buffer, x), "reads", "writes")
+                        writes[x] = here
 
     def _before(self, rank, a, b, vc_b) -> bool:
         ta, sa = a
@@ -457,12 +470,13 @@ class _Execution:
         target = self.base[rank][a[0]] + a[1]
         floor = self.when[target]
         start = self.base[rank][b[0]] + b[1]
-        loc = {}
-        for r, row in enumerate(self.base):
-            for t, g in enumerate(row):
-                loc[g] = (r, t)
-        bases = sorted(loc)
-        import bisect
+        if self._starts is None:      # built once: a plan can need many searches
+            loc = {}
+            for r, row in enumerate(self.base):
+                for t, g in enumerate(row):
+                    loc[g] = (r, t)
+            self._starts = (loc, sorted(loc))
+        loc, bases = self._starts
 
         def where(g):
             g0 = bases[bisect.bisect_right(bases, g) - 1]

@@ -28,15 +28,6 @@ from msc.placement import Placement
 PRIORITIES = ("depth", "trace")
 
 
-def _after(dag: Dag, i: int):
-    """What waits for instruction ``i``: its local successors, then the
-    receiver of the message it sends."""
-    ins = dag.instrs[i]
-    if ins.msg_out is None:
-        return dag.succs[i]
-    return dag.succs[i] + (dag.messages[ins.msg_out][1],)
-
-
 def _indegrees(dag: Dag) -> list:
     """Per instruction id: local predecessors plus the message it receives
     (None where fusion removed the instruction)."""
@@ -51,11 +42,13 @@ def depths(dag: Dag) -> list[int]:
     depth = [0] * len(indeg)
     queue = deque(i for i, d in enumerate(indeg) if d == 0)
     done = 0
+    instrs, succs, messages = dag.instrs, dag.succs, dag.messages
     while queue:
         i = queue.popleft()
         done += 1
         di = depth[i] + 1
-        for s in _after(dag, i):
+        m = instrs[i].msg_out
+        for s in succs[i] if m is None else succs[i] + (messages[m][1],):
             if depth[s] < di:
                 depth[s] = di
             indeg[s] -= 1
@@ -70,39 +63,55 @@ def order(dag: Dag, priority: str = "depth") -> list[int]:
     """The global step order (see the module docstring)."""
     depth = depths(dag) if priority == "depth" else [0] * len(dag.instrs)
     indeg = _indegrees(dag)
-    conn_of = {}
-    for ins in dag.live():
-        if ins.msg_in is not None:
-            conn_of[ins.msg_in] = (ins.recv_peer, ins.rank, ins.channel)
-    queues: dict[tuple, deque] = {}
+    instrs, succs, messages = dag.instrs, dag.succs, dag.messages
+    # Per message: its connection and that connection's FIFO as seen by the
+    # receiver and by the sender (looked up once here, not once per step).
+    conn_of, queues = {}, {}
+    recv_queue, send_queue = [None] * len(messages), [None] * len(messages)
+
+    def queue(conn):
+        q = queues.get(conn)
+        if q is None:
+            q = queues[conn] = deque()
+        return q
+
+    for m, (sender, receiver) in enumerate(messages):
+        s_ins, r_ins = instrs[sender], instrs[receiver]
+        conn_of[m] = conn = (r_ins.recv_peer, r_ins.rank, r_ins.channel)
+        recv_queue[m] = queue(conn)
+        send_queue[m] = queue((s_ins.rank, s_ins.send_peer, s_ins.channel))
     parked: dict[int, int] = {}      # message -> receiver waiting for it to reach the head
-    heap = [(depth[i], i) for i, d in enumerate(indeg) if d == 0]
+    # heap entries are depth * size + id: one int compares faster than a (depth, id) tuple, same order
+    size = len(indeg)
+    heap = [depth[i] * size + i for i, d in enumerate(indeg) if d == 0]
     heapq.heapify(heap)
     result = []
-    instrs = dag.instrs
+    push, pop = heapq.heappush, heapq.heappop
     while heap:
-        _, i = heapq.heappop(heap)
+        i = pop(heap) % size
         ins = instrs[i]
-        if ins.msg_in is not None:
-            q = queues[conn_of[ins.msg_in]]
-            if q[0] != ins.msg_in:
-                parked[ins.msg_in] = i
+        m = ins.msg_in
+        if m is not None:
+            q = recv_queue[m]
+            if q[0] != m:
+                parked[m] = i
                 continue
             q.popleft()
             if q and q[0] in parked:
                 r = parked.pop(q[0])
-                heapq.heappush(heap, (depth[r], r))
-        if ins.msg_out is not None:
-            conn = (ins.rank, ins.send_peer, ins.channel)
-            q = queues.get(conn)
-            if q is None:
-                q = queues[conn] = deque()
-            q.append(ins.msg_out)
+                push(heap, depth[r] * size + r)
         result.append(i)
-        for s in _after(dag, i):
+        for s in succs[i]:
             indeg[s] -= 1
             if indeg[s] == 0:
-                heapq.heappush(heap, (depth[s], s))
+                push(heap, depth[s] * size + s)
+        m = ins.msg_out
+        if m is not None:
+            send_queue[m].append(m)
+            s = messages[m][1]
+            indeg[s] -= 1
+            if indeg[s] == 0:
+                push(heap, depth[s] * size + s)
     if len(result) != len(indeg) - indeg.count(None):
         _stuck(dag, parked, queues, conn_of)
     return result
@@ -121,7 +130,7 @@ def _stuck(dag: Dag, parked, queues, conn_of):
     raise LoweringError("the program cannot be scheduled: its dependencies wait on each other")
 
 
-def build_plan(dag: Dag, global_order: list[int], tb_of: dict[int, int], placement: Placement, *,
+def build_plan(dag: Dag, global_order: list[int], tb_of: list, placement: Placement, *,
                name: str, collective: str, num_ranks: int, chunk_factor: int, inplace: bool,
                input_chunks: int, output_chunks: int, scratch: list[int], root: int, protocol: str,
                instances: int, slots: int, tile: int) -> Plan:
