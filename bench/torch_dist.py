@@ -3,16 +3,18 @@
 For each process count (default 2 and 4) the script starts that many CPU
 processes (gloo over loopback TCP) and times, per message size, in-place
 float32 allreduce by ``torch.distributed.all_reduce`` and by the library's
-ring, allpairs and halving-doubling (hd) plans run with ``msc.torch.run_plan`` (default transport:
-one all_to_all_single per round on gloo; the ring_p2p column runs the ring
-over batched isend/irecv instead; hand_ring is a ring allreduce written by
-hand over gloo's send/recv, without msc: the floor for any schedule issued
-from Python as rounds of point-to-point messages). A time is the
+ring, allpairs and halving-doubling (hd) plans run with
+``msc.torch.run_plan``. The default transport on gloo is "mixed": one
+all_to_all_single for each round where most pairs of ranks talk,
+point-to-point messages for the others; the ring_p2p and ring_a2a columns
+run the ring over only one of them. hand_ring is a ring allreduce written
+by hand over gloo's send/recv, without msc: the floor for any schedule
+issued from Python as rounds of point-to-point messages. A time is the
 slowest rank's mean over a batch of calls; each method is measured in
 several interleaved batches and the fastest batch counts (the machine's
 noise only ever adds time). Prints one table per process count with the
-ratio msc / gloo per size and whether the goal (within 1.25x of gloo from
-1 MB up) is met.
+ratio method / gloo per size and whether the goal (the best msc plan
+within 1.25x of gloo from 1 MB up) is met.
 
     python bench/torch_dist.py [--ranks 2 4] [--min 4K] [--max 64M] [--factor 4] [--json]
 
@@ -30,8 +32,8 @@ import time
 from pathlib import Path
 
 GOAL_RATIO, GOAL_FROM = 1.25, 1 << 20
-METHODS = ("gloo", "ring", "allpairs", "hd", "ring_p2p", "hand_ring")
-MSC_METHODS = ("ring", "allpairs", "hd", "ring_p2p")
+METHODS = ("gloo", "ring", "allpairs", "hd", "ring_p2p", "ring_a2a", "hand_ring")
+MSC_METHODS = ("ring", "allpairs", "hd", "ring_p2p", "ring_a2a")
 
 
 def hand_ring(pg, x, rank: int, n: int, stage) -> None:
@@ -78,6 +80,7 @@ def _worker(rank: int, n: int, init_file: str, sizes: list[int], args, out_file:
            "allpairs": lambda t: mt.run_plan(plans["allpairs"], t, transport=args.transport),
            "hd": lambda t: mt.run_plan(plans["halving_doubling"], t, transport=args.transport),
            "ring_p2p": lambda t: mt.run_plan(plans["ring"], t, transport="p2p"),
+           "ring_a2a": lambda t: mt.run_plan(plans["ring"], t, transport="alltoall"),
            "hand_ring": lambda t: hand_ring(pg, t, rank, n, stages[t.numel()])}
     pg = dist.distributed_c10d._get_default_group()
     stages = {size // 4: torch.empty(size // 4 // n) for size in sizes}
@@ -130,8 +133,8 @@ def _size(n: int) -> str:
 
 def render(n: int, rows: list[dict]) -> str:
     lines = [f"{n} processes (gloo, CPU, float32 in-place allreduce; times in us; ratio = method / gloo; ring, "
-             f"allpairs and hd (halving-doubling) over the default transport, ring_p2p over batched isend/irecv, "
-             f"hand_ring: no msc)",
+             f"allpairs and hd (halving-doubling) over the default transport, ring_p2p and ring_a2a over p2p and "
+             f"alltoall only, hand_ring: no msc)",
              f"{'size':>6} {'gloo':>10} " + " ".join(f"{m:>10} {'ratio':>6}" for m in METHODS[1:])]
     for row in rows:
         g = row["gloo_us"]

@@ -28,7 +28,7 @@ from msc import runner  # noqa: E402
 from msc.executor import Executor, load_inputs  # noqa: E402
 from msc.plan_text import save_plan  # noqa: E402
 from msc.torch.execute import OPS, prepare  # noqa: E402
-from msc.torch.program import comm_conflicts  # noqa: E402
+from msc.torch.program import TRANSPORTS, comm_conflicts  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
@@ -72,14 +72,14 @@ def test_rounds_match_reference_executor_bit_for_bit(key, n, inplace, instances)
         plan = library_plan(key, n, inplace, instances, root)
         for i, count in enumerate(counts(plan.chunk_factor)):
             dtype, op = COMBOS[(i + len(key)) % len(COMBOS)]
-            transport = ("p2p", "alltoall")[i % 2]
+            transport = TRANSPORTS[i % len(TRANSPORTS)]
             buffers, tensors = run_both(plan, dtype, op, count, seed=i, transport=transport)
             for r in range(n):
                 for name, arr in buffers[r].items():
                     assert to_numpy(tensors[r][name]).tobytes() == arr.tobytes(), \
                         (root, count, dtype, op, transport, r, name)
             for r in range(n):
-                for tr in ("p2p", "alltoall"):
+                for tr in TRANSPORTS:
                     assert comm_conflicts(prepare(plan).program(r, count, tr)) == []
 
 
@@ -99,13 +99,22 @@ def test_big_messages_move_without_copies():
     place: n-1 direct receives per rank), one reduction per step."""
     n = 4
     for inplace in (True, False):
-        for transport in ("p2p", "alltoall"):
+        for transport in TRANSPORTS:
             prog = prepare(library_plan("allreduce/ring:ring", n, inplace)).program(1, 1 << 20, transport)
             assert prog.direct == n - 1
             assert [op[0] for r in prog.rounds for op in r.ops] == ["op"] * (n - 1)
             assert len(prog.rounds) == 2 * (n - 1)      # the last receive lands directly: no round of its own
             # the only workspace: one chunk of staging per reduce-scatter step
             assert prog.arena == (n - 1) * (1 << 20) // n
+
+
+def test_mixed_transport_uses_the_collective_only_for_dense_rounds():
+    """allpairs: every round where all pairs talk runs one all_to_all_single;
+    ring at 4 ranks: its rounds (4 of 12 pairs talk) go point to point."""
+    for key, collective_rounds in (("allreduce/allpairs:allpairs", True), ("allreduce/ring:ring", False)):
+        prog = prepare(library_plan(key, 4, True)).program(1, 4096, "mixed")
+        talking = [r for r in prog.rounds if r.alltoall is not None or r.sends or r.recvs]
+        assert talking and all((r.alltoall is not None) is collective_rounds for r in talking), key
 
 
 def test_prepared_plans_and_programs_are_cached():

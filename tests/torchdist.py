@@ -258,7 +258,7 @@ def collective_cases(rank: int, n: int, cases: list) -> int:
         inputs = runner.random_inputs(np.random.default_rng(1000 + i), dt, op, n, units * count)
         assert all(np.all(a != 0) for a in inputs)
         x = to_torch(inputs[rank])
-        transport = ("alltoall", "p2p")[i % 2]
+        transport = ("alltoall", "p2p", "mixed")[i % 3]
         mine = _msc_call(coll, plan, x.clone(), count, n, rank, op, root, call_inplace, transport)
         where = f"case {i}: {key} n={n} plan {'in' if plan_inplace else 'out'}-place i{instances} root {root}, " \
                 f"call {'in' if call_inplace else 'out'}-place, count {count}, {dtype} {op}, {transport}, rank {rank}"

@@ -175,8 +175,9 @@ def run_plan(plan, input: torch.Tensor | None, output: torch.Tensor | None = Non
     "cuda" (the future msc CUDA runtime; raises today: msc.torch.backends).
     ``transport``: how the torch.distributed executor moves a round's
     messages: "p2p" (batched isend/irecv), "alltoall" (one
-    all_to_all_single per round), or "auto" (alltoall on gloo groups of up
-    to 8 ranks, p2p otherwise).
+    all_to_all_single per round), "mixed" (all_to_all_single for the
+    rounds where at least half of all pairs of ranks talk, p2p for the
+    others) or "auto" (mixed on gloo, p2p otherwise).
     """
     prepared = prepare(_load(plan), collective)
     rank, n = _group_info(group)

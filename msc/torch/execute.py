@@ -202,22 +202,20 @@ class DistTransport:
 
 
 def choose_transport(transport: str, group, n: int) -> str:
-    """"auto": alltoall for gloo groups of up to ALLTOALL_MAX_RANKS ranks
-    (gloo's point-to-point path costs far more per round than its
-    collectives: bench/torch_dist.py), p2p otherwise (NCCL; and large gloo
-    groups, where a full alltoall per round would send n-1 messages, most
-    of them empty)."""
+    """"auto": "mixed" on gloo (one all_to_all_single for each round where
+    most pairs of ranks talk, point-to-point messages for the others: gloo's
+    collectives cost less than as many sends and receives, but a collective
+    makes every rank talk to every other, which a ring's round does not
+    need), "p2p" on other backends (NCCL coalesces a round's batch into one
+    group call)."""
     if transport == "auto":
         import torch.distributed as dist
 
         pg = group if group is not None else dist.distributed_c10d._get_default_group()
-        return "alltoall" if dist.get_backend(pg) == "gloo" and n <= ALLTOALL_MAX_RANKS else "p2p"
+        return "mixed" if dist.get_backend(pg) == "gloo" else "p2p"
     if transport not in TRANSPORTS:
         raise UsageError(f"unknown transport {transport!r} (expected auto or one of {', '.join(TRANSPORTS)})")
     return transport
-
-
-ALLTOALL_MAX_RANKS = 8
 
 
 def run_local(plan, phys: list[dict[str, torch.Tensor]], *, count: int, op: str = "sum", collective=None,

@@ -45,7 +45,8 @@ class Round:
     """``ops``: compute-phase operations in order, each ("copy", dst, src)
     or ("op", dst, a, b) (dst = a (op) b); then ``sends``/``recvs``: (peer,
     piece) in the order both ends post them (by channel, then sequence).
-    With the alltoall transport, ``alltoall`` = (input piece, input splits,
+    With the alltoall transport (and in the mixed one's dense rounds),
+    ``alltoall`` = (input piece, input splits,
     output piece, output splits) replaces them: one all_to_all_single per
     round, which every rank calls (empty splits when it has nothing)."""
 
@@ -127,14 +128,17 @@ class _Item:
         self.candidate = None
 
 
-TRANSPORTS = ("p2p", "alltoall")
+TRANSPORTS = ("p2p", "alltoall", "mixed")
 
 
 def compile_rank(rounds: Rounds, rank: int, count: int, layout, transport: str = "p2p") -> Program:
-    """``transport``: "p2p" (a batch of point-to-point messages per round)
-    or "alltoall" (one all_to_all_single per round with a message: several
+    """``transport``: "p2p" (a batch of point-to-point messages per round),
+    "alltoall" (one all_to_all_single per round with a message: several
     messages to (from) different peers are packed into one send (receive)
-    area; the receive area is the staging of those messages)."""
+    area; the receive area is the staging of those messages), or "mixed"
+    (alltoall for the dense rounds, where at least half of all n(n-1) pairs
+    talk, p2p for the others; every rank decides the same from the same
+    rounds)."""
     if transport not in TRANSPORTS:
         raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
     return _Compiler(rounds, rank, count, layout, transport).build()
@@ -167,7 +171,9 @@ class _Compiler:
     # -- passes -----------------------------------------------------------------------------------
     def build(self) -> Program:
         items = [self._resolve(s, pos) for pos, s in enumerate(self.rounds.ranks[self.rank])]
-        if self.transport == "alltoall":
+        self.comm_rounds: set[int] = set()        # rounds that run one all_to_all_single
+        self.packed: dict[tuple, tuple[int, int]] = {}
+        if self.transport != "p2p":
             self._plan_alltoall()
         self._views(items)
         self._directs(items)
@@ -181,15 +187,20 @@ class _Compiler:
         ranks call the collective then), and where several messages reach
         this rank in one round: their packed receive area, in the order
         the collective lays them out (source, channel, sequence)."""
-        self.comm_rounds: set[int] = set()
+        n = self.rounds.plan.num_ranks
+        messages: dict[int, int] = {}
         incoming: dict[int, list] = {}
         for sched in self.rounds.ranks:
             for s in sched:
                 if s.send is not None and self._length(s.send):
-                    self.comm_rounds.add(s.round)
+                    messages[s.round] = messages.get(s.round, 0) + 1
                     if s.send.dst == self.rank:
                         incoming.setdefault(s.round, []).append(s.send)
-        self.packed: dict[tuple, tuple[int, int]] = {}        # message key -> (round, offset in its pack)
+        # "mixed": the collective only for dense rounds (at least half of all n(n-1) pairs talk);
+        # a sparse round (a ring's n messages) goes point to point instead of waking every rank
+        dense = 1 if self.transport == "alltoall" else max(1, n * (n - 1) // 2)
+        self.comm_rounds = {t for t, m in messages.items() if m >= dense}
+        incoming = {t: msgs for t, msgs in incoming.items() if t in self.comm_rounds}
         self.pack_size: dict[int, int] = {}
         for t, msgs in incoming.items():
             if len(msgs) < 2:
@@ -203,7 +214,7 @@ class _Compiler:
 
     def _staging(self, msg, n: int) -> Piece:
         """Where a message that is not received directly lands."""
-        hit = self.transport == "alltoall" and self.packed.get((msg.src, msg.channel, msg.seq))
+        hit = self.packed.get((msg.src, msg.channel, msg.seq))
         if not hit:
             return self.alloc(n)
         t, offset = hit
@@ -256,7 +267,7 @@ class _Compiler:
                 continue
             dst = merge(it.dst)
             ok = len(dst) == 1 and (op is StepOp.RECV or it.view)
-            if self.transport == "alltoall" and (it.s.recv.src, it.s.recv.channel, it.s.recv.seq) in self.packed:
+            if (it.s.recv.src, it.s.recv.channel, it.s.recv.seq) in self.packed:
                 ok = False                # lands in its round's packed receive area
             if ok:
                 d, t_s = dst[0], it.s.recv.round
@@ -324,14 +335,14 @@ class _Compiler:
                 if payload == it.candidate and it.view:
                     views += 1
                 at(s.round).sends.append(((s.send.dst, s.send.channel, s.send.seq), payload))
-        for t in (self.comm_rounds if self.transport == "alltoall" else ()):
+        for t in self.comm_rounds:
             at(t)
         ordered = []
         for t in sorted(rounds):
             r = rounds[t]
             r.sends = [(key[0], p) for key, p in sorted(r.sends, key=lambda x: x[0])]
             r.recvs = [(key[0], p) for key, p in sorted(r.recvs, key=lambda x: x[0])]
-            if self.transport == "alltoall" and t in self.comm_rounds:
+            if t in self.comm_rounds:
                 r.alltoall = self._collective(r)
                 r.sends, r.recvs = [], []
             if r.ops or r.sends or r.recvs or r.alltoall:
