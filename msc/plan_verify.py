@@ -117,6 +117,17 @@ def verify_plan(plan: Plan, *, collective: Collective | None = None, slots: int 
                       slots or plan.slots, time.perf_counter() - start)
 
 
+class _Fifo:
+    """One connection: its messages in send order, how many were received,
+    and the two reasons to wait on it (built once: they key the waits)."""
+
+    __slots__ = ("items", "head", "msg", "space")
+
+    def __init__(self, conn: tuple):
+        self.items, self.head = [], 0
+        self.msg, self.space = ("msg", conn), ("space", conn)
+
+
 class _Execution:
     def __init__(self, plan: Plan, layout, capacity: int):
         self.plan, self.layout, self.capacity = plan, layout, capacity
@@ -134,18 +145,25 @@ class _Execution:
             self.base.append(row)
         self.total_steps = gid
         self.when = [-1] * gid            # execution order of each step
-        self.sender = {}                  # receiving gid -> sending gid
+        self.sender = [None] * gid        # receiving gid -> sending gid
         self._starts = None               # _reaches: first gid of each threadblock -> (rank, tb), sorted gids
         self.pcs = [[0] * len(rp.threadblocks) for rp in plan.ranks]
-        self.queues: dict[tuple, list] = {}
-        self.heads: dict[tuple, int] = {}
+        self.queues: dict[tuple, _Fifo] = {}
+        # per rank and threadblock, the connection it receives from and sends to (None: none)
+        self.fifo_in = [[None] * len(rp.threadblocks) for rp in plan.ranks]
+        self.fifo_out = [[None] * len(rp.threadblocks) for rp in plan.ranks]
+
+        def fifo(conn):
+            if conn not in self.queues:
+                self.queues[conn] = _Fifo(conn)
+            return self.queues[conn]
+
         for rp in plan.ranks:
             for tb in rp.threadblocks:
                 if tb.send is not None:
-                    self.queues.setdefault((rp.rank, tb.send, tb.channel), [])
+                    self.fifo_out[rp.rank][tb.id] = fifo((rp.rank, tb.send, tb.channel))
                 if tb.recv is not None:
-                    self.queues.setdefault((tb.recv, rp.rank, tb.channel), [])
-        self.heads = {c: 0 for c in self.queues}
+                    self.fifo_in[rp.rank][tb.id] = fifo((tb.recv, rp.rank, tb.channel))
         self.tb_of_end = {}               # (src, dst, ch, "send"/"recv") -> (rank, tb)
         for rp in plan.ranks:
             for tb in rp.threadblocks:
@@ -180,13 +198,13 @@ class _Execution:
             if pcs[dt] <= ds:
                 return ("tb", rank, dt)
         if step.op.receives:
-            conn = (tb.recv, rank, tb.channel)
-            if self.heads[conn] >= len(self.queues[conn]):
-                return ("msg", conn)
+            fifo = self.fifo_in[rank][tb.id]
+            if fifo.head >= len(fifo.items):
+                return fifo.msg
         if step.op.sends:
-            conn = (rank, tb.send, tb.channel)
-            if len(self.queues[conn]) - self.heads[conn] >= self.capacity:
-                return ("space", conn)
+            fifo = self.fifo_out[rank][tb.id]
+            if len(fifo.items) - fifo.head >= self.capacity:
+                return fifo.space
         return None
 
     def _read(self, rank, tb, s, sl):
@@ -240,11 +258,10 @@ class _Execution:
         self.clock += 1
         got = None
         if op.receives:
-            conn_in = (tb.recv, rank, tb.channel)
-            q, head = self.queues[conn_in], self.heads[conn_in]
-            sender_gid, got = q[head]
-            q[head] = None
-            self.heads[conn_in] = head + 1
+            fifo_in = self.fifo_in[rank][tb.id]
+            sender_gid, got = fifo_in.items[fifo_in.head]
+            fifo_in.items[fifo_in.head] = None
+            fifo_in.head += 1
             self.sender[gid] = sender_gid
         srcs = [self._read(rank, tb, s, sl) for sl in step.srcs]
         if self.facts is not None:
@@ -268,13 +285,13 @@ class _Execution:
                 self._write(rank, tb, s, step.dst, out)
         # every ``out`` is a list of its own (a slice, a message, new sums): it is sent as is
         if op.sends:
-            conn_out = (rank, tb.send, tb.channel)
-            self.queues[conn_out].append((gid, out))
+            fifo_out = self.fifo_out[rank][tb.id]
+            fifo_out.items.append((gid, out))
             if op.receives:
-                return ("space", conn_in), ("msg", conn_out)
-            return (("msg", conn_out),)
+                return fifo_in.space, fifo_out.msg
+            return (fifo_out.msg,)
         if op.receives:
-            return (("space", conn_in),)
+            return (fifo_in.space,)
         return ()
 
     def _record(self, rank, tb, s, step, srcs, got) -> None:
@@ -349,13 +366,15 @@ class _Execution:
             base = self.base[rp.rank]
             for tb in rp.threadblocks:
                 g = base[tb.id]
+                sent = sends.setdefault((rp.rank, tb.send, tb.channel), []) if tb.send is not None else None
+                received = recvs.setdefault((tb.recv, rp.rank, tb.channel), []) if tb.recv is not None else None
                 for step in tb.steps:
                     if step.op.sends:
-                        sends.setdefault((rp.rank, tb.send, tb.channel), []).append(g)
+                        sent.append(g)
                     if step.op.receives:
-                        recvs.setdefault((tb.recv, rp.rank, tb.channel), []).append(g)
+                        received.append(g)
                     g += 1
-        self.sender = sender = {}
+        self.sender = sender = [None] * self.total_steps
         for conn, receivers in recvs.items():
             for g_send, g_recv in zip(sends.get(conn, ()), receivers):
                 sender[g_recv] = g_send
@@ -376,7 +395,7 @@ class _Execution:
                     for dt, ds in step.deps:
                         succs[base[dt] + ds].append(g)
                         n_in += 1
-                    p = sender.get(g)
+                    p = sender[g]
                     if p is not None:
                         succs[p].append(g)
                         n_in += 1
@@ -494,7 +513,7 @@ class _Execution:
             if s:
                 preds.append(g - 1)
             preds.extend(self.base[r][dt] + ds for dt, ds in step.deps)
-            if g in self.sender:
+            if self.sender[g] is not None:
                 preds.append(self.sender[g])
             for p in preds:
                 if p not in seen and self.when[p] >= floor:

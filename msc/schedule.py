@@ -38,6 +38,33 @@ def _indegrees(dag: Dag) -> list:
 def depths(dag: Dag) -> list[int]:
     """Longest path from a source to every instruction (local and message
     edges), by instruction id (0 where fusion removed one)."""
+    # Every edge of a DAG from build_dag points to a later id (an instruction
+    # depends on earlier ones, a message's receiver comes after its sender, a
+    # fused step keeps the first id), so one pass in id order suffices: it
+    # reads instructions in memory order, where the walk below jumps around.
+    instrs, preds, messages = dag.instrs, dag.preds, dag.messages
+    depth = [0] * len(instrs)
+    for i, ins in enumerate(instrs):
+        if ins is None:
+            continue
+        d = 0
+        for p in preds[i]:
+            if p >= i:
+                return _depths_by_walk(dag)
+            if depth[p] >= d:
+                d = depth[p] + 1
+        if ins.msg_in is not None:
+            p = messages[ins.msg_in][0]
+            if p >= i:
+                return _depths_by_walk(dag)
+            if depth[p] >= d:
+                d = depth[p] + 1
+        depth[i] = d
+    return depth
+
+
+def _depths_by_walk(dag: Dag) -> list[int]:
+    """depths() for any DAG: a walk in topological order (and the error for a cycle)."""
     indeg = _indegrees(dag)
     depth = [0] * len(indeg)
     queue = deque(i for i, d in enumerate(indeg) if d == 0)

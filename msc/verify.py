@@ -37,6 +37,26 @@ def contributions(value) -> dict[tuple[int, int], int]:
     """
     if type(value) is not Sum:
         return {value: 1}
+    # Most values are trees (a ring's partial sums are chains): count their
+    # leaves in one walk, and take the DAG way below once a node repeats.
+    leaves: dict = {}
+    seen = set()
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if type(node) is Sum:
+            if id(node) in seen:
+                return _shared_contributions(value)
+            seen.add(id(node))
+            stack.append(node.b)
+            stack.append(node.a)
+        else:
+            leaves[node] = leaves.get(node, 0) + 1
+    return leaves
+
+
+def _shared_contributions(value) -> dict[tuple[int, int], int]:
+    """contributions() of a value whose nodes are shared: linear in the DAG."""
     # Order the DAG parents-before-children, then push multiplicities down.
     order, seen, stack = [], set(), [(value, False)]
     while stack:
