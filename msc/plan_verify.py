@@ -55,9 +55,17 @@ class PlanReport:
 def check_races(plan: Plan, *, collective: Collective | None = None) -> None:
     """Only the race check of verify_plan (RaceError); the plan must be checked."""
     coll = collective or plan_collective(plan)
+    if not _may_race(plan):
+        return
     run = _Execution(plan, coll.layout(plan.num_ranks, plan.chunk_factor, plan.inplace, plan.root), plan.slots)
     if run.static_order():
         run.check_races()
+
+
+def _may_race(plan: Plan) -> bool:
+    """Whether some rank has two threadblocks: a rank with one runs its steps
+    in program order, so no two of them can race (a ring's ranks, for one)."""
+    return any(len(rp.threadblocks) > 1 for rp in plan.ranks)
 
 
 def plan_collective(plan: Plan) -> Collective:
@@ -108,7 +116,7 @@ def verify_plan(plan: Plan, *, collective: Collective | None = None, slots: int 
     coll = collective or plan_collective(plan)
     layout = coll.layout(plan.num_ranks, plan.chunk_factor, plan.inplace, plan.root)
     run = _Execution(plan, layout, slots or plan.slots)
-    if check_races and run.static_order():   # a cycle here is a deadlock: execute() reports it
+    if check_races and _may_race(plan) and run.static_order():   # a cycle: a deadlock, execute() reports it
         run.check_races()
     run.execute()
     run.check_outputs()
@@ -423,7 +431,7 @@ class _Execution:
         plan, when = self.plan, self.when
         for rp in plan.ranks:
             tbs = rp.threadblocks
-            if not tbs:
+            if len(tbs) < 2:          # program order orders all its steps: nothing can race
                 continue
             nt = len(tbs)
             # this rank's steps by execution time (``when`` is a total order, so no ties)
