@@ -124,6 +124,40 @@ def allocate_scratch(ops, physical: set[str], scratch_sizes: dict, num_ranks: in
     return out, used
 
 
+def compact_scratch(dag: Dag, scratch: list[int]) -> tuple[Dag, list[int]]:
+    """Drop the scratch chunks no instruction touches any more (fusion and
+    dead stores leave some: a reduce-scatter ring that forwards partial
+    sums with rrs stores none) and renumber the rest in order, so a plan
+    declares, and a runtime allocates, only scratch it uses. Renumbering
+    keeps every slice contiguous: its chunks are all used, so no gap opens
+    inside it. Returns the new DAG and scratch chunks per rank."""
+    if not any(scratch):
+        return dag, scratch
+    used: list[set[int]] = [set() for _ in scratch]
+    for instr in dag.live():
+        for sl in (*instr.srcs, instr.dst):
+            if sl is not None and sl.buffer == "scratch":
+                used[instr.rank].update(range(sl.index, sl.index + sl.count))
+    if all(len(u) == size for u, size in zip(used, scratch)):
+        return dag, scratch
+    new_index = [{old: new for new, old in enumerate(sorted(u))} for u in used]
+
+    def moved(sl, rank):
+        if sl is None or sl.buffer != "scratch":
+            return sl
+        start = new_index[rank].get(sl.index)
+        return None if start is None else Slice("scratch", start, sl.count)
+
+    dag = dag.copy()
+    for instr in dag.live():
+        r = instr.rank
+        srcs = tuple(moved(sl, r) for sl in instr.srcs)
+        dst, store = moved(instr.dst, r), moved(instr.store, r)
+        if srcs != instr.srcs or dst != instr.dst or store != instr.store:
+            dag.instrs[instr.id] = instr._replace(srcs=srcs, dst=dst, store=store)
+    return dag, [len(u) for u in used]
+
+
 def build_dag(ops: list[Op]) -> Dag:
     """Instructions and their local dependencies from a trace whose buffers
     are physical (input, output, scratch)."""

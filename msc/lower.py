@@ -2,7 +2,8 @@
 
     trace ops --replicate--> instances --allocate_scratch--> one scratch buffer per rank
       --build_dag--> instructions --fuse_local--> --place--> threadblocks
-      --fuse_forwarding--> --drop_dead_stores--> --assign--> --order--> --build_plan--> Plan
+      --fuse_forwarding--> --drop_dead_stores--> --compact_scratch-->
+      --assign--> --order--> --build_plan--> Plan
       --choose_slots--> the smallest connection capacity the plan is deadlock-free with
 
 Every pass is a pure function of its inputs (see dag.py, fusion.py,
@@ -13,7 +14,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 
-from msc.dag import allocate_scratch, build_dag, replicate
+from msc.dag import allocate_scratch, build_dag, compact_scratch, replicate
 from msc.errors import DeadlockError, LoweringError, UsageError
 from msc.fusion import drop_dead_stores, forwarding_pairs, fuse_forwarding, fuse_local
 from msc.ir import Plan
@@ -73,6 +74,7 @@ def lower(program, options: LowerOptions = LowerOptions(), *, collective=None) -
     if options.fuse:
         dag = fuse_forwarding(dag, placement.allows, pairs)
         dag = drop_dead_stores(dag, final=lambda instr: instr.dst.buffer != "scratch")
+    dag, scratch = compact_scratch(dag, scratch)
     del pairs                        # they keep the pre-fusion instructions alive
     tb_of, placement = assign(dag, placement, n)
     collective = collective or layout.collective

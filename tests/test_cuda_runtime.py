@@ -136,7 +136,8 @@ def test_real_cpu_tensors_are_described_and_refused():
 
 
 # -- arenas and pointer tables ------------------------------------------------------------
-def _arenas(key="reducescatter/ring:ring", n=4, count=1 << 16, dtype="float32"):
+def _arenas(key="alltoall/hierarchical:hierarchical", n=4, count=1 << 16, dtype="float32"):
+    # the two-step alltoall stages data in scratch on every rank (library plans declare only scratch they use)
     plan, layout = runtime_layout(key, n)
     params = launch_params(layout, count, dtype=dtype, protocol=plan.protocol)
     fp = footprint(layout, params, dtype=dtype, protocol=plan.protocol, slots=plan.slots)
@@ -158,7 +159,7 @@ def test_arena_regions_are_disjoint_aligned_and_sized():
         assert a.counters_end <= min(a.slots.values()) and a.counters_end <= a.scratch
         assert set(a.tail) == set(a.slots) == {c.id for c in layout.connections if c.receiver == a.rank}
         assert set(a.head) == {c.id for c in layout.connections if c.sender == a.rank}
-    assert fp.scratch[0] != fp.scratch[1] and total_bytes(arenas) == sum(a.size for a in arenas)
+    assert all(fp.scratch) and total_bytes(arenas) == sum(a.size for a in arenas)
 
 
 def test_growth_reallocates_only_for_a_larger_call():

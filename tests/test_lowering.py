@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import msc
-from msc.dag import allocate_scratch, build_dag, replicate
+from msc.dag import allocate_scratch, build_dag, compact_scratch, replicate
 from msc.errors import DeadlockError, LoweringError, UsageError
 from msc.fusion import drop_dead_stores, forwarding_pairs, fuse_forwarding, fuse_local
 from msc.ir import Plan, Slice, StepOp
@@ -64,6 +64,8 @@ def stages(program, options: LowerOptions = LowerOptions()) -> dict:
     if options.fuse:
         dag = out["forwarded"] = fuse_forwarding(dag, placement.allows)
         dag = drop_dead_stores(dag, final=lambda ins: ins.dst.buffer != "scratch")
+    dag, scratch = compact_scratch(dag, scratch)
+    out["compacted"] = scratch
     out["final"] = dag
     tb_of, placement = assign(dag, placement, n)
     out["tb_of"], out["assigned"] = tb_of, placement
@@ -371,8 +373,42 @@ def test_dead_scratch_store_is_dropped():
     assert by_rank(st["forwarded"])[1] == ["rrcs input[0] -> scratch[0] <r0 >r2"]
     assert by_rank(st["final"])[1] == ["rrs input[0] <r0 >r2"]
     [rrs] = [i for i in st["final"].live() if i.rank == 1]
-    assert rrs.store == Slice("scratch", 0, 1) and rrs.dst is None
-    assert tbs(lower_any(through_scratch, 3), 1) == [(2, 0, 0, ["rrs input[0]"])]
+    assert rrs.dst is None and rrs.store is None          # scratch[0] is gone: nothing uses it now
+    assert st["scratch"] == [0, 1, 0] and st["compacted"] == [0, 0, 0]
+    plan = lower_any(through_scratch, 3)
+    assert tbs(plan, 1) == [(2, 0, 0, ["rrs input[0]"])]
+    assert [rp.scratch for rp in plan.ranks] == [0, 0, 0]
+
+
+@msc.algorithm(ANY, chunk_factor=1, inplace=False)
+def three_through_scratch(p):
+    """Rank 1 stages three chunks in t[0..2]; only t[1] and t[2] are read again."""
+    for i in range(3):
+        p.chunk(1, "input", i).copy(1, "t", i).reduce(p.chunk(0, "input", i))
+        p.chunk(1, "t", i).copy(2, "output", i)
+        if i > 0:
+            p.chunk(1, "t", i).copy(1, "output", i)
+
+
+def test_unused_scratch_is_compacted_and_renumbered_in_order():
+    st = stages(msc.trace(three_through_scratch, 3))
+    assert st["scratch"] == [0, 3, 0] and st["compacted"] == [0, 2, 0]
+    assert by_rank(st["final"])[1] == [
+        "rrs input[0] <r0 >r2",
+        "rrcs input[1] -> scratch[0] <r0 >r2", "copy scratch[0] -> output[1]",
+        "rrcs input[2] -> scratch[1] <r0 >r2", "copy scratch[1] -> output[2]"]
+    plan = lower_any(three_through_scratch, 3)
+    assert [rp.scratch for rp in plan.ranks] == [0, 2, 0]
+
+
+def test_library_plans_declare_only_scratch_they_use():
+    for key, n in (("reducescatter/ring:ring", 4), ("allreduce/ring:ring", 4), ("allreduce/tree:binomial", 5)):
+        plan = lower(msc.trace(ALGORITHMS[key], n, inplace=False))
+        for rp in plan.ranks:
+            touched = {x for tb in rp.threadblocks for step in tb.steps
+                       for sl in (*step.srcs, step.dst) if sl is not None and sl.buffer == "scratch"
+                       for x in range(sl.index, sl.index + sl.count)}
+            assert touched == set(range(rp.scratch)), (key, rp.rank)
 
 
 def test_scratch_store_read_later_is_kept():
@@ -845,3 +881,15 @@ def test_scheduler_finds_the_connection_order_that_works():
     plan = lower_any(inverted, 3)
     verify_plan(plan, collective=ANY)
     assert [st.op for tb in plan.ranks[1].threadblocks for st in tb.steps] == [StepOp.RECV, StepOp.RECV]
+
+
+@msc.algorithm(ANY, chunk_factor=1, inplace=False)
+def sparse_scratch(p):
+    p.chunk(0, "input", 0).copy(0, "t", 5).copy(0, "output", 0)
+
+
+def test_scratch_indices_the_program_never_used_are_dropped_without_fusion_too():
+    for fuse in (True, False):
+        plan = lower_any(sparse_scratch, 2, LowerOptions(fuse=fuse))
+        assert plan.ranks[0].scratch == 1
+        assert tbs(plan, 0)[0][3] == ["copy input[0] -> scratch[0]", "copy scratch[0] -> output[0]"]
