@@ -21,7 +21,7 @@ import msc
 from msc.dag import allocate_scratch, build_dag, compact_scratch, replicate
 from msc.errors import DeadlockError, LoweringError, UsageError
 from msc.fusion import drop_dead_stores, forwarding_pairs, fuse_forwarding, fuse_local
-from msc.ir import Plan, Slice, StepOp
+from msc.ir import Plan, StepOp
 from msc.lower import LowerOptions, lower
 from msc.placement import assign, place_auto, place_manual
 from msc.plan_check import check_plan
