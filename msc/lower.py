@@ -1,7 +1,7 @@
 """Lowering a verified program to a plan: the pipeline, one pass a line.
 
     trace ops --replicate--> instances --allocate_scratch--> one scratch buffer per rank
-      --build_dag--> instructions --fuse_local--> --place--> threadblocks
+      --build_dag--> instructions --spread_channels--> --fuse_local--> --place--> threadblocks
       --fuse_forwarding--> --drop_dead_stores--> --compact_scratch-->
       --assign--> --order--> --build_plan--> Plan
       --choose_slots--> the smallest connection capacity the plan is deadlock-free with
@@ -19,7 +19,7 @@ from msc.errors import DeadlockError, LoweringError, UsageError
 from msc.fusion import drop_dead_stores, forwarding_pairs, fuse_forwarding, fuse_local
 from msc.ir import Plan
 from msc.perf import pause_gc
-from msc.placement import assign, place_auto, place_manual
+from msc.placement import assign, place_auto, place_manual, spread_channels
 from msc.plan_check import PROTOCOLS
 from msc.plan_check import check_plan
 from msc.plan_verify import check_races, verify_plan
@@ -64,6 +64,8 @@ def lower(program, options: LowerOptions = LowerOptions(), *, collective=None) -
     ops, scratch_sizes = replicate(program.ops, options.instances, program.scratch_sizes)
     ops, scratch = allocate_scratch(ops, physical, scratch_sizes, n)
     dag = build_dag(ops)
+    if options.threadblocks == "auto":
+        dag = spread_channels(dag, n)
     if options.fuse:
         dag = fuse_local(dag)
     pairs = forwarding_pairs(dag) if options.fuse else []

@@ -5,7 +5,9 @@ MSCCL: a threadblock has at most one send peer and one receive peer, on one
 channel, and each end of a connection belongs to exactly one threadblock, so
 the messages of a connection are sent and received in one program order.
 
-Auto policy: on every rank, pair a receiving connection with a sending one
+Auto policy: where a rank has more than 32 peers on a channel (the MSCCL
+runtimes' limit), connections first spread over more channels
+(``spread_channels``). Then on every rank, pair a receiving connection with a sending one
 where fused forwarding steps (rcs, rrcs) want them together, the most
 wanted pairs first; every other connection gets a threadblock of its own.
 Local steps go where their input is produced (or to the least loaded
@@ -51,6 +53,43 @@ def _connections(dag: Dag):
         if ins.msg_out is not None:
             send_conns.add((ins.rank, ins.send_peer, ins.channel))
     return recv_conns, send_conns
+
+
+# The MSCCL runtimes take at most 32 sending and 32 receiving threadblocks per
+# channel (MSCCL_MAX_NUM_THREAD_BLOCKS_PER_CHANNEL); auto placement keeps to it.
+MAX_PEERS_PER_CHANNEL = 32
+
+
+def spread_channels(dag: Dag, num_ranks: int, limit: int = MAX_PEERS_PER_CHANNEL) -> Dag:
+    """Move connections to more channels where a rank would send to, or
+    receive from, more than ``limit`` peers on one channel (an all-pairs
+    schedule beyond 33 ranks). Connection s -> r of channel c goes to channel
+    c + g * C (C: channels in use) with group g = (d - 1) // limit of its
+    distance d = (r - s) mod n: a rank's peers all lie at different
+    distances, as sender and as receiver, so no group holds more than
+    ``limit`` of them. Both ends of a message move together. Runs before
+    any fusion, while every instruction has at most one message."""
+    recv_conns, send_conns = _connections(dag)
+    busiest = max((Counter((rank, ch) for rank, _, ch in conns).most_common(1) or [(None, 0)])[0][1]
+                  for conns in (recv_conns, send_conns))
+    if busiest <= limit:
+        return dag
+    channels = 1 + max(ch for _, _, ch in recv_conns | send_conns)
+
+    def channel(src, dst, ch):
+        return ch + (((dst - src) % num_ranks - 1) // limit) * channels
+
+    dag = dag.copy()
+    for ins in dag.live():
+        if ins.msg_out is not None:
+            moved = channel(ins.rank, ins.send_peer, ins.channel)
+        elif ins.msg_in is not None:
+            moved = channel(ins.recv_peer, ins.rank, ins.channel)
+        else:
+            continue
+        if moved != ins.channel:
+            dag.instrs[ins.id] = ins._replace(channel=moved)
+    return dag
 
 
 def place_auto(dag: Dag, pairs, num_ranks: int) -> Placement:

@@ -11,7 +11,7 @@ rank Q), and plan steps as the plan text prints them (``after T.S``).
 from __future__ import annotations
 
 import itertools
-from collections import defaultdict, deque
+from collections import Counter, defaultdict, deque
 from dataclasses import replace
 
 import numpy as np
@@ -23,7 +23,7 @@ from msc.errors import DeadlockError, LoweringError, UsageError
 from msc.fusion import drop_dead_stores, forwarding_pairs, fuse_forwarding, fuse_local
 from msc.ir import Plan, StepOp
 from msc.lower import LowerOptions, lower
-from msc.placement import assign, place_auto, place_manual
+from msc.placement import assign, place_auto, place_manual, spread_channels
 from msc.plan_check import check_plan
 from msc.plan_verify import verify_plan
 from msc.schedule import build_plan, order
@@ -54,6 +54,8 @@ def stages(program, options: LowerOptions = LowerOptions()) -> dict:
     ops, scratch = allocate_scratch(ops, set(layout.physical_sizes), sizes, n)
     out["ops"], out["scratch"] = ops, scratch
     dag = out["dag"] = build_dag(ops)
+    if options.threadblocks == "auto":
+        dag = spread_channels(dag, n)
     if options.fuse:
         dag = out["local"] = fuse_local(dag)
     if options.threadblocks == "manual":
@@ -893,3 +895,23 @@ def test_scratch_indices_the_program_never_used_are_dropped_without_fusion_too()
         plan = lower_any(sparse_scratch, 2, LowerOptions(fuse=fuse))
         assert plan.ranks[0].scratch == 1
         assert tbs(plan, 0)[0][3] == ["copy input[0] -> scratch[0]", "copy scratch[0] -> output[0]"]
+
+
+def test_many_peers_spread_over_channels_within_the_msccl_limit():
+    """All-pairs alltoall at 40 ranks: 39 peers per rank would put 39 sending
+    threadblocks on channel 0, beyond the MSCCL runtimes' 32; spread, the
+    plan exports. Up to 33 ranks nothing moves."""
+    from msc.placement import MAX_PEERS_PER_CHANNEL
+    from msc.xml_export import plan_to_xml
+
+    alg = ALGORITHMS["alltoall/allpairs:allpairs"]
+    small = lower(msc.trace(alg, 33, inplace=False))
+    assert {tb.channel for rp in small.ranks for tb in rp.threadblocks} == {0}
+    plan = lower(msc.trace(alg, 40, inplace=False))
+    for rp in plan.ranks:
+        for side in ("send", "recv"):
+            per_channel = Counter(tb.channel for tb in rp.threadblocks if getattr(tb, side) is not None)
+            assert max(per_channel.values()) <= MAX_PEERS_PER_CHANNEL, (rp.rank, side, per_channel)
+    assert {tb.channel for rp in plan.ranks for tb in rp.threadblocks} == {0, 1}
+    for runtime in ("msccl", "azure"):
+        assert plan_to_xml(plan, runtime=runtime).startswith("<algo")
