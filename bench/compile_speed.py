@@ -7,7 +7,8 @@ whether the goals are met; exits 1 if a measured goal is missed.
     python bench/compile_speed.py [--max-ranks N] [--json]
 
 Stages: trace (run the DSL), verify (the symbolic DSL verifier), lower (the
-lowering pipeline, which ends with the plan verifier). To time another
+lowering pipeline, which ends with the plan verifier), reload (the plan
+written as text and parsed back, as ``msc.load_plan(..., verify=False)``). To time another
 stage, add it to STAGES: the table, the JSON and the totals pick it up.
 Each goal names the stages it counts.
 """
@@ -55,7 +56,16 @@ def _verify(state: dict) -> None:
 def _lower(state: dict) -> None:
     from msc.lower import lower
 
-    state["steps"] = lower(state["program"]).num_steps()
+    state["plan"] = lower(state["program"])
+    state["steps"] = state["plan"].num_steps()
+
+
+def _reload(state: dict) -> None:
+    """What a training process pays to read the plan file (text out and back
+    in, values checked; the plan verifier is the lower stage's)."""
+    from msc.plan_text import dump_plan, parse_plan
+
+    assert parse_plan(dump_plan(state.pop("plan"))).num_steps() == state["steps"]
 
 
 # The timed stages, in order: (column name, function of a shared state dict).
@@ -63,6 +73,7 @@ STAGES = [
     ("trace", _trace),
     ("verify", _verify),
     ("lower", _lower),
+    ("reload", _reload),
 ]
 
 
