@@ -53,19 +53,21 @@ class _Fallback(Exception):
     """Something the fast path does not take: lark reads the text instead."""
 
 
-def read_plan_lines(text: str, lines: dict) -> Plan | None:
+def read_plan_lines(text: str, lines: dict, *, step_lines: bool = True) -> Plan | None:
     """The plan, with ``lines`` filled as plan_text does ((rank,),
-    (rank, tb), (rank, tb, step) -> line), or None to let lark read it."""
+    (rank, tb), (rank, tb, step) -> line), or None to let lark read it.
+    ``step_lines=False`` leaves out the steps' lines (a dict of millions of
+    keys, needed only to place an error: read again to get them)."""
     try:
-        return _Reader(lines).read(text)
+        return _Reader(lines, step_lines).read(text)
     except _Fallback:
         lines.clear()
         return None
 
 
 class _Reader:
-    def __init__(self, lines: dict):
-        self.lines = lines
+    def __init__(self, lines: dict, step_lines: bool = True):
+        self.lines, self.step_lines = lines, step_lines
         self.slices: dict[str, Slice] = {}
         self.strings: dict[str, str] = {}
 
@@ -96,13 +98,14 @@ class _Reader:
                 close_tb()
                 ranks.append(RankPlan(rank, scratch, tuple(tbs)))
 
-        step_match, lines = STEP.match, self.lines
+        step_match, lines, step_lines = STEP.match, self.lines, self.step_lines
         for number, line in enumerate(body[1:], start=first_line + 1):
             m = step_match(line)
             if m is not None:
                 if tb is None:
                     raise _Fallback
-                lines[(rank, tb[0], len(steps))] = number
+                if step_lines:
+                    lines[(rank, tb[0], len(steps))] = number
                 steps.append(self.step(m, len(steps)))
                 continue
             m = TB.match(line)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from msc.errors import PlanError, SourceLine
 from msc.ir import Plan, RankPlan, Slice, Step, StepOp, Threadblock
+from msc.perf import pause_gc
 from msc.plan_lines import read_plan_lines
 from msc.resources import data_dir
 
@@ -75,10 +76,12 @@ def _parser():
     return Lark((data_dir("grammars") / "plan.lark").read_text(), parser="lalr", propagate_positions=True)
 
 
+@pause_gc        # a plan is millions of small acyclic objects: the collector would rescan them (30% at 512 ranks)
 def parse_plan(text: str, *, path: str | None = None) -> Plan:
     """A plan from its text; PlanError on any syntax or value error."""
     lines: dict[tuple, int] = {}       # (rank,), (rank, tb), (rank, tb, step) -> line, for value errors
-    plan = read_plan_lines(text, lines) if isinstance(text, str) else None
+    plan = read_plan_lines(text, lines, step_lines=False) if isinstance(text, str) else None
+    fast = plan is not None
     if plan is None:                   # not in dump_plan's layout (or wrong): the grammar reads it
         plan = _parse_with_grammar(text, lines, path)
     from msc.plan_check import check_plan
@@ -86,6 +89,8 @@ def parse_plan(text: str, *, path: str | None = None) -> Plan:
     try:
         check_plan(plan)
     except PlanError as exc:
+        if fast and exc.step is not None:          # the fast read skipped the steps' lines: read again
+            read_plan_lines(text, lines)
         key = tuple(v for v in (exc.rank, exc.tb, exc.step) if v is not None)
         while key and key not in lines:
             key = key[:-1]
