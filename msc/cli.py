@@ -141,6 +141,7 @@ def cmd_compile(args) -> int:
     import time
 
     import msc
+    from msc.collectives import BUILTIN
     from msc.loader import is_msccl_script, run_script
     from msc.lower import lower
     from msc.plan_text import save_plan
@@ -165,8 +166,9 @@ def cmd_compile(args) -> int:
     for prog, options in jobs:
         start = time.perf_counter()
         already_checked(prog) or msc.verify(prog)
-        plan = lower(prog, options)
-        path = save_plan(plan, args.output or default_plan_name(prog, options))
+        plan = lower(prog, options)           # ends with the plan verifier, against the program's collective
+        builtin = type(prog.layout.collective) in BUILTIN.values()      # what loading verifies against
+        path = save_plan(plan, args.output or default_plan_name(prog, options), verified=builtin)
         emitted = emit_cuda(plan, path, args) if args.emit == "cuda" else []
         seconds = time.perf_counter() - start
         tbs = sum(len(r.threadblocks) for r in plan.ranks)
@@ -234,7 +236,7 @@ def cmd_import(args) -> int:
     from msc.torch.registry import file_range
 
     plan = load_plan_arg(args.xml, verify=not args.no_verify)
-    save_plan(plan, args.output)
+    save_plan(plan, args.output, verified=not args.no_verify)
     print(f"imported {args.xml} -> {args.output}: {plan.collective}, {plan.num_ranks} ranks, "
           f"{plan.num_steps()} steps" + ("" if args.no_verify else ", verified"))
     low, high = file_range(Path(args.xml))

@@ -12,6 +12,7 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
+from msc import verified as verified_texts
 from msc.errors import PlanError, SourceLine
 from msc.ir import Plan, RankPlan, Slice, Step, StepOp, Threadblock
 from msc.perf import pause_gc
@@ -62,11 +63,16 @@ def _step(step: Step) -> str:
     return text
 
 
-def save_plan(plan: Plan, path: str | Path) -> Path:
+def save_plan(plan: Plan, path: str | Path, *, verified: bool = False) -> Path:
+    """Write the plan's text. ``verified``: the caller verified this plan
+    against the built-in collective it names, so loading the file needs no
+    second verification (msc.verified)."""
     path = Path(path)
-    path.write_text(dump_plan(plan))
+    text = dump_plan(plan)
+    path.write_text(text)
+    if verified:
+        verified_texts.remember(text, "plan", plan.collective)
     return path
-
 
 # -- parsing ------------------------------------------------------------------
 @lru_cache(maxsize=1)
@@ -237,20 +243,23 @@ def _build_slice(tree, path=None) -> Slice:
 
 # -- loading ------------------------------------------------------------------
 def load_plan(path: str | Path, *, verify: bool = True, collective=None) -> Plan:
-    """A plan from a .plan file or MSCCL XML; verified unless ``verify=False``."""
+    """A plan from a .plan file or MSCCL XML; verified unless ``verify=False``
+    or this msc verified the same text before (msc.verified)."""
     path = Path(path)
     try:
         text = path.read_text()
     except OSError as exc:
         raise PlanError(f"cannot read {path}: {exc.strerror or exc}") from None
-    if path.suffix.lower() == ".xml" or text.lstrip().startswith("<"):
+    reader = "xml" if path.suffix.lower() == ".xml" or text.lstrip().startswith("<") else "plan"
+    if reader == "xml":
         from msc.xml_import import xml_to_plan
 
         plan = xml_to_plan(text, path=str(path))
     else:
         plan = parse_plan(text, path=str(path))
-    if verify:
+    if verify and not verified_texts.known(text, reader, plan.collective, collective):
         from msc.plan_verify import verify_plan
 
         verify_plan(plan, collective=collective)
+        verified_texts.remember(text, reader, plan.collective, collective)
     return plan

@@ -1,8 +1,9 @@
-"""Where msc's data folders are: inside the installed package (a wheel puts
-``grammars/``, ``templates/`` and ``algorithms/`` under ``msc/``) or at the
-top of a source checkout."""
+"""Where msc's files are: its data folders, inside the installed package (a
+wheel puts ``grammars/``, ``templates/`` and ``algorithms/`` under ``msc/``)
+or at the top of a source checkout; and its cache."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 _PACKAGE = Path(__file__).resolve().parent
@@ -14,3 +15,11 @@ def data_dir(name: str) -> Path:
         if candidate.is_dir():
             return candidate
     raise FileNotFoundError(f"msc data folder {name!r} not found beside {_PACKAGE}")
+
+
+def cache_dir() -> Path:
+    """$MSC_CACHE_DIR, else ~/.cache/msc (XDG_CACHE_HOME respected)."""
+    if os.environ.get("MSC_CACHE_DIR"):
+        return Path(os.environ["MSC_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "msc"

@@ -19,7 +19,7 @@ from pathlib import Path
 from msc.cuda.codegen import Connection, KernelLayout, choose_form, render
 from msc.errors import CompileError, UsageError
 from msc.ir import Plan
-from msc.resources import data_dir
+from msc.resources import cache_dir, data_dir
 
 ARCHS = ("sm_75", "sm_80", "sm_86", "sm_87", "sm_89", "sm_90", "sm_90a", "sm_100", "sm_103", "sm_110",
          "sm_120", "sm_121")
@@ -46,14 +46,6 @@ class CompiledKernel:
     @property
     def source(self) -> str:
         return self.source_path.read_text()
-
-
-def cache_dir() -> Path:
-    """$MSC_CACHE_DIR, else ~/.cache/msc (XDG_CACHE_HOME respected)."""
-    if os.environ.get("MSC_CACHE_DIR"):
-        return Path(os.environ["MSC_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "msc"
 
 
 @lru_cache(maxsize=1)
