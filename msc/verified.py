@@ -18,17 +18,21 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
-from msc.resources import cache_dir
+from msc.resources import cache_dir, data_dir
 
 _PACKAGE = Path(__file__).resolve().parent
 
 
 @lru_cache(maxsize=1)
 def msc_digest() -> str:
-    """SHA-256 over every Python source of the msc package (names and bytes)."""
+    """SHA-256 over msc's Python modules and the plan grammar (names and
+    bytes). The algorithm library is left out: a wheel puts it inside the
+    package, a checkout beside it, and it does not read or verify plans."""
     h = hashlib.sha256()
-    for path in sorted(_PACKAGE.rglob("*.py")):
-        h.update(path.relative_to(_PACKAGE).as_posix().encode())
+    modules = sorted(p for p in _PACKAGE.rglob("*.py") if p.relative_to(_PACKAGE).parts[0] != "algorithms")
+    for name, path in [(p.relative_to(_PACKAGE).as_posix(), p) for p in modules] + [
+            ("grammars/plan.lark", data_dir("grammars") / "plan.lark")]:
+        h.update(name.encode())
         h.update(path.read_bytes())
     return h.hexdigest()
 

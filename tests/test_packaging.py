@@ -22,3 +22,19 @@ def test_library_algorithm_by_name_keeps_its_source_lines():
     assert Path(where.file).name == "ring.py"
     source = (data_dir("algorithms") / "allreduce" / "ring.py").read_text().splitlines()
     assert ".copy(" in source[where.line - 1] or ".reduce(" in source[where.line - 1]
+
+
+def test_verified_plan_digest_is_the_same_installed_and_in_the_checkout():
+    """msc.verified keys its cache by a digest of msc's sources: a wheel (the
+    library inside the package) and a checkout (beside it) must agree, or a
+    plan `msc compile` recorded from one is verified again by the other."""
+    import subprocess
+    import sys
+
+    from msc.verified import msc_digest
+
+    checkout = Path(__file__).resolve().parent.parent
+    other = subprocess.run([sys.executable, "-c", "import msc.verified as v; print(v.__file__); print(v.msc_digest())"],
+                           cwd=checkout, capture_output=True, text=True)
+    assert other.returncode == 0, other.stderr
+    assert other.stdout.split()[1] == msc_digest()
