@@ -146,19 +146,7 @@ def plan_facts(plan: Plan, *, collective=None, allow_deadlock: bool = False) -> 
     that tests can put a deadlock on a GPU and see it time out."""
     from msc.plan_verify import step_facts
 
-    if not allow_deadlock:
-        return step_facts(plan, collective=collective)
-    from msc.errors import DeadlockError
-    from msc.plan_verify import _Execution, plan_collective
-
-    coll = collective or plan_collective(plan)
-    run = _Execution(plan, coll.layout(plan.num_ranks, plan.chunk_factor, plan.inplace, plan.root), plan.slots)
-    run.facts = {}
-    try:
-        run.execute()
-    except DeadlockError:
-        pass
-    return run.facts
+    return step_facts(plan, collective=collective, partial=allow_deadlock)
 
 
 def _peer(p):
