@@ -73,7 +73,7 @@ class _Reader:
 
     def read(self, text: str) -> Plan:
         head = HEADER.match(text)
-        if head is None or int(head[1]) != 1:
+        if head is None or int(head[1]) != 1:        # plan_text.FORMAT_VERSION; lark reports others
             raise _Fallback
         h = head.groups()
         if min(int(h[3]), int(h[4]), int(h[10]), int(h[11])) < 1:     # ranks, chunk_factor, instances, slots
