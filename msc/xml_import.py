@@ -78,9 +78,7 @@ def xml_byte_range(text: str | bytes, *, path: str | None = None) -> tuple[int, 
     int64 mean no bound. azure compares ``size <= maxBytes``; msc reads every
     bound as msccl does, so such a range ends one byte earlier here. Only the
     root element is read."""
-    if not isinstance(text, (str, bytes)):
-        raise PlanError(f"MSCCL XML must be str or bytes, got {type(text).__name__}", path=path)
-    parser = expat.ParserCreate()
+    parser = _expat(text, path)
     found: dict = {}
 
     def start(tag, attrs):
@@ -89,12 +87,9 @@ def xml_byte_range(text: str | bytes, *, path: str | None = None) -> tuple[int, 
 
     parser.StartElementHandler = start
     try:
-        parser.Parse(text, True)
+        _feed(parser, text, path)
     except _FirstElement:
         pass
-    except expat.ExpatError as exc:
-        raise PlanError(f"not well-formed XML: {expat.ErrorString(exc.code)}", path=path, line=exc.lineno,
-                        column=exc.offset + 1) from None
     if found.get("tag") != "algo":
         raise PlanError(f"the root element is <{found.get('tag')}>, expected <algo>", path=path, line=found.get("line"))
     attrs, line = found["attrs"], found["line"]
@@ -119,29 +114,41 @@ def xml_byte_range(text: str | bytes, *, path: str | None = None) -> tuple[int, 
 def _parse(text, path):
     """Elements and their line numbers (ElementTree's builder fed by expat,
     which knows the lines)."""
-    if not isinstance(text, (str, bytes)):
-        raise PlanError(f"MSCCL XML must be str or bytes, got {type(text).__name__}", path=path)
     builder = ET.TreeBuilder()
     lines: dict = {}
-    parser = expat.ParserCreate()
+    parser = _expat(text, path)
 
     def start(tag, attrs):
         lines[builder.start(tag, attrs)] = parser.CurrentLineNumber
+
+    parser.StartElementHandler = start
+    parser.EndElementHandler = builder.end
+    _feed(parser, text, path)
+    return builder.close(), lines
+
+
+def _expat(text, path):
+    """An expat parser for MSCCL XML ``text`` that refuses DTDs and entity
+    declarations (no expansion tricks in files we are handed)."""
+    if not isinstance(text, (str, bytes)):
+        raise PlanError(f"MSCCL XML must be str or bytes, got {type(text).__name__}", path=path)
+    parser = expat.ParserCreate()
 
     def refuse(*_):
         raise PlanError("MSCCL XML must not contain a DTD or entity declarations", path=path,
                         line=parser.CurrentLineNumber)
 
-    parser.StartElementHandler = start
-    parser.EndElementHandler = builder.end
     parser.StartDoctypeDeclHandler = refuse
     parser.EntityDeclHandler = refuse
+    return parser
+
+
+def _feed(parser, text, path) -> None:
     try:
         parser.Parse(text, True)
     except expat.ExpatError as exc:
         raise PlanError(f"not well-formed XML: {expat.ErrorString(exc.code)}", path=path, line=exc.lineno,
                         column=exc.offset + 1) from None
-    return builder.close(), lines
 
 
 class _Reader:

@@ -201,3 +201,10 @@ def test_xml_byte_range_errors(text, message):
 
     with pytest.raises(PlanError, match=message):
         xml_byte_range(text)
+
+
+def test_xml_byte_range_refuses_a_dtd_as_the_importer_does():
+    from msc.xml_import import xml_byte_range
+
+    with pytest.raises(PlanError, match="must not contain a DTD"):
+        xml_byte_range('<!DOCTYPE algo [<!ENTITY x "y">]><algo minBytes="1"/>')
