@@ -25,6 +25,7 @@ import bisect
 import time
 from dataclasses import dataclass
 
+from msc import plan_bulk
 from msc.collectives import Collective, get_collective
 from msc.errors import DeadlockError, PlanError, RaceError, UsageError, VerificationError
 from msc.ir import Plan, StepOp
@@ -122,14 +123,28 @@ def verify_plan(plan: Plan, *, collective: Collective | None = None, slots: int 
         check_plan(plan)
     coll = collective or plan_collective(plan)
     layout = coll.layout(plan.num_ranks, plan.chunk_factor, plan.inplace, plan.root)
-    run = _Execution(plan, layout, slots or plan.slots)
-    if check_races and _may_race(plan) and run.static_order():   # a cycle: a deadlock, execute() reports it
-        run.check_races()
-    run.execute()
-    run.check_outputs()
+    capacity = slots or plan.slots
+    run = None
+    if check_races and _may_race(plan):
+        run = _Execution(plan, layout, capacity)
+        if run.static_order():       # a cycle: a deadlock, execute() reports it
+            run.check_races()
+    # Race-free from here (checked above, or one threadblock per rank, or the
+    # caller checked: lowering), so the bulk path's verdict is the executor's.
+    # When it declines, the executor runs and words the error.
+    accepted = plan_bulk.accepts(plan, layout, capacity)
+    if not accepted or plan_bulk.CHECK:
+        run = run or _Execution(plan, layout, capacity)
+        try:
+            run.execute()
+            run.check_outputs()
+        except VerificationError as err:
+            if accepted:             # tests only (MSC_CHECK=1): the fast path must never accept a bad plan
+                raise AssertionError(f"msc.plan_bulk accepted a plan the executor rejects: {err}") from err
+            raise
     return PlanReport(plan.name, plan.collective, plan.num_ranks,
-                      sum(len(r.threadblocks) for r in plan.ranks), run.total_steps, len(run.queues),
-                      slots or plan.slots, time.perf_counter() - start)
+                      sum(len(r.threadblocks) for r in plan.ranks), plan.num_steps(),
+                      plan_bulk.connections(plan), capacity, time.perf_counter() - start)
 
 
 class _Fifo:
