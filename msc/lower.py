@@ -7,13 +7,15 @@
       --choose_slots--> the smallest connection capacity the plan is deadlock-free with
 
 Every pass is a pure function of its inputs (see dag.py, fusion.py,
-placement.py, schedule.py).
+placement.py, schedule.py). Programs of single-chunk transfers between ranks
+take bulk.py, the same passes over numpy arrays, which builds the same plan.
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
 
+from msc.bulk import bulk_plans, fits
 from msc.dag import allocate_scratch, build_dag, compact_scratch, replicate
 from msc.errors import DeadlockError, LoweringError, UsageError
 from msc.fusion import drop_dead_stores, forwarding_pairs, fuse_forwarding, fuse_local
@@ -56,13 +58,54 @@ class LowerOptions:
 
 
 @pause_gc
-def lower(program, options: LowerOptions = LowerOptions(), *, collective=None) -> Plan:
-    """The plan for a traced program (verify the program first: ``msc.verify``)."""
+def lower(program, options: LowerOptions = LowerOptions(), *, collective=None, bulk: bool = True) -> Plan:
+    """The plan for a traced program (verify the program first: ``msc.verify``).
+    ``bulk=False`` takes the pass-by-pass pipeline where bulk lowering would
+    apply (the tests compare the two)."""
     layout = program.layout
     n = layout.num_ranks
     physical = set(layout.physical_sizes)
     ops, scratch_sizes = replicate(program.ops, options.instances, program.scratch_sizes)
     ops, scratch = allocate_scratch(ops, physical, scratch_sizes, n)
+    fields = dict(name=program.name, collective=layout.name, chunk_factor=layout.chunk_factor * options.instances,
+                  inplace=layout.inplace, input_chunks=layout.logical_sizes["input"] * options.instances,
+                  output_chunks=layout.logical_sizes["output"] * options.instances, root=layout.root,
+                  protocol=options.protocol, instances=options.instances, slots=1, tile=options.tile)
+    collective = collective or layout.collective
+    failures = []
+    # the first order that works with the fewest slots wins
+    for priority, plan in _plans(ops, scratch, n, options, fields, bulk and fits(options)):
+        if isinstance(plan, LoweringError):
+            failures.append(f"{priority} order: {plan}")
+            continue
+        if CHECK_IR:
+            check_plan(plan)
+        verified = verified_with_fewest_slots(plan, collective)
+        if verified is not None:
+            return verified
+        failures.append(f"{priority} order: deadlocks even with {MAX_SLOTS} slots per connection")
+    raise LoweringError("no step order works:\n  " + "\n  ".join(failures))
+
+
+def _plans(ops, scratch, n, options: LowerOptions, fields: dict, use_bulk: bool):
+    """(priority, plan) for each of PRIORITIES in turn, or (priority,
+    LoweringError) where no step order of that priority exists. Bulk
+    lowering first where it applies; from the first order it leaves to the
+    pipeline (None), the pipeline does the rest."""
+    remaining = list(PRIORITIES)
+    if use_bulk:
+        for priority, plan in bulk_plans(ops, scratch, n, PRIORITIES, fields):
+            if plan is None:
+                break
+            remaining.remove(priority)
+            yield priority, plan
+        else:
+            return
+    yield from _pipeline_plans(ops, scratch, n, options, fields, remaining)
+
+
+def _pipeline_plans(ops, scratch, n, options: LowerOptions, fields: dict, priorities):
+    """The lowering pipeline, pass by pass (see the module docstring)."""
     dag = build_dag(ops)
     if options.threadblocks == "auto":
         dag = spread_channels(dag, n)
@@ -79,27 +122,13 @@ def lower(program, options: LowerOptions = LowerOptions(), *, collective=None) -
     dag, scratch = compact_scratch(dag, scratch)
     del pairs                        # they keep the pre-fusion instructions alive
     tb_of, placement = assign(dag, placement, n)
-    collective = collective or layout.collective
-    failures = []
-    for priority in PRIORITIES:      # the first order that works with the fewest slots wins
+    for priority in priorities:
         try:
             steps = order(dag, priority)
         except LoweringError as exc:
-            failures.append(f"{priority} order: {exc}")
+            yield priority, exc
             continue
-        plan = build_plan(dag, steps, tb_of, placement, name=program.name, collective=layout.name,
-                          num_ranks=n, chunk_factor=layout.chunk_factor * options.instances,
-                          inplace=layout.inplace, input_chunks=layout.logical_sizes["input"] * options.instances,
-                          output_chunks=layout.logical_sizes["output"] * options.instances, scratch=scratch,
-                          root=layout.root, protocol=options.protocol, instances=options.instances, slots=1,
-                          tile=options.tile)
-        if CHECK_IR:
-            check_plan(plan)
-        verified = verified_with_fewest_slots(plan, collective)
-        if verified is not None:
-            return verified
-        failures.append(f"{priority} order: deadlocks even with {MAX_SLOTS} slots per connection")
-    raise LoweringError("no step order works:\n  " + "\n  ".join(failures))
+        yield priority, build_plan(dag, steps, tb_of, placement, num_ranks=n, scratch=scratch, **fields)
 
 
 def verified_with_fewest_slots(plan: Plan, collective) -> Plan | None:

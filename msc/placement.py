@@ -70,15 +70,9 @@ def spread_channels(dag: Dag, num_ranks: int, limit: int = MAX_PEERS_PER_CHANNEL
     ``limit`` of them. Both ends of a message move together. Runs before
     any fusion, while every instruction has at most one message."""
     recv_conns, send_conns = _connections(dag)
-    busiest = max((Counter((rank, ch) for rank, _, ch in conns).most_common(1) or [(None, 0)])[0][1]
-                  for conns in (recv_conns, send_conns))
-    if busiest <= limit:
+    channel = spread_rule(recv_conns, send_conns, num_ranks, limit)
+    if channel is None:
         return dag
-    channels = 1 + max(ch for _, _, ch in recv_conns | send_conns)
-
-    def channel(src, dst, ch):
-        return ch + (((dst - src) % num_ranks - 1) // limit) * channels
-
     dag = dag.copy()
     for ins in dag.live():
         if ins.msg_out is not None:
@@ -92,12 +86,34 @@ def spread_channels(dag: Dag, num_ranks: int, limit: int = MAX_PEERS_PER_CHANNEL
     return dag
 
 
+def spread_rule(recv_conns, send_conns, num_ranks: int, limit: int = MAX_PEERS_PER_CHANNEL):
+    """spread_channels' new channel as a function ``channel(src, dst, ch)`` of
+    a connection, or None when no rank has more than ``limit`` peers on a
+    channel. Connections are (rank, peer, channel) triples."""
+    busiest = max((Counter((rank, ch) for rank, _, ch in conns).most_common(1) or [(None, 0)])[0][1]
+                  for conns in (recv_conns, send_conns))
+    if busiest <= limit:
+        return None
+    channels = 1 + max(ch for _, _, ch in recv_conns | send_conns)
+
+    def channel(src, dst, ch):
+        return ch + (((dst - src) % num_ranks - 1) // limit) * channels
+
+    return channel
+
+
 def place_auto(dag: Dag, pairs, num_ranks: int) -> Placement:
     recv_conns, send_conns = _connections(dag)
     wanted = Counter()
     for first, second, _ in pairs:
         if first.channel == second.channel:
             wanted[(first.rank, first.channel, first.recv_peer, second.send_peer)] += 1
+    return place_connections(recv_conns, send_conns, wanted, num_ranks)
+
+
+def place_connections(recv_conns, send_conns, wanted: Counter, num_ranks: int) -> Placement:
+    """The auto policy on connections: ``wanted`` counts the fusable
+    (rank, channel, receive peer, send peer) pairs."""
     tbs = [[] for _ in range(num_ranks)]
     recv_tb, send_tb = {}, {}
 

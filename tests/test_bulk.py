@@ -1,0 +1,119 @@
+"""Bulk lowering (msc/bulk.py) builds the plans the pass-by-pass pipeline
+builds: compared as plan text over the library, where it applies, and it
+declines (None) where it does not."""
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+import msc
+from msc.dag import allocate_scratch, replicate
+from msc.errors import MscError
+from msc.ir import OpKind
+from msc.lower import LowerOptions, _pipeline_plans, lower
+from msc.plan_text import dump_plan
+from msc.bulk import bulk_plans, fits
+from library import algorithms
+
+OPTIONS = (LowerOptions(), LowerOptions(instances=2), LowerOptions(instances=3, protocol="LL", tile=4096))
+RANKS = (1, 2, 3, 4, 5, 8, 9, 16)
+
+
+def _single(ops) -> bool:
+    return bool(ops) and all(op.size == 1 and op.src_rank != op.dst_rank for op in ops)
+
+
+def _cases(ranks=RANKS, keys=None):
+    """(name, program, options, ops, scratch, fields) for every library
+    program in bulk's scope (a program of one-chunk transfers between ranks)."""
+    for key, alg in algorithms().items():
+        if keys is not None and key not in keys:
+            continue
+        for n in ranks:
+            for inplace in (True, False):
+                try:
+                    program = msc.trace(alg, n, inplace=inplace)
+                except MscError:
+                    continue                 # a rank count or placement the algorithm does not take
+                for options in OPTIONS:
+                    layout = program.layout
+                    ops, sizes = replicate(program.ops, options.instances, program.scratch_sizes)
+                    ops, scratch = allocate_scratch(ops, set(layout.physical_sizes), sizes, n)
+                    if not _single(ops):
+                        continue
+                    k = options.instances
+                    fields = dict(name=program.name, collective=layout.name, chunk_factor=layout.chunk_factor * k,
+                                  inplace=layout.inplace, input_chunks=layout.logical_sizes["input"] * k,
+                                  output_chunks=layout.logical_sizes["output"] * k, root=layout.root,
+                                  protocol=options.protocol, instances=k, slots=1, tile=options.tile)
+                    yield f"{key} n={n} inplace={inplace} {options}", program, options, ops, scratch, fields
+
+
+def _text_or_error(fn):
+    try:
+        return dump_plan(fn())
+    except MscError as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+def test_bulk_lowering_gives_the_pipelines_plans_on_the_library():
+    seen, taken = Counter(), 0
+    for name, program, options, *_ in _cases():
+        pipeline = _text_or_error(lambda: lower(program, options, bulk=False))
+        assert _text_or_error(lambda: lower(program, options)) == pipeline, name
+        seen[name.split(" ")[0]] += 1
+        taken += 1
+    # the comparison covers most of the library, not a handful of programs
+    assert taken > 250 and len(seen) >= 14, seen
+
+
+@pytest.mark.parametrize("priority", ["depth", "trace"])
+def test_each_step_order_is_the_pipelines(priority):
+    """Both priorities, each on its own: lowering tries the trace order only
+    where the depth order deadlocks, which no library program does."""
+    built = declined = cross_threadblock = 0
+    for name, _, options, ops, scratch, fields in _cases(ranks=(2, 3, 4, 8)):
+        [(_, plan)] = bulk_plans(ops, scratch, fields_ranks(fields, ops), (priority,), fields)
+        if plan is None:
+            declined += 1
+            continue
+        [(_, expected)] = _pipeline_plans(ops, scratch, fields_ranks(fields, ops), options, fields, (priority,))
+        assert dump_plan(plan) == dump_plan(expected), name
+        built += 1
+        cross_threadblock += any(step.deps for _, _, _, step in plan.steps())
+    assert built > 100 and cross_threadblock > 10, (built, cross_threadblock)
+    if priority == "depth":
+        assert declined > 0       # some programs need the pipeline's heap (a receive waits behind a message)
+
+
+def fields_ranks(fields, ops) -> int:
+    return 1 + max(max(op.src_rank, op.dst_rank) for op in ops)
+
+
+def test_spread_channels_past_32_peers():
+    keys = {"allgather/allpairs:allpairs", "alltoall/allpairs:allpairs", "reducescatter/allpairs:allpairs"}
+    compared = 0
+    for name, program, options, *_ in _cases(ranks=(34,), keys=keys):
+        if options.instances > 1:
+            continue
+        plan = lower(program, options)
+        assert max(tb.channel for _, tb, _, _ in plan.steps()) > 0, name
+        assert dump_plan(plan) == dump_plan(lower(program, options, bulk=False)), name
+        compared += 1
+    assert compared >= 2
+
+
+def test_bulk_declines_what_it_does_not_cover():
+    [ring] = [a for key, a in algorithms().items() if key == "allreduce/ring:ring"]
+    program = msc.trace(ring, 4, inplace=False)         # out of place: local copies input -> output
+    assert any(op.src_rank == op.dst_rank for op in program.ops)
+    ops, scratch = allocate_scratch(list(program.ops), {"input", "output"}, {}, 4)
+    fields = dict(name="ring", collective="allreduce", chunk_factor=4, inplace=False, input_chunks=4,
+                  output_chunks=4, root=0, protocol="Simple", instances=1, slots=1, tile=0)
+    assert list(bulk_plans(ops, scratch, 4, ("depth", "trace"), fields)) == [("depth", None)]
+    wide = [op._replace(size=2) for op in msc.trace(ring, 4).ops if op.kind is OpKind.COPY]
+    assert list(bulk_plans(wide, [0] * 4, 4, ("depth",), fields)) == [("depth", None)]
+    assert list(bulk_plans([], [0] * 4, 4, ("depth",), fields)) == [("depth", None)]
+    assert not fits(LowerOptions(threadblocks="manual")) and not fits(LowerOptions(fuse=False))
+    assert fits(LowerOptions(instances=4, protocol="LL"))
