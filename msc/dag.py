@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
+from operator import itemgetter
 from typing import NamedTuple
 
 from msc.errors import SourceLine
@@ -107,6 +108,8 @@ def allocate_scratch(ops, physical: set[str], scratch_sizes: dict, num_ranks: in
     in order of first use. Returns the rewritten ops and chunks per rank."""
     base: dict[tuple[int, str], int] = {}
     used = [0] * num_ranks
+    if physical.issuperset(map(itemgetter(2), ops)) and physical.issuperset(map(itemgetter(5), ops)):
+        return list(ops), used        # no named scratch (checked in C: a large ring has millions of ops)
     for op in ops:
         for rank, buf in ((op.src_rank, op.src_buffer), (op.dst_rank, op.dst_buffer)):
             if buf not in physical and (rank, buf) not in base:
