@@ -341,6 +341,18 @@ class Layout:
             if label is not None:
                 yield buf, off + i, label
 
+    def initial_labels(self, rank: int) -> tuple[str, int, list]:
+        """initial() in bulk: (physical buffer, offset, label or None per logical input chunk)."""
+        n, k, root, pre = self.num_ranks, self.chunk_factor, self.root, self.collective.precondition
+        buf, off = self.alias(rank, "input")
+        return buf, off, [pre(rank, i, n, k, root) for i in range(self.logical_sizes["input"])]
+
+    def expected_list(self, rank: int) -> tuple[str, int, list]:
+        """expected() in bulk: (physical buffer, offset, Expected or None per logical output chunk)."""
+        n, k, root, post = self.num_ranks, self.chunk_factor, self.root, self.collective.postcondition
+        buf, off = self.alias(rank, "output")
+        return buf, off, [post(rank, i, n, k, root) for i in range(self.logical_sizes["output"])]
+
     def expected(self, rank: int) -> Iterable[tuple[int, str, int, Expected | None]]:
         """(logical index, physical buffer, physical index, expectation) per output chunk."""
         n, k = self.num_ranks, self.chunk_factor

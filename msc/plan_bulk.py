@@ -236,29 +236,33 @@ def _accepts(plan: Plan, layout, capacity: int) -> bool:
     # -- initial values: one leaf per distinct label -----------------------------
     cells, all_labels, classes = [], [], []
     for rank in range(n):
-        got = list(layout.initial(rank))
+        buf, off, got = layout.initial_labels(rank)
         if not got:
             continue
-        bufs, index, labels = zip(*got)
-        index = np.array(index, dtype=np.int64)
-        try:
-            b = np.fromiter(map(code.__getitem__, bufs), np.int64, len(bufs))
-        except KeyError:
-            raise _Decline from None
-        _need(((index >= 0) & (index < sizes[rank, b])).all())
+        b = code.get(buf)
+        _need(b is not None and 0 <= off and off + len(got) <= sizes[rank, b])
+        index = off + np.flatnonzero(np.fromiter(map(is_not, got, repeat(None)), bool, len(got)))
+        if len(index) < len(got):
+            got = [label for label in got if label is not None]
         cells.append(cellbase[rank * nb + b] + index)
         classes.append(index % k)
-        all_labels.extend(labels)
-    leaf_of = dict(zip(dict.fromkeys(all_labels), range(len(all_labels))))   # label -> leaf, first come first
-    labels = list(leaf_of)
-    L = len(labels)
-    start_class = dict(zip(all_labels, chain.from_iterable(c.tolist() for c in classes)))   # the last one wins
-    leaf_class = np.fromiter(map(start_class.__getitem__, labels), np.int64, L)
+        all_labels.extend(got)
+    distinct = list(dict.fromkeys(all_labels))          # leaf i: the i-th distinct label, first come first
+    L = len(distinct)
+    classes = np.concatenate(classes) if classes else np.zeros(0, dtype=np.int64)
+    if L == len(all_labels):                             # the usual case: each label starts in one place
+        labels, leaf_ids, leaf_class = all_labels, np.arange(L, dtype=np.int64), classes
+    else:
+        labels = distinct
+        leaf_of = dict(zip(distinct, range(L)))
+        start_class = dict(zip(all_labels, classes.tolist()))   # the last one wins, as in the executor
+        leaf_class = np.fromiter(map(start_class.__getitem__, labels), np.int64, L)
+        leaf_ids = np.fromiter(map(leaf_of.__getitem__, all_labels), np.int64, len(all_labels))
     initial = np.full(ncells, -1, dtype=np.int64)
     if cells:   # the last label put in a cell stays there, as in the executor
         cells = np.concatenate(cells)[::-1]
         uniq, pos = np.unique(cells, return_index=True)
-        initial[uniq] = np.fromiter(map(leaf_of.__getitem__, all_labels), np.int64, len(all_labels))[::-1][pos]
+        initial[uniq] = leaf_ids[::-1][pos]
 
     # -- lanes, reads and writes -----------------------------------------------
     lane_start = np.cumsum(count) - count
@@ -375,16 +379,14 @@ def _accepts(plan: Plan, layout, capacity: int) -> bool:
     # -- outputs ----------------------------------------------------------------
     out_cells, out_exp, exps, exp_index = [], [], [], {}
     for rank in range(n):
-        got = [row for row in layout.expected(rank) if row[3] is not None]
-        if not got:
+        buf, off, expected = layout.expected_list(rank)
+        pidx = off + np.flatnonzero(np.fromiter(map(is_not, expected, repeat(None)), bool, len(expected)))
+        if not len(pidx):
             continue
-        _, bufs, pidx, expected = zip(*got)
-        pidx = np.array(pidx, dtype=np.int64)
-        try:
-            b = np.fromiter(map(code.__getitem__, bufs), np.int64, len(bufs))
-        except KeyError:
-            raise _Decline from None
-        _need(((pidx >= 0) & (pidx < sizes[rank, b])).all())
+        if len(pidx) < len(expected):
+            expected = [e for e in expected if e is not None]
+        b = code.get(buf)
+        _need(b is not None and 0 <= off and pidx[-1] < sizes[rank, b])
         out_cells.append(cellbase[rank * nb + b] + pidx)
         for i, e in dict(zip(map(id, expected), expected)).items():   # exps keeps them alive: ids stay unique
             if i not in exp_index:
