@@ -28,6 +28,7 @@ The passes, on these programs, reduce to:
 from __future__ import annotations
 
 from collections import Counter
+from typing import NamedTuple
 from itertools import repeat
 from operator import is_, itemgetter
 
@@ -70,7 +71,6 @@ class _Columns:
             self.channel = np.fromiter((c or 0 for c in map(itemgetter(8), ops)), dtype=np.int64, count=count)
         else:
             self.channel = np.zeros(count, dtype=np.int64)
-        # source lines as small ints (a program has few lines, repeated)
         # source lines as small ints: the trace shares one object per line
         where = list(map(itemgetter(11), ops))
         _, first, self.line_id = np.unique(np.fromiter(map(id, where), dtype=np.int64, count=count),
@@ -80,30 +80,90 @@ class _Columns:
 
 def bulk_plans(ops, scratch: list[int], num_ranks: int, priorities, plan_fields: dict):
     """For each priority of ``priorities``, (priority, plan), or (priority,
-    None) where that order needs the pipeline's heap. ``scratch``: chunks
-    per rank from allocate_scratch; ``plan_fields``: the Plan's other fields."""
-    if not ops:
+    None) from the first order it leaves to the pipeline (a program it does
+    not cover is left at the first). ``scratch``: chunks per rank from
+    allocate_scratch; ``plan_fields``: the Plan's other fields."""
+    c = _Columns(ops) if ops else None
+    if c is None or not c.single or not _fits_int64(c, num_ranks):
         yield priorities[0], None
         return
-    c = _Columns(ops)
-    if not c.single or not _fits_int64(c, num_ranks):
-        yield priorities[0], None
-        return
-    n_ops = c.count
-    n_ins = 2 * n_ops
-    ids = np.arange(n_ops, dtype=np.int64)
-    send_id, recv_id = 2 * ids, 2 * ids + 1
+    n_ins = 2 * c.count
+    send_id = np.arange(0, n_ins, 2, dtype=np.int64)
+    recv_id = send_id + 1
+    edges = _chunk_edges(c)
+    channel, recv_conns, send_conns = _spread(c, num_ranks)
+    firsts, seconds = _forwarding_pairs(edges)
+    placement = place_connections(recv_conns, send_conns, _wanted(c, channel, firsts, seconds, num_ranks), num_ranks)
 
-    # -- build_dag: the accesses of each chunk, in id order ---------------------
-    # Each operation makes two: its send reads the source chunk; its receive
-    # writes the destination (and reads it first when it reduces).
+    # -- assign, then fuse_forwarding: a pair fuses where one threadblock holds both
+    channels = int(channel.max()) + 1
+    conn_code = (c.srank * num_ranks + c.drank) * channels + channel
+    tb_of = np.empty(n_ins, dtype=np.int64)
+    tb_of[recv_id] = _lookup(placement.recv_tb, num_ranks, channels, receiving=True)(conn_code)
+    tb_of[send_id] = _lookup(placement.send_tb, num_ranks, channels, receiving=False)(conn_code)
+    allowed = tb_of[firsts] == tb_of[seconds]
+    firsts, seconds = firsts[allowed], seconds[allowed]
+    alias = np.arange(n_ins, dtype=np.int64)         # a fused send's id -> its receive's
+    alias[seconds] = firsts
+    live = np.ones(n_ins, dtype=bool)
+    live[seconds] = False
+    kind = np.empty(n_ins, dtype=np.int64)
+    kind[send_id] = _SEND
+    kind[recv_id] = np.where(c.reduce, _RRC, _RECV)
+    kind[firsts] = np.where(kind[firsts] == _RRC, _RRCS, _RCS)
+    where_op = np.arange(n_ins, dtype=np.int64) // 2  # the operation whose source line a step shows
+    where_op[firsts] = seconds // 2
+    sender = alias[send_id]                           # per message, after fusion
+    # the local edges after fusion (repeats are harmless to what follows)
+    edge_src = alias[np.concatenate([edges.dep_src, edges.war_src])]
+    edge_dst = alias[np.concatenate([edges.dep_dst, edges.war_dst])]
+    keep = edge_src != edge_dst
+    edge_src, edge_dst = edge_src[keep], edge_dst[keep]
+
+    # -- drop_dead_stores: an rrcs whose value nobody reads and that does not last
+    has_reader = np.zeros(n_ins, dtype=bool)
+    has_reader[edges.raw_src[alias[edges.raw_dst] != edges.raw_src]] = True
+    in_scratch = np.repeat(c.dbuf, 2) == _buffer_number(c.names, "scratch")
+    kind[(kind == _RRCS) & ~has_reader & (edges.overwritten | in_scratch)] = _RRS
+    del edges, alias, keep, has_reader, in_scratch
+
+    sidx, didx, scratch = _compact_scratch(c, scratch, num_ranks)
+    rank = np.empty(n_ins, dtype=np.int64)
+    rank[send_id], rank[recv_id] = c.srank, c.drank
+    fields = dict(plan_fields, num_ranks=num_ranks, scratch=scratch)
+    for priority in priorities:
+        global_order = _order(priority, n_ins, live, edge_src, edge_dst, sender, recv_id, conn_code)
+        if global_order is None:
+            yield priority, None
+            continue
+        yield priority, _build_plan(c, global_order, kind, rank, tb_of, where_op, sidx, didx, edge_src,
+                                    edge_dst, placement, fields)
+
+
+class _Edges(NamedTuple):
+    """build_dag's local edges, by pre-fusion instruction id: ``dep`` a read
+    or write after the chunk's last write (``raw`` the reads among them),
+    ``war`` a plain read before the chunk's next write."""
+
+    dep_src: np.ndarray
+    dep_dst: np.ndarray
+    raw_src: np.ndarray
+    raw_dst: np.ndarray
+    war_src: np.ndarray
+    war_dst: np.ndarray
+    overwritten: np.ndarray          # per instruction: its chunk is written again later
+
+
+def _chunk_edges(c: _Columns) -> _Edges:
+    """Each operation makes two accesses: its send reads the source chunk;
+    its receive writes the destination (and reads it first when it
+    reduces). Sorted by chunk, then id, they give every edge at once."""
+    m = 2 * c.count                   # access a is made by instruction a (send 2j, receive 2j+1)
     stride = int(max(c.sidx.max(), c.didx.max())) + 1
     nb = len(c.names)
-    src_key = (c.srank * nb + c.sbuf) * stride + c.sidx
-    dst_key = (c.drank * nb + c.dbuf) * stride + c.didx
-    m = 2 * n_ops                     # access a is made by instruction a (send 2j, receive 2j+1)
     code = np.empty(m, dtype=np.int64)
-    code[0::2], code[1::2] = src_key, dst_key
+    code[0::2] = (c.srank * nb + c.sbuf) * stride + c.sidx
+    code[1::2] = (c.drank * nb + c.dbuf) * stride + c.didx
     code *= m
     code += np.arange(m, dtype=np.int64)
     code.sort()                       # by chunk, then id: one sort of distinct ints
@@ -131,94 +191,52 @@ def bulk_plans(ops, scratch: list[int], num_ranks: int, priorities, plan_fields:
     next_write[next_write >= group_end] = m
     del group_start, group_end, last_write, pos, new_group, starts
 
-    # an access after a write depends on it (read-after-write, write-after-write)
     after = prev_write >= 0
     dep_src, dep_dst = ins[prev_write[after]], ins[after]
     raw = reads[after]
-    raw_src, raw_dst = dep_src[raw], dep_dst[raw]
-    # a plain read precedes the next write (write-after-read); an rrc's next write is its own
-    war = ~write & (next_write < m)
-    war_src, war_dst = ins[war], ins[next_write[war]]
-    overwritten = np.zeros(n_ins, dtype=bool)
+    war = ~write & (next_write < m)   # an rrc's next write is its own
+    overwritten = np.zeros(m, dtype=bool)
     overwritten[ins[write & (next_write < m)]] = True
-    del ins, write, reads, prev_write, next_write, after
+    return _Edges(dep_src, dep_dst, dep_src[raw], dep_dst[raw], ins[war], ins[next_write[war]], overwritten)
 
-    # -- spread_channels ------------------------------------------------------
-    channel = c.channel
-    recv_conns, send_conns = _connections(c.srank, c.drank, channel, num_ranks)
+
+def _spread(c: _Columns, num_ranks: int):
+    """spread_channels: each operation's channel, and the receiving and
+    sending connections on them."""
+    recv_conns, send_conns = _connections(c.srank, c.drank, c.channel, num_ranks)
     spread = spread_rule(recv_conns, send_conns, num_ranks)
-    if spread is not None:
-        channel = spread(c.srank, c.drank, channel)
-        recv_conns, send_conns = _connections(c.srank, c.drank, channel, num_ranks)
+    if spread is None:
+        return c.channel, recv_conns, send_conns
+    channel = spread(c.srank, c.drank, c.channel)
+    return (channel, *_connections(c.srank, c.drank, channel, num_ranks))
 
-    # -- forwarding pairs: each receive with the first send that reads it -----
-    to_send = (raw_dst & 1) == 0
-    firsts, at = np.unique(raw_src[to_send], return_index=True)   # a writer's reads are contiguous, in id order
-    seconds = raw_dst[to_send][at]
+
+def _forwarding_pairs(edges: _Edges):
+    """forwarding_pairs: each receive (by id) with the first send that reads
+    its chunk (a send's only predecessor is the write it reads)."""
+    to_send = (edges.raw_dst & 1) == 0
+    # a write's readers are contiguous in the edges, in id order: the first is the smallest
+    firsts, at = np.unique(edges.raw_src[to_send], return_index=True)
+    return firsts, edges.raw_dst[to_send][at]
+
+
+def _wanted(c: _Columns, channel, firsts, seconds, num_ranks: int) -> Counter:
+    """place_auto's count of fusable pairs per (rank, channel, receive peer, send peer)."""
     fj, sj = firsts // 2, seconds // 2                # their operations
     same = channel[fj] == channel[sj]
     wanted = Counter()
-    if np.any(same):
-        ranks = np.int64(num_ranks)
-        channels = np.int64(channel.max() + 1)
-        # (rank, channel, receive peer, send peer) as one int
-        code = ((c.drank[fj] * channels + channel[fj]) * ranks + c.srank[fj]) * ranks + c.drank[sj]
-        found, times = np.unique(code[same], return_counts=True)
-        rest, send_peer = np.divmod(found, ranks)
-        rest, recv_peer = np.divmod(rest, ranks)
-        rank_, ch = np.divmod(rest, channels)
-        wanted.update(dict(zip(zip(rank_.tolist(), ch.tolist(), recv_peer.tolist(), send_peer.tolist()),
-                               times.tolist())))
-    placement = place_connections(recv_conns, send_conns, wanted, num_ranks)
-
-    # -- fuse_forwarding and assign: threadblocks by connection ---------------
-    conn_code = (c.srank * num_ranks + c.drank) * (int(channel.max()) + 1) + channel
-    recv_tb = _lookup(placement.recv_tb, num_ranks, int(channel.max()) + 1, receiving=True)
-    send_tb = _lookup(placement.send_tb, num_ranks, int(channel.max()) + 1, receiving=False)
-    tb_of = np.empty(n_ins, dtype=np.int64)
-    tb_of[recv_id] = recv_tb(conn_code)
-    tb_of[send_id] = send_tb(conn_code)
-    allowed = tb_of[firsts] == tb_of[seconds]
-    firsts, seconds = firsts[allowed], seconds[allowed]
-    alias = np.arange(n_ins, dtype=np.int64)
-    alias[seconds] = firsts
-    live = np.ones(n_ins, dtype=bool)
-    live[seconds] = False
-    kind = np.empty(n_ins, dtype=np.int64)
-    kind[send_id] = _SEND
-    kind[recv_id] = np.where(c.reduce, _RRC, _RECV)
-    kind[firsts] = np.where(kind[firsts] == _RRC, _RRCS, _RCS)
-    where_op = np.arange(n_ins, dtype=np.int64) // 2  # the operation whose source line a step shows
-    where_op[firsts] = seconds // 2
-    sender = alias[send_id]                           # per message, after fusion
-
-    # the local edges after fusion (repeats are harmless to what follows)
-    edge_src = alias[np.concatenate([dep_src, war_src])]
-    edge_dst = alias[np.concatenate([dep_dst, war_dst])]
-    keep = edge_src != edge_dst
-    edge_src, edge_dst = edge_src[keep], edge_dst[keep]
-    del dep_src, dep_dst, war_src, war_dst, keep
-
-    # -- drop_dead_stores: an rrcs whose value nobody reads and that does not last
-    read_by = alias[raw_dst]
-    has_reader = np.zeros(n_ins, dtype=bool)
-    has_reader[raw_src[read_by != raw_src]] = True
-    dead = (kind == _RRCS) & ~has_reader & (overwritten | (np.repeat(c.dbuf, 2) == _index(c.names, "scratch")))
-    kind[dead] = _RRS
-
-    # -- compact_scratch: only scratch chunks some step touches, renumbered ----
-    sidx, didx = _compact(c, scratch, num_ranks)
-
-    rank = np.empty(n_ins, dtype=np.int64)
-    rank[send_id], rank[recv_id] = c.srank, c.drank
-    fields = dict(plan_fields, num_ranks=num_ranks, scratch=scratch_after(c, scratch, sidx, didx, num_ranks))
-    for priority in priorities:
-        global_order = _order(priority, n_ins, live, edge_src, edge_dst, sender, recv_id, conn_code)
-        if global_order is None:
-            yield priority, None
-            continue
-        yield priority, _build_plan(c, global_order, kind, rank, tb_of, where_op, sidx, didx, edge_src,
-                                    edge_dst, placement, fields)
+    if not np.any(same):
+        return wanted
+    ranks = np.int64(num_ranks)
+    channels = np.int64(channel.max() + 1)
+    code = ((c.drank[fj] * channels + channel[fj]) * ranks + c.srank[fj]) * ranks + c.drank[sj]
+    found, times = np.unique(code[same], return_counts=True)
+    rest, send_peer = np.divmod(found, ranks)
+    rest, recv_peer = np.divmod(rest, ranks)
+    rank, ch = np.divmod(rest, channels)
+    wanted.update(dict(zip(zip(rank.tolist(), ch.tolist(), recv_peer.tolist(), send_peer.tolist()),
+                           times.tolist())))
+    return wanted
 
 
 def _fits_int64(c: _Columns, num_ranks: int) -> bool:
@@ -251,7 +269,7 @@ def _step(k: int, sl: Slice, deps: tuple, where) -> Step:
     return Step(_STEP_OPS[k], (sl,), sl, 1, deps, where)
 
 
-def _index(names, name):
+def _buffer_number(names, name) -> int:
     return names.index(name) if name in names else -1
 
 
@@ -274,33 +292,23 @@ def _lookup(table: dict, num_ranks: int, channels: int, receiving: bool):
     return find
 
 
-def _compact(c: _Columns, scratch: list[int], num_ranks: int):
-    """Source and destination chunk indices after compact_scratch."""
-    s = _index(c.names, "scratch")
+def _compact_scratch(c: _Columns, scratch: list[int], num_ranks: int):
+    """compact_scratch: source and destination chunk indices with the scratch
+    chunks no step touches dropped and the rest renumbered in order, and
+    scratch chunks per rank. Every chunk an operation names stays touched
+    (a fused send's chunk is its receive's), so the used ones are those."""
+    s = _buffer_number(c.names, "scratch")
     if s < 0 or not any(scratch):
-        return c.sidx, c.didx
-    in_s, in_d = c.sbuf == s, c.dbuf == s
-    used = np.unique(np.concatenate([c.srank[in_s] * (max(scratch) + 1) + c.sidx[in_s],
-                                     c.drank[in_d] * (max(scratch) + 1) + c.didx[in_d]]))
+        return c.sidx, c.didx, list(scratch)
     width = max(scratch) + 1
+    in_s, in_d = c.sbuf == s, c.dbuf == s
+    s_code, d_code = c.srank[in_s] * width + c.sidx[in_s], c.drank[in_d] * width + c.didx[in_d]
+    used = np.unique(np.concatenate([s_code, d_code]))
     first_of_rank = np.searchsorted(used, np.arange(num_ranks, dtype=np.int64) * width)
     sidx, didx = c.sidx.copy(), c.didx.copy()
-    sidx[in_s] = np.searchsorted(used, c.srank[in_s] * width + c.sidx[in_s]) - first_of_rank[c.srank[in_s]]
-    didx[in_d] = np.searchsorted(used, c.drank[in_d] * width + c.didx[in_d]) - first_of_rank[c.drank[in_d]]
-    return sidx, didx
-
-
-def scratch_after(c: _Columns, scratch: list[int], sidx, didx, num_ranks: int) -> list[int]:
-    """Scratch chunks per rank after compaction."""
-    s = _index(c.names, "scratch")
-    if s < 0 or not any(scratch):
-        return list(scratch)
-    used = [set() for _ in range(num_ranks)]
-    for ranks, idx, buf in ((c.srank, sidx, c.sbuf), (c.drank, didx, c.dbuf)):
-        mask = buf == s
-        for r, x in zip(ranks[mask].tolist(), idx[mask].tolist()):
-            used[r].add(x)
-    return [len(u) for u in used]
+    sidx[in_s] = np.searchsorted(used, s_code) - first_of_rank[c.srank[in_s]]
+    didx[in_d] = np.searchsorted(used, d_code) - first_of_rank[c.drank[in_d]]
+    return sidx, didx, np.diff(np.append(first_of_rank, used.size)).tolist()
 
 
 def _order(priority: str, n_ins: int, live, edge_src, edge_dst, sender, receiver, conn_code):

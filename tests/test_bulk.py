@@ -10,7 +10,7 @@ import pytest
 import msc
 from msc.dag import allocate_scratch, replicate
 from msc.errors import MscError
-from msc.ir import OpKind
+from msc.ir import OpKind, StepOp
 from msc.lower import LowerOptions, _pipeline_plans, lower
 from msc.plan_text import dump_plan
 from msc.bulk import bulk_plans, fits
@@ -117,3 +117,37 @@ def test_bulk_declines_what_it_does_not_cover():
     assert list(bulk_plans([], [0] * 4, 4, ("depth",), fields)) == [("depth", None)]
     assert not fits(LowerOptions(threadblocks="manual")) and not fits(LowerOptions(fuse=False))
     assert fits(LowerOptions(instances=4, protocol="LL"))
+
+
+ANY = msc.CustomCollective("anything", input_chunks=lambda n, k: 4 * k, output_chunks=lambda n, k: 4 * k,
+                           postcondition=lambda r, i, n, k: None)
+
+
+@msc.algorithm(ANY, chunk_factor=1, inplace=False)
+def relays_through_scratch(p, channels=1):
+    """Every rank relays its left neighbour's chunks to the right through
+    scratch t[5], t[2] and t[7] (declared t[0..7]: five never touched); t[2]
+    is overwritten before it is read, and t[7] holds a partial sum that is
+    forwarded and never read again (a dead store: rrs)."""
+    n = p.num_ranks
+    for r in range(n):
+        mid, right = (r + 1) % n, (r + 2) % n
+        ch = r % channels
+        p.chunk(r, "input", 0).copy(mid, "t", 5, channel=ch).copy(right, "output", 0, channel=ch)
+        p.chunk(r, "input", 1).copy(mid, "t", 2, channel=ch)
+        p.chunk(right, "input", 2).copy(mid, "t", 2, channel=ch)       # overwrites t[2]: the first store is dead
+        p.chunk(mid, "t", 2).copy(right, "output", 1 + (r % 2), channel=ch)
+        p.chunk(r, "input", 3).copy(mid, "t", 7).reduce(p.chunk(right, "input", 3))
+        p.chunk(mid, "t", 7).copy(right, "output", 3)
+
+
+@pytest.mark.parametrize("n", [3, 4, 5])
+@pytest.mark.parametrize("channels", [1, 2])
+def test_scratch_relays_compact_the_same(n, channels):
+    program = msc.trace(relays_through_scratch, n, channels=channels)
+    assert _single(program.ops)
+    for options in OPTIONS:
+        plan = lower(program, options)
+        assert plan.scratch_chunks == 3 * options.instances               # compacted from 8
+        assert any(step.op is StepOp.RRS for _, _, _, step in plan.steps())
+        assert dump_plan(plan) == dump_plan(lower(program, options, bulk=False)), options
