@@ -116,8 +116,8 @@ def verify(program) -> Report:
     writer: list[dict[str, list]] = []
     for rank in range(n):
         bufs = {b: [None] * size for b, size in layout.physical_sizes.items()}
-        for buf, index, label in layout.initial(rank):
-            bufs[buf][index] = label
+        buf, off, labels = layout.initial_labels(rank)       # None where a chunk starts empty: as is
+        bufs[buf][off:off + len(labels)] = labels
         state.append(bufs)
         writer.append({b: [-1] * size for b, size in layout.physical_sizes.items()})
 
@@ -152,9 +152,11 @@ def verify(program) -> Report:
     checked: dict[tuple[int, int], bool] = {}
     outputs = 0
     for rank in range(n):
-        for index, buf, pidx, expected in layout.expected(rank):
+        buf, off, wanted = layout.expected_list(rank)
+        for index, expected in enumerate(wanted):
             if expected is None:
                 continue
+            pidx = off + index
             outputs += 1
             value = state[rank][buf][pidx]
             if value is None:
