@@ -29,12 +29,11 @@ from __future__ import annotations
 
 from collections import Counter
 from typing import NamedTuple
-from itertools import repeat
-from operator import is_, itemgetter
 
 import numpy as np
 
-from msc.ir import OpKind, Plan, RankPlan, Slice, Step, StepOp, Threadblock
+from msc.columns import OpColumns
+from msc.ir import Plan, RankPlan, Slice, Step, StepOp, Threadblock
 from msc.levels import levels
 from msc.placement import place_connections, spread_rule
 
@@ -48,43 +47,14 @@ def fits(options) -> bool:
     return options.threadblocks == "auto" and options.fuse
 
 
-class _Columns:
-    """The trace as arrays, one entry per operation."""
-
-    def __init__(self, ops):
-        count = len(ops)
-
-        def ints(field):
-            return np.fromiter(map(itemgetter(field), ops), dtype=np.int64, count=count)
-
-        self.count = count
-        self.srank, self.sidx, self.drank, self.didx = ints(1), ints(3), ints(4), ints(6)
-        # one chunk from one rank to another, every operation
-        self.single = bool(np.all(ints(7) == 1) and not np.any(self.srank == self.drank))
-        names = sorted(set(map(itemgetter(2), ops)) | set(map(itemgetter(5), ops)))
-        self.names = names
-        number = {name: b for b, name in enumerate(names)}.__getitem__
-        self.sbuf = np.fromiter(map(number, map(itemgetter(2), ops)), dtype=np.int64, count=count)
-        self.dbuf = np.fromiter(map(number, map(itemgetter(5), ops)), dtype=np.int64, count=count)
-        self.reduce = np.fromiter(map(is_, map(itemgetter(0), ops), repeat(OpKind.REDUCE)), dtype=bool, count=count)
-        if any(map(itemgetter(8), ops)):
-            self.channel = np.fromiter((c or 0 for c in map(itemgetter(8), ops)), dtype=np.int64, count=count)
-        else:
-            self.channel = np.zeros(count, dtype=np.int64)
-        # source lines as small ints: the trace shares one object per line
-        where = list(map(itemgetter(11), ops))
-        _, first, self.line_id = np.unique(np.fromiter(map(id, where), dtype=np.int64, count=count),
-                                               return_index=True, return_inverse=True)
-        self.lines = [where[i] for i in first.tolist()]
-
-
 def bulk_plans(ops, scratch: list[int], num_ranks: int, priorities, plan_fields: dict):
     """For each priority of ``priorities``, (priority, plan), or (priority,
     None) from the first order it leaves to the pipeline (a program it does
     not cover is left at the first). ``scratch``: chunks per rank from
     allocate_scratch; ``plan_fields``: the Plan's other fields."""
-    c = _Columns(ops) if ops else None
-    if c is None or not c.single or not _fits_int64(c, num_ranks):
+    c = OpColumns(ops) if ops else None
+    # every operation one chunk from one rank to another
+    if c is None or np.any(c.size != 1) or np.any(c.srank == c.drank) or not _fits_int64(c, num_ranks):
         yield priorities[0], None
         return
     n_ins = 2 * c.count
@@ -123,7 +93,7 @@ def bulk_plans(ops, scratch: list[int], num_ranks: int, priorities, plan_fields:
     # -- drop_dead_stores: an rrcs whose value nobody reads and that does not last
     has_reader = np.zeros(n_ins, dtype=bool)
     has_reader[edges.raw_src[alias[edges.raw_dst] != edges.raw_src]] = True
-    in_scratch = np.repeat(c.dbuf, 2) == _buffer_number(c.names, "scratch")
+    in_scratch = np.repeat(c.dbuf, 2) == c.buffer_number("scratch")
     kind[(kind == _RRCS) & ~has_reader & (edges.overwritten | in_scratch)] = _RRS
     del edges, alias, keep, has_reader, in_scratch
 
@@ -154,7 +124,7 @@ class _Edges(NamedTuple):
     overwritten: np.ndarray          # per instruction: its chunk is written again later
 
 
-def _chunk_edges(c: _Columns) -> _Edges:
+def _chunk_edges(c: OpColumns) -> _Edges:
     """Each operation makes two accesses: its send reads the source chunk;
     its receive writes the destination (and reads it first when it
     reduces). Sorted by chunk, then id, they give every edge at once."""
@@ -200,7 +170,7 @@ def _chunk_edges(c: _Columns) -> _Edges:
     return _Edges(dep_src, dep_dst, dep_src[raw], dep_dst[raw], ins[war], ins[next_write[war]], overwritten)
 
 
-def _spread(c: _Columns, num_ranks: int):
+def _spread(c: OpColumns, num_ranks: int):
     """spread_channels: each operation's channel, and the receiving and
     sending connections on them."""
     recv_conns, send_conns = _connections(c.srank, c.drank, c.channel, num_ranks)
@@ -220,7 +190,7 @@ def _forwarding_pairs(edges: _Edges):
     return firsts, edges.raw_dst[to_send][at]
 
 
-def _wanted(c: _Columns, channel, firsts, seconds, num_ranks: int) -> Counter:
+def _wanted(c: OpColumns, channel, firsts, seconds, num_ranks: int) -> Counter:
     """place_auto's count of fusable pairs per (rank, channel, receive peer, send peer)."""
     fj, sj = firsts // 2, seconds // 2                # their operations
     same = channel[fj] == channel[sj]
@@ -239,7 +209,7 @@ def _wanted(c: _Columns, channel, firsts, seconds, num_ranks: int) -> Counter:
     return wanted
 
 
-def _fits_int64(c: _Columns, num_ranks: int) -> bool:
+def _fits_int64(c: OpColumns, num_ranks: int) -> bool:
     """Whether the int codes below (chunk, connection, edge and order keys
     times an id) stay within int64."""
     ids = 4 * c.count + 4
@@ -269,10 +239,6 @@ def _step(k: int, sl: Slice, deps: tuple, where) -> Step:
     return Step(_STEP_OPS[k], (sl,), sl, 1, deps, where)
 
 
-def _buffer_number(names, name) -> int:
-    return names.index(name) if name in names else -1
-
-
 def _lookup(table: dict, num_ranks: int, channels: int, receiving: bool):
     """A vectorized ``table[(rank, peer, channel)]`` by connection code
     (sender * n + receiver) * channels + channel."""
@@ -292,12 +258,12 @@ def _lookup(table: dict, num_ranks: int, channels: int, receiving: bool):
     return find
 
 
-def _compact_scratch(c: _Columns, scratch: list[int], num_ranks: int):
+def _compact_scratch(c: OpColumns, scratch: list[int], num_ranks: int):
     """compact_scratch: source and destination chunk indices with the scratch
     chunks no step touches dropped and the rest renumbered in order, and
     scratch chunks per rank. Every chunk an operation names stays touched
     (a fused send's chunk is its receive's), so the used ones are those."""
-    s = _buffer_number(c.names, "scratch")
+    s = c.buffer_number("scratch")
     if s < 0 or not any(scratch):
         return c.sidx, c.didx, list(scratch)
     width = max(scratch) + 1
@@ -336,7 +302,7 @@ def _order(priority: str, n_ins: int, live, edge_src, edge_dst, sender, receiver
     return ids
 
 
-def _build_plan(c: _Columns, global_order, kind, rank, tb_of, where_op, sidx, didx, edge_src, edge_dst,
+def _build_plan(c: OpColumns, global_order, kind, rank, tb_of, where_op, sidx, didx, edge_src, edge_dst,
                 placement, fields) -> Plan:
     n_ins = kind.size
     num_ranks = fields["num_ranks"]
