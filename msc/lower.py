@@ -74,7 +74,9 @@ def lower(program, options: LowerOptions = LowerOptions(), *, collective=None, b
     collective = collective or layout.collective
     failures = []
     # the first order that works with the fewest slots wins
-    for priority, plan in _plans(ops, scratch, n, options, fields, bulk and fits(options)):
+    # the program's own columns where replicate and allocate_scratch changed nothing
+    columns = program.columns if options.instances == 1 and not program.scratch_sizes else None
+    for priority, plan in _plans(ops, scratch, n, options, fields, bulk and fits(options), columns):
         if isinstance(plan, LoweringError):
             failures.append(f"{priority} order: {plan}")
             continue
@@ -87,14 +89,14 @@ def lower(program, options: LowerOptions = LowerOptions(), *, collective=None, b
     raise LoweringError("no step order works:\n  " + "\n  ".join(failures))
 
 
-def _plans(ops, scratch, n, options: LowerOptions, fields: dict, use_bulk: bool):
+def _plans(ops, scratch, n, options: LowerOptions, fields: dict, use_bulk: bool, columns=None):
     """(priority, plan) for each of PRIORITIES in turn, or (priority,
     LoweringError) where no step order of that priority exists. Bulk
     lowering first where it applies; from the first order it leaves to the
     pipeline (None), the pipeline does the rest."""
     remaining = list(PRIORITIES)
     if use_bulk:
-        for priority, plan in bulk_plans(ops, scratch, n, PRIORITIES, fields):
+        for priority, plan in bulk_plans(ops, scratch, n, PRIORITIES, fields, columns):
             if plan is None:
                 break
             remaining.remove(priority)
@@ -133,15 +135,19 @@ def _pipeline_plans(ops, scratch, n, options: LowerOptions, fields: dict, priori
 
 def verified_with_fewest_slots(plan: Plan, collective) -> Plan | None:
     """The plan verified with the fewest connection slots (1, 2, 4, 8) it runs
-    without deadlock at; None if even MAX_SLOTS deadlocks. A deadlock shows
-    early when slots are too few (the first messages block), so trying the
-    full verification at each capacity costs about one verification."""
+    without deadlock at; None if even MAX_SLOTS deadlocks. The bulk path reads
+    the plan once and finds that capacity without running it (exact: deadlock
+    freedom depends on neither data nor order); where it cannot tell, each
+    capacity is tried in turn from 1, as a deadlock shows early."""
+    from msc.plan_bulk import prepare             # (imported here: the rest of this module is not this change's)
+
     check_races(plan, collective=collective)      # races do not depend on the capacity: once
-    slots = 1
+    prepared = prepare(plan)
+    slots = prepared.fewest_slots(MAX_SLOTS) or 1
     while slots <= MAX_SLOTS:
         candidate = replace(plan, slots=slots)
         try:
-            verify_plan(candidate, collective=collective, checked=True, check_races=False)
+            verify_plan(candidate, collective=collective, checked=True, check_races=False, prepared=prepared)
             return candidate
         except DeadlockError:
             slots *= 2

@@ -115,9 +115,12 @@ def _cls(value, k, start_class):
 
 @pause_gc
 def verify_plan(plan: Plan, *, collective: Collective | None = None, slots: int | None = None,
-                check_races: bool = True, checked: bool = False) -> PlanReport:
+                check_races: bool = True, checked: bool = False,
+                prepared: plan_bulk.Prepared | None = None) -> PlanReport:
     """Verify ``plan``; raise VerificationError (DeadlockError, RaceError) or
-    PlanError. ``slots`` overrides the plan's connection capacity."""
+    PlanError. ``slots`` overrides the plan's connection capacity.
+    ``prepared``: ``msc.plan_bulk.prepare`` of a plan with the same ranks, so
+    that verifying one plan at several capacities reads it once."""
     start = time.perf_counter()
     if not checked:
         check_plan(plan)
@@ -132,7 +135,9 @@ def verify_plan(plan: Plan, *, collective: Collective | None = None, slots: int 
     # Race-free from here (checked above, or one threadblock per rank, or the
     # caller checked: lowering), so the bulk path's verdict is the executor's.
     # When it declines, the executor runs and words the error.
-    accepted = plan_bulk.accepts(plan, layout, capacity)
+    if prepared is None:
+        prepared = plan_bulk.prepare(plan)
+    accepted = prepared.accepts(plan, layout, capacity)
     if not accepted or plan_bulk.CHECK:
         run = run or _Execution(plan, layout, capacity)
         try:
