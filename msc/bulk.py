@@ -47,12 +47,13 @@ def fits(options) -> bool:
     return options.threadblocks == "auto" and options.fuse
 
 
-def bulk_plans(ops, scratch: list[int], num_ranks: int, priorities, plan_fields: dict):
+def bulk_plans(ops, scratch: list[int], num_ranks: int, priorities, plan_fields: dict, columns=None):
     """For each priority of ``priorities``, (priority, plan), or (priority,
     None) from the first order it leaves to the pipeline (a program it does
     not cover is left at the first). ``scratch``: chunks per rank from
-    allocate_scratch; ``plan_fields``: the Plan's other fields."""
-    c = OpColumns(ops) if ops else None
+    allocate_scratch; ``plan_fields``: the Plan's other fields; ``columns``:
+    a function giving ``ops`` as OpColumns, where the caller has them."""
+    c = None if not ops else columns() if columns is not None else OpColumns(ops)
     # every operation one chunk from one rank to another
     if c is None or np.any(c.size != 1) or np.any(c.srank == c.drank) or not _fits_int64(c, num_ranks):
         yield priorities[0], None

@@ -67,6 +67,7 @@ class Program:
         self._sealed = False
         # (ops verified, report) of the last MSCCLang Check(): `msc verify` reuses it for the sealed program
         self.check_report = None
+        self._columns = None              # (ops, OpColumns): the sealed ops as arrays, read once
         self._physical = layout.physical_sizes
         self._logical = layout.logical_sizes
         self._alias = layout.alias_table
@@ -98,6 +99,19 @@ class Program:
 
     def chunk_ops(self) -> int:
         return sum(op.size for op in self.ops)
+
+    def columns(self):
+        """The operations as numpy columns (msc.columns.OpColumns), for the
+        bulk passes; a sealed program reads them once for the verifier and
+        lowering both."""
+        from msc.columns import OpColumns      # numpy: only where a pass runs in bulk
+
+        if self._columns is not None and self._columns[0] is self.ops:
+            return self._columns[1]
+        columns = OpColumns(self.ops)
+        if self._sealed:
+            self._columns = (self.ops, columns)
+        return columns
 
     def __repr__(self) -> str:
         return (f"Program({self.name!r}, {self.collective}, ranks={self.num_ranks}, "

@@ -1,0 +1,220 @@
+"""The DSL verifier's fast path: is a traced program certainly right?
+Answered in bulk (numpy), without running the trace one operation at a time.
+
+``checked_outputs(program)`` is the number of output chunks checked when
+``msc.verify``'s symbolic run would succeed, None on anything else. It never
+words an error: on None, ``verify`` runs the trace in Python, which finds
+the error and names it.
+
+How. An operation of ``size`` chunks is ``size`` lanes run in order, each
+reading a source chunk (and, for a reduce, its destination) and then writing
+the destination. Sorted by chunk, then lane, every read finds the last write
+before it, or the chunk's initial label: the trace in SSA form. A copy's
+value is the value it read (an alias); a reduce's is a new sum of its two
+reads. Then every output chunk's final value must hold its expected
+multiset of contributions, counted once per distinct (value, expectation),
+as ``verify`` counts them.
+"""
+from __future__ import annotations
+
+from itertools import chain, repeat
+from operator import is_not
+
+import numpy as np
+
+from msc.collectives import Collective
+from msc.multisets import Decline, contributions, resolve
+
+
+def checked_outputs(program) -> int | None:
+    """The output chunks ``msc.verify(program)`` checks, if it succeeds; None
+    where this cannot vouch for the program (see the module docstring)."""
+    try:
+        return _checked_outputs(program)
+    except Decline:
+        return None
+
+
+def _lookup(keys: np.ndarray, values: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """``values`` at each of ``wanted`` in the sorted ``keys``; -1 where absent."""
+    if not keys.size:
+        return np.full(wanted.size, -1, dtype=np.int64)
+    at = np.minimum(np.searchsorted(keys, wanted), keys.size - 1)
+    return np.where(keys[at] == wanted, values[at], -1)
+
+
+def _need(ok) -> None:
+    if not ok:
+        raise Decline
+
+
+def _checked_outputs(program) -> int:
+    layout, ops = program.layout, program.ops
+    _need(ops)                        # nothing to gain
+    n = layout.num_ranks
+    c = program.columns()
+    _need((c.size >= 1).all())
+    if (c.size == 1).all():
+        lane_op, j = np.arange(c.count, dtype=np.int64), 0
+    else:
+        lane_op = np.repeat(np.arange(c.count, dtype=np.int64), c.size)
+        j = np.arange(lane_op.size, dtype=np.int64) - np.repeat(np.cumsum(c.size) - c.size, c.size)
+    lanes = lane_op.size
+
+    # -- chunks as ints: (rank, buffer, index) ----------------------------------
+    names = c.names + [b for b in layout.physical_sizes if b not in c.names]
+    number = {b: i for i, b in enumerate(names)}
+    s_idx, d_idx = c.sidx[lane_op] + j, c.didx[lane_op] + j
+    _need((s_idx >= 0).all() and (d_idx >= 0).all())
+    stride = 1 + max(int(s_idx.max()), int(d_idx.max()), *layout.physical_sizes.values())
+    width = len(names) * stride
+
+    def cell(rank, buf, index):
+        return (rank * len(names) + buf) * stride + index
+
+    src_cell = cell(c.srank[lane_op], c.sbuf[lane_op], s_idx)
+    dst_cell = cell(c.drank[lane_op], c.dbuf[lane_op], d_idx)
+    reduce = c.reduce[lane_op]
+
+    # -- initial labels: one leaf per distinct label ----------------------------
+    if type(layout.collective).precondition is Collective.precondition:
+        init_cells, init_leaf, label_of, leaves_of = _position_labels(layout, number, stride, width)
+    else:
+        init_cells, init_leaf, label_of = _any_labels(layout, number, stride, width)
+        leaves_of = _no_leaves
+    n_leaves = init_leaf.size and int(init_leaf.max()) + 1
+
+    # -- every access, by chunk then lane: reads find their write -------------------
+    # order within a lane: read the source, read the destination (a reduce), write it
+    acc_cell = np.concatenate([src_cell, dst_cell[reduce], dst_cell])
+    acc_lane = np.concatenate([np.arange(lanes), np.flatnonzero(reduce), np.arange(lanes)])
+    acc_kind = np.concatenate([np.zeros(lanes, np.int64), np.ones(int(reduce.sum()), np.int64),
+                               np.full(lanes, 2, np.int64)])
+    _need(int(acc_cell.max()) < (1 << 62) // (3 * lanes + 3))
+    code = acc_cell * (3 * lanes) + acc_lane * 3 + acc_kind
+    del acc_cell, acc_lane, acc_kind
+    code.sort()                       # distinct ints: by chunk, then lane, then read before write
+    s_cell, rest = np.divmod(code, 3 * lanes)
+    s_lane, s_kind = np.divmod(rest, 3)
+    del code, rest
+    m = s_cell.size
+    pos = np.arange(m, dtype=np.int64)
+    first = np.ones(m, dtype=bool)
+    first[1:] = s_cell[1:] != s_cell[:-1]
+    group_start = np.maximum.accumulate(np.where(first, pos, 0))
+    written = s_kind == 2
+    last_write = np.maximum.accumulate(np.where(written, pos, -1))
+    before = np.full(m, -1, dtype=np.int64)       # the last write strictly before each access
+    before[1:] = last_write[:-1]
+    before[before < group_start] = -1
+    initial = _lookup(init_cells, init_leaf, s_cell)   # -1 where a chunk starts empty
+    seen = np.where(before >= 0, n_leaves + s_lane[np.maximum(before, 0)], initial)
+    reads = ~written
+    _need((seen[reads] >= 0).all())               # a read of a chunk nothing wrote
+    value_src = np.empty(lanes, dtype=np.int64)
+    value_dst = np.full(lanes, -1, dtype=np.int64)
+    is_src = reads & (s_kind == 0)
+    value_src[s_lane[is_src]] = seen[is_src]
+    is_dst = reads & (s_kind == 1)
+    value_dst[s_lane[is_dst]] = seen[is_dst]
+    # each chunk's final value: its last write, else its initial label
+    last = np.flatnonzero(np.append(first[1:], True))
+    final_cells = s_cell[last]
+    final_value = np.where(last_write[last] >= group_start[last],
+                           n_leaves + s_lane[np.maximum(last_write[last], 0)], initial[last])
+    del s_cell, s_kind, s_lane, pos, first, group_start, written, last_write, before
+
+    # -- values: leaves, then per lane an alias (copy) or a sum (reduce) --------------
+    kind = np.concatenate([np.zeros(n_leaves, np.int8), np.where(reduce, 2, 1).astype(np.int8)])
+    a = np.concatenate([np.arange(n_leaves, dtype=np.int64), np.where(reduce, value_dst, value_src)])
+    b = np.concatenate([np.full(n_leaves, -1, np.int64), np.where(reduce, value_src, -1)])
+    rep, ca, cb = resolve(kind, a, b)
+
+    # -- outputs -------------------------------------------------------------------------
+    out_cells, out_exp, exps, exp_index = [], [], [], {}
+    for rank in range(n):
+        buf, off, expected = layout.expected_list(rank)
+        present = np.flatnonzero(np.fromiter(map(is_not, expected, repeat(None)), bool, len(expected)))
+        if not present.size:
+            continue
+        if present.size < len(expected):
+            expected = [e for e in expected if e is not None]
+        out_cells.append(rank * width + number[buf] * stride + off + present)
+        for e in expected:
+            if id(e) not in exp_index:          # exps keeps them alive: ids stay unique
+                exp_index[id(e)] = len(exps)
+                exps.append(e)
+        out_exp.append(np.fromiter(map(exp_index.__getitem__, map(id, expected)), np.int64, len(expected)))
+    if not out_cells:
+        return 0
+    out_cells, out_exp = np.concatenate(out_cells), np.concatenate(out_exp)
+    value = _lookup(final_cells, final_value, out_cells)
+    value = np.where(value >= 0, value, _lookup(init_cells, init_leaf, out_cells))   # a chunk never touched
+    _need((value >= 0).all())                        # else the chunk was never written nor labelled
+    value = rep[value]
+    pairs = np.unique(value * len(exps) + out_exp)
+    roots, which = pairs // len(exps), pairs % len(exps)
+    sums = roots >= n_leaves
+    for root, e in zip(roots[~sums].tolist(), which[~sums].tolist()):
+        single = exps[e].single
+        _need(single is not None and label_of(root) == single)   # an output holding one input chunk
+    found = contributions(np.unique(roots[sums]), kind, ca, cb)
+    wanted = {}                       # per expectation: its leaves (ascending) and multiplicities, or None
+    for root, e in zip(roots[sums].tolist(), which[sums].tolist()):
+        leaves, mult = found[root]
+        _need(len(leaves) == len(exps[e].counts))
+        if e not in wanted:
+            wanted[e] = leaves_of(exps[e].counts)
+        if wanted[e] is not None:
+            _need(np.array_equal(leaves, wanted[e][0]) and np.array_equal(mult, wanted[e][1]))
+        else:
+            _need(dict(zip(map(label_of, leaves.tolist()), mult.tolist())) == exps[e].counts)
+    return out_cells.size
+
+
+def _position_labels(layout, number: dict, stride: int, width: int):
+    """Initial labels of a collective whose input chunk i of rank r starts
+    as (r, i) (Collective.precondition): leaf r * chunks + i, no label map.
+    Also the leaves of an expectation (None where a label is no leaf)."""
+    n, chunks = layout.num_ranks, layout.logical_sizes["input"]
+    cells = []
+    for rank in range(n):
+        buf, off = layout.alias(rank, "input")
+        cells.append(rank * width + number[buf] * stride + off + np.arange(chunks, dtype=np.int64))
+    cells = np.concatenate(cells) if cells else np.zeros(0, dtype=np.int64)
+    leaf = np.arange(cells.size, dtype=np.int64)
+    order = np.argsort(cells)
+
+    def leaves_of(counts: dict):
+        ri = np.fromiter(chain.from_iterable(counts), np.int64, 2 * len(counts)).reshape(-1, 2)
+        if not ((ri[:, 0] >= 0) & (ri[:, 0] < n) & (ri[:, 1] >= 0) & (ri[:, 1] < chunks)).all():
+            return None
+        leaves = ri[:, 0] * chunks + ri[:, 1]
+        by_leaf = np.argsort(leaves)
+        return leaves[by_leaf], np.fromiter(counts.values(), np.int64, len(counts))[by_leaf]
+
+    return cells[order], leaf[order], lambda x: divmod(x, chunks), leaves_of
+
+
+def _no_leaves(counts: dict) -> None:
+    return None
+
+
+def _any_labels(layout, number: dict, stride: int, width: int):
+    """Initial labels from the collective's precondition, any labels."""
+    cells, all_labels = [], []
+    for rank in range(layout.num_ranks):
+        buf, off, got = layout.initial_labels(rank)
+        present = np.flatnonzero(np.fromiter(map(is_not, got, repeat(None)), bool, len(got)))
+        if present.size < len(got):
+            got = [label for label in got if label is not None]
+        cells.append(rank * width + number[buf] * stride + off + present)
+        all_labels.extend(got)
+    labels = list(dict.fromkeys(all_labels))
+    leaf = np.arange(len(all_labels), dtype=np.int64)
+    if len(labels) < len(all_labels):             # a label that starts in several places is one leaf
+        index_of = {label: i for i, label in enumerate(labels)}
+        leaf = np.fromiter(map(index_of.__getitem__, all_labels), np.int64, len(all_labels))
+    cells = np.concatenate(cells) if cells else np.zeros(0, dtype=np.int64)
+    keep = np.unique(cells[::-1], return_index=True)[1]    # a cell labelled twice keeps the last
+    return cells[::-1][keep], leaf[::-1][keep], labels.__getitem__
