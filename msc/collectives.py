@@ -70,6 +70,19 @@ class Collective:
         """What output chunk ``index`` of ``rank`` must hold; None: anything."""
         raise NotImplementedError
 
+    def postconditions(self, rank: int, n: int, k: int, root: int) -> tuple[Expected | None, ...]:
+        """postcondition() of every output chunk of ``rank``, in bulk. A
+        collective whose expectations repeat between ranks may return one
+        tuple for all of them (verifiers then read it once)."""
+        post = self.postcondition
+        return tuple([post(rank, i, n, k, root) for i in range(self.output_chunks(n, k))])
+
+    @property
+    def labels_are_positions(self) -> bool:
+        """Whether input chunk i of rank r starts as label (r, i) everywhere
+        (the default precondition), which verifiers may use without asking."""
+        return type(self).precondition is Collective.precondition
+
     def layout(self, num_ranks: int, chunk_factor: int, inplace: bool, root: int = 0) -> Layout:
         layout = Layout(self, num_ranks, chunk_factor, inplace, root)
         layout.validate()
@@ -81,12 +94,33 @@ class _Cached(Collective):
 
     def __init__(self):
         self._cache: dict[tuple, Expected] = {}
+        self._rows: dict[tuple, tuple] = {}
 
     def _expect(self, key: tuple, make: Callable[[], Iterable[Label]]) -> Expected:
         found = self._cache.get(key)
         if found is None:
             found = self._cache[key] = Expected(make())
         return found
+
+    def _row_key(self, rank: int, n: int, k: int, root: int) -> tuple | None:
+        """Ranks with the same key have the same expectations (None: none share)."""
+        return None
+
+    def postconditions(self, rank, n, k, root):
+        key = self._row_key(rank, n, k, root)
+        if key is None or not self._rows_shared():
+            return Collective.postconditions(self, rank, n, k, root)
+        row = self._rows.get(key)
+        if row is None:
+            row = self._rows[key] = Collective.postconditions(self, rank, n, k, root)
+        return row
+
+    def _rows_shared(self) -> bool:
+        """Whether the postcondition is the one the row key was written for
+        (a subclass may change one without the other)."""
+        cls = type(self)
+        owner = next(c for c in cls.__mro__ if "_row_key" in c.__dict__)
+        return cls.postcondition is owner.postcondition
 
 
 class AllReduce(_Cached):
@@ -100,6 +134,9 @@ class AllReduce(_Cached):
 
     def postcondition(self, rank, index, n, k, root):
         return self._expect((n, index), lambda: ((r, index) for r in range(n)))
+
+    def _row_key(self, rank, n, k, root):
+        return (n, k)
 
 
 class AllGather(_Cached):
@@ -117,6 +154,9 @@ class AllGather(_Cached):
     def postcondition(self, rank, index, n, k, root):
         src = (index // k, index % k)
         return self._expect(src, lambda: (src,))
+
+    def _row_key(self, rank, n, k, root):
+        return (n, k)
 
 
 class ReduceScatter(_Cached):
@@ -164,6 +204,9 @@ class Broadcast(_Cached):
         src = (root, index)
         return self._expect(src, lambda: (src,))
 
+    def _row_key(self, rank, n, k, root):
+        return (n, k, root)
+
 
 class Reduce(_Cached):
     name = "reduce"
@@ -179,6 +222,9 @@ class Reduce(_Cached):
         if rank != root:
             return None
         return self._expect((n, index), lambda: ((r, index) for r in range(n)))
+
+    def _row_key(self, rank, n, k, root):
+        return (n, k, root, rank == root)
 
 
 class CustomCollective(Collective):
@@ -223,6 +269,10 @@ class CustomCollective(Collective):
 
     def output_chunks(self, n, k):
         return self._size(self._output, n, k)
+
+    @property
+    def labels_are_positions(self) -> bool:
+        return self._pre is None
 
     def precondition(self, rank, index, n, k, root):
         if self._pre is None:
@@ -349,9 +399,19 @@ class Layout:
 
     def expected_list(self, rank: int) -> tuple[str, int, list]:
         """expected() in bulk: (physical buffer, offset, Expected or None per logical output chunk)."""
-        n, k, root, post = self.num_ranks, self.chunk_factor, self.root, self.collective.postcondition
+        buf, off, row = self.expected_row(rank)
+        return buf, off, list(row)
+
+    def expected_row(self, rank: int) -> tuple[str, int, tuple]:
+        """expected_list() as a tuple, the same object for ranks whose
+        expectations are the same where the collective shares them (built-ins
+        do): a bulk reader can then read each distinct row once."""
         buf, off = self.alias(rank, "output")
-        return buf, off, [post(rank, i, n, k, root) for i in range(self.logical_sizes["output"])]
+        row = self.collective.postconditions(rank, self.num_ranks, self.chunk_factor, self.root)
+        if len(row) != self.logical_sizes["output"]:
+            raise UsageError(f"{self.name}: postconditions({rank}) gave {len(row)} expectations for "
+                             f"{self.logical_sizes['output']} output chunks")
+        return buf, off, row
 
     def expected(self, rank: int) -> Iterable[tuple[int, str, int, Expected | None]]:
         """(logical index, physical buffer, physical index, expectation) per output chunk."""

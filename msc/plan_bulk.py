@@ -50,6 +50,7 @@ import os
 
 import numpy as np
 
+from msc.collectives import BUILTIN, CustomCollective
 from msc.ir import STEP_SHAPE, Plan, StepOp
 from msc.levels import levels
 from msc.perf import pause_gc
@@ -72,7 +73,7 @@ _MAX_SRCS = np.array([{"0": 0, "1": 1, "2+": 1 << 30}[STEP_SHAPE[op][0]] for op 
 _EXACT = float(1 << 52)
 # Objects are read once per distinct one when a sample of this many has at
 # most half distinct (np.unique over their ids costs less than the reading).
-_SAMPLE = 4096
+_SAMPLE = 1 << 16
 
 _op, _srcs, _dst, _deps, _count = (attrgetter(a) for a in ("op", "srcs", "dst", "deps", "count"))
 _buffer, _index = attrgetter("buffer"), attrgetter("index")
@@ -141,12 +142,17 @@ def _expand(first, counts):
 
 def _distinct(objs: list):
     """(the distinct objects, index of each position's among them), or
-    (objs, None) where too few repeat to pay for finding them."""
+    (objs, None) where too few repeat to pay for finding them (judged on a
+    sample of positions: repeats may be far apart, between ranks)."""
     n = len(objs)
-    if len(set(map(id, objs[:_SAMPLE]))) * 2 > min(n, _SAMPLE):
-        return objs, None
+    if n > _SAMPLE:
+        sample = np.random.default_rng(0).integers(0, n, _SAMPLE).tolist()
+        if len(set(map(id, map(objs.__getitem__, sample)))) * 2 > _SAMPLE:
+            return objs, None
     ids = np.fromiter(map(id, objs), np.int64, n)    # the objects are alive: their ids are distinct
     _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+    if len(first) * 2 > n:
+        return objs, None
     return list(map(objs.__getitem__, first.tolist())), inverse.reshape(-1)
 
 
@@ -312,27 +318,39 @@ class Prepared:
         src_e.append(tb_first[dep_tb] + dep_s)
         dst_e.append(dep_owner)
 
-        nconn = len(conn_id)
-        snd = np.flatnonzero(sends)
-        snd = snd[np.argsort(out_conn[snd], kind="stable")]        # by connection, then program order
-        rcv = np.flatnonzero(receives)
-        rcv = rcv[np.argsort(in_conn[rcv], kind="stable")]
-        nsnd = np.bincount(out_conn[snd], minlength=nconn)
-        self.nrcv = nrcv = np.bincount(in_conn[rcv], minlength=nconn)
-        snd_start = np.cumsum(nsnd) - nsnd
-        self.rcv_start = rcv_start = np.cumsum(nrcv) - nrcv
-        rk = np.arange(len(rcv), dtype=np.int64) - rcv_start[in_conn[rcv]]       # k of each receive
+        # Sends of a connection are one threadblock's (one per end), so they
+        # lie together, in program order, among all sends in step order.
+        nconn, ntb = len(conn_id), len(tb_len)
+        tb_out, tb_in = np.array(tb_out, dtype=np.int64), np.array(tb_in, dtype=np.int64)
+
+        def by_connection(steps, tb_conn):
+            """Per connection: its first entry in ``steps`` and how many."""
+            per_tb = np.bincount(step_tb[steps], minlength=ntb)
+            start, many = np.zeros(nconn, dtype=np.int64), np.zeros(nconn, dtype=np.int64)
+            has = tb_conn >= 0
+            start[tb_conn[has]] = (np.cumsum(per_tb) - per_tb)[has]
+            many[tb_conn[has]] = per_tb[has]
+            return start, many
+
+        snd, rcv = np.flatnonzero(sends), np.flatnonzero(receives)
+        snd_start, nsnd = by_connection(snd, tb_out)
+        rcv_start, nrcv = by_connection(rcv, tb_in)
+        rcv_conn = in_conn[rcv]
+        rk = np.arange(len(rcv), dtype=np.int64) - rcv_start[rcv_conn]           # k of each receive
         # A receive without its send waits forever: a deadlock at every capacity.
-        self.unmatched = not (rk < nsnd[in_conn[rcv]]).all()
+        self.unmatched = not (rk < nsnd[rcv_conn]).all()
         if not self.unmatched:
-            self.sender = sender = snd[snd_start[in_conn[rcv]] + rk]            # k-th send -> k-th receive
+            self.sender = sender = snd[snd_start[rcv_conn] + rk]                # k-th send -> k-th receive
             self.well_formed &= bool((count[sender] == count[rcv]).all())
             src_e.append(sender)
             dst_e.append(rcv)
-        self.rcv, self.snd = rcv, snd
-        self.snd_conn = out_conn[snd]
-        self.sk = np.arange(len(snd), dtype=np.int64) - snd_start[self.snd_conn]   # k of each send
-        self.edges = (np.concatenate(src_e), np.concatenate(dst_e))
+        self.rcv, self.snd, self.rk, self.rcv_conn = rcv, snd, rk, rcv_conn
+        self.nsnd, self.nrcv, self.snd_start = nsnd, nrcv, snd_start
+        # Sorted by source once: levels() sorts its edges stably, quickly when
+        # they come in few sorted runs (these, then the capacity's).
+        src, dst = np.concatenate(src_e), np.concatenate(dst_e)
+        order = np.argsort(src, kind="stable")
+        self.edges = (src[order], dst[order])
         return True
 
     def _level(self, capacity: int):
@@ -343,15 +361,15 @@ class Prepared:
         return self._levels[capacity]
 
     def _levels_at(self, capacity: int):
-        if self.unmatched:
+        # The k-th send of a connection waits for its (k - c)-th receive; a
+        # send that has none waits forever.
+        if self.unmatched or (self.nsnd - capacity > self.nrcv).any():
             return None
-        blocked = self.sk >= capacity                                          # waits for the (k - c)-th receive
-        conn, k = self.snd_conn[blocked], self.sk[blocked] - capacity
-        if not (k < self.nrcv[conn]).all():
-            return None                                                        # a slot never freed
+        frees = self.rk + capacity < self.nsnd[self.rcv_conn]                  # the receives that free a send
+        conn = self.rcv_conn[frees]
         src, dst = self.edges
-        return levels(self.N, np.concatenate([src, self.rcv[self.rcv_start[conn] + k]]),
-                      np.concatenate([dst, self.snd[blocked]]))
+        return levels(self.N, np.concatenate([src, self.rcv[frees]]),          # in step order, as rcv is
+                      np.concatenate([dst, self.snd[self.snd_start[conn] + self.rk[frees] + capacity]]))
 
     # -- the values -----------------------------------------------------------------
     def _accepts(self, plan: Plan, layout, capacity: int) -> bool:
@@ -391,35 +409,12 @@ class Prepared:
         dst_index = self.dst_index
 
         # -- initial values: one leaf per distinct label -----------------------------
-        cells, all_labels, classes = [], [], []
-        for rank in range(n):
-            buf, off, got = layout.initial_labels(rank)
-            if not got:
-                continue
-            b = code.get(buf)
-            _need(b is not None and 0 <= off and off + len(got) <= sizes[rank, b])
-            index = off + np.flatnonzero(np.fromiter(map(is_not, got, repeat(None)), bool, len(got)))
-            if len(index) < len(got):
-                got = [label for label in got if label is not None]
-            cells.append(cellbase[rank * nb + b] + index)
-            classes.append(index % k)
-            all_labels.extend(got)
-        distinct = list(dict.fromkeys(all_labels))          # leaf i: the i-th distinct label, first come first
-        L = len(distinct)
-        classes = np.concatenate(classes) if classes else np.zeros(0, dtype=np.int64)
-        if L == len(all_labels):                             # the usual case: each label starts in one place
-            labels, leaf_ids, leaf_class = all_labels, np.arange(L, dtype=np.int64), classes
-        else:
-            labels = distinct
-            leaf_of = dict(zip(distinct, range(L)))
-            start_class = dict(zip(all_labels, classes.tolist()))   # the last one wins, as in the executor
-            leaf_class = np.fromiter(map(start_class.__getitem__, labels), np.int64, L)
-            leaf_ids = np.fromiter(map(leaf_of.__getitem__, all_labels), np.int64, len(all_labels))
+        leaves = _Leaves(layout, plan.num_ranks, k, code, sizes, cellbase, nb)
+        L, leaf_class = leaves.count, leaves.leaf_class
         initial = np.full(ncells, -1, dtype=np.int64)
-        if cells:   # the last label put in a cell stays there, as in the executor
-            cells = np.concatenate(cells)[::-1]
-            uniq, pos = np.unique(cells, return_index=True)
-            initial[uniq] = leaf_ids[::-1][pos]
+        if leaves.cells.size:   # the last label put in a cell stays there, as in the executor
+            uniq, pos = np.unique(leaves.cells[::-1], return_index=True)
+            initial[uniq] = leaves.leaf_ids[::-1][pos]
 
         # -- lanes, reads and writes -----------------------------------------------
         lane_start = np.cumsum(count) - count
@@ -534,74 +529,196 @@ class Prepared:
         _need((cls[rep[L + w_lane[user]]] == (dst_index[w_row[user]] + w_j[user]) % k).all())
 
         # -- outputs ----------------------------------------------------------------
-        out_cells, out_exp, exps, exp_index = [], [], [], {}
+        out_cells, out_exp, exps, exp_index, rows = [], [], [], {}, {}
         for rank in range(n):
-            buf, off, expected = layout.expected_list(rank)
-            pidx = off + np.flatnonzero(np.fromiter(map(is_not, expected, repeat(None)), bool, len(expected)))
-            if not len(pidx):
+            buf, off, row = layout.expected_row(rank)
+            seen = rows.get(id(row))
+            if seen is None:           # once per distinct row: built-in collectives share them between ranks
+                present = np.flatnonzero(np.fromiter(map(is_not, row, repeat(None)), bool, len(row)))
+                expected = row if len(present) == len(row) else [row[i] for i in present.tolist()]
+                for i, e in dict(zip(map(id, expected), expected)).items():   # exps keeps them alive: ids stay unique
+                    if i not in exp_index:
+                        exp_index[i] = len(exps)
+                        exps.append(e)
+                which = np.fromiter(map(exp_index.__getitem__, map(id, expected)), np.int64, len(expected))
+                seen = rows[id(row)] = (row, present, which)                  # (row: its id stays unique)
+            _, present, which = seen
+            if not len(present):
                 continue
-            if len(pidx) < len(expected):
-                expected = [e for e in expected if e is not None]
             b = code.get(buf)
-            _need(b is not None and 0 <= off and pidx[-1] < sizes[rank, b])
-            out_cells.append(cellbase[rank * nb + b] + pidx)
-            for i, e in dict(zip(map(id, expected), expected)).items():   # exps keeps them alive: ids stay unique
-                if i not in exp_index:
-                    exp_index[i] = len(exps)
-                    exps.append(e)
-            out_exp.append(np.fromiter(map(exp_index.__getitem__, map(id, expected)), np.int64, len(expected)))
+            _need(b is not None and 0 <= off and off + present[-1] < sizes[rank, b])
+            out_cells.append(cellbase[rank * nb + b] + off + present)
+            out_exp.append(which)
         if not out_cells:
             return True
         out_cells, out_exp = np.concatenate(out_cells), np.concatenate(out_exp)
         value = final[out_cells]
         _need((value >= 0).all())                                                  # an output never written
-        pairs = np.unique(rep[value] * len(exps) + out_exp)
-        roots, which = pairs // len(exps), pairs % len(exps)
-        found = _contributions(np.unique(roots), kind, ca, cb)
-        for root, e in zip(roots.tolist(), which.tolist()):
-            leaves, mult = found[root]
-            if dict(zip(map(labels.__getitem__, leaves), mult)) != exps[e].counts:
-                return False
-        return True
+        E = len(exps)
+        pairs = np.unique(rep[value] * E + out_exp)                                # (value, Expected) pairs
+        roots, which = pairs // E, pairs % E
+        return _holds(roots, which, exps, leaves, kind, ca, cb)
 
+
+def _holds(roots, which, exps, leaves, kind, ca, cb) -> bool:
+    """Whether every value ``roots[p]`` holds the contributions ``exps[which[p]]`` asks for."""
+    uroots, pair_root = np.unique(roots, return_inverse=True)
+    f_root, f_leaf, f_mult = _contributions(uroots, kind, ca, cb)
+    f_len = np.bincount(f_root, minlength=len(uroots))
+    f_start = np.cumsum(f_len) - f_len
+    used, pair_exp = np.unique(which, return_inverse=True)
+    e_len, e_leaf, e_mult = leaves.expected(list(map(exps.__getitem__, used.tolist())))
+    if e_leaf.size and e_leaf.min() < 0:
+        return False                                  # a label no input starts as: no value holds it
+    e_start = np.cumsum(e_len) - e_len
+    length = f_len[pair_root.reshape(-1)]
+    pair_exp = pair_exp.reshape(-1)
+    if not (length == e_len[pair_exp]).all():
+        return False
+    _, _, fi = _expand(f_start[pair_root.reshape(-1)], length)
+    _, _, ei = _expand(e_start[pair_exp], length)
+    return bool((f_leaf[fi] == e_leaf[ei]).all() and (f_mult[fi] == e_mult[ei]).all())
+
+
+class _Leaves:
+    """The collective's inputs: one leaf per distinct label, the cells where
+    labels start (``cells``, with ``leaf_ids``), each leaf's class, and each
+    Expected's counts in leaves. Where labels are positions (the default
+    precondition), leaf r * I + i is label (r, i) and nothing is asked per chunk."""
+
+    def __init__(self, layout, n: int, k: int, code: dict, sizes, cellbase, nb: int):
+        self.n, self.width = n, layout.logical_sizes["input"]
+        self.positions = layout.collective.labels_are_positions
+        # Built-in collectives and CustomCollective (which converts them) state labels as two ints.
+        self.int_pairs = type(layout.collective) in (*BUILTIN.values(), CustomCollective)
+        cells, classes, all_labels = [], [], []
+        for rank in range(n):
+            if self.positions:
+                buf, off = layout.alias(rank, "input")
+                got = None
+                index = off + np.arange(self.width, dtype=np.int64)
+                width = self.width
+            else:
+                buf, off, got = layout.initial_labels(rank)
+                index = off + np.flatnonzero(np.fromiter(map(is_not, got, repeat(None)), bool, len(got)))
+                width = len(got)
+                if len(index) < len(got):
+                    got = [label for label in got if label is not None]
+                all_labels.extend(got)
+            if not width:
+                continue
+            b = code.get(buf)
+            _need(b is not None and 0 <= off and off + width <= sizes[rank, b])
+            cells.append(cellbase[rank * nb + b] + index)
+            classes.append(index % k)
+        self.cells = np.concatenate(cells) if cells else np.zeros(0, dtype=np.int64)
+        classes = np.concatenate(classes) if classes else np.zeros(0, dtype=np.int64)
+        if self.positions:
+            self.count = n * self.width
+            self.leaf_ids, self.leaf_class = np.arange(self.count, dtype=np.int64), classes
+            return
+        distinct = list(dict.fromkeys(all_labels))          # leaf i: the i-th distinct label, first come first
+        self.count = L = len(distinct)
+        self.leaf_of = dict(zip(distinct, range(L)))
+        if L == len(all_labels):                             # the usual case: each label starts in one place
+            self.leaf_ids, self.leaf_class = np.arange(L, dtype=np.int64), classes
+        else:
+            start_class = dict(zip(all_labels, classes.tolist()))   # the last one wins, as in the executor
+            self.leaf_class = np.fromiter(map(start_class.__getitem__, distinct), np.int64, L)
+            self.leaf_ids = np.fromiter(map(self.leaf_of.__getitem__, all_labels), np.int64, len(all_labels))
+
+    def expected(self, exps: list):
+        """Per Expected its number of distinct labels, and all of them as
+        leaves (ascending within each; -1: no input starts as that label)
+        with their multiplicities."""
+        length = np.fromiter(map(len, map(attrgetter("counts"), exps)), np.int64, len(exps))
+        total = int(length.sum())
+        mult = np.fromiter(chain.from_iterable(e.counts.values() for e in exps), np.int64, total)
+        labels = list(chain.from_iterable(e.counts for e in exps))
+        if self.positions:
+            if not self.int_pairs:     # numpy would read 1.5 as 1: only labels of two ints compare as arrays
+                _need(all(type(x) is tuple and len(x) == 2 and type(x[0]) is int and type(x[1]) is int
+                          for x in labels))
+            flat = np.fromiter(chain.from_iterable(labels), np.int64, 2 * total)
+            r, i = flat[0::2], flat[1::2]
+            leaf = np.where((r >= 0) & (r < self.n) & (i >= 0) & (i < self.width), r * self.width + i, -1)
+        else:
+            leaf = np.fromiter(map(self.leaf_of.get, labels, repeat(-1)), np.int64, total)
+        owner = np.repeat(np.arange(len(exps), dtype=np.int64), length)
+        key = owner * (self.count + 1) + leaf
+        if (key[1:] > key[:-1]).all():               # listed in order already (built-ins list them so)
+            return length, leaf, mult
+        order = np.lexsort((leaf, owner))
+        return length, leaf[order], mult[order]
 
 
 def _jump(ptr):
-    """Pointer jumping to the end of every chain (entries at a fixed point end one)."""
-    while True:
-        nxt = ptr[ptr]
-        if np.array_equal(nxt, ptr):
-            return ptr
-        ptr = nxt
+    """Pointer jumping to the end of every chain (entries at a fixed point
+    end one); only entries not yet at an end are worked on."""
+    ptr = ptr.copy()
+    active = np.flatnonzero(ptr[ptr] != ptr)
+    while active.size:
+        ptr[active] = ptr[ptr[active]]
+        active = active[ptr[ptr[active]] != ptr[active]]
+    return ptr
 
 
-def _contributions(roots, kind, ca, cb) -> dict:
-    """Per root value, its leaves and their multiplicities (lists), expanding
-    all roots together one depth at a time; shared nodes are merged per root."""
-    R = len(roots)
+def _contributions(roots, kind, ca, cb):
+    """Every root's leaves and their multiplicities: (root position, leaf,
+    multiplicity) arrays, sorted by root then leaf.
+
+    Sums used once (one operand edge into them) hang in trees under "heads"
+    (roots, and sums used zero or several times): a pointer jump finds each
+    sum's head, so a chain of sums is one step, not one per link. Each head's
+    own leaves and sub-heads are counted together, then roots expand through
+    sub-heads one depth at a time (shared nodes merged per root)."""
     T = len(kind)
-    fr_r = np.arange(R, dtype=np.int64)
-    fr_n = roots
-    fr_m = np.ones(R)
+    sums = np.flatnonzero(kind == 2)
+    a, b = ca[sums], cb[sums]
+    head = np.bincount(np.concatenate([a, b]), minlength=T) != 1
+    head[roots] = True
+    up = np.arange(T, dtype=np.int64)                 # a sum used once: the sum using it
+    for operand in (a, b):
+        inner = (kind[operand] == 2) & ~head[operand]
+        up[operand[inner]] = sums[inner]
+    top = _jump(up)
+    # Each head's own entries: operand edges from its tree to leaves and to sub-heads.
+    src = top[np.concatenate([sums, sums])]
+    dst = np.concatenate([a, b])
+    keep = (kind[dst] == 0) | head[dst]
+    own, own_mult = np.unique(src[keep] * T + dst[keep], return_counts=True)
+    own_head, own_node = own // T, own % T
+    heads = np.flatnonzero(head)                      # CSR: a head's entries lie together
+    count = np.bincount(own_head, minlength=T)[heads]
+    start = np.zeros(T, dtype=np.int64)
+    start[heads] = np.cumsum(count) - count
+    many = np.zeros(T, dtype=np.int64)
+    many[heads] = count
+    own_mult = own_mult.astype(np.float64)
+    if (kind[roots] == 2).all():
+        rows, _, e = _expand(start[roots], many[roots])
+        if (kind[own_node[e]] == 0).all():            # the usual case: no sub-heads under the roots
+            return rows, own_node[e], own_mult[e].astype(np.int64)
+
+    fr_r = np.arange(len(roots), dtype=np.int64)       # frontier: (root position, node, multiplicity)
+    fr_n = np.asarray(roots, dtype=np.int64)
+    fr_m = np.ones(len(roots))
     got_r, got_n, got_m = [], [], []
     while fr_n.size:
         leaf = kind[fr_n] == 0
         got_r.append(fr_r[leaf])
         got_n.append(fr_n[leaf])
         got_m.append(fr_m[leaf])
-        s = ~leaf
-        r, nd, m = fr_r[s], fr_n[s], fr_m[s]
-        key = np.concatenate([r * T + ca[nd], r * T + cb[nd]])
+        inner = ~leaf
+        r, nd, m = fr_r[inner], fr_n[inner], fr_m[inner]
+        rows, _, e = _expand(start[nd], many[nd])
+        key = r[rows] * T + own_node[e]
         uk, inv = np.unique(key, return_inverse=True)
-        fr_m = np.bincount(inv, weights=np.concatenate([m, m]))
+        fr_m = np.bincount(inv.reshape(-1), weights=m[rows] * own_mult[e], minlength=len(uk))
         fr_r, fr_n = uk // T, uk % T
         _need(fr_m.size == 0 or fr_m.max() < _EXACT)
     key = np.concatenate(got_r) * T + np.concatenate(got_n)
     uk, inv = np.unique(key, return_inverse=True)
-    mult = np.bincount(inv, weights=np.concatenate(got_m))
+    mult = np.bincount(inv.reshape(-1), weights=np.concatenate(got_m), minlength=len(uk))
     _need(mult.size == 0 or mult.max() < _EXACT)
-    rr, leaves, mult = uk // T, (uk % T).tolist(), mult.astype(np.int64).tolist()
-    bounds = np.flatnonzero(np.diff(rr)) + 1
-    starts = [0, *bounds.tolist()]
-    ends = [*bounds.tolist(), len(leaves)]
-    return {int(roots[rr[a]]): (leaves[a:b], mult[a:b]) for a, b in zip(starts, ends)}
+    return uk // T, uk % T, mult.astype(np.int64)

@@ -8,6 +8,10 @@ test_plan_verify's mutants: deleted steps, moved slices, dropped
 dependencies, swapped receives and steps, changed peers; plus one slot) a
 True must mean the executor succeeds, and most correct mutants must be
 accepted, so the test cannot pass by declining everything.
+
+fewest_slots() must be the executor's first deadlock-free capacity, on the
+same plans and mutants; Layout.expected_list (built-ins read it in bulk, rows
+shared between ranks) must equal the per-chunk postcondition.
 """
 from __future__ import annotations
 
@@ -15,15 +19,17 @@ import random
 from collections import Counter
 from dataclasses import replace
 
+import pytest
 from library import algorithms
-from test_plan_verify import KINDS, mutants
+from test_plan_verify import KINDS, S, allgather2, mutants
 
 import msc
-from msc.errors import MscError, PlanError, RaceError
-from msc.lower import LowerOptions, lower
-from msc.plan_bulk import accepts
+from msc.collectives import BUILTIN, AllReduce, get_collective
+from msc.errors import DeadlockError, MscError, PlanError, RaceError, VerificationError
+from msc.lower import MAX_SLOTS, LowerOptions, lower
+from msc.plan_bulk import accepts, fewest_slots, prepare
 from msc.plan_check import check_plan
-from msc.plan_verify import _Execution, check_races, plan_collective
+from msc.plan_verify import _Execution, check_races, plan_collective, verify_plan
 
 ALGORITHMS = algorithms()
 RANKS = (3, 4, 8)
@@ -44,6 +50,22 @@ def executor_accepts(plan, slots: int) -> bool:
     return True
 
 
+def executor_fewest_slots(plan, most: int = MAX_SLOTS):
+    """The first capacity 1, 2, 4.. <= most the executor runs the plan to the
+    end at (most * 2: none); None where it stops on another error first (it
+    cannot tell then whether the plan would have deadlocked)."""
+    slots = 1
+    while slots <= most:
+        try:
+            _Execution(plan, layout_of(plan), slots).execute()
+            return slots
+        except DeadlockError:
+            slots *= 2
+        except Exception:            # a verification error, or a malformed plan's crash
+            return None
+    return most * 2
+
+
 def library_plans():
     """(description, plan) for every algorithm at the rank counts it supports."""
     for key, alg in sorted(ALGORITHMS.items()):
@@ -58,13 +80,153 @@ def library_plans():
 
 
 def test_agrees_with_the_executor_on_every_library_plan():
-    seen = Counter()
+    seen, fewest = Counter(), Counter()
     for what, plan in library_plans():
+        prepared = prepare(plan)
         for slots in sorted({plan.slots, 1}):
             expected = executor_accepts(plan, slots)
             assert accepts(plan, layout_of(plan), slots) == expected, f"{what} slots={slots}"
+            assert prepared.accepts(plan, layout_of(plan), slots) == expected, f"{what} slots={slots} (prepared)"
             seen[expected] += 1
+        slots = executor_fewest_slots(plan)
+        assert prepared.fewest_slots(MAX_SLOTS) == fewest_slots(plan, MAX_SLOTS) == slots == plan.slots, what
+        fewest[slots] += 1
     assert seen[True] > 100 and seen[False] > 0, seen     # the lowered plans, and some at one slot deadlock
+    assert fewest[1] > 0 and fewest[2] > 0, fewest
+
+
+def test_fewest_slots_agrees_with_the_executor_on_mutants():
+    stats = Counter()
+    for key in MUTATED:
+        params = {"gpus_per_node": 2} if "hierarchical" in key else {}
+        plan = lower(msc.trace(ALGORITHMS[key], 4, **params))
+        for kind in KINDS:
+            for what, mutant in mutants(plan, kind, random.Random(f"{key}:fewest:{kind}")):
+                slow = executor_fewest_slots(mutant, 4)
+                if slow is None:
+                    stats["stops on another error"] += 1
+                    continue
+                fast = fewest_slots(mutant, 4)
+                if fast is None:                  # it cannot tell: only on a plan check_plan rejects
+                    with pytest.raises(PlanError):
+                        check_plan(mutant)
+                    stats["malformed"] += 1
+                    continue
+                assert fast == slow, f"{key} {kind}: {what}"
+                stats[slow] += 1
+    # some mutants run at one slot, some need more, some deadlock at every capacity
+    assert stats[1] >= 50 and stats[2] >= 5 and stats[8] >= 5, stats
+
+
+def test_fewest_slots_of_hand_built_plans():
+    def sends_first(r, sends):
+        steps = [S("send", [("input", j)]) for j in range(sends)]
+        steps += [S("recv", dst=("output", sends * (1 - r) + j)) for j in range(sends)]
+        return [(1 - r, 1 - r, steps), (None, None, [S("copy", [("input", j)], ("output", sends * r + j))
+                                                    for j in range(sends)])]
+
+    for sends in (1, 2, 3, 5):   # both ranks send all, then receive: one slot per message in flight
+        plan = allgather2({r: sends_first(r, sends) for r in range(2)}, k=sends)
+        want = 1 << (sends - 1).bit_length()
+        assert fewest_slots(plan, 8) == want == executor_fewest_slots(plan, 8)
+        if want > 1:
+            with pytest.raises(DeadlockError):
+                verify_plan(plan, slots=want // 2)
+        verify_plan(plan, slots=want, prepared=prepare(plan))
+    assert fewest_slots(plan, 4) == 8                       # more than ``most``: ``most * 2``
+    receive_first = allgather2({r: [(1 - r, 1 - r, [S("recv", dst=("output", 1 - r)), S("send", [("input", 0)])]),
+                                    (None, None, [S("copy", [("input", 0)], ("output", r))])] for r in range(2)})
+    assert fewest_slots(receive_first, 8) == 16 == executor_fewest_slots(receive_first, 8)
+    # a receive no one sends for waits at every capacity; a plan it cannot read: None
+    lonely = allgather2({0: [(None, 1, [S("recv", dst=("output", 1))]), (None, None, [S("copy", [("input", 0)],
+                                                                                          ("output", 0))])],
+                         1: [(None, None, [S("copy", [("input", 0)], ("output", 1))])]})
+    assert fewest_slots(lonely, 8) == 16 == executor_fewest_slots(lonely, 8)
+    # a send no one receives holds its slot for good: the third send waits forever with one slot
+    extra = allgather2({0: [(1, None, [S("send", [("input", 0)])] * 3),
+                            (None, None, [S("copy", [("input", 0)], ("output", 0))])],
+                        1: [(None, 0, [S("recv", dst=("output", 0))]),
+                            (None, None, [S("copy", [("input", 0)], ("output", 1))])]})
+    assert fewest_slots(extra, 8) == 2 == executor_fewest_slots(extra, 8)
+    rp = receive_first.ranks[0]
+    twice = replace(receive_first, ranks=(replace(rp, threadblocks=rp.threadblocks + (
+        replace(rp.threadblocks[0], id=len(rp.threadblocks)),)),) + receive_first.ranks[1:])
+    assert fewest_slots(twice, 8) is None
+
+
+def test_verify_plan_takes_only_its_own_prepared_plan():
+    plan = lower(msc.trace(ALGORITHMS["allreduce/ring:ring"], 4))
+    other = lower(msc.trace(ALGORITHMS["allreduce/ring:ring"], 4))
+    verify_plan(replace(plan, slots=4), prepared=prepare(plan))
+    with pytest.raises(ValueError):
+        verify_plan(plan, prepared=prepare(other))
+
+
+def test_lowering_takes_the_fewest_slots_without_the_executor(monkeypatch):
+    """The bulk path finds the capacity: the executor never runs (outside
+    MSC_CHECK's double check of accepted plans)."""
+    import msc.plan_bulk
+    import msc.plan_verify
+
+    ran = []
+    monkeypatch.setattr(msc.plan_bulk, "CHECK", False)
+    monkeypatch.setattr(msc.plan_verify._Execution, "execute", lambda self: ran.append(self.capacity))
+    plan = lower(msc.trace(ALGORITHMS["allreduce/ring:ring"], 8))
+    assert plan.slots == 2 and ran == []
+
+
+# -- expectations in bulk --------------------------------------------------------------
+class RankedAllReduce(AllReduce):
+    """A subclass that changes the postcondition, not the row sharing: must not share rows."""
+
+    def postcondition(self, rank, index, n, k, root):
+        return self._expect((n, index, rank), lambda: [(r, index) for r in range(n) if r != rank or n == 1])
+
+
+CUSTOM = msc.CustomCollective("shift", input_chunks=lambda n, k: k, output_chunks=lambda n, k: k,
+                              postcondition=lambda r, i, n, k: None if i % 3 == 2 else [((r + i) % n, i % k)] * 2)
+
+
+@pytest.mark.parametrize("name", [*BUILTIN, "ranked", "custom"])
+def test_expected_list_equals_the_postcondition_per_chunk(name):
+    coll = {"ranked": RankedAllReduce(), "custom": CUSTOM}.get(name) or get_collective(name)
+    per_call = {"ranked": RankedAllReduce(), "custom": CUSTOM}.get(name) or get_collective(name)   # a fresh cache
+    for n, k, inplace, root in ((1, 1, False, 0), (3, 2, False, 1), (4, 3, True, 2), (5, 1, True, 4)):
+        layout = coll.layout(n, k, inplace, root)
+        rows = []                                            # kept alive: their ids stay distinct
+        for rank in range(n):
+            buf, off, got = layout.expected_list(rank)
+            want = [per_call.postcondition(rank, i, n, k, root) for i in range(layout.logical_sizes["output"])]
+            assert (buf, off) == layout.alias(rank, "output")
+            assert type(got) is list and len(got) == len(want)
+            assert [None if e is None else e.counts for e in got] == [None if e is None else e.counts for e in want]
+            assert [e is None for e in got] == [e is None for e in want]
+            got.clear()                                      # a list of the caller's: the next call is unchanged
+            assert len(layout.expected_list(rank)[2]) == len(want)
+            rows.append(layout.expected_row(rank)[2])
+        if name in ("allreduce", "allgather", "broadcast") and n > 1:
+            assert len(set(map(id, rows))) == 1, name      # one row for all ranks: read once in bulk
+        if name in ("ranked", "alltoall", "reducescatter") and n > 1:
+            assert len(set(map(id, rows))) == n, name
+
+
+def test_bulk_outputs_reject_what_the_executor_rejects():
+    """A ring allreduce checked against a collective whose expectations differ
+    by one label, or by a multiplicity: declined, and the executor says why."""
+    plan = lower(msc.trace(ALGORITHMS["allreduce/ring:ring"], 4))
+    n, k = plan.num_ranks, plan.chunk_factor
+    wrong = (lambda r, i, n, k: [(j, i) for j in range(n) if j != 1],            # a label missing
+             lambda r, i, n, k: [(j, i) for j in range(n)] + [(0, i)],           # one counted twice
+             lambda r, i, n, k: [(j, i) for j in range(n - 1)] + [(n - 1, (i + 1) % k)])   # another chunk's
+    for post in wrong:
+        coll = msc.CustomCollective("almost", input_chunks=k, output_chunks=k, postcondition=post)
+        layout = coll.layout(n, k, plan.inplace, plan.root)
+        assert not accepts(plan, layout, plan.slots)
+        with pytest.raises(VerificationError, match="output"):
+            verify_plan(plan, collective=coll)
+    right = msc.CustomCollective("same", input_chunks=k, output_chunks=k,
+                                 postcondition=lambda r, i, n, k: [(j, i) for j in range(n)])
+    assert accepts(plan, right.layout(n, k, plan.inplace, plan.root), plan.slots)
 
 
 MUTATED = ("allreduce/ring:ring", "allreduce/allpairs:allpairs", "allreduce/tree:binomial",
