@@ -46,18 +46,16 @@ from __future__ import annotations
 from itertools import chain, compress, repeat
 from operator import attrgetter, is_not, itemgetter
 
-import os
-
 import numpy as np
 
-from msc.collectives import BUILTIN, CustomCollective
 from msc.ir import STEP_SHAPE, Plan, StepOp
 from msc.levels import levels
-from msc.perf import pause_gc
+from msc.multisets import Decline, Leaves, expand, holds, jump, need
+from msc.perf import SELF_CHECK, pause_gc
 
 # Tests (MSC_CHECK=1, tests/conftest.py) also run the executor on every plan
 # this accepts, and want to see a crash here rather than a declined plan.
-CHECK = os.environ.get("MSC_CHECK") == "1"
+CHECK = SELF_CHECK
 
 _OPS = list(StepOp)
 _CODE = {id(op): i for i, op in enumerate(_OPS)}
@@ -69,8 +67,6 @@ _MAX_SRCS = np.array([{"0": 0, "1": 1, "2+": 1 << 30}[STEP_SHAPE[op][0]] for op 
 (_SEND, _RECV, _RCS, _RRS, _RRC, _RRCS, _COPY, _REDUCE, _NOP) = (
     _OPS.index(op) for op in (StepOp.SEND, StepOp.RECV, StepOp.RCS, StepOp.RRS, StepOp.RRC, StepOp.RRCS,
                               StepOp.COPY, StepOp.REDUCE, StepOp.NOP))
-# Multiplicities are counted in float64 (np.bincount): exact below this.
-_EXACT = float(1 << 52)
 # Objects are read once per distinct one when a sample of this many has at
 # most half distinct (np.unique over their ids costs less than the reading).
 _SAMPLE = 1 << 16
@@ -79,20 +75,11 @@ _op, _srcs, _dst, _deps, _count = (attrgetter(a) for a in ("op", "srcs", "dst", 
 _buffer, _index = attrgetter("buffer"), attrgetter("index")
 
 
-class _Decline(Exception):
-    """Internal: the fast path cannot vouch for this plan."""
-
-
-def _need(ok) -> None:
-    if not ok:
-        raise _Decline
-
-
 def _judged(fn, *args, fallback):
     """fn(*args), or ``fallback`` where the fast path cannot tell."""
     try:
         return fn(*args)
-    except _Decline:
+    except Decline:
         return fallback
     except Exception:
         if CHECK:          # in tests a crash here is a bug to see, not a plan to decline
@@ -130,14 +117,6 @@ def connections(plan: Plan) -> int:
             if tb.recv is not None:
                 conns.add((tb.recv, rp.rank, tb.channel))
     return len(conns)
-
-
-def _expand(first, counts):
-    """Per row, ``first + j`` for j < count: (row of each, j of each, value)."""
-    rows = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
-    starts = np.cumsum(counts) - counts
-    j = np.arange(int(counts.sum()), dtype=np.int64) - starts[rows]
-    return rows, j, first[rows] + j
 
 
 def _distinct(objs: list):
@@ -190,7 +169,7 @@ class _Steps:
         deps = list(map(_deps, steps))
         self.ndep = np.fromiter(map(len, deps), np.int64, m)
         pairs = list(chain.from_iterable(deps))
-        _need(all(len(d) == 2 and type(d[0]) is int and type(d[1]) is int for d in pairs))
+        need(all(len(d) == 2 and type(d[0]) is int and type(d[1]) is int for d in pairs))
         self.dep_t = np.fromiter(map(itemgetter(0), pairs), np.int64, len(pairs))
         self.dep_s = np.fromiter(map(itemgetter(1), pairs), np.int64, len(pairs))
 
@@ -201,8 +180,8 @@ def _rows(counts, inverse, n: int):
     its row in the distinct table)."""
     first = np.cumsum(counts) - counts
     if inverse is None:
-        return _expand(first, counts)
-    return _expand(first[inverse], counts[inverse])
+        return expand(first, counts)
+    return expand(first[inverse], counts[inverse])
 
 
 class Prepared:
@@ -240,22 +219,22 @@ class Prepared:
     # -- reading ------------------------------------------------------------------
     def _read(self, plan: Plan) -> bool:
         n = plan.num_ranks
-        _need(len(plan.ranks) == n and all(rp.rank == r for r, rp in enumerate(plan.ranks)))
+        need(len(plan.ranks) == n and all(rp.rank == r for r, rp in enumerate(plan.ranks)))
         conn_id: dict = {}
         tb_rank, tb_len, tb_out, tb_in, rank_tb = [], [], [], [], [0]
         ends: set = set()
         steps: list = []
         for rp in plan.ranks:
             for t, tb in enumerate(rp.threadblocks):
-                _need(tb.id == t)
+                need(tb.id == t)
                 out = inn = -1
                 if tb.send is not None:
                     out = conn_id.setdefault((rp.rank, tb.send, tb.channel), len(conn_id))
-                    _need(("s", out) not in ends)        # one threadblock per end, or the FIFO order depends on timing
+                    need(("s", out) not in ends)        # one threadblock per end, or the FIFO order depends on timing
                     ends.add(("s", out))
                 if tb.recv is not None:
                     inn = conn_id.setdefault((tb.recv, rp.rank, tb.channel), len(conn_id))
-                    _need(("r", inn) not in ends)
+                    need(("r", inn) not in ends)
                     ends.add(("r", inn))
                 tb_rank.append(rp.rank)
                 tb_len.append(len(tb.steps))
@@ -302,7 +281,7 @@ class Prepared:
         self.receives = receives
         out_conn = np.array(tb_out, dtype=np.int64)[step_tb]
         in_conn = np.array(tb_in, dtype=np.int64)[step_tb]
-        _need((out_conn[sends] >= 0).all() and (in_conn[receives] >= 0).all())
+        need((out_conn[sends] >= 0).all() and (in_conn[receives] >= 0).all())
 
         # -- the static graph: program order, dependencies, messages ------------------
         src_e, dst_e = [], []
@@ -312,9 +291,9 @@ class Prepared:
         dep_owner, _, row = _rows(table.ndep, inverse, N)
         dep_t, dep_s = table.dep_t[row], table.dep_s[row]
         rank = step_rank[dep_owner]
-        _need(((dep_t >= 0) & (dep_t < rank_tb[rank + 1] - rank_tb[rank])).all())
+        need(((dep_t >= 0) & (dep_t < rank_tb[rank + 1] - rank_tb[rank])).all())
         dep_tb = rank_tb[rank] + dep_t
-        _need(((dep_s >= 0) & (dep_s < tb_len[dep_tb])).all())
+        need(((dep_s >= 0) & (dep_s < tb_len[dep_tb])).all())
         src_e.append(tb_first[dep_tb] + dep_s)
         dst_e.append(dep_owner)
 
@@ -373,7 +352,7 @@ class Prepared:
 
     # -- the values -----------------------------------------------------------------
     def _accepts(self, plan: Plan, layout, capacity: int) -> bool:
-        _need(type(capacity) is int and capacity >= 1 and plan.num_ranks == self.n and self.well_formed)
+        need(type(capacity) is int and capacity >= 1 and plan.num_ranks == self.n and self.well_formed)
         level = self._level(capacity)
         if level is None:
             return False                                                      # a deadlock
@@ -387,12 +366,12 @@ class Prepared:
         names = list(dict.fromkeys([*layout.physical_sizes, "scratch"]))
         nb = len(names)
         code = {b: i for i, b in enumerate(names)}
-        _need(all(b in code for b in self.names))
+        need(all(b in code for b in self.names))
         to_layout = np.array([code[b] for b in self.names] or [0], dtype=np.int64)
         sizes = np.zeros((n, nb), dtype=np.int64)
         sizes[:, :] = [layout.physical_sizes.get(b, 0) for b in names]
         sizes[:, code["scratch"]] = self.scratch
-        _need((sizes >= 0).all())
+        need((sizes >= 0).all())
         cellbase = np.zeros(n * nb + 1, dtype=np.int64)
         np.cumsum(sizes.ravel(), out=cellbase[1:])
         ncells = int(cellbase[-1])
@@ -401,7 +380,7 @@ class Prepared:
         def slice_cells(buf, index, owner):
             """Cells of each slice's first chunk, checked to lie in its buffer."""
             buf = to_layout[buf]
-            _need((index >= 0).all() and (index + count[owner] <= sizes[step_rank[owner], buf]).all())
+            need((index >= 0).all() and (index + count[owner] <= sizes[step_rank[owner], buf]).all())
             return buf, cellbase[step_rank[owner] * nb + buf] + index
 
         _, src_cell = slice_cells(self.src_buf, self.src_index, src_owner)
@@ -409,7 +388,12 @@ class Prepared:
         dst_index = self.dst_index
 
         # -- initial values: one leaf per distinct label -----------------------------
-        leaves = _Leaves(layout, plan.num_ranks, k, code, sizes, cellbase, nb)
+        def cells_of(rank, buf, off, width, index):
+            b = code.get(buf)
+            need(b is not None and 0 <= off and off + width <= sizes[rank, b])
+            return cellbase[rank * nb + b] + index
+
+        leaves = Leaves(layout, k, cells_of)
         L, leaf_class = leaves.count, leaves.leaf_class
         initial = np.full(ncells, -1, dtype=np.int64)
         if leaves.cells.size:   # the last label put in a cell stays there, as in the executor
@@ -419,11 +403,11 @@ class Prepared:
         # -- lanes, reads and writes -----------------------------------------------
         lane_start = np.cumsum(count) - count
         NL = int(count.sum())
-        r_src, r_j, r_cell = _expand(src_cell, count[src_owner])
+        r_src, r_j, r_cell = expand(src_cell, count[src_owner])
         r_step = src_owner[r_src]
         r_lane = lane_start[r_step] + r_j
         r_pos = src_pos[r_src]
-        w_row, w_j, w_cell = _expand(dst_cell, count[dst_owner])
+        w_row, w_j, w_cell = expand(dst_cell, count[dst_owner])
         w_step = dst_owner[w_row]
         w_lane = lane_start[w_step] + w_j
         nr = len(r_cell)
@@ -447,9 +431,9 @@ class Prepared:
         gid = np.cumsum(group_start) - 1
         glast = np.flatnonzero(np.append(group_start[1:], True))[:len(group_start)]   # last event of each group
         writes_in = np.bincount(gid, weights=s_write, minlength=len(glast))
-        _need((writes_in <= 1).all())
+        need((writes_in <= 1).all())
         lw = glast[gid]                                                            # writes sort last in a group
-        _need(not (s_write[lw] & (s_step[lw] != s_step)).any())
+        need(not (s_write[lw] & (s_step[lw] != s_step)).any())
         # Each read: the last write to its cell before it, else the cell's initial value.
         cell_start = np.ones(ne, bool)
         if ne:
@@ -462,7 +446,7 @@ class Prepared:
         read_ref = np.empty(nr, dtype=np.int64)
         is_read = ~s_write
         read_ref[order[is_read]] = seen[is_read]
-        _need((read_ref >= 0).all())                                               # a read of an unwritten chunk
+        need((read_ref >= 0).all())                                               # a read of an unwritten chunk
         final = initial.copy()                                                     # each cell's last value
         cell_last = np.flatnonzero(np.append(cell_start[1:], True))[:ne]
         final[s_cell[cell_last]] = np.where(last_w[cell_last] >= first[cell_last],
@@ -517,16 +501,16 @@ class Prepared:
             A = np.concatenate([A, np.array(extra_a, dtype=np.int64)])
             B = np.concatenate([B, np.array(extra_b, dtype=np.int64)])
         # Aliases point at their value, sums at their left operand's leaf (their class).
-        rep = _jump(np.where(kind == 1, A, np.arange(len(A))))
+        rep = jump(np.where(kind == 1, A, np.arange(len(A))))
         ca, cb = rep[A], np.where(B >= 0, rep[np.maximum(B, 0)], -1)
-        left = _jump(np.where(kind == 2, ca, np.arange(len(A))))
+        left = jump(np.where(kind == 2, ca, np.arange(len(A))))
         cls = np.full(len(A), -1, dtype=np.int64)
         cls[:L] = leaf_class
         cls = cls[left]                                                           # per leaf and sum
         sums = kind == 2
-        _need((cls[ca[sums]] == cls[cb[sums]]).all())                             # one class per reduction
+        need((cls[ca[sums]] == cls[cb[sums]]).all())                             # one class per reduction
         user = dst_buf[w_row] != scratch
-        _need((cls[rep[L + w_lane[user]]] == (dst_index[w_row[user]] + w_j[user]) % k).all())
+        need((cls[rep[L + w_lane[user]]] == (dst_index[w_row[user]] + w_j[user]) % k).all())
 
         # -- outputs ----------------------------------------------------------------
         out_cells, out_exp, exps, exp_index, rows = [], [], [], {}, {}
@@ -546,179 +530,15 @@ class Prepared:
             if not len(present):
                 continue
             b = code.get(buf)
-            _need(b is not None and 0 <= off and off + present[-1] < sizes[rank, b])
+            need(b is not None and 0 <= off and off + present[-1] < sizes[rank, b])
             out_cells.append(cellbase[rank * nb + b] + off + present)
             out_exp.append(which)
         if not out_cells:
             return True
         out_cells, out_exp = np.concatenate(out_cells), np.concatenate(out_exp)
         value = final[out_cells]
-        _need((value >= 0).all())                                                  # an output never written
+        need((value >= 0).all())                                                  # an output never written
         E = len(exps)
         pairs = np.unique(rep[value] * E + out_exp)                                # (value, Expected) pairs
         roots, which = pairs // E, pairs % E
-        return _holds(roots, which, exps, leaves, kind, ca, cb)
-
-
-def _holds(roots, which, exps, leaves, kind, ca, cb) -> bool:
-    """Whether every value ``roots[p]`` holds the contributions ``exps[which[p]]`` asks for."""
-    uroots, pair_root = np.unique(roots, return_inverse=True)
-    f_root, f_leaf, f_mult = _contributions(uroots, kind, ca, cb)
-    f_len = np.bincount(f_root, minlength=len(uroots))
-    f_start = np.cumsum(f_len) - f_len
-    used, pair_exp = np.unique(which, return_inverse=True)
-    e_len, e_leaf, e_mult = leaves.expected(list(map(exps.__getitem__, used.tolist())))
-    if e_leaf.size and e_leaf.min() < 0:
-        return False                                  # a label no input starts as: no value holds it
-    e_start = np.cumsum(e_len) - e_len
-    length = f_len[pair_root.reshape(-1)]
-    pair_exp = pair_exp.reshape(-1)
-    if not (length == e_len[pair_exp]).all():
-        return False
-    _, _, fi = _expand(f_start[pair_root.reshape(-1)], length)
-    _, _, ei = _expand(e_start[pair_exp], length)
-    return bool((f_leaf[fi] == e_leaf[ei]).all() and (f_mult[fi] == e_mult[ei]).all())
-
-
-class _Leaves:
-    """The collective's inputs: one leaf per distinct label, the cells where
-    labels start (``cells``, with ``leaf_ids``), each leaf's class, and each
-    Expected's counts in leaves. Where labels are positions (the default
-    precondition), leaf r * I + i is label (r, i) and nothing is asked per chunk."""
-
-    def __init__(self, layout, n: int, k: int, code: dict, sizes, cellbase, nb: int):
-        self.n, self.width = n, layout.logical_sizes["input"]
-        self.positions = layout.collective.labels_are_positions
-        # Built-in collectives and CustomCollective (which converts them) state labels as two ints.
-        self.int_pairs = type(layout.collective) in (*BUILTIN.values(), CustomCollective)
-        cells, classes, all_labels = [], [], []
-        for rank in range(n):
-            if self.positions:
-                buf, off = layout.alias(rank, "input")
-                got = None
-                index = off + np.arange(self.width, dtype=np.int64)
-                width = self.width
-            else:
-                buf, off, got = layout.initial_labels(rank)
-                index = off + np.flatnonzero(np.fromiter(map(is_not, got, repeat(None)), bool, len(got)))
-                width = len(got)
-                if len(index) < len(got):
-                    got = [label for label in got if label is not None]
-                all_labels.extend(got)
-            if not width:
-                continue
-            b = code.get(buf)
-            _need(b is not None and 0 <= off and off + width <= sizes[rank, b])
-            cells.append(cellbase[rank * nb + b] + index)
-            classes.append(index % k)
-        self.cells = np.concatenate(cells) if cells else np.zeros(0, dtype=np.int64)
-        classes = np.concatenate(classes) if classes else np.zeros(0, dtype=np.int64)
-        if self.positions:
-            self.count = n * self.width
-            self.leaf_ids, self.leaf_class = np.arange(self.count, dtype=np.int64), classes
-            return
-        distinct = list(dict.fromkeys(all_labels))          # leaf i: the i-th distinct label, first come first
-        self.count = L = len(distinct)
-        self.leaf_of = dict(zip(distinct, range(L)))
-        if L == len(all_labels):                             # the usual case: each label starts in one place
-            self.leaf_ids, self.leaf_class = np.arange(L, dtype=np.int64), classes
-        else:
-            start_class = dict(zip(all_labels, classes.tolist()))   # the last one wins, as in the executor
-            self.leaf_class = np.fromiter(map(start_class.__getitem__, distinct), np.int64, L)
-            self.leaf_ids = np.fromiter(map(self.leaf_of.__getitem__, all_labels), np.int64, len(all_labels))
-
-    def expected(self, exps: list):
-        """Per Expected its number of distinct labels, and all of them as
-        leaves (ascending within each; -1: no input starts as that label)
-        with their multiplicities."""
-        length = np.fromiter(map(len, map(attrgetter("counts"), exps)), np.int64, len(exps))
-        total = int(length.sum())
-        mult = np.fromiter(chain.from_iterable(e.counts.values() for e in exps), np.int64, total)
-        labels = list(chain.from_iterable(e.counts for e in exps))
-        if self.positions:
-            if not self.int_pairs:     # numpy would read 1.5 as 1: only labels of two ints compare as arrays
-                _need(all(type(x) is tuple and len(x) == 2 and type(x[0]) is int and type(x[1]) is int
-                          for x in labels))
-            flat = np.fromiter(chain.from_iterable(labels), np.int64, 2 * total)
-            r, i = flat[0::2], flat[1::2]
-            leaf = np.where((r >= 0) & (r < self.n) & (i >= 0) & (i < self.width), r * self.width + i, -1)
-        else:
-            leaf = np.fromiter(map(self.leaf_of.get, labels, repeat(-1)), np.int64, total)
-        owner = np.repeat(np.arange(len(exps), dtype=np.int64), length)
-        key = owner * (self.count + 1) + leaf
-        if (key[1:] > key[:-1]).all():               # listed in order already (built-ins list them so)
-            return length, leaf, mult
-        order = np.lexsort((leaf, owner))
-        return length, leaf[order], mult[order]
-
-
-def _jump(ptr):
-    """Pointer jumping to the end of every chain (entries at a fixed point
-    end one); only entries not yet at an end are worked on."""
-    ptr = ptr.copy()
-    active = np.flatnonzero(ptr[ptr] != ptr)
-    while active.size:
-        ptr[active] = ptr[ptr[active]]
-        active = active[ptr[ptr[active]] != ptr[active]]
-    return ptr
-
-
-def _contributions(roots, kind, ca, cb):
-    """Every root's leaves and their multiplicities: (root position, leaf,
-    multiplicity) arrays, sorted by root then leaf.
-
-    Sums used once (one operand edge into them) hang in trees under "heads"
-    (roots, and sums used zero or several times): a pointer jump finds each
-    sum's head, so a chain of sums is one step, not one per link. Each head's
-    own leaves and sub-heads are counted together, then roots expand through
-    sub-heads one depth at a time (shared nodes merged per root)."""
-    T = len(kind)
-    sums = np.flatnonzero(kind == 2)
-    a, b = ca[sums], cb[sums]
-    head = np.bincount(np.concatenate([a, b]), minlength=T) != 1
-    head[roots] = True
-    up = np.arange(T, dtype=np.int64)                 # a sum used once: the sum using it
-    for operand in (a, b):
-        inner = (kind[operand] == 2) & ~head[operand]
-        up[operand[inner]] = sums[inner]
-    top = _jump(up)
-    # Each head's own entries: operand edges from its tree to leaves and to sub-heads.
-    src = top[np.concatenate([sums, sums])]
-    dst = np.concatenate([a, b])
-    keep = (kind[dst] == 0) | head[dst]
-    own, own_mult = np.unique(src[keep] * T + dst[keep], return_counts=True)
-    own_head, own_node = own // T, own % T
-    heads = np.flatnonzero(head)                      # CSR: a head's entries lie together
-    count = np.bincount(own_head, minlength=T)[heads]
-    start = np.zeros(T, dtype=np.int64)
-    start[heads] = np.cumsum(count) - count
-    many = np.zeros(T, dtype=np.int64)
-    many[heads] = count
-    own_mult = own_mult.astype(np.float64)
-    if (kind[roots] == 2).all():
-        rows, _, e = _expand(start[roots], many[roots])
-        if (kind[own_node[e]] == 0).all():            # the usual case: no sub-heads under the roots
-            return rows, own_node[e], own_mult[e].astype(np.int64)
-
-    fr_r = np.arange(len(roots), dtype=np.int64)       # frontier: (root position, node, multiplicity)
-    fr_n = np.asarray(roots, dtype=np.int64)
-    fr_m = np.ones(len(roots))
-    got_r, got_n, got_m = [], [], []
-    while fr_n.size:
-        leaf = kind[fr_n] == 0
-        got_r.append(fr_r[leaf])
-        got_n.append(fr_n[leaf])
-        got_m.append(fr_m[leaf])
-        inner = ~leaf
-        r, nd, m = fr_r[inner], fr_n[inner], fr_m[inner]
-        rows, _, e = _expand(start[nd], many[nd])
-        key = r[rows] * T + own_node[e]
-        uk, inv = np.unique(key, return_inverse=True)
-        fr_m = np.bincount(inv.reshape(-1), weights=m[rows] * own_mult[e], minlength=len(uk))
-        fr_r, fr_n = uk // T, uk % T
-        _need(fr_m.size == 0 or fr_m.max() < _EXACT)
-    key = np.concatenate(got_r) * T + np.concatenate(got_n)
-    uk, inv = np.unique(key, return_inverse=True)
-    mult = np.bincount(inv.reshape(-1), weights=np.concatenate(got_m), minlength=len(uk))
-    _need(mult.size == 0 or mult.max() < _EXACT)
-    return uk // T, uk % T, mult.astype(np.int64)
+        return holds(roots, which, exps, leaves, kind, ca, cb)

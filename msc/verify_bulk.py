@@ -17,13 +17,12 @@ as ``verify`` counts them.
 """
 from __future__ import annotations
 
-from itertools import chain, repeat
+from itertools import repeat
 from operator import is_not
 
 import numpy as np
 
-from msc.collectives import Collective
-from msc.multisets import Decline, contributions, resolve
+from msc.multisets import Decline, Leaves, holds, need, resolve
 
 
 def checked_outputs(program) -> int | None:
@@ -43,17 +42,12 @@ def _lookup(keys: np.ndarray, values: np.ndarray, wanted: np.ndarray) -> np.ndar
     return np.where(keys[at] == wanted, values[at], -1)
 
 
-def _need(ok) -> None:
-    if not ok:
-        raise Decline
-
-
 def _checked_outputs(program) -> int:
     layout, ops = program.layout, program.ops
-    _need(ops)                        # nothing to gain
+    need(ops)                        # nothing to gain
     n = layout.num_ranks
     c = program.columns()
-    _need((c.size >= 1).all())
+    need((c.size >= 1).all())
     if (c.size == 1).all():
         lane_op, j = np.arange(c.count, dtype=np.int64), 0
     else:
@@ -65,7 +59,7 @@ def _checked_outputs(program) -> int:
     names = c.names + [b for b in layout.physical_sizes if b not in c.names]
     number = {b: i for i, b in enumerate(names)}
     s_idx, d_idx = c.sidx[lane_op] + j, c.didx[lane_op] + j
-    _need((s_idx >= 0).all() and (d_idx >= 0).all())
+    need((s_idx >= 0).all() and (d_idx >= 0).all())
     stride = 1 + max(int(s_idx.max()), int(d_idx.max()), *layout.physical_sizes.values())
     width = len(names) * stride
 
@@ -77,12 +71,14 @@ def _checked_outputs(program) -> int:
     reduce = c.reduce[lane_op]
 
     # -- initial labels: one leaf per distinct label ----------------------------
-    if type(layout.collective).precondition is Collective.precondition:
-        init_cells, init_leaf, label_of, leaves_of = _position_labels(layout, number, stride, width)
-    else:
-        init_cells, init_leaf, label_of = _any_labels(layout, number, stride, width)
-        leaves_of = _no_leaves
-    n_leaves = init_leaf.size and int(init_leaf.max()) + 1
+    def cells_of(rank, buf, off, count, index):
+        return rank * width + number[buf] * stride + index
+
+    leaves = Leaves(layout, 1, cells_of)
+    # a chunk labelled twice keeps the last label, as the Python run does
+    init_cells, last = np.unique(leaves.cells[::-1], return_index=True)
+    init_leaf = leaves.leaf_ids[::-1][last]
+    n_leaves = leaves.count
 
     # -- every access, by chunk then lane: reads find their write -------------------
     # order within a lane: read the source, read the destination (a reduce), write it
@@ -90,7 +86,7 @@ def _checked_outputs(program) -> int:
     acc_lane = np.concatenate([np.arange(lanes), np.flatnonzero(reduce), np.arange(lanes)])
     acc_kind = np.concatenate([np.zeros(lanes, np.int64), np.ones(int(reduce.sum()), np.int64),
                                np.full(lanes, 2, np.int64)])
-    _need(int(acc_cell.max()) < (1 << 62) // (3 * lanes + 3))
+    need(int(acc_cell.max()) < (1 << 62) // (3 * lanes + 3))
     code = acc_cell * (3 * lanes) + acc_lane * 3 + acc_kind
     del acc_cell, acc_lane, acc_kind
     code.sort()                       # distinct ints: by chunk, then lane, then read before write
@@ -110,7 +106,7 @@ def _checked_outputs(program) -> int:
     initial = _lookup(init_cells, init_leaf, s_cell)   # -1 where a chunk starts empty
     seen = np.where(before >= 0, n_leaves + s_lane[np.maximum(before, 0)], initial)
     reads = ~written
-    _need((seen[reads] >= 0).all())               # a read of a chunk nothing wrote
+    need((seen[reads] >= 0).all())               # a read of a chunk nothing wrote
     value_src = np.empty(lanes, dtype=np.int64)
     value_dst = np.full(lanes, -1, dtype=np.int64)
     is_src = reads & (s_kind == 0)
@@ -132,89 +128,31 @@ def _checked_outputs(program) -> int:
 
     # -- outputs -------------------------------------------------------------------------
     out_cells, out_exp, exps, exp_index = [], [], [], {}
+    rows: dict[int, tuple] = {}       # a row of expectations shared by ranks is read once
     for rank in range(n):
-        buf, off, expected = layout.expected_list(rank)
-        present = np.flatnonzero(np.fromiter(map(is_not, expected, repeat(None)), bool, len(expected)))
-        if not present.size:
-            continue
-        if present.size < len(expected):
-            expected = [e for e in expected if e is not None]
-        out_cells.append(rank * width + number[buf] * stride + off + present)
-        for e in expected:
-            if id(e) not in exp_index:          # exps keeps them alive: ids stay unique
-                exp_index[id(e)] = len(exps)
-                exps.append(e)
-        out_exp.append(np.fromiter(map(exp_index.__getitem__, map(id, expected)), np.int64, len(expected)))
+        buf, off, row = layout.expected_row(rank)
+        known = rows.get(id(row))
+        if known is None:
+            present = np.flatnonzero(np.fromiter(map(is_not, row, repeat(None)), bool, len(row)))
+            expected = [row[i] for i in present.tolist()] if present.size < len(row) else row
+            for e in expected:
+                if id(e) not in exp_index:      # exps keeps them alive: ids stay unique
+                    exp_index[id(e)] = len(exps)
+                    exps.append(e)
+            known = rows[id(row)] = (row, present,
+                                     np.fromiter(map(exp_index.__getitem__, map(id, expected)), np.int64,
+                                                 len(expected)))
+        _, present, which = known
+        if present.size:
+            out_cells.append(rank * width + number[buf] * stride + off + present)
+            out_exp.append(which)
     if not out_cells:
         return 0
     out_cells, out_exp = np.concatenate(out_cells), np.concatenate(out_exp)
     value = _lookup(final_cells, final_value, out_cells)
     value = np.where(value >= 0, value, _lookup(init_cells, init_leaf, out_cells))   # a chunk never touched
-    _need((value >= 0).all())                        # else the chunk was never written nor labelled
+    need((value >= 0).all())                        # else the chunk was never written nor labelled
     value = rep[value]
-    pairs = np.unique(value * len(exps) + out_exp)
-    roots, which = pairs // len(exps), pairs % len(exps)
-    sums = roots >= n_leaves
-    for root, e in zip(roots[~sums].tolist(), which[~sums].tolist()):
-        single = exps[e].single
-        _need(single is not None and label_of(root) == single)   # an output holding one input chunk
-    found = contributions(np.unique(roots[sums]), kind, ca, cb)
-    wanted = {}                       # per expectation: its leaves (ascending) and multiplicities, or None
-    for root, e in zip(roots[sums].tolist(), which[sums].tolist()):
-        leaves, mult = found[root]
-        _need(len(leaves) == len(exps[e].counts))
-        if e not in wanted:
-            wanted[e] = leaves_of(exps[e].counts)
-        if wanted[e] is not None:
-            _need(np.array_equal(leaves, wanted[e][0]) and np.array_equal(mult, wanted[e][1]))
-        else:
-            _need(dict(zip(map(label_of, leaves.tolist()), mult.tolist())) == exps[e].counts)
+    pairs = np.unique(value * len(exps) + out_exp)              # (value, Expected) pairs
+    need(holds(pairs // len(exps), pairs % len(exps), exps, leaves, kind, ca, cb))
     return out_cells.size
-
-
-def _position_labels(layout, number: dict, stride: int, width: int):
-    """Initial labels of a collective whose input chunk i of rank r starts
-    as (r, i) (Collective.precondition): leaf r * chunks + i, no label map.
-    Also the leaves of an expectation (None where a label is no leaf)."""
-    n, chunks = layout.num_ranks, layout.logical_sizes["input"]
-    cells = []
-    for rank in range(n):
-        buf, off = layout.alias(rank, "input")
-        cells.append(rank * width + number[buf] * stride + off + np.arange(chunks, dtype=np.int64))
-    cells = np.concatenate(cells) if cells else np.zeros(0, dtype=np.int64)
-    leaf = np.arange(cells.size, dtype=np.int64)
-    order = np.argsort(cells)
-
-    def leaves_of(counts: dict):
-        ri = np.fromiter(chain.from_iterable(counts), np.int64, 2 * len(counts)).reshape(-1, 2)
-        if not ((ri[:, 0] >= 0) & (ri[:, 0] < n) & (ri[:, 1] >= 0) & (ri[:, 1] < chunks)).all():
-            return None
-        leaves = ri[:, 0] * chunks + ri[:, 1]
-        by_leaf = np.argsort(leaves)
-        return leaves[by_leaf], np.fromiter(counts.values(), np.int64, len(counts))[by_leaf]
-
-    return cells[order], leaf[order], lambda x: divmod(x, chunks), leaves_of
-
-
-def _no_leaves(counts: dict) -> None:
-    return None
-
-
-def _any_labels(layout, number: dict, stride: int, width: int):
-    """Initial labels from the collective's precondition, any labels."""
-    cells, all_labels = [], []
-    for rank in range(layout.num_ranks):
-        buf, off, got = layout.initial_labels(rank)
-        present = np.flatnonzero(np.fromiter(map(is_not, got, repeat(None)), bool, len(got)))
-        if present.size < len(got):
-            got = [label for label in got if label is not None]
-        cells.append(rank * width + number[buf] * stride + off + present)
-        all_labels.extend(got)
-    labels = list(dict.fromkeys(all_labels))
-    leaf = np.arange(len(all_labels), dtype=np.int64)
-    if len(labels) < len(all_labels):             # a label that starts in several places is one leaf
-        index_of = {label: i for i, label in enumerate(labels)}
-        leaf = np.fromiter(map(index_of.__getitem__, all_labels), np.int64, len(all_labels))
-    cells = np.concatenate(cells) if cells else np.zeros(0, dtype=np.int64)
-    keep = np.unique(cells[::-1], return_index=True)[1]    # a cell labelled twice keeps the last
-    return cells[::-1][keep], leaf[::-1][keep], labels.__getitem__
