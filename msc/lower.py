@@ -12,7 +12,6 @@ take bulk.py, the same passes over numpy arrays, which builds the same plan.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 
 from msc.bulk import bulk_plans, fits
@@ -20,7 +19,7 @@ from msc.dag import allocate_scratch, build_dag, compact_scratch, replicate
 from msc.errors import DeadlockError, LoweringError, UsageError
 from msc.fusion import drop_dead_stores, forwarding_pairs, fuse_forwarding, fuse_local
 from msc.ir import Plan
-from msc.perf import pause_gc
+from msc.perf import SELF_CHECK, pause_gc
 from msc.placement import assign, place_auto, place_manual, spread_channels
 from msc.plan_check import PROTOCOLS
 from msc.plan_check import check_plan
@@ -31,7 +30,7 @@ MAX_SLOTS = 8    # the MSCCL runtime's NCCL_STEPS; our runtime provides as many
 # Check every lowered plan's values (plan_check) before verifying it. Lowering
 # builds valid plans by construction, so this costs time for nothing in use;
 # the tests turn it on (MSC_CHECK=1, see tests/conftest.py).
-CHECK_IR = os.environ.get("MSC_CHECK") == "1"
+CHECK_IR = SELF_CHECK
 
 
 @dataclass(frozen=True)
