@@ -215,8 +215,10 @@ def _fits_int64(c: OpColumns, num_ranks: int) -> bool:
     times an id) stay within int64."""
     ids = 4 * c.count + 4
     chunks = num_ranks * len(c.names) * (int(max(c.sidx.max(), c.didx.max())) + 1)
-    connections = num_ranks * num_ranks * (int(c.channel.max()) + 1) * (num_ranks // 32 + 2)   # spread channels too
-    return max(chunks, connections, ids) * ids < 2 ** 62
+    channels = (int(c.channel.max()) + 1) * (num_ranks // 32 + 2)                # spread channels too
+    connections = num_ranks * num_ranks * channels
+    threadblocks = num_ranks * (2 * num_ranks * channels + 1)                    # (rank, threadblock) keys
+    return max(chunks, connections, threadblocks, ids) * ids < 2 ** 62
 
 
 def _connections(srank, drank, channel, num_ranks: int):

@@ -115,6 +115,8 @@ def test_bulk_declines_what_it_does_not_cover():
     wide = [op._replace(size=2) for op in msc.trace(ring, 4).ops if op.kind is OpKind.COPY]
     assert list(bulk_plans(wide, [0] * 4, 4, ("depth",), fields)) == [("depth", None)]
     assert list(bulk_plans([], [0] * 4, 4, ("depth",), fields)) == [("depth", None)]
+    far = [op._replace(dst_index=op.dst_index + 2 ** 40) for op in msc.trace(ring, 4).ops]   # keys past int64
+    assert list(bulk_plans(far, [0] * 4, 4, ("depth",), fields)) == [("depth", None)]
     assert not fits(LowerOptions(threadblocks="manual")) and not fits(LowerOptions(fuse=False))
     assert fits(LowerOptions(instances=4, protocol="LL"))
 
