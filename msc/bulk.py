@@ -32,6 +32,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from msc.accesses import writes_around
 from msc.columns import OpColumns
 from msc.ir import Plan, RankPlan, Slice, Step, StepOp, Threadblock
 from msc.levels import levels
@@ -138,29 +139,13 @@ def _chunk_edges(c: OpColumns) -> _Edges:
     code *= m
     code += np.arange(m, dtype=np.int64)
     code.sort()                       # by chunk, then id: one sort of distinct ints
-    ins = code % m
-    key = code // m
+    key, ins = np.divmod(code, m)
     del code
     write = (ins & 1).astype(bool)
     reads = ~write
     reads[write] = c.reduce[ins[write] // 2]       # an rrc reads before it writes
-    pos = np.arange(m, dtype=np.int64)
-    new_group = np.ones(m, dtype=bool)
-    new_group[1:] = key[1:] != key[:-1]
+    prev_write, next_write = writes_around(key, write)
     del key
-    group_start = np.maximum.accumulate(np.where(new_group, pos, 0))
-    starts = np.flatnonzero(new_group)
-    group_end = np.repeat(np.append(starts[1:], m), np.diff(np.append(starts, m)))
-    last_write = np.maximum.accumulate(np.where(write, pos, -1))
-    prev_write = np.empty(m, dtype=np.int64)
-    prev_write[0] = -1
-    prev_write[1:] = last_write[:-1]
-    prev_write[prev_write < group_start] = -1
-    next_write = np.empty(m, dtype=np.int64)
-    next_write[-1] = m
-    next_write[:-1] = np.minimum.accumulate(np.where(write, pos, m)[::-1])[::-1][1:]
-    next_write[next_write >= group_end] = m
-    del group_start, group_end, last_write, pos, new_group, starts
 
     after = prev_write >= 0
     dep_src, dep_dst = ins[prev_write[after]], ins[after]

@@ -48,6 +48,7 @@ from operator import attrgetter, is_not, itemgetter
 
 import numpy as np
 
+from msc.accesses import last_of_each, writes_around
 from msc.ir import STEP_SHAPE, Plan, StepOp
 from msc.levels import levels
 from msc.multisets import Decline, Leaves, expand, holds, jump, need
@@ -422,7 +423,6 @@ class Prepared:
             order = np.lexsort((ev_write, ev_level, ev_cell))
         s_cell, s_level, s_step, s_write = ev_cell[order], ev_level[order], ev_step[order], ev_write[order]
         ne = len(order)
-        idx = np.arange(ne, dtype=np.int64)
         # Same chunk, same level: a write must be the only access there, but for
         # its own step's reads (a race otherwise, which the order cannot settle).
         group_start = np.ones(ne, bool)
@@ -435,22 +435,19 @@ class Prepared:
         lw = glast[gid]                                                            # writes sort last in a group
         need(not (s_write[lw] & (s_step[lw] != s_step)).any())
         # Each read: the last write to its cell before it, else the cell's initial value.
-        cell_start = np.ones(ne, bool)
-        if ne:
-            cell_start[1:] = s_cell[1:] != s_cell[:-1]
-        first = np.maximum.accumulate(np.where(cell_start, idx, 0))
-        last_w = np.maximum.accumulate(np.where(s_write, idx, -1))
+        before, _ = writes_around(s_cell, s_write, following=False)
         w_of_event = np.full(ne, -1, dtype=np.int64)                               # write events: their lane
         w_of_event[s_write] = (w_lane[order[s_write] - nr]) + L
-        seen = np.where(last_w >= first, w_of_event[np.maximum(last_w, 0)], initial[s_cell])
-        read_ref = np.empty(nr, dtype=np.int64)
         is_read = ~s_write
+        seen = np.where(before >= 0, w_of_event[np.maximum(before, 0)], initial[s_cell])
+        read_ref = np.empty(nr, dtype=np.int64)
         read_ref[order[is_read]] = seen[is_read]
         need((read_ref >= 0).all())                                               # a read of an unwritten chunk
         final = initial.copy()                                                     # each cell's last value
-        cell_last = np.flatnonzero(np.append(cell_start[1:], True))[:ne]
-        final[s_cell[cell_last]] = np.where(last_w[cell_last] >= first[cell_last],
-                                            w_of_event[np.maximum(last_w[cell_last], 0)], initial[s_cell[cell_last]])
+        cell_last = last_of_each(s_cell)
+        last_write = np.where(s_write[cell_last], cell_last, before[cell_last])
+        final[s_cell[cell_last]] = np.where(last_write >= 0, w_of_event[np.maximum(last_write, 0)],
+                                            initial[s_cell[cell_last]])
 
         # -- values: leaves, then one entry per lane (an alias or a sum), then sums
         # of reductions with more than two sources -----------------------------------

@@ -22,6 +22,7 @@ from operator import is_not
 
 import numpy as np
 
+from msc.accesses import last_of_each, writes_around
 from msc.multisets import Decline, Leaves, holds, need, resolve
 
 
@@ -93,16 +94,8 @@ def _checked_outputs(program) -> int:
     s_cell, rest = np.divmod(code, 3 * lanes)
     s_lane, s_kind = np.divmod(rest, 3)
     del code, rest
-    m = s_cell.size
-    pos = np.arange(m, dtype=np.int64)
-    first = np.ones(m, dtype=bool)
-    first[1:] = s_cell[1:] != s_cell[:-1]
-    group_start = np.maximum.accumulate(np.where(first, pos, 0))
     written = s_kind == 2
-    last_write = np.maximum.accumulate(np.where(written, pos, -1))
-    before = np.full(m, -1, dtype=np.int64)       # the last write strictly before each access
-    before[1:] = last_write[:-1]
-    before[before < group_start] = -1
+    before, _ = writes_around(s_cell, written, following=False)   # the write each access sees
     initial = _lookup(init_cells, init_leaf, s_cell)   # -1 where a chunk starts empty
     seen = np.where(before >= 0, n_leaves + s_lane[np.maximum(before, 0)], initial)
     reads = ~written
@@ -114,11 +107,11 @@ def _checked_outputs(program) -> int:
     is_dst = reads & (s_kind == 1)
     value_dst[s_lane[is_dst]] = seen[is_dst]
     # each chunk's final value: its last write, else its initial label
-    last = np.flatnonzero(np.append(first[1:], True))
+    last = last_of_each(s_cell)
     final_cells = s_cell[last]
-    final_value = np.where(last_write[last] >= group_start[last],
-                           n_leaves + s_lane[np.maximum(last_write[last], 0)], initial[last])
-    del s_cell, s_kind, s_lane, pos, first, group_start, written, last_write, before
+    final_write = np.where(written[last], last, before[last])
+    final_value = np.where(final_write >= 0, n_leaves + s_lane[np.maximum(final_write, 0)], initial[last])
+    del s_cell, s_kind, s_lane, written, before
 
     # -- values: leaves, then per lane an alias (copy) or a sum (reduce) --------------
     kind = np.concatenate([np.zeros(n_leaves, np.int8), np.where(reduce, 2, 1).astype(np.int8)])
