@@ -21,6 +21,7 @@ from msc.fusion import drop_dead_stores, forwarding_pairs, fuse_forwarding, fuse
 from msc.ir import Plan
 from msc.perf import SELF_CHECK, pause_gc
 from msc.placement import assign, place_auto, place_manual, spread_channels
+from msc.plan_bulk import prepare
 from msc.plan_check import PROTOCOLS
 from msc.plan_check import check_plan
 from msc.plan_verify import check_races, verify_plan
@@ -138,8 +139,6 @@ def verified_with_fewest_slots(plan: Plan, collective) -> Plan | None:
     the plan once and finds that capacity without running it (exact: deadlock
     freedom depends on neither data nor order); where it cannot tell, each
     capacity is tried in turn from 1, as a deadlock shows early."""
-    from msc.plan_bulk import prepare             # (imported here: the rest of this module is not this change's)
-
     check_races(plan, collective=collective)      # races do not depend on the capacity: once
     prepared = prepare(plan)
     slots = prepared.fewest_slots(MAX_SLOTS) or 1
