@@ -99,14 +99,31 @@ class _Reader:
                 ranks.append(RankPlan(rank, scratch, tuple(tbs)))
 
         step_match, lines, step_lines = STEP.match, self.lines, self.step_lines
+        # A step is its number, a colon, then text that alone decides the Step
+        # (the number holds no colon): a line whose text after its first colon
+        # was read before is that Step again, once its number checks out.
+        # Large plans repeat a few step texts across all ranks.
+        known: dict[str, Step] = {}
         for number, line in enumerate(body[1:], start=first_line + 1):
+            head, colon, rest = line.partition(":")
+            step = known.get(rest) if colon else None
+            if step is not None:
+                position = head.strip(" \t\f\r")
+                if tb is not None and position.isascii() and position.isdigit():
+                    if int(position) != len(steps):
+                        raise _Fallback
+                    if step_lines:
+                        lines[(rank, tb[0], len(steps))] = number
+                    steps.append(step)
+                    continue
             m = step_match(line)
             if m is not None:
                 if tb is None:
                     raise _Fallback
                 if step_lines:
                     lines[(rank, tb[0], len(steps))] = number
-                steps.append(self.step(m, len(steps)))
+                step = known[rest] = self.step(m, len(steps))
+                steps.append(step)
                 continue
             m = TB.match(line)
             if m is not None:

@@ -84,3 +84,27 @@ def test_fuzzed_text_fast_path_agrees_with_the_grammar(text):
         assert slow is not None, "the fast path took a text the grammar refuses"
         assert_same(fast, slow)
         assert fast_lines == slow_lines
+
+
+def test_a_step_text_read_before_is_checked_for_its_number_and_place():
+    """The fast path reuses the Step of a text it read before (the part
+    after the step number): a misnumbered or misplaced repeat still falls back."""
+    ring8 = dump_plan(library_plan("allreduce/ring:ring", 8, True))
+    lines = ring8.split("\n")
+    seen, repeat = {}, None
+    for i, line in enumerate(lines):
+        head, colon, rest = line.partition(":")
+        if colon and head.strip().isdigit():
+            if rest in seen:
+                repeat = i
+                break
+            seen[rest] = i
+    assert repeat is not None, "the fixture repeats no step text"
+    head, _, rest = lines[repeat].partition(":")
+    for bad in (f"{head}9:{rest}", f"x:{rest}", f"rank 0:{rest}"):
+        text = "\n".join(lines[:repeat] + [bad] + lines[repeat + 1:])
+        fast, _, slow, _ = both(text)
+        assert fast is None and slow is None, bad
+    fast, fast_lines, slow, slow_lines = both(ring8)
+    assert_same(fast, slow)
+    assert fast_lines == slow_lines
