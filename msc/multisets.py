@@ -115,8 +115,38 @@ def contributions(roots, kind, ca, cb):
     return uk // T, uk % T, mult.astype(np.int64)
 
 
-def holds(roots, which, exps, leaves, kind, ca, cb) -> bool:
-    """Whether every value ``roots[p]`` holds the contributions ``exps[which[p]]`` asks for."""
+def expectations(layout, cells_of):
+    """Every checked output chunk: (cells, index into ``exps`` of each, exps,
+    the distinct Expected objects). A row of expectations shared by ranks
+    (Layout.expected_row) is read once. ``cells_of`` as for Leaves."""
+    cells, which_of, exps, number, rows = [], [], [], {}, {}
+    for rank in range(layout.num_ranks):
+        buf, off, row = layout.expected_row(rank)
+        seen = rows.get(id(row))
+        if seen is None:
+            present = np.flatnonzero(np.fromiter(map(is_not, row, repeat(None)), bool, len(row)))
+            expected = row if len(present) == len(row) else [row[i] for i in present.tolist()]
+            for e in expected:
+                if id(e) not in number:         # exps keeps them alive: ids stay unique
+                    number[id(e)] = len(exps)
+                    exps.append(e)
+            which = np.fromiter(map(number.__getitem__, map(id, expected)), np.int64, len(expected))
+            seen = rows[id(row)] = (row, present, which)          # (row kept: its id stays unique)
+        _, present, which = seen
+        if len(present):
+            cells.append(cells_of(rank, buf, off, int(present[-1]) + 1, off + present))
+            which_of.append(which)
+    if not cells:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), exps
+    return np.concatenate(cells), np.concatenate(which_of), exps
+
+
+def holds(values, which, exps, leaves, kind, ca, cb) -> bool:
+    """Whether every output value ``values[p]`` (a representative) holds the
+    contributions ``exps[which[p]]`` asks for; each distinct (value,
+    expectation) pair is counted once."""
+    pairs = np.unique(values * len(exps) + which)
+    roots, which = pairs // len(exps), pairs % len(exps)
     uroots, pair_root = np.unique(roots, return_inverse=True)
     f_root, f_leaf, f_mult = contributions(uroots, kind, ca, cb)
     f_len = np.bincount(f_root, minlength=len(uroots))

@@ -51,12 +51,9 @@ import numpy as np
 from msc.accesses import last_of_each, writes_around
 from msc.ir import STEP_SHAPE, Plan, StepOp
 from msc.levels import levels
-from msc.multisets import Decline, Leaves, expand, holds, jump, need
+from msc.multisets import Decline, Leaves, expand, expectations, holds, jump, need
 from msc.perf import SELF_CHECK, pause_gc
 
-# Tests (MSC_CHECK=1, tests/conftest.py) also run the executor on every plan
-# this accepts, and want to see a crash here rather than a declined plan.
-CHECK = SELF_CHECK
 
 _OPS = list(StepOp)
 _CODE = {id(op): i for i, op in enumerate(_OPS)}
@@ -83,7 +80,7 @@ def _judged(fn, *args, fallback):
     except Decline:
         return fallback
     except Exception:
-        if CHECK:          # in tests a crash here is a bug to see, not a plan to decline
+        if SELF_CHECK:     # in tests (MSC_CHECK=1) a crash here is a bug to see, not a plan to decline
             raise
         return fallback    # a malformed plan (verify_plan(checked=True) skips check_plan): the executor words it
 
@@ -510,32 +507,9 @@ class Prepared:
         need((cls[rep[L + w_lane[user]]] == (dst_index[w_row[user]] + w_j[user]) % k).all())
 
         # -- outputs ----------------------------------------------------------------
-        out_cells, out_exp, exps, exp_index, rows = [], [], [], {}, {}
-        for rank in range(n):
-            buf, off, row = layout.expected_row(rank)
-            seen = rows.get(id(row))
-            if seen is None:           # once per distinct row: built-in collectives share them between ranks
-                present = np.flatnonzero(np.fromiter(map(is_not, row, repeat(None)), bool, len(row)))
-                expected = row if len(present) == len(row) else [row[i] for i in present.tolist()]
-                for i, e in dict(zip(map(id, expected), expected)).items():   # exps keeps them alive: ids stay unique
-                    if i not in exp_index:
-                        exp_index[i] = len(exps)
-                        exps.append(e)
-                which = np.fromiter(map(exp_index.__getitem__, map(id, expected)), np.int64, len(expected))
-                seen = rows[id(row)] = (row, present, which)                  # (row: its id stays unique)
-            _, present, which = seen
-            if not len(present):
-                continue
-            b = code.get(buf)
-            need(b is not None and 0 <= off and off + present[-1] < sizes[rank, b])
-            out_cells.append(cellbase[rank * nb + b] + off + present)
-            out_exp.append(which)
-        if not out_cells:
+        out_cells, out_exp, exps = expectations(layout, cells_of)
+        if not out_cells.size:
             return True
-        out_cells, out_exp = np.concatenate(out_cells), np.concatenate(out_exp)
         value = final[out_cells]
         need((value >= 0).all())                                                  # an output never written
-        E = len(exps)
-        pairs = np.unique(rep[value] * E + out_exp)                                # (value, Expected) pairs
-        roots, which = pairs // E, pairs % E
-        return holds(roots, which, exps, leaves, kind, ca, cb)
+        return holds(rep[value], out_exp, exps, leaves, kind, ca, cb)

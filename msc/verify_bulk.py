@@ -17,13 +17,10 @@ as ``verify`` counts them.
 """
 from __future__ import annotations
 
-from itertools import repeat
-from operator import is_not
-
 import numpy as np
 
 from msc.accesses import last_of_each, writes_around
-from msc.multisets import Decline, Leaves, holds, need, resolve
+from msc.multisets import Decline, Leaves, expectations, holds, need, resolve
 
 
 def checked_outputs(program) -> int | None:
@@ -46,7 +43,6 @@ def _lookup(keys: np.ndarray, values: np.ndarray, wanted: np.ndarray) -> np.ndar
 def _checked_outputs(program) -> int:
     layout, ops = program.layout, program.ops
     need(ops)                        # nothing to gain
-    n = layout.num_ranks
     c = program.columns()
     need((c.size >= 1).all())
     if (c.size == 1).all():
@@ -62,7 +58,6 @@ def _checked_outputs(program) -> int:
     s_idx, d_idx = c.sidx[lane_op] + j, c.didx[lane_op] + j
     need((s_idx >= 0).all() and (d_idx >= 0).all())
     stride = 1 + max(int(s_idx.max()), int(d_idx.max()), *layout.physical_sizes.values())
-    width = len(names) * stride
 
     def cell(rank, buf, index):
         return (rank * len(names) + buf) * stride + index
@@ -72,8 +67,8 @@ def _checked_outputs(program) -> int:
     reduce = c.reduce[lane_op]
 
     # -- initial labels: one leaf per distinct label ----------------------------
-    def cells_of(rank, buf, off, count, index):
-        return rank * width + number[buf] * stride + index
+    def cells_of(rank, buf, off, count, index):      # for Leaves and expectations: a physical buffer by name
+        return cell(rank, number[buf], index)
 
     leaves = Leaves(layout, 1, cells_of)
     # a chunk labelled twice keeps the last label, as the Python run does
@@ -120,32 +115,11 @@ def _checked_outputs(program) -> int:
     rep, ca, cb = resolve(kind, a, b)
 
     # -- outputs -------------------------------------------------------------------------
-    out_cells, out_exp, exps, exp_index = [], [], [], {}
-    rows: dict[int, tuple] = {}       # a row of expectations shared by ranks is read once
-    for rank in range(n):
-        buf, off, row = layout.expected_row(rank)
-        known = rows.get(id(row))
-        if known is None:
-            present = np.flatnonzero(np.fromiter(map(is_not, row, repeat(None)), bool, len(row)))
-            expected = [row[i] for i in present.tolist()] if present.size < len(row) else row
-            for e in expected:
-                if id(e) not in exp_index:      # exps keeps them alive: ids stay unique
-                    exp_index[id(e)] = len(exps)
-                    exps.append(e)
-            known = rows[id(row)] = (row, present,
-                                     np.fromiter(map(exp_index.__getitem__, map(id, expected)), np.int64,
-                                                 len(expected)))
-        _, present, which = known
-        if present.size:
-            out_cells.append(rank * width + number[buf] * stride + off + present)
-            out_exp.append(which)
-    if not out_cells:
+    out_cells, out_exp, exps = expectations(layout, cells_of)
+    if not out_cells.size:
         return 0
-    out_cells, out_exp = np.concatenate(out_cells), np.concatenate(out_exp)
     value = _lookup(final_cells, final_value, out_cells)
     value = np.where(value >= 0, value, _lookup(init_cells, init_leaf, out_cells))   # a chunk never touched
     need((value >= 0).all())                        # else the chunk was never written nor labelled
-    value = rep[value]
-    pairs = np.unique(value * len(exps) + out_exp)              # (value, Expected) pairs
-    need(holds(pairs // len(exps), pairs % len(exps), exps, leaves, kind, ca, cb))
+    need(holds(rep[value], out_exp, exps, leaves, kind, ca, cb))
     return out_cells.size
