@@ -103,12 +103,15 @@ def replicate(ops, instances: int, scratch_sizes: dict) -> tuple[list[Op], dict]
     return flat, {key: size * instances for key, size in scratch_sizes.items()}
 
 
+_SRC_BUFFER, _DST_BUFFER = itemgetter(Op._fields.index("src_buffer")), itemgetter(Op._fields.index("dst_buffer"))
+
+
 def allocate_scratch(ops, physical: set[str], scratch_sizes: dict, num_ranks: int):
     """Map every named scratch buffer of a rank onto one ``scratch`` buffer,
     in order of first use. Returns the rewritten ops and chunks per rank."""
     base: dict[tuple[int, str], int] = {}
     used = [0] * num_ranks
-    if physical.issuperset(map(itemgetter(2), ops)) and physical.issuperset(map(itemgetter(5), ops)):
+    if physical.issuperset(map(_SRC_BUFFER, ops)) and physical.issuperset(map(_DST_BUFFER, ops)):
         return list(ops), used        # no named scratch (checked in C: a large ring has millions of ops)
     for op in ops:
         for rank, buf in ((op.src_rank, op.src_buffer), (op.dst_rank, op.dst_buffer)):

@@ -12,6 +12,7 @@ import inspect
 import os
 import sys
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, Callable
 
 from msc.collectives import Collective, Layout, get_collective
@@ -98,7 +99,7 @@ class Program:
         return self.layout.logical_sizes.get(buffer)
 
     def chunk_ops(self) -> int:
-        return sum(op.size for op in self.ops)
+        return sum(map(attrgetter("size"), self.ops))      # in C: millions of ops at scale
 
     def columns(self):
         """The operations as numpy columns (msc.columns.OpColumns), for the

@@ -73,9 +73,9 @@ def lower(program, options: LowerOptions = LowerOptions(), *, collective=None, b
                   protocol=options.protocol, instances=options.instances, slots=1, tile=options.tile)
     collective = collective or layout.collective
     failures = []
-    # the first order that works with the fewest slots wins
     # the program's own columns where replicate and allocate_scratch changed nothing
     columns = program.columns if options.instances == 1 and not program.scratch_sizes else None
+    # the first order that works with the fewest slots wins
     for priority, plan in _plans(ops, scratch, n, options, fields, bulk and fits(options), columns):
         if isinstance(plan, LoweringError):
             failures.append(f"{priority} order: {plan}")

@@ -29,7 +29,7 @@ from msc import plan_bulk
 from msc.collectives import Collective, get_collective
 from msc.errors import DeadlockError, PlanError, RaceError, UsageError, VerificationError
 from msc.ir import Plan, StepOp
-from msc.perf import pause_gc
+from msc.perf import SELF_CHECK, pause_gc
 from msc.plan_check import check_plan
 from msc.verify import Sum, contribution_error, contributions
 from msc.worklist import drive
@@ -138,7 +138,7 @@ def verify_plan(plan: Plan, *, collective: Collective | None = None, slots: int 
     if prepared is None:
         prepared = plan_bulk.prepare(plan)
     accepted = prepared.accepts(plan, layout, capacity)
-    if not accepted or plan_bulk.CHECK:
+    if not accepted or SELF_CHECK:
         run = run or _Execution(plan, layout, capacity)
         try:
             run.execute()

@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from operator import itemgetter
 
 from msc.errors import VerificationError
 from msc.ir import OpKind
@@ -131,9 +130,8 @@ def verify(program) -> Report:
             raise AssertionError(f"msc.verify_bulk checked {fast} outputs, verify {outputs}")
     else:
         outputs = fast
-    ops = program.ops
-    return Report(program.name, program.layout.name, program.layout.num_ranks, len(ops),
-                  sum(map(itemgetter(7), ops)), outputs, time.perf_counter() - start)   # 7: Op.size
+    return Report(program.name, program.layout.name, program.layout.num_ranks, len(program.ops),
+                  program.chunk_ops(), outputs, time.perf_counter() - start)
 
 
 def _run(program) -> int:

@@ -169,7 +169,7 @@ def test_lowering_takes_the_fewest_slots_without_the_executor(monkeypatch):
     import msc.plan_verify
 
     ran = []
-    monkeypatch.setattr(msc.plan_bulk, "CHECK", False)
+    monkeypatch.setattr(msc.plan_verify, "SELF_CHECK", False)
     monkeypatch.setattr(msc.plan_verify._Execution, "execute", lambda self: ran.append(self.capacity))
     plan = lower(msc.trace(ALGORITHMS["allreduce/ring:ring"], 8))
     assert plan.slots == 2 and ran == []
