@@ -10,7 +10,14 @@ _PACKAGE = Path(__file__).resolve().parent
 
 
 def data_dir(name: str) -> Path:
-    """The folder ``name`` (grammars, templates, algorithms)."""
+    """The folder ``name`` (grammars, templates, algorithms). ``$MSC_TEMPLATES_DIR``
+    replaces the templates (for trying a changed template, e.g. the injected
+    faults of bench/emu_faults.py; the kernel caches key on their contents)."""
+    override = os.environ.get(f"MSC_{name.upper()}_DIR") if name == "templates" else None
+    if override:
+        if not Path(override).is_dir():
+            raise FileNotFoundError(f"$MSC_TEMPLATES_DIR={override!r} is not a folder")
+        return Path(override)
     for candidate in (_PACKAGE / name, _PACKAGE.parent / name):
         if candidate.is_dir():
             return candidate

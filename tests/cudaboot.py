@@ -244,48 +244,57 @@ class FakeTorch:
 
 def install_fakes(setattr_):
     """Replace, with ``setattr_(obj, name, value)`` (monkeypatch.setattr in a
-    test, setattr in a worker), the driver calls (msc.cuda.device),
-    torch.cuda (msc.cuda.runtime._torch), cuda.core (Communicator._bind,
-    _kernel_launch, Kernels.loaded) and the args upload. Returns the state
-    the fakes record: launches (stream, grid, block, kernel, packed args),
-    uploads, memory; ``state["on"][data_ptr] = "cuda:N"`` places a tensor;
-    ``state["fail"] = words`` makes the next launch write that error word."""
+    test, setattr in a worker), what the CUDA backend (msc.cuda.backend)
+    reaches: the driver calls (msc.cuda.device), torch.cuda, cuda.core
+    (bind, compile, load, launch, occupancy) and the args upload. Returns
+    the state the fakes record: launches (stream, grid, block, kernel, packed
+    args), uploads, memory; ``state["on"][data_ptr] = "cuda:N"`` places a
+    tensor; ``state["fail"] = words`` makes the next launch write that error
+    word; ``state["resident"]`` is what the occupancy API answers."""
     import ctypes
     import dataclasses
     import struct
+    import types
 
     import torch
 
+    from msc.cuda import backend
     from msc.cuda import device as cu
-    from msc.cuda import runtime
     from msc.cuda.validate import describe
 
     mem, fake = FakeMemory(), FakeTorch()
-    state = {"launches": [], "args": {}, "uploads": 0, "on": {}, "peer": []}
+    state = {"launches": [], "args": {}, "uploads": 0, "on": {}, "peer": [], "resident": 1 << 20}
 
-    def upload(self, dev, args, capturing):
+    def upload(self, dev, args, stream, capturing):
         ptr = 0x9000_0000 + 0x10000 * len(state["args"])
         if args not in state["args"].values():
             state["uploads"] += 1
         state["args"][ptr] = args
-        return ptr
+        return ptr, None
 
     def fake_describe(t):
         return dataclasses.replace(describe(t), device=state["on"].get(t.data_ptr(), "cuda:0"))
 
-    def launch(stream, grid, block, kernel, ptr):
+    def launch(self, index, stream, grid, block, kernel, ptr, keep=()):
         state["launches"].append((stream.cuda_stream, grid, block, kernel, state["args"][ptr]))
         if state.get("fail"):             # the "kernel" times out: it writes the error word
             error = decode_args(state["layout"], state["args"][ptr]).error
             mem.write(error, struct.pack("<5I", *state.pop("fail")))
 
-    setattr_(runtime, "_torch", lambda: fake)
-    setattr_(runtime, "describe", fake_describe)
-    setattr_(runtime.Communicator, "_bind", staticmethod(lambda d: None))
-    setattr_(runtime.Communicator, "_upload", upload)
-    setattr_(runtime.Communicator, "_kernel_launch", staticmethod(launch))
-    setattr_(runtime.Kernels, "loaded", lambda self, dtype, op: ("kernel", self.arch, dtype, op))
-    for name, fn in dict(require_driver=lambda: None, arch=lambda d: "sm_90", clock_rate_hz=lambda d: 2_000_000_000,
+    def compile_(self, plan, *, dtype, op, arch, **kw):
+        return types.SimpleNamespace(arch=arch, dtype=dtype, op=op)
+
+    setattr_(backend, "_torch", lambda: fake)
+    setattr_(backend, "describe", fake_describe)
+    setattr_(backend.CudaBackend, "bind", lambda self, d: None)
+    setattr_(backend.CudaBackend, "upload", upload)
+    setattr_(backend.CudaBackend, "launch", launch)
+    setattr_(backend.CudaBackend, "compile", compile_)
+    setattr_(backend.CudaBackend, "load", lambda self, c, size: ("kernel", c.arch, c.dtype, c.op))
+    setattr_(backend.CudaBackend, "resident_blocks", lambda self, k, threads, d: state["resident"])
+    setattr_(backend.CudaBackend, "device_id", lambda self, d: f"0000:{d:02x}:00.0")
+    setattr_(backend.CudaBackend, "reach", lambda self, d: None)
+    for name, fn in dict(require_driver=lambda: None, arch=lambda d: "sm_90",
                          mem_alloc=mem.alloc, mem_free=mem.free,
                          memset_async=lambda p, n, s: mem.write(p, bytes(n)), read=mem.read,
                          copy_to_host_async=lambda h, d, n, s: ctypes.memmove(h, mem.read(d, n), n),

@@ -28,7 +28,8 @@ def test_packed_layout_matches_the_kernels_struct(tmp_path):
     source, layout = render(plan, form="table")
     structs = source[source.index("struct MscConn {"):source.index("enum { BUF_INPUT")]
     head = "\n".join(line for line in source.splitlines() if line.startswith(("#define NRANKS", "#define NCONN")))
-    fields = ["count", "chunk", "tile", "iterations", "timeout", "inv_n", "first_block", "error", "rank", "conn"]
+    fields = ["count", "chunk", "tile", "iterations", "timeout", "scratch_stride", "inv_n", "first_block", "error",
+              "rank", "conn"]
     probe = "\n".join([
         "#include <stdio.h>", "#include <stddef.h>", head,
         "typedef unsigned long long u64; typedef long long i64; typedef unsigned int u32;", structs,
@@ -81,11 +82,14 @@ def test_launch_params_follow_the_chunk_geometry(count, k, expect_chunk):
 def test_footprint_sizes_scratch_slots_and_counters():
     plan = _plan("reducescatter/ring:ring", 3)
     _, layout = render(plan, form="table")
-    params = launch_params(layout, 4096, dtype="float32", protocol="Simple")
+    params = launch_params(layout, 4099, dtype="float32", protocol="Simple")
     fp = footprint(layout, params, dtype="float32", protocol="Simple", slots=8)
-    assert fp.scratch == tuple(c * params.chunk * 4 for c in layout.scratch_chunks)
-    assert fp.slots == tuple(8 * c.max_count * params.tile * 4 for c in layout.connections)
+    # a scratch chunk, and every chunk-tile of a Simple slot, has room to start at its class's offset within
+    # 16 bytes (4 floats): a chunk of 4099 floats takes 4104 (a multiple of 4 holding 4099 + 3)
+    assert params.chunk == 4099 and params.vec == 4 and params.scratch_stride == 4104
+    assert fp.scratch == tuple(c * 4104 * 4 for c in layout.scratch_chunks)
+    assert fp.slots == tuple(8 * c.max_count * (params.tile + 4) * 4 for c in layout.connections)
     ll = footprint(layout, params, dtype="float32", protocol="LL", slots=8)
-    assert ll.slots == tuple(2 * s for s in fp.slots)                  # LL: a flag word per data word
+    assert ll.slots == tuple(8 * c.max_count * params.tile * 8 for c in layout.connections)   # a flag per word
     with pytest.raises(UsageError, match="deadlock"):
         footprint(layout, params, dtype="float32", protocol="Simple", slots=layout.slots - 1 or 0)

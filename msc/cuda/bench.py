@@ -230,11 +230,13 @@ def _check(comm, plan, coll, rng, dt, op, n, count, in_units, out_units, dev) ->
     return reference.check(coll.name, inputs, got, op=op, root=plan.root)
 
 
-def run_numpy(comm, inputs: list, count: int, op: str, dev: int) -> list:
+def run_numpy(comm, inputs: list, count: int, op: str, dev: int | None = None) -> list:
     """Run ``comm`` (virtual placement) once on per-rank logical numpy
     inputs, every output poisoned first (bytes 0xA5); the logical outputs as
-    numpy arrays, after synchronizing (which raises a launch's error)."""
-    import torch
+    numpy arrays, after synchronizing (which raises a launch's error). On
+    the emulated device the tensors are numpy arrays (no torch needed), on a
+    GPU torch tensors on GPU ``dev``."""
+    import numpy as np
 
     from msc.collectives import get_collective
     from msc.cuda.validate import units
@@ -243,23 +245,31 @@ def run_numpy(comm, inputs: list, count: int, op: str, dev: int) -> list:
     n, k = plan.num_ranks, plan.chunk_factor
     coll = get_collective(plan.collective)
     _, out_units = units(plan)
-    ins = [_from_numpy(a, dev) for a in inputs]
-    outs = [torch.empty(out_units * count, dtype=ins[0].dtype, device=dev) for _ in range(n)]
-    for o in outs:
-        o.view(torch.uint8).fill_(0xA5)
+    if comm.backend.host_tensors:
+        ins = [np.array(a, copy=True) for a in inputs]
+        outs = [np.full(out_units * count * a.itemsize, 0xA5, np.uint8).view(a.dtype) for a in ins[:1] * n]
+        to_numpy = np.asarray
+    else:
+        import torch
+
+        ins = [_from_numpy(a, dev) for a in inputs]
+        outs = [torch.empty(out_units * count, dtype=ins[0].dtype, device=dev) for _ in range(n)]
+        for o in outs:
+            o.view(torch.uint8).fill_(0xA5)
+        to_numpy = _to_numpy
     if plan.inplace:
         alias, target, _ = coll.inplace_alias(0, n, k)
         if target == "output":                         # allgather: the input sits in unit `rank` of the output
             for r, o in enumerate(outs):
                 off = coll.inplace_alias(r, n, k)[2] // k
-                o[off * count:off * count + ins[r].numel()].copy_(ins[r])
+                o[off * count:off * count + len(inputs[r])] = ins[r]
             got = comm.run(None, outs, op)
         else:
             got = comm.run(ins, None, op)
     else:
         got = comm.run(ins, outs, op)
     comm.synchronize()
-    return [_to_numpy(g) for g in got]
+    return [to_numpy(g) for g in got]
 
 
 def format_baselines(records: list[dict]) -> str:

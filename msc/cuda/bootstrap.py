@@ -1,21 +1,34 @@
 """The torchrun placement's bootstrap: every process allocates its own arena,
-exports a CUDA IPC handle for it, gathers everyone's handles over
-torch.distributed (``all_gather_object``) and opens the handles of the
-peers its connections reach. The result is a base address per rank, as
+exports a handle for it (a CUDA IPC handle, or on the emulated device the
+name of a shared-memory file), gathers everyone's handles and opens those of
+the peers its connections reach. The result is a base address per rank, as
 this process sees it, for msc.cuda.tables.pointer_tables.
 
 The IPC calls and the gather are injected (``ipc``: export(ptr) -> bytes,
-open(bytes) -> ptr; ``gather(obj) -> list``), so tests run the exchange
-between gloo processes with fake handles; msc.cuda.device.DriverIpc does
-the real thing. What each rank publishes also carries the capacity the
-arenas were sized for (a launch.Footprint: the same for every rank, as it
-covers all ranks) and a generation number (how many times this
-communicator has allocated): every rank must agree on both, else the ranks were not making the same call (a
-different count or dtype on some rank) and the exchange says which.
+open(bytes) -> ptr, optionally settle(ptr) once every peer has opened ours;
+``gather(tag, obj) -> [obj of rank 0, ...]``), so tests run the exchange
+between gloo processes with fake handles; msc.cuda.device.DriverIpc and
+msc.cuda.emu.ShmIpc do the real thing.
+
+What each rank publishes also carries the capacity the arenas were sized for
+(a launch.Footprint: the same for every rank, as it covers all ranks), a
+generation number (how many times this communicator has allocated), the
+machine it runs on and its device. Every rank must agree on capacity and
+generation, else the ranks were not making the same call (a different count
+or dtype on some rank) and the exchange says which; a peer on another
+machine, or a device this one cannot reach, is named before any handle is
+opened.
+
+``store_gather`` gathers through torch.distributed's key-value store with a
+deadline: a rank that grows its buffers while a peer does not (the calls
+differ) gets an error naming the ranks that never published, instead of
+waiting for ever in a collective they will not join.
 """
 from __future__ import annotations
 
+import pickle
 from dataclasses import dataclass
+from datetime import timedelta
 
 from msc.errors import UsageError
 
@@ -26,11 +39,13 @@ class Published:
     generation: int
     capacity: object
     handle: bytes
+    host: str = ""            # the machine (processes that can share device memory agree on it)
+    device: str = ""          # the device, as peers can look it up (a PCI bus id; "emu:N")
 
 
 def torch_gather(group=None):
-    """``gather(obj) -> [obj of rank 0, obj of rank 1, ...]`` over torch.distributed."""
-    def gather(obj):
+    """``gather(tag, obj)`` over torch.distributed's all_gather_object (no deadline)."""
+    def gather(tag, obj):
         import torch.distributed as dist
 
         out = [None] * dist.get_world_size(group)
@@ -39,12 +54,42 @@ def torch_gather(group=None):
     return gather
 
 
+def store_gather(prefix: str, rank: int, n: int, timeout_s: float, group=None):
+    """``gather(tag, obj)`` through the default process group's store: each
+    rank sets ``prefix/tag/rank`` and waits at most ``timeout_s`` for the
+    others' keys. Falls back to ``torch_gather`` where the store cannot be
+    reached."""
+    import torch.distributed as dist
+
+    try:
+        store = dist.distributed_c10d._get_default_store()
+    except Exception:          # a private helper of torch.distributed: without it, gather without a deadline
+        return torch_gather(group)
+    ranks = list(range(n)) if group is None else dist.get_process_group_ranks(group)
+
+    def gather(tag, obj):
+        keys = [f"{prefix}/{tag}/{r}" for r in range(n)]
+        store.set(keys[rank], pickle.dumps(obj))
+        try:
+            store.wait(keys, timedelta(seconds=timeout_s))
+        except Exception:
+            missing = [r for r, k in enumerate(keys) if not store.check([k])]
+            raise UsageError(f"rank {rank} waited {timeout_s:g} s at '{tag}' of the msc CUDA runtime's bootstrap for "
+                             f"rank(s) {', '.join(map(str, missing))} (process group ranks "
+                             f"{', '.join(str(ranks[r]) for r in missing)}), which never came: every rank must make "
+                             f"the same calls (the same element count and dtype), and a rank that grows its buffers "
+                             f"waits for the others to grow theirs") from None
+        return [pickle.loads(store.get(k)) for k in keys]
+    return gather
+
+
 def exchange(rank: int, n: int, base: int, capacity, generation: int, needed: tuple[int, ...], *, ipc,
-             gather) -> list[int | None]:
+             gather, host: str = "", device: str = "", reach=None) -> list[int | None]:
     """Bases of every rank's arena in this process: ours, the opened ones of
-    ``needed`` peers, None for the rest."""
-    mine = Published(rank, generation, capacity, ipc.export(base))
-    everyone = gather(mine)
+    ``needed`` peers, None for the rest. ``reach(device) -> str | None``:
+    why this process cannot map memory of that peer device (None: it can)."""
+    mine = Published(rank, generation, capacity, ipc.export(base), host, device)
+    everyone = gather(f"publish/{generation}", mine)
     if len(everyone) != n:
         raise UsageError(f"the process group has {len(everyone)} ranks, the plan {n}")
     for r, p in enumerate(everyone):
@@ -54,8 +99,21 @@ def exchange(rank: int, n: int, base: int, capacity, generation: int, needed: tu
             raise UsageError(f"rank {r} sized its buffers for {p.capacity} (allocation {p.generation}), rank {rank} "
                              f"for {capacity} (allocation {generation}): every rank must make the same call (same "
                              f"element count, dtype and plan)")
+    for r in needed:
+        p = everyone[r]
+        if p.host != host:
+            raise UsageError(f"rank {r} runs on {p.host or 'an unnamed host'}, rank {rank} on {host or 'an unnamed host'}: "
+                             f"the torchrun placement maps peers' memory, so every rank must run on one machine "
+                             f"(use msc.torch's backend='torch' across machines)")
+        why = reach(p.device) if reach is not None else None
+        if why:
+            raise UsageError(f"rank {rank} cannot reach the memory of rank {r} ({p.device}): {why}")
     bases: list[int | None] = [None] * n
     bases[rank] = base
     for r in needed:
         bases[r] = ipc.open(everyone[r].handle)
+    settle = getattr(ipc, "settle", None)
+    if settle is not None:
+        gather(f"opened/{generation}", rank)          # every peer has mapped our arena
+        settle(base)
     return bases

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from msc.errors import UsageError
-from msc.ir import Plan, StepOp
+from msc.ir import STEP_SHAPE, Plan, StepOp
 from msc.resources import data_dir
 
 
@@ -34,6 +34,24 @@ BUF_IDS = {"input": 0, "output": 1, "scratch": 2}
 # time grows with code size (bench/codegen_speed.py measures the trade-off).
 STRAIGHT_LINE_MAX_STEPS = 256
 NTHREADS = {"Simple": 512, "LL": 256, "LL128": 256}
+# Blocks per SM the register budget must leave room for (__launch_bounds__): a virtual launch
+# of every rank's blocks must fit the GPU at once.
+MIN_BLOCKS = {"Simple": 2, "LL": 2, "LL128": 2}
+# Device counters (dependencies, connection heads and tails) sit this many bytes apart, one
+# per cache line, so that writers of different counters never share a line.
+COUNTER_STRIDE = 128
+# The kernel's step-op codes: a step op's index here (the templates' enum is generated from it).
+STEP_OPS = tuple(StepOp)
+
+
+def step_op_table() -> tuple[list[dict], dict[str, int]]:
+    """The step ops as the templates declare them (name, code) and bit masks, by code, of
+    the ops that receive, send and store to a destination (from msc.ir)."""
+    ops = [dict(name=op.name, code=i) for i, op in enumerate(STEP_OPS)]
+    masks = dict(receives=sum(1 << i for i, op in enumerate(STEP_OPS) if op.receives),
+                 sends=sum(1 << i for i, op in enumerate(STEP_OPS) if op.sends),
+                 stores=sum(1 << i for i, op in enumerate(STEP_OPS) if STEP_SHAPE[op][1]))
+    return ops, masks
 
 
 @dataclass(frozen=True)
@@ -61,6 +79,7 @@ class KernelLayout:
     slots: int
     chunk_factor: int
     form: str
+    max_steps: int = 0                           # steps of the longest threadblock
 
 
 def _check(dtype: str, op: str, plan: Plan) -> DType:
@@ -92,7 +111,8 @@ def kernel_layout(plan: Plan, form: str) -> KernelLayout:
         blocks.extend((rp.rank, tb.id) for tb in rp.threadblocks)
     return KernelLayout(plan.num_ranks, tuple(blocks), tuple(rank_blocks), connections,
                         tuple(rp.scratch for rp in plan.ranks), tuple(len(rp.threadblocks) for rp in plan.ranks),
-                        NTHREADS[plan.protocol], plan.slots, plan.chunk_factor, form)
+                        NTHREADS[plan.protocol], plan.slots, plan.chunk_factor, form,
+                        max((len(tb.steps) for rp in plan.ranks for tb in rp.threadblocks), default=0))
 
 
 def _context(plan: Plan, dtype: DType, op: str, form: str, facts) -> dict:
@@ -119,13 +139,16 @@ def _context(plan: Plan, dtype: DType, op: str, form: str, facts) -> dict:
             publish = (rank, t, i) in published
             steps.append(dict(index=i, op=step.op.name, count=step.count, srcs=srcs, dst=dst, cls=cls, fresh=fresh,
                               deps=deps, publish=publish, text=_describe(step)))
-            table.extend([list(StepOp).index(step.op), step.count, len(srcs), len(deps) // 3, int(publish),
+            table.extend([STEP_OPS.index(step.op), step.count, len(srcs), len(deps) // 3, int(publish),
                           dst[0], dst[1], *[x for o in srcs for x in o], *cls, *fresh, *deps])
         tbs.append(dict(gid=gid, rank=rank, tb=t, send=_peer(tb.send), recv=_peer(tb.recv), channel=tb.channel,
                         conn_in=cin.id if cin else -1, conn_out=cout.id if cout else -1,
                         max_in=cin.max_count if cin else 0, max_out=cout.max_count if cout else 0, steps=steps))
+    step_ops, op_masks = step_op_table()
     return dict(plan=plan, dtype=dtype, op=op, protocol=plan.protocol, form=form, nthreads=layout.nthreads,
-                conns=layout.connections, tbs=tbs, table=table or [0], starts=starts or [0]), layout
+                min_blocks=MIN_BLOCKS[plan.protocol], counter_words=COUNTER_STRIDE // 8, step_ops=step_ops,
+                op_masks=op_masks, conns=layout.connections, tbs=tbs, table=table or [0],
+                starts=starts or [0]), layout
 
 
 def _guessed_facts(step, k: int):

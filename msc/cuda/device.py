@@ -98,33 +98,24 @@ def arch(index: int) -> str:
     return f"sm_{Device(index).arch}"
 
 
-FALLBACK_CLOCK_HZ = 2_000_000_000
-
-
-def clock_rate_hz(index: int) -> int:
-    """The SM clock (what clock64() counts), as the driver reports it; 2 GHz
-    where it does not (CUDA 13 deprecates the attribute). A clock above the
-    real one only makes a timeout last longer."""
-    from cuda.core import Device
-
-    try:
-        khz = int(Device(index).properties.clock_rate)
-    except Exception:
-        khz = 0
-    return khz * 1000 if khz > 0 else FALLBACK_CLOCK_HZ
-
-
 def multiprocessors(index: int) -> int:
     from cuda.core import Device
 
     return int(Device(index).properties.multiprocessor_count)
 
 
-def timeout_cycles(timeout_s: float, clock_hz: int) -> int:
-    """Spin-wait budget in clock64() cycles for ``timeout_s`` seconds."""
+def max_active_blocks(kernel, nthreads: int) -> int:
+    """Blocks of ``kernel`` (a loaded cuda.core Kernel) one SM holds at once
+    with ``nthreads`` threads each (the occupancy API: registers, shared memory)."""
+    return int(kernel.occupancy.max_active_blocks_per_multiprocessor(nthreads, 0))
+
+
+def timeout_ns(timeout_s: float) -> int:
+    """Spin-wait budget in nanoseconds (the kernel reads the GPU's global
+    timer, which counts nanoseconds whatever the SM clock does)."""
     if not timeout_s > 0:
         raise UsageError(f"timeout_s must be > 0, got {timeout_s!r}")
-    return max(1, int(timeout_s * clock_hz))
+    return max(1, int(timeout_s * 1e9))
 
 
 # -- memory ---------------------------------------------------------------------------
@@ -153,6 +144,13 @@ def copy_to_host_async(host_ptr: int, dev_ptr: int, nbytes: int, stream: int) ->
     call(driver.cuMemcpyDtoHAsync, host_ptr, driver.CUdeviceptr(dev_ptr), nbytes, driver.CUstream(stream))
 
 
+def write(dev_ptr: int, host_ptr: int, nbytes: int) -> None:
+    """Synchronous copy from host memory (tests poke counters with it)."""
+    from cuda.bindings import driver
+
+    call(driver.cuMemcpyHtoD, driver.CUdeviceptr(dev_ptr), host_ptr, nbytes)
+
+
 def read(dev_ptr: int, nbytes: int) -> bytes:
     """Synchronous copy to host (for diagnostics after a launch failed)."""
     from cuda.bindings import driver
@@ -171,6 +169,27 @@ def enable_peer_access(peer_index: int) -> None:
     status = driver.cuCtxEnablePeerAccess(ctx, 0)[0]
     if status not in (driver.CUresult.CUDA_SUCCESS, driver.CUresult.CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED):
         raise DriverError("cuCtxEnablePeerAccess", status)
+
+
+def pci_bus_id(index: int) -> str:
+    """GPU ``index``'s PCI bus id, the name another process can look it up by."""
+    from cuda.bindings import driver
+
+    raw = call(driver.cuDeviceGetPCIBusId, 64, call(driver.cuDeviceGet, index))
+    return (raw.decode() if isinstance(raw, bytes) else str(raw)).rstrip("\0").strip()
+
+
+def index_of_bus_id(bus_id: str) -> int | None:
+    """The index this process gives the GPU at ``bus_id``; None if it does not see it."""
+    from cuda.bindings import driver
+
+    status, dev = driver.cuDeviceGetByPCIBusId(bus_id.encode())
+    if status != driver.CUresult.CUDA_SUCCESS:
+        return None
+    for i in range(device_count()):
+        if call(driver.cuDeviceGet, i) == dev:
+            return i
+    return None
 
 
 def can_access_peer(index: int, peer_index: int) -> bool:

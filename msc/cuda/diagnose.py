@@ -14,7 +14,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 
-from msc.cuda.codegen import KernelLayout
+from msc.cuda.codegen import COUNTER_STRIDE, KernelLayout
 from msc.errors import ExecutionError, UsageError
 from msc.ir import Plan
 
@@ -121,7 +121,7 @@ def counters_from_arena(raw: bytes, arena, layout: KernelLayout) -> Counters:
         return struct.unpack_from("<Q", raw, off)[0]
 
     r = arena.rank
-    progress = {(r, t): u64(arena.progress + 8 * t) for t in range(layout.threadblocks_per_rank[r])}
+    progress = {(r, t): u64(arena.progress + COUNTER_STRIDE * t) for t in range(layout.threadblocks_per_rank[r])}
     return Counters(progress, {c: u64(o) for c, o in arena.tail.items()}, {c: u64(o) for c, o in arena.head.items()})
 
 

@@ -10,13 +10,18 @@ import ctypes
 import math
 from dataclasses import dataclass
 
-from msc.cuda.codegen import DTYPES, KernelLayout
+from msc.cuda.codegen import COUNTER_STRIDE, DTYPES, KernelLayout
 from msc.errors import UsageError
 
 # Pipelining tile per chunk and iteration, by protocol (bytes); the simulator
 # models the same defaults (msc/topology.py). A plan's `tile` overrides them.
 DEFAULT_TILE_BYTES = {"Simple": 512 * 1024, "LL": 32 * 1024, "LL128": 256 * 1024}
 ERROR_WORDS = 5          # code, rank, threadblock, step, iteration
+
+
+# A launch publishes dependency counters as (launch << 32) + iteration * steps + step + 1
+# (templates/kernel.cu.j2): iterations x steps of one threadblock must stay below 2^32.
+PROGRESS_LIMIT = 1 << 32
 
 
 @dataclass(frozen=True)
@@ -27,6 +32,13 @@ class LaunchParams:
     chunk: int           # q = ceil(E / K): elements of a full chunk
     tile: int            # elements of a chunk per iteration (a multiple of 8)
     iterations: int      # ceil(q / tile); 0 when there is nothing to move
+    vec: int = 1         # elements of a 16-byte vector (slots and scratch leave room to align chunks)
+
+    @property
+    def scratch_stride(self) -> int:
+        """Elements from one scratch chunk to the next: a chunk and room to
+        start it at its class's offset within 16 bytes, a multiple of ``vec``."""
+        return -(-(self.chunk + self.vec - 1) // self.vec) * self.vec if self.chunk else 0
 
 
 def launch_params(layout: KernelLayout, count: int, *, dtype: str, protocol: str, tile_bytes: int = 0) -> LaunchParams:
@@ -37,7 +49,14 @@ def launch_params(layout: KernelLayout, count: int, *, dtype: str, protocol: str
     want = tile_bytes or DEFAULT_TILE_BYTES[protocol]
     tile = max(8, (want // size) // 8 * 8)
     tile = min(tile, max(8, -(-q // 8) * 8))        # no larger than a chunk needs
-    return LaunchParams(count, q, tile, 0 if q == 0 else math.ceil(q / tile))
+    params = LaunchParams(count, q, tile, 0 if q == 0 else math.ceil(q / tile), max(1, 16 // size))
+    steps = layout.max_steps
+    if params.iterations * steps >= PROGRESS_LIMIT:
+        raise UsageError(f"a call of {count} elements per unit moves {params.iterations} tiles per chunk through "
+                         f"threadblocks of up to {steps} steps: {params.iterations * steps} steps per launch, and "
+                         f"the kernel counts at most {PROGRESS_LIMIT - 1}; use a plan with a larger tile or split "
+                         f"the call")
+    return params
 
 
 @dataclass(frozen=True)
@@ -46,8 +65,8 @@ class Footprint:
 
     scratch: tuple[int, ...]           # per rank
     slots: tuple[int, ...]             # per connection (in its receiver's memory)
-    progress: tuple[int, ...]          # per rank: a u64 per threadblock
-    counters: int = 16                 # per connection: tail (receiver) and head (sender), a u64 each
+    progress: tuple[int, ...]          # per rank: a counter (a cache line) per threadblock
+    counters: int = 2 * COUNTER_STRIDE  # per connection: tail (receiver) and head (sender), a line each
     error: int = 4 * ERROR_WORDS
 
 
@@ -57,11 +76,14 @@ def footprint(layout: KernelLayout, params: LaunchParams, *, dtype: str, protoco
         raise UsageError(f"the plan was verified deadlock-free with {layout.slots} slots per connection; "
                          f"{slots} may deadlock")
     size = DTYPES[dtype].size
-    per_elem = 2 * size if protocol == "LL" else size          # LL: 4 flag bytes per 4 data bytes
+    if protocol == "LL":          # 4 flag bytes per 4 data bytes
+        room = 2 * size * params.tile
+    else:                         # a tile and the room to start it at its class's offset (transport_simple)
+        room = size * (params.tile + params.vec)
     return Footprint(
-        scratch=tuple(c * params.chunk * size for c in layout.scratch_chunks),
-        slots=tuple(slots * c.max_count * params.tile * per_elem for c in layout.connections),
-        progress=tuple(8 * n for n in layout.threadblocks_per_rank))
+        scratch=tuple(c * params.scratch_stride * size for c in layout.scratch_chunks),
+        slots=tuple(slots * c.max_count * room for c in layout.connections),
+        progress=tuple(COUNTER_STRIDE * n for n in layout.threadblocks_per_rank))
 
 
 # -- MscArgs, as in templates/steps.cuh.j2 --------------------------------------------
@@ -78,22 +100,25 @@ def args_struct(num_ranks: int, num_connections: int) -> type[ctypes.Structure]:
     """The ctypes twin of MscArgs for a kernel's NRANKS and NCONN."""
     return type("MscArgs", (ctypes.Structure,), {"_fields_": [
         ("count", ctypes.c_int64), ("chunk", ctypes.c_int64), ("tile", ctypes.c_int64),
-        ("iterations", ctypes.c_int64), ("timeout", ctypes.c_int64), ("inv_n", ctypes.c_float),
+        ("iterations", ctypes.c_int64), ("timeout", ctypes.c_int64), ("scratch_stride", ctypes.c_int64),
+        ("inv_n", ctypes.c_float),
         ("first_block", ctypes.c_int32), ("error", ctypes.c_void_p),
         ("rank", MscRank * num_ranks), ("conn", MscConn * max(num_connections, 1))]})
 
 
 def pack_args(layout: KernelLayout, params: LaunchParams, *, ranks: list[dict], connections: list[dict],
-              error: int, first_block: int = 0, timeout_cycles: int = 10 ** 10) -> bytes:
+              error: int, first_block: int = 0, timeout_ns: int = 300 * 10 ** 9) -> bytes:
     """MscArgs as bytes to copy to the device. ``ranks[r]``: pointers input,
     output, scratch, progress (0 for a rank this process does not run);
-    ``connections[c]``: pointers slots, tail, head, in layout.connections order."""
+    ``connections[c]``: pointers slots, tail, head, in layout.connections order;
+    ``timeout_ns``: how long a spin-wait may last (the GPU's global timer)."""
     if len(ranks) != layout.num_ranks or len(connections) != len(layout.connections):
         raise UsageError(f"pointer tables for {len(ranks)} ranks and {len(connections)} connections; the kernel "
                          f"has {layout.num_ranks} and {len(layout.connections)}")
     cls = args_struct(layout.num_ranks, len(layout.connections))
     args = cls(count=params.count, chunk=params.chunk, tile=params.tile, iterations=params.iterations,
-               timeout=timeout_cycles, inv_n=1.0 / layout.num_ranks, first_block=first_block, error=error)
+               timeout=timeout_ns, scratch_stride=params.scratch_stride, inv_n=1.0 / layout.num_ranks,
+               first_block=first_block, error=error)
     for r, ptrs in enumerate(ranks):
         args.rank[r] = MscRank(**ptrs)
     for c, ptrs in enumerate(connections):

@@ -1,9 +1,15 @@
-"""The GPU runtime: ``Communicator`` launches a plan's kernel on torch CUDA
-tensors.
+"""The GPU runtime: ``Communicator`` launches a plan's kernel on the ranks' tensors.
 
     comm = msc.cuda.Communicator(plan, placement="virtual")     # all ranks on one GPU
     outs = comm.run(inputs, op="sum")                           # a tensor per rank
     comm.all_reduce(tensors); comm.synchronize()
+
+Devices (``device=``, default ``$MSC_DEVICE``, else "cuda"): "cuda" runs on
+GPUs with torch CUDA tensors; "emu" runs the same kernel on the emulated
+device (msc.cuda.emu: the rendered source built as host C++, host memory,
+threads), with numpy arrays or CPU torch tensors, on any machine. Only the
+device underneath differs (msc.cuda.backend): everything below is the same
+code for both.
 
 Placements (the kernel is the same; only pointer tables and launches differ):
 
@@ -16,11 +22,20 @@ Placements (the kernel is the same; only pointer tables and launches differ):
   (``first_block`` = its first global block), on each GPU's current stream.
 - ``"torchrun"``: one process per rank over torch.distributed (``group``,
   rank r = group rank r), on the current device; each process allocates its
-  arena and exchanges CUDA IPC handles (msc.cuda.bootstrap); it launches its
+  arena and exchanges IPC handles (msc.cuda.bootstrap); it launches its
   own rank's blocks. Every rank must make the same calls.
 
+Kernels are compiled in the constructor, before any rendezvous, for the
+``dtypes`` and ``ops`` asked for (default float32, sum; msc.cuda.compiler
+caches them on disk), and the grid is checked against what the GPU holds at
+once (the occupancy API times the SM count): a launch that cannot be
+resident fails here, not at the first call. Another (dtype, op) compiles at
+its first call; under torchrun every rank then meets at a barrier before
+launching, so that compile skew between ranks is not spent in spin-waits.
+Data-movement collectives use one kernel for every op.
+
 Memory. A rank's counters, slots and scratch live in its *arena*
-(msc.cuda.tables): one driver allocation per rank, zeroed once, sized by
+(msc.cuda.tables): one allocation per rank, zeroed once, sized by
 launch.footprint for the largest call so far. Calls reuse it with no reset
 (the kernel's counters persist across launches and CUDA-graph replays). A
 call larger than any before *grows* it: the devices are synchronized, the
@@ -32,56 +47,59 @@ captured before. Slots: max(plan.slots, 8) per connection: more capacity
 than the plan was verified with never deadlocks and lets more messages
 pipeline; the kernel is compiled for that count.
 
-Kernels compile at first use for the device's arch, one per (dtype, op)
-(msc.cuda.compiler caches cubins on disk); data-movement collectives use one
-kernel for every op. Launches run on torch's current stream, so they order
-with the caller's work and can be captured in a CUDA graph. The packed
-MscArgs block is uploaded with a stream-ordered copy and cached by content,
-so a repeated call with the same tensors uploads nothing (a graph captured
-after a warm-up call holds only the kernel).
+Launches run on the current stream (torch's, on a GPU), so they order with
+the caller's work and can be captured in a CUDA graph. The packed MscArgs
+block is uploaded with a stream-ordered copy and cached by content, so a
+repeated call with the same tensors uploads nothing (a graph captured after
+a warm-up call holds only the kernel). On the emulated device a call also
+returns before its kernel has run: read results after ``synchronize()``.
 
 Errors. Bad calls raise UsageError before anything launches
-(msc.cuda.validate). A spin-wait that exceeds ``timeout_s`` ends the kernel
-with an error word; reading it needs the launch to have finished, and this
-runtime adds no synchronization per call: after each launch a stream-ordered
-copy of the error word to pinned host memory and an event are queued, and the
-next call inspects the words of launches whose events have completed;
+(msc.cuda.validate). A spin-wait that exceeds ``timeout_s`` (default 300 s:
+long enough for first-iteration skew between ranks) ends the kernel with an
+error word; reading it needs the launch to have finished, and this runtime
+adds no synchronization per call: after each launch a stream-ordered copy of
+the error word to host memory and an event are queued, and the next call
+inspects the words of launches whose events have completed;
 ``synchronize()`` waits and always checks (also for launches captured in
 graphs, by reading the device words). A set error word raises
 DeviceTimeoutError (rank, threadblock, step, iteration, and which waits were
 unmet, from the device counters) and the communicator becomes *broken*:
-every later call raises BrokenCommunicatorError. Under devices and torchrun
-placements each launch has its own error word; the other GPUs' blocks
-waiting on a failed rank end by their own timeouts.
+every later call raises BrokenCommunicatorError. Its device memory is still
+freed by ``close()``; to go on, build a new Communicator (under torchrun, on
+every rank: the peers' kernels have timed out too, or will). Under devices
+and torchrun placements each launch has its own error word; the other GPUs'
+blocks waiting on a failed rank end by their own timeouts.
 
-What runs without a GPU (tests/test_cuda_runtime.py): validation, pointer
-tables, arena layout and growth, launch shapes, error decoding, the IPC
-handle exchange (gloo, fake handles), compilation for sm_90. Everything that
-touches the driver (allocation, upload, launch, error read back, peer
-access, IPC) is tested only on a GPU (tests/test_cuda_gpu.py) and was
-written without one: it is unproven until those tests run.
+What runs without a GPU: everything, on the emulated device
+(tests/test_cuda_emu.py), and the CUDA backend's calls with the driver faked
+(tests/test_cuda_runtime.py). What only a GPU shows (tests/test_cuda_gpu.py):
+the driver calls themselves, speed, occupancy, and the memory model's scopes.
 """
 from __future__ import annotations
 
+import ctypes
 import dataclasses
+import itertools
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
 from msc.cuda import device as cu
+from msc.cuda.backend import choose
 from msc.cuda.codegen import KernelLayout, choose_form, kernel_layout
-from msc.cuda.compiler import CompiledKernel
-from msc.cuda.compiler import compile as compile_kernel
 from msc.cuda.diagnose import BrokenCommunicatorError, counters_from_arena, decode, merge, parse_words
-from msc.cuda.launch import ERROR_WORDS, footprint, launch_params, pack_args
+from msc.cuda.launch import ERROR_WORDS, args_struct, footprint, launch_params, pack_args
 from msc.cuda.tables import arena_layout, error_pointer, grow, peers, pointer_tables
-from msc.cuda.validate import check_call, check_collective, describe, units
+from msc.cuda.validate import check_call, check_collective, check_op, units
 from msc.errors import UsageError
 from msc.ir import Plan
 
 PLACEMENTS = ("virtual", "devices", "torchrun")
 MIN_SLOTS = 8
 ARGS_CACHE = 256          # uploaded MscArgs blocks kept per communicator
+DEFAULT_TIMEOUT_S = 300.0
+_SERIALS = itertools.count()    # torchrun communicators made by this process (bootstrap keys)
 
 
 def runtime_plan(plan: Plan) -> Plan:
@@ -120,8 +138,9 @@ def _device_index(d) -> int:
     if isinstance(d, int) and d >= 0:
         return d
     text = str(d)
-    if text.startswith("cuda:") and text[5:].isdigit():
-        return int(text[5:])
+    for prefix in ("cuda:", "emu:"):
+        if text.startswith(prefix) and text[len(prefix):].isdigit():
+            return int(text[len(prefix):])
     raise UsageError(f"a device is a GPU index or 'cuda:N', got {d!r}")
 
 
@@ -146,63 +165,72 @@ def resolve_devices(placement: str, devices, n: int, current: int) -> tuple[int,
     return out
 
 
+def check_resident(grid: int, threads: int, resident: int | None, where: str) -> None:
+    """A cooperative launch of ``grid`` blocks needs them all on the GPU at once."""
+    if resident is not None and grid > resident:
+        raise UsageError(f"{where} holds at most {resident} blocks of {threads} threads of this kernel at once, and "
+                         f"a launch of this plan needs {grid} (a cooperative launch needs every block resident): use "
+                         f"fewer instances or threadblocks, the devices or torchrun placement, or a larger GPU")
+
+
 class Kernels:
-    """A plan's kernels for one arch, by (dtype, op): compiled at first use
-    (cached on disk by msc.cuda.compiler), loaded once (needs a driver)."""
+    """A plan's kernels on one arch, by (dtype, op): compiled (cached on disk
+    by msc.cuda.compiler) and loaded once."""
 
-    def __init__(self, plan: Plan, arch: str, *, form: str | None = None, cache: Path | None = None,
+    def __init__(self, backend, plan: Plan, arch: str, *, form: str | None = None, cache: Path | None = None,
                  collective=None, allow_deadlock: bool = False):
-        self.plan, self.arch, self.form, self.cache, self.collective = plan, arch, form, cache, collective
-        self.allow_deadlock = allow_deadlock
-        self._compiled: dict[tuple[str, str], CompiledKernel] = {}
+        self.backend, self.plan, self.arch, self.form, self.cache = backend, plan, arch, form, cache
+        self.collective, self.allow_deadlock = collective, allow_deadlock
+        self._compiled: dict[tuple[str, str], object] = {}
         self._loaded: dict[tuple[str, str], object] = {}
+        layout = kernel_layout(plan, choose_form(plan, form))
+        self.args_size = ctypes.sizeof(args_struct(layout.num_ranks, len(layout.connections)))
 
-    def compiled(self, dtype: str, op: str) -> CompiledKernel:
+    def compiled(self, dtype: str, op: str):
         key = (dtype, op)
         if key not in self._compiled:
-            self._compiled[key] = compile_kernel(self.plan, dtype=dtype, op=op, arch=self.arch, form=self.form,
-                                                 collective=self.collective, cache=self.cache,
-                                                 allow_deadlock=self.allow_deadlock)
+            kw = dict(dtype=dtype, op=op, form=self.form, collective=self.collective, cache=self.cache,
+                      allow_deadlock=self.allow_deadlock)
+            if self.arch != "host":
+                kw["arch"] = self.arch
+            self._compiled[key] = self.backend.compile(self.plan, **kw)
         return self._compiled[key]
+
+    def has(self, dtype: str, op: str) -> bool:
+        return (dtype, op) in self._loaded
 
     def loaded(self, dtype: str, op: str):
         key = (dtype, op)
         if key not in self._loaded:
-            from cuda.core import ObjectCode
-
-            k = self.compiled(dtype, op)
-            self._loaded[key] = ObjectCode.from_cubin(k.cubin, name=k.key).get_kernel(k.kernel_name)
+            self._loaded[key] = self.backend.load(self.compiled(dtype, op), self.args_size)
         return self._loaded[key]
 
 
-def _torch():
-    try:
-        import torch
-    except ModuleNotFoundError:
-        raise UsageError("the msc CUDA runtime takes torch tensors: pip install 'msc[torch]'") from None
-    return torch
-
-
 class Communicator:
-    """A plan bound to GPUs (see the module doc). ``timeout_s``: how long a
-    spin-wait may last before the kernel gives up and reports. ``ipc``:
-    the torchrun placement's IPC (default msc.cuda.device.DriverIpc).
-    ``max_bytes``: refuse calls whose arenas (this process's) would exceed it.
-    ``allow_deadlock``: compile a plan that deadlocks (loaded with
-    verify=False), to see the timeout path; never for real work."""
+    """A plan bound to devices (see the module doc). ``device``: "cuda" or
+    "emu" (default $MSC_DEVICE, else "cuda"). ``timeout_s``: how long a
+    spin-wait may last before the kernel gives up and reports. ``dtypes``,
+    ``ops``: kernels to compile now. ``ipc``: the torchrun placement's IPC
+    (default the device's). ``max_bytes``: refuse calls whose arenas (this
+    process's) would exceed it. ``allow_deadlock``: compile a plan that
+    deadlocks (loaded with verify=False), to see the timeout path; never for
+    real work."""
 
-    def __init__(self, plan: Plan | str | Path, placement: str = "virtual", devices=None, *, timeout_s: float = 10.0,
-                 group=None, form: str | None = None, cache: Path | None = None, collective=None,
-                 max_bytes: int | None = None, ipc=None, allow_deadlock: bool = False,
+    def __init__(self, plan: Plan | str | Path, placement: str = "virtual", devices=None, *,
+                 device: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S, group=None,
+                 form: str | None = None, cache: Path | None = None, collective=None, max_bytes: int | None = None,
+                 ipc=None, allow_deadlock: bool = False, dtypes=("float32",), ops=("sum",),
                  _omit_ranks: tuple[int, ...] = ()):
-        torch = _torch()
-        cu.require_driver()
+        backend = choose(device)
+        backend.require()
         if isinstance(plan, (str, Path)):
             from msc.plan_text import load_plan
 
             plan = load_plan(plan)
         units(plan)
+        self.backend = backend
         self.plan, self.placement, self.timeout_s, self.group = plan, placement, float(timeout_s), group
+        self._timeout_ns = cu.timeout_ns(self.timeout_s)
         self.kplan = runtime_plan(plan)
         self.slots = self.kplan.slots
         self.layout = kernel_layout(self.kplan, choose_form(self.kplan, form))
@@ -217,29 +245,27 @@ class Communicator:
                 raise UsageError(f"plan {plan.name!r} is for {n} ranks, the process group has "
                                  f"{dist.get_world_size(group)}")
             self.rank = dist.get_rank(group)
-        torch.cuda.init()
-        self.devices = resolve_devices(placement, devices, n, torch.cuda.current_device())
-        count = torch.cuda.device_count()
+            self._serial = next(_SERIALS)
+        self.devices = resolve_devices(placement, devices, n, backend.current())
+        count = backend.count()
         for d in self.devices:
             if d >= count:
-                raise UsageError(f"GPU {d} does not exist ({count} visible)")
-        here = torch.cuda.current_device()
+                raise UsageError(f"{backend.describe_device(d)} does not exist ({count} visible)")
+        here = backend.current()
         for d in self.devices:
-            with torch.cuda.device(d):
-                self._bind(d)
-        torch.cuda.set_device(here)
+            backend.bind(d)
+        backend.bind(here)
         self.ranks_here = tuple(range(n)) if placement != "torchrun" else (self.rank,)
         self.device_of = {r: self.devices[0] if placement != "devices" else self.devices[r] for r in self.ranks_here}
         self._launches = launches(self.layout, placement, self.devices, self.rank)
         if _omit_ranks:          # testing only: a rank that never launches makes its peers time out
             self._launches = tuple(dataclasses.replace(L, grid=self.layout.rank_blocks[min(_omit_ranks)][0])
                                    for L in self._launches)
-        archs = {d: cu.arch(d) for d in self.devices}
-        self._kernels = {a: Kernels(self.kplan, a, form=form, cache=cache, collective=collective,
+        self._threads = backend.block_threads(self.layout.nthreads)
+        self._arch = {d: backend.arch(d) for d in self.devices}
+        self._kernels = {a: Kernels(backend, self.kplan, a, form=form, cache=cache, collective=collective,
                                     allow_deadlock=allow_deadlock)
-                         for a in set(archs.values())}
-        self._arch = archs
-        self._cycles = {d: cu.timeout_cycles(self.timeout_s, cu.clock_rate_hz(d)) for d in self.devices}
+                         for a in set(self._arch.values())}
         self.max_bytes = max_bytes
         self._ipc = ipc
         self._capacity = None
@@ -249,34 +275,33 @@ class Communicator:
         self._opened: dict[int, int] = {}       # rank -> a peer's arena opened by IPC
         self._generation = 0
         self._args: OrderedDict = OrderedDict()
-        self._mirrors: dict[int, tuple] = {}    # launch index -> (pinned error copy, event)
+        self._mirrors: dict[int, tuple] = {}    # launch index -> (error word copy, event)
         self._last: dict[int, tuple] = {}       # device -> (stream, event) of our last launch there
         self._broken: Exception | None = None
         if placement == "devices":
             for a in self.devices:
                 for b in self.devices:
                     if a != b:
-                        if not cu.can_access_peer(a, b):
+                        if not backend.can_access_peer(a, b):
                             raise UsageError(f"GPU {a} cannot access GPU {b} (no peer-to-peer path); placement "
                                              f"'devices' needs every pair")
-                        with torch.cuda.device(a):
-                            cu.enable_peer_access(b)
+                        backend.enable_peer_access(a, b)
+        for dtype in dtypes:                    # compile and check now, before any rendezvous
+            for op in ops:
+                self._kernel(self.devices[0], dtype, check_op(plan, op, dtype))
 
-    # -- the only places that call cuda.core (tests replace them with fakes) ----------------
-    @staticmethod
-    def _bind(d: int) -> None:
-        """cuda.core on GPU d's primary context, the one torch uses."""
-        from cuda.core import Device
-
-        _torch().empty(0, device=f"cuda:{d}")       # torch has made the context
-        Device(d).set_current()
-
-    @staticmethod
-    def _kernel_launch(stream, grid: int, block: int, kernel, args_ptr: int) -> None:
-        """One cooperative launch of ``kernel(args_ptr)`` on ``stream`` (a torch stream)."""
-        from cuda.core import LaunchConfig, launch
-
-        launch(stream, LaunchConfig(grid=grid, block=block, is_cooperative=True), kernel, args_ptr)
+    # -- kernels ----------------------------------------------------------------------------
+    def _kernel(self, dev: int, dtype: str, op: str):
+        """The loaded kernel for ``dev``; checks, the first time, that the GPU holds its launches at once."""
+        kernels = self._kernels[self._arch[dev]]
+        if kernels.has(dtype, op):
+            return kernels.loaded(dtype, op)
+        kernel = kernels.loaded(dtype, op)
+        for L in self._launches:
+            if self._arch[L.device] == self._arch[dev]:
+                check_resident(L.grid, self._threads, self.backend.resident_blocks(kernel, self._threads, L.device),
+                               f"{self.backend.describe_device(L.device)} ({dtype}, {op} kernel)")
+        return kernel
 
     # -- the collective calls -------------------------------------------------------------
     def run(self, inputs, outputs=None, op: str = "sum"):
@@ -284,23 +309,22 @@ class Communicator:
         devices) or this rank's tensor (torchrun); see msc.cuda.validate for
         the in-place forms. Out-of-place outputs left out are allocated.
         Returns the outputs (per rank, or this rank's)."""
-        torch = _torch()
         self._usable()
+        backend = self.backend
         single = self.placement == "torchrun"
         ins, outs = self._as_list(inputs, single), self._as_list(outputs, single)
         if outs is None and not self.plan.inplace and ins is not None:
-            _, out_units = units(self.plan)
-            in_units = units(self.plan)[0]
-            outs = [torch.empty(t.numel() // in_units * out_units if t.numel() % in_units == 0 else 0,
-                                dtype=t.dtype, device=t.device) for t in ins]
-        spec = check_call(self.plan, None if ins is None else [describe(t) for t in ins],
-                          None if outs is None else [describe(t) for t in outs], op=op, ranks=self.ranks_here,
-                          devices=tuple(f"cuda:{self.device_of[r]}" for r in self.ranks_here))
-        if not torch.cuda.is_current_stream_capturing():     # no event queries inside a capture
+            in_units, out_units = units(self.plan)
+            outs = [backend.empty(t, backend.describe(t).numel // in_units * out_units
+                                  if backend.describe(t).numel % in_units == 0 else 0) for t in ins]
+        spec = check_call(self.plan, None if ins is None else [backend.describe(t) for t in ins],
+                          None if outs is None else [backend.describe(t) for t in outs], op=op, ranks=self.ranks_here,
+                          devices=tuple(backend.tensor_device(self.device_of[r]) for r in self.ranks_here))
+        if not backend.capturing():     # no event queries inside a capture
             self.poll()
         result = self._logical_outputs(ins, outs, spec.count)
         if spec.count > 0:
-            self._launch_all(spec)
+            self._launch_all(spec, keep=(ins, outs))
         return result[0] if single else result
 
     def all_reduce(self, tensors, op: str = "sum", outputs=None):
@@ -347,20 +371,18 @@ class Communicator:
         """Check the error words of launches that have finished (no waiting)."""
         for i, (mirror, event) in list(self._mirrors.items()):
             if event.query():
-                self._check(self._launches[i], bytes(mirror.numpy().tobytes()))
+                self._check(self._launches[i], self.backend.snapshot_bytes(mirror))
 
     def synchronize(self) -> None:
         """Wait for every launch of this communicator and check its error
         word (raises DeviceTimeoutError, then the communicator is broken)."""
-        torch = _torch()
         self._usable()
         if self._arenas is None:
             return
         for L in self._launches:
-            torch.cuda.synchronize(L.device)
+            self.backend.synchronize(L.device)
         for L in self._launches:
-            with torch.cuda.device(L.device):
-                raw = cu.read(error_pointer(self._arenas, self._bases, L.error_rank), 4 * ERROR_WORDS)
+            raw = self.backend.read(L.device, error_pointer(self._arenas, self._bases, L.error_rank), 4 * ERROR_WORDS)
             self._check(L, raw)
 
     def _check(self, launch: Launch, raw: bytes) -> None:
@@ -374,16 +396,14 @@ class Communicator:
 
     def _counters(self):
         """Device counters of every arena visible here (None if unreadable)."""
-        torch = _torch()
         try:
             for d in self.devices:
-                torch.cuda.synchronize(d)
+                self.backend.synchronize(d)
             parts = []
             for r, base in enumerate(self._bases):
                 if base is None:
                     continue
-                with torch.cuda.device(self.device_of.get(r, self.devices[0])):
-                    raw = cu.read(base, self._arenas[r].counters_end)
+                raw = self.backend.read(self.device_of.get(r, self.devices[0]), base, self._arenas[r].counters_end)
                 parts.append(counters_from_arena(raw, self._arenas[r], self.layout))
             return merge(parts)
         except Exception:           # a diagnosis must not hide the error it explains
@@ -418,14 +438,18 @@ class Communicator:
         for i, r in enumerate(self.ranks_here):
             off = get_collective(self.plan.collective).inplace_alias(r, n, k)[2] // k
             t = ins[i]
-            views.append(t if t.numel() == out_units * count and off == 0
-                         else t.view(-1)[off * count:(off + out_units) * count])
+            views.append(t if self.backend.describe(t).numel == out_units * count and off == 0
+                         else t.reshape(-1)[off * count:(off + out_units) * count])
         return views
 
-    def _launch_all(self, spec) -> None:
-        torch = _torch()
+    def _launch_all(self, spec, keep=()) -> None:
+        backend = self.backend
         params = launch_params(self.layout, spec.count, dtype=spec.dtype, protocol=self.kplan.protocol,
                                tile_bytes=self.kplan.tile)
+        fresh = [L for L in self._launches if not self._kernels[self._arch[L.device]].has(spec.dtype, spec.op)]
+        kernels = {L.device: self._kernel(L.device, spec.dtype, spec.op) for L in self._launches}
+        if fresh and self.placement == "torchrun" and not backend.capturing():
+            self._rendezvous(f"kernel {spec.dtype} {spec.op}")     # compiled at first use: start together
         self._reserve(footprint(self.layout, params, dtype=spec.dtype, protocol=self.kplan.protocol,
                                 slots=self.slots))
         buffers = [None] * self.plan.num_ranks
@@ -433,71 +457,64 @@ class Communicator:
             buffers[r] = spec.buffers[i]
         ranks, conns = pointer_tables(self.layout, self._arenas, self._bases, buffers, self.ranks_here)
         for i, L in enumerate(self._launches):
-            kernel = self._kernels[self._arch[L.device]].loaded(spec.dtype, spec.op)
             args = pack_args(self.layout, params, ranks=ranks, connections=conns,
                              error=error_pointer(self._arenas, self._bases, L.error_rank),
-                             first_block=L.first_block, timeout_cycles=self._cycles[L.device])
-            with torch.cuda.device(L.device):
-                stream = torch.cuda.current_stream(L.device)
-                capturing = torch.cuda.is_current_stream_capturing()
+                             first_block=L.first_block, timeout_ns=self._timeout_ns)
+            with backend.context(L.device):
+                stream = backend.stream(L.device)
+                capturing = backend.capturing()
                 last = self._last.get(L.device)
                 if last is not None and last[0] != stream and not capturing:
-                    stream.wait_event(last[1])          # launches of one communicator never overlap
-                ptr = self._upload(L.device, args, capturing)
-                try:
-                    self._kernel_launch(stream, L.grid, self.layout.nthreads, kernel, ptr)
-                except Exception as exc:            # the grid cannot be resident at once?
-                    if not isinstance(exc, ValueError) and "COOPERATIVE_LAUNCH_TOO_LARGE" not in str(exc):
-                        raise
-                    raise UsageError(f"GPU {L.device} cannot hold the {L.grid} blocks of {self.layout.nthreads} "
-                                     f"threads of this launch at once (a cooperative launch needs them all "
-                                     f"resident): {exc}") from None
+                    backend.wait(stream, last[1])          # launches of one communicator never overlap
+                ptr, held = self._upload(L.device, args, stream, capturing)
+                backend.launch(L.device, stream, L.grid, self._threads, kernels[L.device], ptr, keep=(held, keep))
                 if not capturing:
                     self._track(i, L, stream)
 
+    def _rendezvous(self, tag: str) -> None:
+        from msc.cuda.bootstrap import store_gather
+
+        gather = store_gather(self._prefix(), self.rank, self.plan.num_ranks, self.timeout_s, self.group)
+        gather(f"{tag}/{self._generation}", self.rank)
+
+    def _prefix(self) -> str:
+        return f"msc-cuda/{self.plan.name}/{self._serial}"
+
     def _track(self, i: int, L: Launch, stream) -> None:
-        """Queue a copy of the launch's error word to pinned memory and an event."""
-        torch = _torch()
+        """Queue a copy of the launch's error word to host memory and an event."""
         mirror = self._mirrors.get(i, (None,))[0]
-        if mirror is None:
-            mirror = torch.zeros(4 * ERROR_WORDS, dtype=torch.uint8, pin_memory=True)
-        cu.copy_to_host_async(mirror.data_ptr(), error_pointer(self._arenas, self._bases, L.error_rank),
-                              4 * ERROR_WORDS, stream.cuda_stream)
-        event = torch.cuda.Event()
-        event.record(stream)
+        mirror, event = self.backend.snapshot(L.device, stream, error_pointer(self._arenas, self._bases, L.error_rank),
+                                              4 * ERROR_WORDS, mirror)
         self._mirrors[i] = (mirror, event)
         self._last[L.device] = (stream, event)
 
-    def _upload(self, dev: int, args: bytes, capturing: bool) -> int:
-        """The MscArgs block in device memory (stream-ordered copy; cached by content)."""
-        torch = _torch()
+    def _upload(self, dev: int, args: bytes, stream, capturing: bool):
+        """The MscArgs block on the device (stream-ordered copy; cached by content): (pointer, what holds it)."""
         key = (dev, args)
         hit = self._args.get(key)
         if hit is not None:
             self._args.move_to_end(key)
             if capturing and not hit[2]:           # a graph now reads it: keep it for good
                 self._args[key] = (hit[0], hit[1], True)
-            return hit[0].data_ptr()
-        host = torch.frombuffer(bytearray(args), dtype=torch.uint8).pin_memory()
-        on_device = torch.empty(len(args), dtype=torch.uint8, device=f"cuda:{dev}")
-        on_device.copy_(host, non_blocking=True)
-        # entries made during capture stay: the graph's copy node reads `host` at every replay
-        self._args[key] = (on_device, host, capturing)
+            return hit[0], hit[1]
+        ptr, held = self.backend.upload(dev, args, stream, capturing)
+        # entries made during capture stay: the graph's copy node reads them at every replay
+        self._args[key] = (ptr, held, capturing)
         while len(self._args) > ARGS_CACHE:
             old = next((k for k, v in self._args.items() if not v[2]), None)
             if old is None:
                 break
             del self._args[old]
-        return on_device.data_ptr()
+        return ptr, held
 
     # -- memory -----------------------------------------------------------------------------
     def _reserve(self, need) -> None:
         """Make the arenas hold ``need`` (a launch.Footprint), growing them if not."""
-        torch = _torch()
+        backend = self.backend
         new = grow(self._capacity, need)
         if new is None:
             return
-        if torch.cuda.is_current_stream_capturing():
+        if backend.capturing():
             raise UsageError("this call needs larger communicator buffers, which cannot be allocated during CUDA "
                              "graph capture: make a call of the largest size before capturing")
         arenas = arena_layout(self.layout, new)
@@ -507,24 +524,30 @@ class Communicator:
                              f"over max_bytes={self.max_bytes}")
         self._release()
         self._generation += 1
+        shared = self.placement == "torchrun"
         try:
             for r in self.ranks_here:
-                with torch.cuda.device(self.device_of[r]):
-                    ptr = cu.mem_alloc(arenas[r].size)
-                    self._owned[r] = ptr
-                    cu.memset_async(ptr, arenas[r].size, torch.cuda.current_stream().cuda_stream)
+                d = self.device_of[r]
+                ptr = backend.alloc(d, arenas[r].size, shared=shared)
+                self._owned[r] = ptr
+                with backend.context(d):
+                    backend.zero(d, ptr, arenas[r].size, backend.stream(d))
             for d in self.devices:
-                torch.cuda.synchronize(d)
+                backend.synchronize(d)
         except cu.DriverError as exc:
             self._release()
             raise UsageError(f"cannot allocate {mine} bytes of communicator buffers: {exc}") from None
         if self.placement == "torchrun":
-            from msc.cuda.bootstrap import exchange, torch_gather
+            from msc.cuda.bootstrap import exchange, store_gather
 
-            ipc = self._ipc or cu.DriverIpc()
-            with torch.cuda.device(self.devices[0]):
+            ipc = self._ipc or backend.ipc()
+            d = self.devices[0]
+            with backend.context(d):
                 bases = exchange(self.rank, self.plan.num_ranks, self._owned[self.rank], new, self._generation,
-                                 peers(self.layout, self.rank), ipc=ipc, gather=torch_gather(self.group))
+                                 peers(self.layout, self.rank), ipc=ipc,
+                                 gather=store_gather(self._prefix(), self.rank, self.plan.num_ranks, self.timeout_s,
+                                                     self.group),
+                                 host=backend.host_id(), device=backend.device_id(d), reach=backend.reach(d))
             self._opened = {r: b for r, b in enumerate(bases) if b is not None and r != self.rank}
         else:
             bases = [self._owned.get(r) for r in range(self.plan.num_ranks)]
@@ -534,27 +557,24 @@ class Communicator:
 
     def _release(self) -> None:
         """Free the arenas after every launch that uses them has finished."""
-        torch = _torch()
+        backend = self.backend
         if not self._owned and not self._opened:
             return
         for d in self.devices:
-            torch.cuda.synchronize(d)
+            backend.synchronize(d)
         try:
             if self._arenas is not None and self._broken is None:
                 self.poll()
         finally:
-            ipc = self._ipc or cu.DriverIpc()
+            ipc = self._ipc or backend.ipc()
             for ptr in self._opened.values():
-                with torch.cuda.device(self.devices[0]):
+                with backend.context(self.devices[0]):
                     ipc.close(ptr)
             self._opened = {}
             if self.placement == "torchrun":
-                import torch.distributed as dist
-
-                dist.barrier(group=self.group)     # no peer still maps what we free
+                self._rendezvous("release")      # no peer still maps what we free
             for r, ptr in self._owned.items():
-                with torch.cuda.device(self.device_of[r]):
-                    cu.mem_free(ptr)
+                backend.free(self.device_of[r], ptr)
             self._owned = {}
             self._bases = [None] * self.plan.num_ranks
             self._arenas = self._capacity = None

@@ -10,6 +10,9 @@ Every rank owns one device allocation, its *arena*, laid out by
     progress     a u64 per threadblock of the rank (dependency counters)
     tail         a u64 per connection the rank RECEIVES on (the sender writes it)
     head         a u64 per connection the rank SENDS on (the receiver writes it)
+
+(every counter on a cache line of its own, COUNTER_STRIDE bytes, so that
+writers of different counters never contend for a line)
     slots        per connection the rank receives on: SLOTS messages
     scratch      the rank's scratch chunks
 
@@ -34,12 +37,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from msc.cuda.codegen import KernelLayout
+from msc.cuda.codegen import COUNTER_STRIDE, KernelLayout
 from msc.cuda.launch import ERROR_WORDS, Footprint
 from msc.errors import UsageError
 
 ALIGN = 256            # slot and scratch regions: any vector width, and a cache line
-COUNTER_BYTES = 8
 
 
 def _up(x: int, a: int = ALIGN) -> int:
@@ -65,18 +67,18 @@ def arena_layout(layout: KernelLayout, fp: Footprint) -> tuple[RankArena, ...]:
     """Every rank's arena for buffers of footprint ``fp``."""
     out = []
     for rank in range(layout.num_ranks):
-        at = _up(4 * ERROR_WORDS, 64)
+        at = _up(4 * ERROR_WORDS, COUNTER_STRIDE)
         progress = at
-        at += COUNTER_BYTES * layout.threadblocks_per_rank[rank]
+        at += COUNTER_STRIDE * layout.threadblocks_per_rank[rank]
         tail, head = {}, {}
         for c in layout.connections:
             if c.receiver == rank:
                 tail[c.id] = at
-                at += COUNTER_BYTES
+                at += COUNTER_STRIDE
         for c in layout.connections:
             if c.sender == rank:
                 head[c.id] = at
-                at += COUNTER_BYTES
+                at += COUNTER_STRIDE
         counters_end = at
         at = _up(at)
         slots = {}
