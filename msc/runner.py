@@ -1,6 +1,12 @@
 """``msc run``: run a plan over a range of sizes, check every result against
 msc.reference and report nccl-tests columns.
 
+Backends: ``sim``, the reference executor (numpy, one process); ``emu``, the
+plan's CUDA kernel on the emulated device (msc.cuda.emu: the rendered source
+built as host C++, every rank's blocks as threads on the CPU, driven by
+msc.cuda.Communicator). Both run on the host, so their times say nothing
+about a GPU: the table shows host wall time per call and no bandwidth.
+
 Sizes are nccl-tests sizes: bytes per rank of the largest buffer, i.e. the
 per-rank buffer for allreduce/broadcast/reduce and the whole gathered array
 (count * nranks * typesize) for allgather, reducescatter and alltoall. The
@@ -41,17 +47,38 @@ BUSBW_FACTOR = {"allreduce": lambda n: 2 * (n - 1) / n, "reducescatter": lambda 
 
 
 def _sim(plan):
-    from msc.executor import Executor
+    from msc.executor import Executor, load_inputs, read_outputs
 
     ex = Executor(plan)
 
-    def run(buffers, *, count, op):
+    def run(inputs, *, count, op):
+        buffers, _ = load_inputs(ex, inputs, count)      # fresh: in-place runs overwrite their input
         ex.run(buffers, count=count, op=op)
+        return read_outputs(ex, buffers, count)
     return run
 
 
-# Backend name -> factory(plan) -> run(buffers, *, count, op) on physical buffers (msc.executor's layout).
-BACKENDS: dict[str, Callable] = {"sim": _sim}
+def _emu(plan):
+    from msc.cuda.bench import run_numpy
+    from msc.cuda.runtime import Communicator
+
+    comm = Communicator(plan, "virtual", device="emu", dtypes=(), ops=())
+
+    def run(inputs, *, count, op):
+        return run_numpy(comm, inputs, count, op)
+
+    def prepare(dtype: str, op: str) -> None:        # build the kernel before anything is timed
+        from msc.cuda.validate import check_op
+
+        comm._kernel(comm.devices[0], dtype, check_op(plan, op, dtype))
+    run.prepare = prepare
+    return run
+
+
+# Backend name -> factory(plan) -> run(inputs, *, count, op) -> outputs, on per-rank logical numpy arrays.
+BACKENDS: dict[str, Callable] = {"sim": _sim, "emu": _emu}
+BACKEND_HELP = {"sim": "the reference executor (numpy, one process)",
+                "emu": "the plan's CUDA kernel on the emulated device (host threads; no GPU needed)"}
 
 
 def parse_size(text) -> int:
@@ -118,7 +145,7 @@ def sweep(plan, *, min_bytes, max_bytes, factor: int = 2, dtype="float", op: str
     import numpy as np
 
     from msc import reference
-    from msc.executor import Executor, buffer_elements, load_inputs, read_outputs
+    from msc.executor import buffer_elements
 
     if op not in OPS:
         raise UsageError(f"unknown reduction op {op!r} (expected one of {', '.join(OPS)})")
@@ -130,12 +157,12 @@ def sweep(plan, *, min_bytes, max_bytes, factor: int = 2, dtype="float", op: str
     coll = get_collective(plan.collective)
     if coll.name not in reference.COLLECTIVES:
         raise UsageError(f"no reference results for collective {plan.collective!r}: msc run checks built-ins only")
-    ex = Executor(plan)
     run = BACKENDS[backend](plan)
+    if hasattr(run, "prepare"):
+        run.prepare(dt.name, op)
     n, k = plan.num_ranks, plan.chunk_factor
     chunks_in, chunks_big = plan.input_chunks, max(plan.input_chunks, plan.output_chunks)
     reducing = coll.name in reference.REDUCING
-    busbw = BUSBW_FACTOR[coll.name](n)
     rng = np.random.default_rng(seed)
     records = []
     for requested in sizes(parse_size(min_bytes), parse_size(max_bytes), factor):
@@ -144,17 +171,13 @@ def sweep(plan, *, min_bytes, max_bytes, factor: int = 2, dtype="float", op: str
         inputs = random_inputs(rng, dt, op, n, buffer_elements(chunks_in, count, k))
         seconds = 0.0
         for _ in range(iters):
-            buffers, _ = load_inputs(ex, inputs, count)      # fresh: in-place runs overwrite their input
             start = time.perf_counter()
-            run(buffers, count=count, op=op)
+            outputs = run([x.copy() for x in inputs], count=count, op=op)
             seconds += time.perf_counter() - start
-        outputs = read_outputs(ex, buffers, count)
         wrong = reference.check(coll.name, inputs, outputs, op=op, root=plan.root)
-        us = seconds / iters * 1e6
-        algbw = size / us / 1e3 if us > 0 else 0.0
         records.append({
             "size": size, "count": count, "type": tname, "redop": op if reducing else "none",
-            "root": plan.root if coll.has_root else -1, "time": us, "algbw": algbw, "busbw": algbw * busbw,
+            "root": plan.root if coll.has_root else -1, "host_time": seconds / iters * 1e6,
             "wrong": sum(wrong), "wrong_per_rank": wrong, "inplace": plan.inplace,
             "requested_size": requested, "rounded": size != requested,
         })
@@ -166,23 +189,41 @@ def _time(us: float) -> str:
 
 
 def format_table(records: list[dict], *, title: str | None = None) -> str:
-    """The nccl-tests table: one column group, in-place or out-of-place as the plan is."""
+    """The nccl-tests table: one column group, in-place or out-of-place as the
+    plan is. Records timed on a device (msc bench) show time, algbw and busbw;
+    records of a host backend (msc run) show the host time per call instead,
+    and no bandwidth, which would mean nothing."""
     form = "in-place" if records and records[0]["inplace"] else "out-of-place"
+    device = not records or "time" in records[0]
     lines = [f"# {title}"] if title else []
-    lines += [
-        f"#{'':54}{form:>30}",
-        f"#{'size':>11}  {'count':>12}  {'type':>8}  {'redop':>6}  {'root':>6}  {'time':>7}  {'algbw':>6}  "
-        f"{'busbw':>6}  {'#wrong':>6}",
-        f"#{'(B)':>11}  {'(elements)':>12}  {'':>8}  {'':>6}  {'':>6}  {'(us)':>7}  {'(GB/s)':>6}  "
-        f"{'(GB/s)':>6}  {'':>6}",
-    ]
+    if device:
+        lines += [
+            f"#{'':54}{form:>30}",
+            f"#{'size':>11}  {'count':>12}  {'type':>8}  {'redop':>6}  {'root':>6}  {'time':>7}  {'algbw':>6}  "
+            f"{'busbw':>6}  {'#wrong':>6}",
+            f"#{'(B)':>11}  {'(elements)':>12}  {'':>8}  {'':>6}  {'':>6}  {'(us)':>7}  {'(GB/s)':>6}  "
+            f"{'(GB/s)':>6}  {'':>6}",
+        ]
+    else:
+        lines += [
+            f"#{'':38}{form:>30}",
+            f"#{'size':>11}  {'count':>12}  {'type':>8}  {'redop':>6}  {'root':>6}  {'host':>7}  {'#wrong':>6}",
+            f"#{'(B)':>11}  {'(elements)':>12}  {'':>8}  {'':>6}  {'':>6}  {'(us)':>7}  {'':>6}",
+        ]
     for r in records:
-        lines.append(f"{r['size']:12d}  {r['count']:12d}  {r['type']:>8}  {r['redop']:>6}  {r['root']:6d}  "
-                     f"{_time(r['time'])}  {r['algbw']:6.2f}  {r['busbw']:6.2f}  {r['wrong']:6d}")
+        row = f"{r['size']:12d}  {r['count']:12d}  {r['type']:>8}  {r['redop']:>6}  {r['root']:6d}  "
+        if device:
+            row += f"{_time(r['time'])}  {r['algbw']:6.2f}  {r['busbw']:6.2f}  {r['wrong']:6d}"
+        else:
+            row += f"{_time(r['host_time'])}  {r['wrong']:6d}"
+        lines.append(row)
     wrong = sum(r["wrong"] for r in records)
-    avg = sum(r["busbw"] for r in records) / len(records) if records else 0.0
     lines.append(f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}")
-    lines.append(f"# Avg bus bandwidth    : {avg:g}")
+    if device:
+        avg = sum(r["busbw"] for r in records) / len(records) if records else 0.0
+        lines.append(f"# Avg bus bandwidth    : {avg:g}")
+    else:
+        lines.append("# host: wall time per call on this CPU, not a GPU's time; no bandwidth is reported")
     rounded = [f"{r['requested_size']} -> {r['size']}" for r in records if r["rounded"]]
     if rounded:
         lines.append(f"# sizes rounded down to whole elements per unit (B): {', '.join(rounded)}")
@@ -203,11 +244,11 @@ def add_run_command(subparsers, load_plan: Callable) -> argparse.ArgumentParser:
     p = subparsers.add_parser("run", help="run a plan over a range of sizes and check it (nccl-tests columns)")
     p.add_argument("plan", help="plan file")
     p.add_argument("--backend", choices=tuple(BACKENDS), default="sim",
-                   help="sim: the reference executor (numpy, one process)")
+                   help="; ".join(f"{name}: {text}" for name, text in BACKEND_HELP.items()))
     p.add_argument("-b", "--minbytes", type=_size_arg, default=8, help="smallest size (bytes; K, M, G)")
     p.add_argument("-e", "--maxbytes", type=_size_arg, default=1024 ** 2, help="largest size (bytes; K, M, G)")
     p.add_argument("-f", "--stepfactor", type=int, default=2, help="size multiplier between runs")
-    p.add_argument("-n", "--iters", type=int, default=1, help="timed runs per size")
+    p.add_argument("-n", "--iters", type=int, default=1, help="runs per size (host time is their mean)")
     p.add_argument("-d", "--dtype", default="float", help=f"one of {', '.join(TYPES)}")
     p.add_argument("-o", "--op", choices=OPS, default="sum")
     p.add_argument("-r", "--root", type=int,
@@ -229,7 +270,7 @@ def add_run_command(subparsers, load_plan: Callable) -> argparse.ArgumentParser:
                               "records": records}))
         else:
             print(format_table(records, title=f"msc run {args.plan}: {plan.collective}, {plan.num_ranks} ranks, "
-                                              f"backend {args.backend}"))
+                                              f"backend {args.backend} ({BACKEND_HELP[args.backend]})"))
         return 1 if wrong else 0
 
     p.set_defaults(func=cmd_run)

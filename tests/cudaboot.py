@@ -359,3 +359,124 @@ def fake_torchrun_case(rank: int, n: int) -> dict:
     finally:
         for obj, name, value in reversed(saved):
             setattr(obj, name, value)
+
+
+# -- checking a communicator against the reference executor (emulated device and GPU) ---------
+def np_dtype(name):
+    import ml_dtypes
+    import numpy as np
+
+    return np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(name)
+
+
+# avg: the kernel pre-multiplies every input by 1/n (NCCL's PreMulSum), the executor divides the sum
+# once at the end; they agree to a few roundings of the dtype, not bit for bit
+AVG_RTOL = {"float32": 1e-5, "float64": 1e-12, "bfloat16": 4e-2, "float16": 5e-3}
+
+
+def check_run(comm, count: int, dtype: str, op: str, seed: int, what: str = "") -> None:
+    """One run of ``comm`` on random inputs (never zero) with poisoned
+    outputs: bit-exact against msc.executor (avg: to AVG_RTOL)."""
+    import numpy as np
+
+    from msc import reference, runner
+    from msc.cuda.bench import run_numpy
+    from msc.cuda.validate import units
+    from msc.executor import run_collective
+
+    plan = comm.plan
+    inputs = runner.random_inputs(np.random.default_rng(seed), np_dtype(dtype), op, plan.num_ranks,
+                                  units(plan)[0] * count)
+    got = run_numpy(comm, inputs, count, op, comm.devices[0])
+    want = run_collective(plan, [x.copy() for x in inputs], op, count=count)
+    spec = reference.expected_outputs(plan.collective, inputs, op=op, root=plan.root)
+    for r in range(plan.num_ranks):
+        if spec[r] is None:                      # reduce's non-root ranks: unspecified
+            continue
+        g, w = got[r], want[r]
+        if g.size == w.size and op == "avg":
+            if np.allclose(g.astype(np.float64), w.astype(np.float64), rtol=AVG_RTOL[dtype], atol=0):
+                continue
+        elif g.tobytes() == w.tobytes():
+            continue
+        bad = np.flatnonzero((g.view(np.uint8).reshape(g.size, -1) != w.view(np.uint8).reshape(w.size, -1)).any(1)) \
+            if g.size == w.size else np.arange(max(g.size, w.size))
+        raise AssertionError(f"{what}{plan.name} n={plan.num_ranks} {plan.protocol} {comm.layout.form} {dtype} {op} "
+                             f"count {count} rank {r}: {bad.size} elements differ from msc.executor, first at "
+                             f"{bad[:5]}: {g[bad[:5]]} vs {w[bad[:5]]}")
+
+
+# -- the emulated device under torchrun (gloo processes, /dev/shm arenas) ----------------------
+def _emu_plan(key: str, n: int, protocol: str):
+    import msc
+    from msc.lower import LowerOptions, lower
+    from library import algorithms
+
+    return lower(msc.trace(algorithms()[key], n), LowerOptions(protocol=protocol, tile=4096))
+
+
+def emu_torchrun_case(rank: int, n: int, key: str, protocol: str, counts) -> str:
+    """Each process runs its rank of the plan on the emulated device; the
+    result must be msc.executor's, bit for bit."""
+    import numpy as np
+
+    from msc import reference, runner
+    from msc.cuda import Communicator
+    from msc.cuda.validate import units
+    from msc.executor import run_collective
+
+    plan = _emu_plan(key, n, protocol)
+    comm = Communicator(plan, "torchrun", device="emu", timeout_s=60)
+    try:
+        for i, count in enumerate(counts):
+            inputs = runner.random_inputs(np.random.default_rng(i), np.dtype("float32"), "sum", n,
+                                          units(plan)[0] * count)
+            want = run_collective(plan, [x.copy() for x in inputs], "sum", count=count)
+            spec = reference.expected_outputs(plan.collective, inputs, op="sum", root=plan.root)
+            x = inputs[rank].copy()
+            if plan.collective == "allgather":            # in place: the input is unit `rank` of the output
+                out = np.full(n * count, np.nan, np.float32)
+                out[rank * count:(rank + 1) * count] = x
+                got = comm.run(None, out)
+            else:
+                got = comm.run(x)
+            comm.synchronize()
+            if spec[rank] is not None and got.tobytes() != want[rank].tobytes():
+                return f"rank {rank} count {count}: differs from msc.executor"
+        return "ok"
+    finally:
+        comm.close()
+
+
+def emu_mismatch_case(rank: int, n: int) -> str:
+    import numpy as np
+
+    from msc.cuda import Communicator
+
+    plan = _emu_plan("allreduce/ring:ring", n, "Simple")
+    comm = Communicator(plan, "torchrun", device="emu", timeout_s=1.5)
+    comm.all_reduce(np.ones(100, np.float32))             # both ranks: the same first call
+    comm.synchronize()
+    try:
+        comm.all_reduce(np.ones(100 if rank == 0 else 100_000, np.float32))
+        comm.synchronize()
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "no error"
+
+
+def emu_other_host_case(rank: int, n: int) -> str:
+    import numpy as np
+
+    from msc.cuda import Communicator
+
+    plan = _emu_plan("allreduce/ring:ring", n, "Simple")
+    comm = Communicator(plan, "torchrun", device="emu", timeout_s=30)
+    comm.backend.host_id = lambda: f"host-{'ab'[rank]}"     # as if the processes ran on two machines
+    try:
+        comm.all_reduce(np.ones(100, np.float32))
+    except Exception as exc:
+        return str(exc)
+    finally:
+        del comm.backend.host_id
+    return "no error"

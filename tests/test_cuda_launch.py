@@ -28,8 +28,8 @@ def test_packed_layout_matches_the_kernels_struct(tmp_path):
     source, layout = render(plan, form="table")
     structs = source[source.index("struct MscConn {"):source.index("enum { BUF_INPUT")]
     head = "\n".join(line for line in source.splitlines() if line.startswith(("#define NRANKS", "#define NCONN")))
-    fields = ["count", "chunk", "tile", "iterations", "timeout", "scratch_stride", "inv_n", "first_block", "error",
-              "rank", "conn"]
+    fields = ["count", "chunk", "tile", "iterations", "timeout", "scratch_stride", "slot_room", "inv_n",
+              "first_block", "error", "rank", "conn"]
     probe = "\n".join([
         "#include <stdio.h>", "#include <stddef.h>", head,
         "typedef unsigned long long u64; typedef long long i64; typedef unsigned int u32;", structs,
@@ -57,14 +57,14 @@ def test_pack_args_writes_the_pointers_where_the_struct_says():
     params = launch_params(layout, 1000, dtype="float32", protocol="Simple")
     ranks = [dict(input=0x1000 * (r + 1), output=0, scratch=0x10, progress=0x20 + r) for r in range(3)]
     conns = [dict(slots=0x5000 + c, tail=0x6000 + c, head=0x7000 + c) for c in range(len(layout.connections))]
-    raw = pack_args(layout, params, ranks=ranks, connections=conns, error=0xE0, first_block=1)
+    raw = pack_args(layout, params, ranks=ranks, connections=conns, error=0xE0, first_block=1, slot_room=4160)
     cls = args_struct(3, len(layout.connections))
     back = cls.from_buffer_copy(raw)
-    assert (back.count, back.chunk, back.first_block, back.error) == (1000, 334, 1, 0xE0)
+    assert (back.count, back.chunk, back.first_block, back.error, back.slot_room) == (1000, 334, 1, 0xE0, 4160)
     assert back.rank[2].input == 0x3000 and back.conn[1].head == 0x7001
     assert abs(back.inv_n - 1 / 3) < 1e-7
     with pytest.raises(UsageError, match="pointer tables"):
-        pack_args(layout, params, ranks=ranks[:2], connections=conns, error=0)
+        pack_args(layout, params, ranks=ranks[:2], connections=conns, error=0, slot_room=4160)
 
 
 @pytest.mark.parametrize("count, k, expect_chunk", [(0, 3, 0), (1, 3, 1), (7, 3, 3), (3000, 3, 1000)])
@@ -88,7 +88,8 @@ def test_footprint_sizes_scratch_slots_and_counters():
     # 16 bytes (4 floats): a chunk of 4099 floats takes 4104 (a multiple of 4 holding 4099 + 3)
     assert params.chunk == 4099 and params.vec == 4 and params.scratch_stride == 4104
     assert fp.scratch == tuple(c * 4104 * 4 for c in layout.scratch_chunks)
-    assert fp.slots == tuple(8 * c.max_count * (params.tile + 4) * 4 for c in layout.connections)
+    assert fp.room == (params.tile + 4) * 4 and fp.room % 16 == 0
+    assert fp.slots == tuple(8 * c.max_count * fp.room for c in layout.connections)
     ll = footprint(layout, params, dtype="float32", protocol="LL", slots=8)
     assert ll.slots == tuple(8 * c.max_count * params.tile * 8 for c in layout.connections)   # a flag per word
     with pytest.raises(UsageError, match="deadlock"):

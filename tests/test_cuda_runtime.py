@@ -175,10 +175,12 @@ def test_growth_reallocates_only_for_a_larger_call():
     assert grow(small, big) == big
     # a different dtype can need more of one region and less of another: the max of both
     ll = Footprint(scratch=tuple(s // 2 for s in big.scratch), slots=tuple(s * 2 for s in big.slots),
-                   progress=big.progress)
+                   progress=big.progress, room=big.room * 2)
     both = grow(big, ll)
-    assert both.scratch == big.scratch and both.slots == ll.slots
+    assert both.scratch == big.scratch and both.slots == ll.slots and both.room == ll.room
     assert grow(both, big) is None and grow(both, ll) is None
+    # the slots' room per chunk-tile is part of the capacity: calls share one slot geometry
+    assert grow(small, big).room == big.room > small.room
 
 
 def test_the_kernel_polls_tail_as_receiver_and_head_as_sender():
@@ -556,3 +558,22 @@ def test_bench_tables_reuse_the_runner_columns():
     assert "#wrong" in table and "1048576" in table and "Out of bounds values : 0 OK" in table
     base = format_baselines([rec]).splitlines()
     assert "speedup" in base[1] and base[-1].split()[:4] == ["1048576", "50.00", "80.00", "1.60"]
+
+
+def test_a_grid_the_gpu_cannot_hold_at_once_is_refused_when_the_communicator_is_built(fake_gpu):
+    """A cooperative launch needs every block resident: the occupancy API
+    times the SMs is checked when the kernels compile, in the constructor."""
+    from msc.cuda import Communicator
+    from msc.cuda.runtime import check_resident
+
+    plan = _plan("allreduce/allpairs:allpairs", 8)
+    fake_gpu["resident"] = 100
+    with pytest.raises(UsageError, match=r"^GPU 0 \(float32, sum kernel\) holds at most 100 blocks of 512 threads of "
+                                         r"this kernel at once, and a launch of this plan needs 104"):
+        Communicator(plan, "virtual", 0)
+    assert not fake_gpu["launches"]
+    fake_gpu["resident"] = 104
+    Communicator(plan, "virtual", 0).close()
+    check_resident(5, 256, None, "the emulated device")         # no limit: threads, not SMs
+    with pytest.raises(UsageError, match="holds at most 4 blocks"):
+        check_resident(5, 256, 4, "GPU 3")

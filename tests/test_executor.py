@@ -328,25 +328,25 @@ def test_parse_size_and_sizes():
         runner.sizes(8, 64, 1)
 
 
-# key, busbw / algbw at 4 ranks, size counts all ranks' units, rooted, reducing
-SWEEPS = [("allreduce/ring:ring", 1.5, False, False, True),
-          ("allgather/ring:ring", 0.75, True, False, False),
-          ("reducescatter/ring:ring", 0.75, True, False, True),
-          ("alltoall/allpairs:allpairs", 0.75, True, False, False),
-          ("broadcast/chain:chain", 1.0, False, True, False),
-          ("reduce/tree:tree", 1.0, False, True, True)]
+# key, size counts all ranks' units, rooted, reducing
+SWEEPS = [("allreduce/ring:ring", False, False, True),
+          ("allgather/ring:ring", True, False, False),
+          ("reducescatter/ring:ring", True, False, True),
+          ("alltoall/allpairs:allpairs", True, False, False),
+          ("broadcast/chain:chain", False, True, False),
+          ("reduce/tree:tree", False, True, True)]
 
 
-@pytest.mark.parametrize("key,factor,gathered,rooted,reducing", SWEEPS, ids=[s[0] for s in SWEEPS])
-def test_sweep_records(key, factor, gathered, rooted, reducing):
+@pytest.mark.parametrize("key,gathered,rooted,reducing", SWEEPS, ids=[s[0] for s in SWEEPS])
+def test_sweep_records(key, gathered, rooted, reducing):
     n = 4
     plan = plan_for(key, n, False, root=n - 1 if rooted else 0)
     records = runner.sweep(plan, min_bytes="64", max_bytes="1K", factor=4, dtype="half", op="sum", iters=2)
     assert [r["size"] for r in records] == [64, 256, 1024]
     for r in records:
         assert r["count"] * (n if gathered else 1) * 2 == r["size"] and r["type"] == "half" and r["wrong"] == 0
-        assert r["algbw"] == pytest.approx(r["size"] / r["time"] / 1e3)
-        assert r["busbw"] == pytest.approx(r["algbw"] * factor)
+        # a host backend's time is host time: no bandwidth that would pass for a GPU's
+        assert r["host_time"] > 0 and not {"time", "algbw", "busbw"} & set(r)
         assert r["redop"] == ("sum" if reducing else "none") and r["root"] == (n - 1 if rooted else -1)
         json.dumps(r)
 
@@ -359,10 +359,12 @@ def test_sweep_rounds_down_and_format_table():
     text = runner.format_table(records, title="t")
     head = text.splitlines()
     assert head[0] == "# t" and head[1].strip().endswith("in-place")
-    assert head[2].split() == ["#", "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong"]
+    assert head[2].split() == ["#", "size", "count", "type", "redop", "root", "host", "#wrong"]
+    assert head[3].split() == ["#", "(B)", "(elements)", "(us)"]
     row = head[4].split()
-    assert row[:5] == ["96", "8", "int32", "none", "-1"] and row[-1] == "0" and len(row) == 9
+    assert row[:5] == ["96", "8", "int32", "none", "-1"] and row[-1] == "0" and len(row) == 7
     assert "Out of bounds values : 0 OK" in text and "100 -> 96" in text
+    assert "not a GPU's time; no bandwidth" in text and "bus bandwidth" not in text
 
 
 def _corrupt_allgather():

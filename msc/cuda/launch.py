@@ -61,13 +61,20 @@ def launch_params(layout: KernelLayout, count: int, *, dtype: str, protocol: str
 
 @dataclass(frozen=True)
 class Footprint:
-    """Bytes of device memory a rank's buffers need for one launch shape."""
+    """Bytes of device memory a rank's buffers need for one launch shape.
+
+    ``room``: bytes a chunk-tile takes in a slot. The kernel lays out slots
+    with the arena's room, not the call's: under the devices and torchrun
+    placements consecutive calls overlap on a connection (a sender may start
+    call k+1 while its receiver still reads call k), so every call must see
+    the slots where the others do."""
 
     scratch: tuple[int, ...]           # per rank
     slots: tuple[int, ...]             # per connection (in its receiver's memory)
     progress: tuple[int, ...]          # per rank: a counter (a cache line) per threadblock
     counters: int = 2 * COUNTER_STRIDE  # per connection: tail (receiver) and head (sender), a line each
     error: int = 4 * ERROR_WORDS
+    room: int = 0                      # bytes of a chunk-tile in a slot (a multiple of 16)
 
 
 def footprint(layout: KernelLayout, params: LaunchParams, *, dtype: str, protocol: str, slots: int) -> Footprint:
@@ -83,7 +90,7 @@ def footprint(layout: KernelLayout, params: LaunchParams, *, dtype: str, protoco
     return Footprint(
         scratch=tuple(c * params.scratch_stride * size for c in layout.scratch_chunks),
         slots=tuple(slots * c.max_count * room for c in layout.connections),
-        progress=tuple(COUNTER_STRIDE * n for n in layout.threadblocks_per_rank))
+        progress=tuple(COUNTER_STRIDE * n for n in layout.threadblocks_per_rank), room=room)
 
 
 # -- MscArgs, as in templates/steps.cuh.j2 --------------------------------------------
@@ -101,23 +108,25 @@ def args_struct(num_ranks: int, num_connections: int) -> type[ctypes.Structure]:
     return type("MscArgs", (ctypes.Structure,), {"_fields_": [
         ("count", ctypes.c_int64), ("chunk", ctypes.c_int64), ("tile", ctypes.c_int64),
         ("iterations", ctypes.c_int64), ("timeout", ctypes.c_int64), ("scratch_stride", ctypes.c_int64),
-        ("inv_n", ctypes.c_float),
+        ("slot_room", ctypes.c_int64), ("inv_n", ctypes.c_float),
         ("first_block", ctypes.c_int32), ("error", ctypes.c_void_p),
         ("rank", MscRank * num_ranks), ("conn", MscConn * max(num_connections, 1))]})
 
 
 def pack_args(layout: KernelLayout, params: LaunchParams, *, ranks: list[dict], connections: list[dict],
-              error: int, first_block: int = 0, timeout_ns: int = 300 * 10 ** 9) -> bytes:
+              error: int, slot_room: int, first_block: int = 0, timeout_ns: int = 300 * 10 ** 9) -> bytes:
     """MscArgs as bytes to copy to the device. ``ranks[r]``: pointers input,
     output, scratch, progress (0 for a rank this process does not run);
     ``connections[c]``: pointers slots, tail, head, in layout.connections order;
+    ``slot_room``: the arena's bytes per chunk-tile in a slot (Footprint.room);
     ``timeout_ns``: how long a spin-wait may last (the GPU's global timer)."""
     if len(ranks) != layout.num_ranks or len(connections) != len(layout.connections):
         raise UsageError(f"pointer tables for {len(ranks)} ranks and {len(connections)} connections; the kernel "
                          f"has {layout.num_ranks} and {len(layout.connections)}")
     cls = args_struct(layout.num_ranks, len(layout.connections))
     args = cls(count=params.count, chunk=params.chunk, tile=params.tile, iterations=params.iterations,
-               timeout=timeout_ns, scratch_stride=params.scratch_stride, inv_n=1.0 / layout.num_ranks,
+               timeout=timeout_ns, scratch_stride=params.scratch_stride, slot_room=slot_room,
+               inv_n=1.0 / layout.num_ranks,
                first_block=first_block, error=error)
     for r, ptrs in enumerate(ranks):
         args.rank[r] = MscRank(**ptrs)

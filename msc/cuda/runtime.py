@@ -457,7 +457,7 @@ class Communicator:
             buffers[r] = spec.buffers[i]
         ranks, conns = pointer_tables(self.layout, self._arenas, self._bases, buffers, self.ranks_here)
         for i, L in enumerate(self._launches):
-            args = pack_args(self.layout, params, ranks=ranks, connections=conns,
+            args = pack_args(self.layout, params, ranks=ranks, connections=conns, slot_room=self._capacity.room,
                              error=error_pointer(self._arenas, self._bases, L.error_rank),
                              first_block=L.first_block, timeout_ns=self._timeout_ns)
             with backend.context(L.device):

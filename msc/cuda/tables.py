@@ -94,17 +94,17 @@ def arena_layout(layout: KernelLayout, fp: Footprint) -> tuple[RankArena, ...]:
 
 def grow(capacity: Footprint | None, need: Footprint) -> Footprint | None:
     """The footprint to reallocate to, or None when ``capacity`` holds ``need``
-    (every region at least as large). A new capacity is the larger of the
-    two region by region, so sizes seen before keep fitting."""
+    (every region, and the slots' room per chunk-tile, at least as large). A
+    new capacity is the larger of the two field by field, so sizes seen
+    before keep fitting."""
     if capacity is None:
         return need
-    if all(h >= w for f in ("scratch", "slots", "progress")
-           for h, w in zip(getattr(capacity, f), getattr(need, f))):
-        return None
-    return Footprint(**{f.name: (tuple(max(a, b) for a, b in zip(getattr(capacity, f.name), getattr(need, f.name)))
-                                 if isinstance(getattr(need, f.name), tuple)
-                                 else max(getattr(capacity, f.name), getattr(need, f.name)))
-                        for f in fields(Footprint)})
+
+    def larger(a, b):
+        return tuple(max(x, y) for x, y in zip(a, b)) if isinstance(a, tuple) else max(a, b)
+
+    new = Footprint(**{f.name: larger(getattr(capacity, f.name), getattr(need, f.name)) for f in fields(Footprint)})
+    return None if new == capacity else new
 
 
 def total_bytes(arenas: tuple[RankArena, ...]) -> int:

@@ -1,0 +1,440 @@
+"""msc's CUDA kernels, run on the emulated device (msc.cuda.emu), driven by the
+real Communicator: no GPU needed.
+
+The kernel is the text NVRTC compiles, built as host C++ (each CUDA thread
+a std::thread, acquire/release through std::atomic_ref), so what runs here
+is the kernel's own code: its steps, protocols (Simple, LL), tile loops,
+counters that persist across launches, error words and timeouts; and the
+runtime's own code above it: arenas, pointer tables, argument packing,
+growth, deferred error reads, the broken state, the torchrun bootstrap
+(over gloo, with /dev/shm where CUDA IPC would be).
+
+Every result is compared with msc.executor on random inputs (never zero)
+with poisoned outputs: bit-exact, but for avg (the kernel pre-multiplies by
+1/n as NCCL does; the executor divides once: within a few roundings).
+
+- default run: every library algorithm at 4 ranks x Simple/LL, the table
+  form, a (dtype, op) pair per case from a rotation covering float32,
+  bfloat16, float16 x sum, max, avg, counts 1, 3, 1001 and a count of
+  several tiles per call; the straight-line form on a subset; 3 and 8 ranks
+  on a subset; and the runtime's behaviours (back-to-back launches, growth,
+  timeouts, torchrun in 2 processes, numerics of the half types, the
+  vector path on misaligned chunks, LL flags across 2^32, the build cache);
+- ``-m slow``: the whole cross product, every algorithm x Simple/LL x
+  straight/table x float32/bfloat16/float16 x sum/max/avg (data-movement
+  collectives: one kernel for every op) x the four counts.
+
+What emulation cannot show: speed, occupancy, and what only GPU hardware
+does (.gpu vs .sys scopes, stale L1 lines, warp scheduling): see README.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import struct
+from concurrent.futures import ThreadPoolExecutor
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import msc
+from cudaboot import check_run, deadlock_plan, np_dtype
+from library import algorithms
+from msc.cuda import Communicator, DeviceTimeoutError
+from msc.cuda.compiler import compile_host
+from msc.cuda.diagnose import BrokenCommunicatorError
+from msc.cuda.hostbuild import find_compiler
+from msc.cuda.runtime import runtime_plan
+from msc.cuda.validate import check_op
+from msc.errors import UsageError
+from msc.lower import LowerOptions, lower
+
+try:
+    find_compiler()
+    NO_COMPILER = None
+except UsageError as exc:
+    NO_COMPILER = str(exc)
+pytestmark = pytest.mark.skipif(NO_COMPILER is not None, reason=NO_COMPILER or "")
+
+ALGORITHMS = algorithms()
+KEYS = sorted(ALGORITHMS)
+PROTOCOLS = ("Simple", "LL")
+FORMS = ("straight", "table")
+DTYPES = ("float32", "bfloat16", "float16")
+OPS = ("sum", "max", "avg")
+TILE = 4096                                # bytes per chunk and iteration: several tiles per call at small counts
+COUNTS = (1, 3, 1001, 8197)                # 8197: 2-9 tiles per chunk, by dtype and chunk factor
+N = 4
+
+
+@lru_cache(maxsize=None)
+def plan_for(key: str, n: int, protocol: str, tile: int = TILE):
+    return lower(msc.trace(ALGORITHMS[key], n), LowerOptions(protocol=protocol, tile=tile))
+
+
+def kernels_of(key: str, n: int, protocol: str) -> list[tuple[str, str]]:
+    """(dtype, op) of the kernels a plan needs: data-movement collectives use one for every op."""
+    plan = plan_for(key, n, protocol)
+    return sorted({(d, check_op(plan, op, d)) for d in DTYPES for op in OPS})
+
+
+def build_all(jobs, cache: Path) -> None:
+    """Build host kernels in parallel (the compiler runs outside the GIL); the
+    first alone, so that the precompiled headers are made once."""
+    def one(job):
+        key, n, protocol, form, dtype, op = job
+        compile_host(runtime_plan(plan_for(key, n, protocol)), dtype=dtype, op=op, form=form, cache=cache)
+    jobs = sorted(set(jobs))
+    if jobs:
+        one(jobs[0])
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        list(pool.map(one, jobs[1:]))
+
+
+def comm_for(key, n, protocol, form, dtype, op, cache, **kw):
+    return Communicator(plan_for(key, n, protocol), "virtual", device="emu", form=form, cache=cache,
+                        dtypes=(dtype,), ops=(op,), timeout_s=kw.pop("timeout_s", 60), **kw)
+
+
+# -- the library, bit-exact -------------------------------------------------------------------
+ROTATION = [(d, o) for o in OPS for d in DTYPES]            # 9 pairs; a case takes the next
+
+
+def default_cases():
+    out = []
+    for i, key in enumerate(KEYS):
+        for j, protocol in enumerate(PROTOCOLS):
+            plan = plan_for(key, N, protocol)
+            dtype, op = ROTATION[(2 * i + j) % len(ROTATION)]
+            out.append((key, protocol, dtype, check_op(plan, op, dtype)))
+    return out
+
+
+STRAIGHT = [("allreduce/ring:ring", "LL"), ("allreduce/allpairs:allpairs", "Simple"), ("allgather/ring:ring", "Simple"),
+            ("reducescatter/allpairs:allpairs", "LL"), ("alltoall/hierarchical:hierarchical", "Simple"),
+            ("broadcast/binomial_tree:binomial_tree", "LL"), ("reduce/tree:tree", "Simple")]
+OTHER_RANKS = [("allreduce/ring:ring", 8, "Simple"), ("allreduce/hierarchical:hierarchical", 8, "LL"),
+               ("allgather/allpairs:allpairs", 3, "LL"), ("reducescatter/ring:ring", 3, "Simple"),
+               ("alltoall/allpairs:allpairs", 8, "Simple"), ("allreduce/tree:double_binary", 3, "LL")]
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("emu-kernels")
+    jobs = [(key, N, protocol, "table", dtype, op) for key, protocol, dtype, op in default_cases()]
+    jobs += [(key, N, protocol, "straight", "bfloat16", "sum") for key, protocol in STRAIGHT]
+    jobs += [(key, n, protocol, "table", "float32", "sum") for key, n, protocol in OTHER_RANKS]
+    build_all(jobs, folder)
+    return folder
+
+
+@pytest.mark.parametrize("key, protocol, dtype, op", default_cases())
+def test_library_matches_the_reference_executor(key, protocol, dtype, op, cache):
+    comm = comm_for(key, N, protocol, "table", dtype, op, cache)
+    for i, count in enumerate(COUNTS):
+        check_run(comm, count, dtype, op, seed=i)
+    comm.close()
+
+
+@pytest.mark.parametrize("key, protocol", STRAIGHT)
+def test_straight_line_form_matches_too(key, protocol, cache):
+    comm = comm_for(key, N, protocol, "straight", "bfloat16", "sum", cache)
+    assert comm.layout.form == "straight"
+    for i, count in enumerate(COUNTS):
+        check_run(comm, count, "bfloat16", "sum", seed=10 + i)
+    comm.close()
+
+
+@pytest.mark.parametrize("key, n, protocol", OTHER_RANKS)
+def test_other_rank_counts(key, n, protocol, cache):
+    comm = comm_for(key, n, protocol, "table", "float32", "sum", cache)
+    for i, count in enumerate((5, 8197)):
+        check_run(comm, count, "float32", "sum", seed=20 + i)
+    comm.close()
+
+
+def sweep_cases():
+    return [(key, protocol) for key in KEYS for protocol in PROTOCOLS]
+
+
+@pytest.fixture(scope="module")
+def sweep_cache(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("emu-sweep")
+    build_all([(key, N, protocol, form, dtype, op) for key, protocol in sweep_cases() for form in FORMS
+               for dtype, op in kernels_of(key, N, protocol)], folder)
+    return folder
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key, protocol", sweep_cases())
+def test_sweep_every_form_dtype_op_and_count(key, protocol, sweep_cache):
+    """The whole cross product for one algorithm and protocol."""
+    seed = 0
+    for form in FORMS:
+        for dtype, op in kernels_of(key, N, protocol):
+            comm = comm_for(key, N, protocol, form, dtype, op, sweep_cache)
+            ops = [o for o in OPS if check_op(comm.plan, o, dtype) == op]       # one data-movement kernel: all ops
+            for o in ops:
+                for count in COUNTS:
+                    check_run(comm, count, dtype, o, seed)
+                    seed += 1
+            comm.close()
+
+
+# -- the runtime's behaviours ---------------------------------------------------------------------
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_back_to_back_launches_without_a_sync_under_devices(protocol, cache):
+    """100 launches queue on 4 emulated devices (a stream each) with no
+    synchronize between them; each call has buffers of its own and a count
+    of its own, so tiles, slot positions and flags move between launches.
+    The counters persist across launches: every result must be right."""
+    plan = plan_for("allreduce/ring:ring", 4, protocol)
+    comm = Communicator(plan, "devices", [0, 1, 2, 3], device="emu", cache=cache, timeout_s=60)
+    rng = np.random.default_rng(0)
+    calls = []
+    for i in range(100):
+        count = 500 - 37 * (i % 7)
+        xs = [rng.uniform(1, 2, count).astype(np.float32) for _ in range(4)]
+        calls.append((xs, [x.copy() for x in xs]))
+        comm.all_reduce(xs)
+    comm.synchronize()
+    from msc.executor import run_collective
+
+    for i, (xs, inputs) in enumerate(calls):
+        want = run_collective(plan, inputs, "sum", count=len(inputs[0]))
+        for r in range(4):
+            assert xs[r].tobytes() == want[r].tobytes(), f"launch {i} rank {r}"
+    comm.close()
+
+
+def test_buffers_grow_between_calls_and_results_stay_right(cache):
+    plan = plan_for("reducescatter/ring:ring", 4, "LL", 0)          # the default tile: 8192 floats a chunk
+    comm = Communicator(plan, device="emu", cache=cache)
+    for i, count in enumerate((100, 2000, 100, 6001, 7)):
+        check_run(comm, count, "float32", "sum", seed=i)
+    assert comm._generation == 3                 # grew twice after the first allocation
+    comm.close()
+
+
+def test_out_of_place_with_torch_cpu_tensors_and_outputs_allocated(cache):
+    torch = pytest.importorskip("torch")
+    plan = lower(msc.trace(ALGORITHMS["allgather/ring:ring"], 4, inplace=False), LowerOptions())
+    comm = Communicator(plan, "virtual", device="emu", cache=cache)
+    xs = [torch.full((333,), float(r + 1)) for r in range(4)]
+    outs = comm.all_gather(None, xs)
+    comm.synchronize()
+    want = torch.cat([torch.full((333,), float(r + 1)) for r in range(4)])
+    assert all(torch.equal(o, want) for o in outs)
+    with pytest.raises(UsageError, match="rank 1 input: tensor is on meta, expected cpu"):
+        comm.all_gather(None, [xs[0], torch.empty(333, device="meta"), xs[2], xs[3]])
+    comm.close()
+
+
+def test_a_deadlocking_plan_times_out_naming_rank_threadblock_and_step(cache):
+    comm = Communicator(deadlock_plan(), "virtual", device="emu", timeout_s=0.3, allow_deadlock=True, cache=cache)
+    xs = [np.ones(64, np.float32) for _ in range(2)]
+    outs = [np.zeros(128, np.float32) for _ in range(2)]
+    comm.all_gather(outs, xs)
+    with pytest.raises(DeviceTimeoutError) as info:
+        comm.synchronize()
+    err = info.value
+    assert err.rank in (0, 1) and (err.tb, err.step, err.iteration) == (0, 0, 0)
+    assert f"rank {err.rank} threadblock 0 step 0 (recv) timed out in a spin-wait after 0.3 s" in str(err)
+    assert f"still unmet: a message from rank {1 - err.rank} on channel 0" in str(err)
+    assert comm.broken
+    with pytest.raises(BrokenCommunicatorError, match="unusable after a failed launch"):
+        comm.all_gather(outs, xs)
+    comm.close()
+
+
+def test_a_rank_that_never_launches_makes_its_peers_time_out(cache):
+    comm = Communicator(plan_for("allreduce/ring:ring", 4, "Simple"), "virtual", device="emu", timeout_s=0.3,
+                        _omit_ranks=(3,), cache=cache)
+    comm.all_reduce([np.ones(4096, np.float32) for _ in range(4)])
+    with pytest.raises(DeviceTimeoutError, match="still unmet: a message from rank 3") as info:
+        comm.synchronize()
+    assert info.value.rank in (0, 1, 2) and info.value.step is not None
+    comm.close()
+
+
+def test_the_next_call_reports_a_timeout_without_a_synchronize(cache):
+    comm = Communicator(deadlock_plan(), "virtual", device="emu", timeout_s=0.2, allow_deadlock=True, cache=cache)
+    xs, outs = [np.ones(8, np.float32)] * 2, [np.zeros(16, np.float32) for _ in range(2)]
+    comm.all_gather(outs, xs)
+    comm.backend.synchronize(0)                  # the launch has finished; nothing read its error word yet
+    with pytest.raises(DeviceTimeoutError):
+        comm.all_gather(outs, xs)                # deferred read at the next call
+    assert comm.broken
+    comm.close()
+
+
+# -- numerics and the element loops -----------------------------------------------------------------
+def _special_floats(rng) -> np.ndarray:
+    edges = [0.0, -0.0, 1.0, -1.0, 65504.0, 65519.99, 65520.0, 65536.0, 6.1035156e-05, 6.0975552e-05, 5.9604645e-08,
+             2.9802322e-08, 2.9802326e-08, 1e-10, 3.3895314e38, 3.4028235e38, np.inf, -np.inf, 1.00390625, 1.0039063,
+             1.01171875, 2.0 ** -133, 2.0 ** -126]
+    bits = rng.integers(0, 2 ** 32, 200_000, dtype=np.uint64).astype(np.uint32)
+    rnd = bits.view(np.float32)
+    rnd = rnd[np.isfinite(rnd)]
+    near = (np.float32(1.5) * (1 + rng.standard_normal(20000).astype(np.float32) * np.float32(1e-3)))
+    return np.concatenate([np.array(edges, np.float32), rnd, near, -near]).astype(np.float32)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_rounding_is_numpys(dtype, cache):
+    """The kernel's float -> half rounding (software on the host, and for
+    bfloat16 below sm_80) against numpy/ml_dtypes, on edge cases, random bit
+    patterns and ties."""
+    comm = Communicator(plan_for("allreduce/ring:ring", 2, "Simple"), device="emu", dtypes=(dtype,), cache=cache)
+    kernel = comm._kernels["host"].loaded(dtype, "sum")
+    x = _special_floats(np.random.default_rng(1))
+    out = np.zeros(x.size, np.uint16)
+    kernel.lib.msc_round(x.ctypes.data, out.ctypes.data, x.size)
+    with np.errstate(over="ignore"):                        # values past the largest half round to inf
+        want = x.astype(np_dtype(dtype)).view(np.uint16)
+    bad = np.flatnonzero(out != want)
+    assert bad.size == 0, f"{bad.size} of {x.size} differ, e.g. {x[bad[:5]]}: {out[bad[:5]]} vs {want[bad[:5]]}"
+    comm.close()
+
+
+@pytest.mark.parametrize("key, share", [("allreduce/ring:ring", 0.99), ("reducescatter/ring:ring", 0.24)])
+def test_the_vector_path_serves_misaligned_chunks(key, share, cache):
+    """An odd bfloat16 count puts chunks mid-vector: the 16-byte path still
+    serves the bulk once head and tail are peeled, wherever a step's
+    operands sit at one offset within 16 bytes (slots and scratch place a
+    chunk at its class's offset). Where they cannot (the data changes unit
+    between a rank's buffers, as in reduce-scatter's last step), the step
+    takes scalars."""
+    plan = lower(msc.trace(ALGORITHMS[key], 4), LowerOptions())
+    comm = Communicator(plan, device="emu", dtypes=("bfloat16",), cache=cache)
+    kernel = comm._kernels["host"].loaded("bfloat16", "sum")
+    before = kernel.path_counts()
+    check_run(comm, 100_001, "bfloat16", "sum", seed=3)
+    vector, scalar = (a - b for a, b in zip(kernel.path_counts(), before))
+    assert vector + scalar > 0 and vector / (vector + scalar) >= share, (vector, scalar)
+    comm.close()
+
+
+def test_ll_flags_wrap_around_2_to_the_32(cache):
+    """LL's flag is the low 32 bits of a message's sequence number + 1.
+    After a first call fills every slot, shift every connection's counters
+    and every packet's flag by 2^32 - 5, as if 2^32 - 5 messages had passed:
+    the next calls cross the wrap and must still be right."""
+    plan = plan_for("allreduce/ring:ring", 4, "LL", 256)          # 64 floats a tile: many messages a call
+    comm = Communicator(plan, "virtual", device="emu", cache=cache, timeout_s=30)
+    check_run(comm, 4099, "float32", "sum", seed=0)
+    comm.synchronize()
+    shift = (1 << 32) - 5
+    be, arenas, bases = comm.backend, comm._arenas, comm._bases
+    for c in comm.layout.connections:
+        for where in (bases[c.receiver] + arenas[c.receiver].tail[c.id], bases[c.sender] + arenas[c.sender].head[c.id]):
+            (v,) = struct.unpack("<Q", be.read(0, where, 8))
+            assert v >= comm.slots                              # every slot holds a packet of a message
+            be.write(0, where, struct.pack("<Q", v + shift))
+        start = bases[c.receiver] + arenas[c.receiver].slots[c.id]
+        size = comm._capacity.slots[c.id]
+        packets = np.frombuffer(be.read(0, start, size), np.uint64).copy()
+        flags = packets >> np.uint64(32)
+        written = flags != 0
+        flags[written] = (flags[written] + np.uint64(shift)) % np.uint64(1 << 32)
+        packets = (flags << np.uint64(32)) | (packets & np.uint64(0xFFFFFFFF))
+        be.write(0, start, packets.tobytes())
+    for i in range(3):
+        check_run(comm, 4099, "float32", "sum", seed=1 + i)
+    tail = arenas[comm.layout.connections[0].receiver].tail[0]
+    (after,) = struct.unpack("<Q", be.read(0, bases[comm.layout.connections[0].receiver] + tail, 8))
+    assert after > 1 << 32                                      # the counters did cross 2^32
+    comm.close()
+
+
+# -- the host build ---------------------------------------------------------------------------------
+def test_a_second_build_is_a_cache_hit_and_a_damaged_library_is_rebuilt(tmp_path):
+    plan = runtime_plan(plan_for("allgather/ring:ring", 2, "LL"))
+    first = compile_host(plan, cache=tmp_path)
+    assert not first.cache_hit and first.library.is_file()
+    again = compile_host(plan, cache=tmp_path)
+    assert again.cache_hit and again.library == first.library
+    first.library.write_bytes(b"")                           # a truncated or forged entry is never loaded
+    rebuilt = compile_host(plan, cache=tmp_path)
+    assert not rebuilt.cache_hit and rebuilt.library.stat().st_size > 1000
+    assert first.library.with_name("kernel.cpp").read_text().startswith("// Generated by msc")
+
+
+def test_a_missing_compiler_is_named(monkeypatch, tmp_path):
+    from msc.cuda import hostbuild
+
+    monkeypatch.setenv("MSC_CXX", "/nonexistent/g++")
+    hostbuild._identify.cache_clear()
+    with pytest.raises(UsageError, match=r"builds kernels with a C\+\+20 compiler and found none \(looked for "
+                                         r"/nonexistent/g\+\+"):
+        compile_host(runtime_plan(plan_for("allgather/ring:ring", 2, "LL")), cache=tmp_path)
+    hostbuild._identify.cache_clear()
+
+
+def test_an_args_block_of_another_size_is_refused(cache):
+    from msc.cuda import emu
+    from msc.cuda.launch import args_struct
+
+    compiled = compile_host(runtime_plan(plan_for("allreduce/allpairs:allpairs", 4, "Simple")), cache=cache)
+    size = ctypes.sizeof(args_struct(compiled.layout.num_ranks, len(compiled.layout.connections)))
+    assert emu.load(compiled.library, compiled.layout, "float32", "sum", True, size).lib.msc_args_size() == size
+    with pytest.raises(UsageError, match=f"takes a {size}-byte MscArgs, msc packs {size + 8}"):
+        emu.load(compiled.library, compiled.layout, "float32", "sum", True, size + 8)
+
+
+def test_a_call_too_long_for_the_progress_counters_is_refused():
+    from msc.cuda.codegen import kernel_layout
+    from msc.cuda.launch import PROGRESS_LIMIT, launch_params
+
+    plan = runtime_plan(plan_for("allreduce/ring:ring", 4, "Simple", 32))       # 8 floats a tile
+    layout = kernel_layout(plan, "table")
+    ok = launch_params(layout, 4 * 8 * 1000, dtype="float32", protocol="Simple", tile_bytes=32)
+    assert ok.iterations == 1000
+    count = 4 * 8 * (PROGRESS_LIMIT // layout.max_steps + 1)
+    with pytest.raises(UsageError, match=r"moves \d+ tiles per chunk through threadblocks of up to \d+ steps.*"
+                                         r"counts at most 4294967295"):
+        launch_params(layout, count, dtype="float32", protocol="Simple", tile_bytes=32)
+
+
+# -- torchrun: one process per rank, shared memory where CUDA IPC would be ------------------------------
+@pytest.fixture(scope="module")
+def gloo2():
+    pytest.importorskip("torch")
+    import torchdist
+
+    pool = torchdist.Pool(2, timeout=180)
+    yield pool
+    pool.close()
+
+
+@pytest.mark.parametrize("key, protocol", [("allreduce/ring:ring", "Simple"), ("allreduce/allpairs:allpairs", "LL"),
+                                           ("allgather/ring:ring", "LL"), ("reducescatter/allpairs:allpairs", "Simple"),
+                                           ("alltoall/allpairs:allpairs", "LL"), ("reduce/tree:tree", "Simple")])
+def test_torchrun_placement_in_two_processes(key, protocol, gloo2):
+    import cudaboot
+
+    got = gloo2.run(cudaboot.emu_torchrun_case, key, protocol, (1, 1001, 70001))
+    assert got[0] == got[1] == "ok", got
+
+
+def test_torchrun_ranks_that_make_different_calls_get_errors_not_a_hang(gloo2):
+    """Rank 1 makes a larger call than rank 0: it grows its buffers and waits
+    for rank 0 at the bootstrap, which never comes; rank 0 launches on its old
+    buffers and its kernel waits for rank 1's blocks. Both end with an error
+    within their timeouts."""
+    import cudaboot
+
+    got = gloo2.run(cudaboot.emu_mismatch_case)
+    assert got[0].startswith("DeviceTimeoutError") and "still unmet: a message from rank 1" in got[0], got[0]
+    assert got[1].startswith("UsageError") and "for rank(s) 0 (process group ranks 0), which never came" in got[1]
+    assert "every rank must make the same calls" in got[1]
+
+
+def test_torchrun_peers_on_another_machine_are_named(gloo2):
+    import cudaboot
+
+    got = gloo2.run(cudaboot.emu_other_host_case)
+    assert "rank 1 runs on host-b" in got[0] and "every rank must run on one machine" in got[0], got
+    assert "rank 0 runs on host-a" in got[1], got

@@ -1,0 +1,38 @@
+"""The README's command blocks, run as written (in a fresh folder, with this
+Python's msc on PATH): a README that does not work is a bug."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def blocks(heading: str) -> list[tuple[str, str]]:
+    """(language, text) of the fenced blocks in the README section under ``heading``."""
+    text = README.read_text()
+    start = text.index(f"\n## {heading}\n")
+    end = text.find("\n## ", start + 1)
+    section = text[start:end if end >= 0 else None]
+    return re.findall(r"```(\w+)\n(.*?)```", section, flags=re.S)
+
+
+def run_block(lang: str, code: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    cmd = ["bash", "-euo", "pipefail", "-c", code] if lang == "bash" else [sys.executable, "-c", code]
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_the_emulated_device_section_runs_as_written(tmp_path):
+    found = blocks("Testing kernels without a GPU: the emulated device")
+    assert [lang for lang, _ in found] == ["bash", "python"]
+    for lang, code in found:
+        done = run_block(lang, code, tmp_path)
+        assert done.returncode == 0, f"{lang} block failed:\n{code}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+        if lang == "bash":
+            assert "Out of bounds values : 0 OK" in done.stdout and "backend emu" in done.stdout
