@@ -269,8 +269,15 @@ def add_run_command(subparsers, load_plan: Callable) -> argparse.ArgumentParser:
                               "backend": args.backend, "inplace": plan.inplace, "wrong": wrong,
                               "records": records}))
         else:
+            about = BACKEND_HELP[args.backend]
+            if args.backend == "emu":
+                from msc.cuda.codegen import NTHREADS
+                from msc.cuda.emu import threads_per_block
+
+                gpu = NTHREADS[plan.protocol]
+                about += f"; {threads_per_block(gpu)} threads per block where a GPU runs {gpu}"
             print(format_table(records, title=f"msc run {args.plan}: {plan.collective}, {plan.num_ranks} ranks, "
-                                              f"backend {args.backend} ({BACKEND_HELP[args.backend]})"))
+                                              f"backend {args.backend} ({about})"))
         return 1 if wrong else 0
 
     p.set_defaults(func=cmd_run)

@@ -79,11 +79,11 @@ def test_ring_source_has_its_fused_steps_with_constants_folded():
     plan = plan_for("allreduce/ring:ring", 3, "Simple", inplace=False)
     source, layout = render(plan, dtype="bfloat16", op="sum", form="straight")
     # CHECK: the ring's fused steps on rank 0, in order, as straight-line calls with literal operands
-    body = source[source.index("__device__ __noinline__ bool tb_0("):source.index("__device__ __noinline__ bool tb_1(")]
+    body = source[source.index("__device__ __noinline__ Block tb_0("):source.index("__device__ __noinline__ Block tb_1(")]
     calls = re.findall(r"run_step\(b, it, (\d+), OP_(\w+), (\d+), (\d+), src, Operand\{ (\d), (\d+) \}", body)
     assert [c[1] for c in calls] == ["SEND", "RRS", "RRCS", "RCS", "RECV"]
     assert calls[2] == ("2", "RRCS", "1", "1", "1", "0"), "rrcs input[0] -> output[0]: dst folded to (1, 0)"
-    assert "const Operand src[1] = { { 0, 0 } };" in body      # its source: input[0], folded
+    assert "static const Operand src[1] = { { 0, 0 } };" in body      # its source: input[0], folded
     assert "#define K 3" in source and "#define SLOTS 2" in source and "#define NRANKS 3" in source
     assert "struct elem_t { u16 bits; };" in source and "cvt.rn.bf16.f32" in source
     assert "st.release.sys" in source and "ld.acquire.sys" in source
@@ -93,7 +93,7 @@ def test_ring_source_has_its_fused_steps_with_constants_folded():
 def test_ll_source_uses_flagged_packets_and_table_form_a_step_table():
     plan = plan_for("allgather/ring:ring", 4, "LL")
     ll, _ = render(plan, dtype="float32", form="straight")
-    assert "st_packet(" in ll and "wait_packet(" in ll and "transport_simple" not in ll
+    assert "st_packet(" in ll and "get_packet(" in ll and "transport_simple" not in ll
     table, _ = render(plan, dtype="float32", form="table")
     assert "__device__ const int MSC_STEPS[" in table and "tb_0(" not in table
 

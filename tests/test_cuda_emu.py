@@ -438,3 +438,27 @@ def test_torchrun_peers_on_another_machine_are_named(gloo2):
     got = gloo2.run(cudaboot.emu_other_host_case)
     assert "rank 1 runs on host-b" in got[0] and "every rank must run on one machine" in got[0], got
     assert "rank 0 runs on host-a" in got[1], got
+
+
+# -- msc run --backend emu ----------------------------------------------------------------------------
+def test_msc_run_on_the_emulated_device(tmp_path):
+    import subprocess
+    import sys
+
+    from msc.plan_text import save_plan
+
+    save_plan(plan_for("reducescatter/allpairs:allpairs", 4, "LL"), tmp_path / "rs.plan")
+    done = subprocess.run([sys.executable, "-m", "msc.cli", "run", str(tmp_path / "rs.plan"), "--backend", "emu",
+                           "-b", "64", "-e", "64K", "-f", "32", "-d", "bf16", "-o", "max"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert "backend emu (the plan's CUDA kernel on the emulated device" in lines[0]
+    assert "4 threads per block where a GPU runs 256" in lines[0]
+    assert lines[2].split() == ["#", "size", "count", "type", "redop", "root", "host", "#wrong"]
+    rows = [x.split() for x in lines if not x.startswith("#")]
+    assert [r[0] for r in rows] == ["64", "2048", "65536"] and all(r[-1] == "0" for r in rows)
+    assert "Out of bounds values : 0 OK" in done.stdout and "no bandwidth" in done.stdout
+    bad = subprocess.run([sys.executable, "-m", "msc.cli", "run", str(tmp_path / "rs.plan"), "--backend", "emu",
+                          "-d", "int64"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "no data type 'int64'" in bad.stderr and "Traceback" not in bad.stderr

@@ -568,7 +568,7 @@ def test_a_grid_the_gpu_cannot_hold_at_once_is_refused_when_the_communicator_is_
 
     plan = _plan("allreduce/allpairs:allpairs", 8)
     fake_gpu["resident"] = 100
-    with pytest.raises(UsageError, match=r"^GPU 0 \(float32, sum kernel\) holds at most 100 blocks of 512 threads of "
+    with pytest.raises(UsageError, match=r"^GPU 0 \(float32, sum kernel\) holds at most 100 blocks of 256 threads of "
                                          r"this kernel at once, and a launch of this plan needs 104"):
         Communicator(plan, "virtual", 0)
     assert not fake_gpu["launches"]

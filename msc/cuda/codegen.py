@@ -33,9 +33,12 @@ BUF_IDS = {"input": 0, "output": 1, "scratch": 2}
 # Straight-line code up to this many steps in the whole plan, the table form above: NVRTC
 # time grows with code size (bench/codegen_speed.py measures the trade-off).
 STRAIGHT_LINE_MAX_STEPS = 256
-NTHREADS = {"Simple": 512, "LL": 256, "LL128": 256}
-# Blocks per SM the register budget must leave room for (__launch_bounds__): a virtual launch
-# of every rank's blocks must fit the GPU at once.
+# Threads per block, and blocks per SM the register budget must leave room for
+# (__launch_bounds__): a virtual launch of every rank's blocks must fit the GPU at once. At
+# 512 threads and 2 blocks, registers were capped at 64 and the Simple step interpreter
+# spilled; 256 threads leave 128, and no kernel spills or touches local memory
+# (bench/cuda_static.py).
+NTHREADS = {"Simple": 256, "LL": 256, "LL128": 256}
 MIN_BLOCKS = {"Simple": 2, "LL": 2, "LL128": 2}
 # Device counters (dependencies, connection heads and tails) sit this many bytes apart, one
 # per cache line, so that writers of different counters never share a line.
@@ -147,6 +150,7 @@ def _context(plan: Plan, dtype: DType, op: str, form: str, facts) -> dict:
     step_ops, op_masks = step_op_table()
     return dict(plan=plan, dtype=dtype, op=op, protocol=plan.protocol, form=form, nthreads=layout.nthreads,
                 min_blocks=MIN_BLOCKS[plan.protocol], counter_words=COUNTER_STRIDE // 8, step_ops=step_ops,
+                max_srcs=max([len(s.srcs) for rp in plan.ranks for tb in rp.threadblocks for s in tb.steps] + [1]),
                 op_masks=op_masks, conns=layout.connections, tbs=tbs, table=table or [0],
                 starts=starts or [0]), layout
 

@@ -95,9 +95,9 @@ def nvrtc_version() -> str:
     return f"{major}.{minor}"
 
 
-@lru_cache(maxsize=1)
 def _toolchain_digest() -> str:
-    """Hash of everything in msc that shapes generated code: the templates and
+    """Hash of everything in msc that shapes generated code: the templates
+    (read at every call: the renderer reloads a template that changed) and
     msc's Python sources (codegen, and the verifier behind the step facts)."""
     from msc.verified import msc_digest
 
