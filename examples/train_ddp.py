@@ -8,6 +8,9 @@ noise), so the loss falls within a few dozen steps; tiny dimensions, so a
 CPU runs it in seconds (gloo; NCCL when CUDA is available).
 
     --plans DIR        plans for the hook (a directory, with plans.json size ranges or not)
+    --backend B        which engine runs the plans (msc.torch.backends): "torch" the
+                       torch.distributed executor, "cuda" the msc CUDA runtime, "auto" (default)
+                       the runtime for GPU gradients on one node, else the executor
     --stock            stock DDP allreduce instead of msc (the baseline)
     --check-stock      after the msc run, train again with stock DDP and fail unless the
                        per-step losses agree (to --tolerance)
@@ -17,6 +20,18 @@ CPU runs it in seconds (gloo; NCCL when CUDA is available).
 
 Losses are the mean over ranks of each rank's batch loss (an all_reduce that
 is not part of training).
+
+Without a GPU, the CUDA runtime runs on its emulated device (msc.cuda.emu:
+the same kernel built as host C++, CPU tensors, /dev/shm between the ranks):
+
+    MSC_DEVICE=emu torchrun --nproc_per_node 2 examples/train_ddp.py --plans plans --backend cuda --check-stock
+
+Under MSC_DEVICE=emu the model stays on the CPU even where CUDA is available
+(the emulated device takes CPU tensors). The hook divides each bucket by the
+world size and sums it (as stock DDP's hook does), so with 2 ranks the
+losses equal stock DDP's bit for bit on either engine (one addition per
+element, a+b == b+a); with more ranks the plan's summation order is not
+gloo's or NCCL's, and gradients differ from stock in the last bits.
 """
 from __future__ import annotations
 
@@ -103,7 +118,7 @@ def train(args, use_msc: bool, registry, device) -> list[float]:
     if use_msc:
         import msc.torch as mt
 
-        ddp.register_comm_hook(None, mt.allreduce_hook(registry))
+        ddp.register_comm_hook(None, mt.allreduce_hook(registry, backend=args.backend))
     opt = torch.optim.AdamW(ddp.parameters(), lr=args.lr)
     losses = []
     for step in range(args.steps):
@@ -123,6 +138,9 @@ def train(args, use_msc: bool, registry, device) -> list[float]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--plans", help="directory of msc plans (see msc.torch.PlanRegistry)")
+    p.add_argument("--backend", choices=("auto", "torch", "cuda"), default="auto",
+                   help="the engine running the plans: the msc CUDA runtime, the torch.distributed executor, "
+                        "or auto")
     p.add_argument("--stock", action="store_true", help="stock DDP allreduce, no msc")
     p.add_argument("--check-stock", action="store_true", help="compare the msc losses with a stock DDP run")
     p.add_argument("--compile-missing", action="store_true", help="ring allreduce for sizes --plans lacks")
@@ -143,7 +161,7 @@ def main(argv=None) -> int:
     if args.stock and args.check_stock:
         p.error("--check-stock compares an msc run with stock DDP; leave out --stock")
 
-    cuda = torch.cuda.is_available()
+    cuda = torch.cuda.is_available() and os.environ.get("MSC_DEVICE") != "emu"   # emu: CPU tensors
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     dist.init_process_group("nccl" if cuda else "gloo")
@@ -155,6 +173,15 @@ def main(argv=None) -> int:
         registry = None if args.stock else plans_for(args, world)
         losses = train(args, not args.stock, registry, device)
         result = {"mode": "stock" if args.stock else "msc", "world": world, "losses": losses}
+        if not args.stock:
+            from msc.torch import backends
+
+            # which engine ran: a communicator per plan the CUDA runtime ran, none for the executor
+            result.update(backend=args.backend, cuda_communicators=len(backends.communicators()))
+            if rank == 0 and not args.quiet:
+                engine = (f"the msc CUDA runtime, on {backends.cuda_runtime_status()[1]}" if backends.communicators()
+                          else "the torch.distributed executor")
+                print(f"gradients reduced by {engine}", flush=True)
         if args.check_stock:
             stock = train(args, False, None, device)
             worst = max((abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses, stock)), default=0.0)
@@ -167,6 +194,10 @@ def main(argv=None) -> int:
                 status = 1
         if rank == 0 and args.losses:
             Path(args.losses).write_text(json.dumps(result))
+        if not args.stock:
+            from msc.torch import backends
+
+            backends.close_communicators()          # every rank, before the process group goes
     finally:
         dist.destroy_process_group()
     return status

@@ -480,3 +480,22 @@ def emu_other_host_case(rank: int, n: int) -> str:
     finally:
         del comm.backend.host_id
     return "no error"
+
+
+def emu_subgroups_case(rank: int, n: int) -> tuple:
+    """Two disjoint groups of 2 of 4 processes run the same plan at once: their
+    bootstraps share the job's store and must not read each other's keys."""
+    import numpy as np
+    import torch.distributed as dist
+
+    from msc.cuda import Communicator
+
+    groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]       # every process makes both, in order
+    group = groups[rank // 2]
+    plan = _emu_plan("allreduce/ring:ring", 2, "Simple")
+    comm = Communicator(plan, "torchrun", device="emu", group=group, timeout_s=30)
+    x = np.full(1000, float(10 ** rank), np.float32)
+    comm.all_reduce(x)
+    comm.synchronize()
+    comm.close()
+    return float(x[0]), float(x[-1])

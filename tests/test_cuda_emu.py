@@ -462,3 +462,16 @@ def test_msc_run_on_the_emulated_device(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "msc.cli", "run", str(tmp_path / "rs.plan"), "--backend", "emu",
                           "-d", "int64"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "no data type 'int64'" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_torchrun_communicators_of_disjoint_subgroups_stay_apart():
+    pytest.importorskip("torch")
+    import cudaboot
+    import torchdist
+
+    pool = torchdist.Pool(4, timeout=180)
+    try:
+        got = pool.run(cudaboot.emu_subgroups_case)
+    finally:
+        pool.close()
+    assert got == [(11.0, 11.0)] * 2 + [(1100.0, 1100.0)] * 2

@@ -156,7 +156,12 @@ def pools():
 
     def get(n: int) -> torchdist.Pool:
         if n not in started:
-            started[n] = torchdist.Pool(n, timeout=120)
+            saved = os.environ.pop("MSC_DEVICE", None)     # the workers: no emulated CUDA runtime (error_cases)
+            try:
+                started[n] = torchdist.Pool(n, timeout=120)
+            finally:
+                if saved is not None:
+                    os.environ["MSC_DEVICE"] = saved
         return started[n]
     yield get
     for pool in started.values():
@@ -236,7 +241,8 @@ def test_train_ddp_example_under_torchrun(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-         str(ROOT / "examples" / "train_ddp.py"), "--plans", str(tmp_path), "--steps", "3", "--check-stock",
+         str(ROOT / "examples" / "train_ddp.py"), "--plans", str(tmp_path), "--backend", "torch", "--steps", "3",
+         "--check-stock",
          "--losses", str(out), "--quiet"],
         capture_output=True, text=True, timeout=240, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

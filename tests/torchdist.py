@@ -377,3 +377,138 @@ def ddp_case(rank: int, n: int, steps: int, plan_dir: str) -> dict:
             opt.step()
             losses[mode].append(loss.item())
     return {**losses, "bucket_sizes": sorted(set(calls)), "hook_calls": len(calls)}
+
+
+# -- msc.torch on the msc CUDA runtime, on the emulated device (MSC_DEVICE=emu) ----------------------
+
+def msc_call(collective: str, plans, x, count: int, n: int, rank: int, op: str, root: int, inplace: bool, **kw):
+    """As ``_msc_call``, with any keyword arguments (``backend=``) for the msc.torch calls."""
+    import torch
+
+    import msc.torch as mt
+
+    mt = _With(mt, **kw)
+    if collective in ("allreduce", "broadcast", "reduce"):
+        if not inplace:                              # out of place through run_plan
+            return mt.run_plan(plans, x, torch.full_like(x, 7), op=op)
+        t = x.clone()
+        if collective == "allreduce":
+            return mt.all_reduce(plans, t, op=op)
+        if collective == "broadcast":
+            return mt.broadcast(plans, t, src=root)
+        return mt.reduce(plans, t, dst=root, op=op)
+    if collective == "allgather":
+        out = torch.full((n * count,), 7, dtype=x.dtype)
+        if inplace:
+            out[rank * count:(rank + 1) * count] = x
+            return mt.all_gather(plans, out, out[rank * count:(rank + 1) * count])
+        return mt.all_gather(plans, out, x)
+    if collective == "reducescatter":
+        if inplace:
+            t = x.clone()
+            return mt.reduce_scatter(plans, t[rank * count:(rank + 1) * count], t, op=op)
+        return mt.reduce_scatter(plans, torch.full((count,), 7, dtype=x.dtype), x, op=op)
+    if inplace:
+        t = x.clone()
+        return mt.all_to_all(plans, t, t)
+    return mt.all_to_all(plans, torch.full_like(x, 7), x)
+
+
+def cuda_collective_cases(rank: int, n: int, cases: list, rounds: int = 2) -> dict:
+    """Each case (algorithm key, plan in place, root, call in place, count,
+    dtype, op) with backend="cuda" on the emulated device against the torch
+    executor (backend="torch") on the same random non-zero inputs: bit for
+    bit, except avg (the kernel pre-scales by 1/n: within a few roundings)
+    and a reduce's non-root ranks (unspecified). ``rounds`` times over: the
+    communicators of the first round serve the others (same objects, no
+    reallocation). Returns what the checks saw."""
+    import os
+
+    import numpy as np
+    import torch
+
+    from msc import runner
+    from msc.torch import backends
+
+    os.environ["MSC_DEVICE"] = "emu"
+    seen = []
+    for rnd in range(rounds):
+        for i, (key, plan_inplace, root, call_inplace, count, dtype, op) in enumerate(cases):
+            plan = library_plan(key, n, plan_inplace, 1, root)
+            coll = plan.collective
+            units = plan.input_chunks // plan.chunk_factor
+            inputs = runner.random_inputs(np.random.default_rng(100 * rnd + i), np_dtype(dtype), op, n, units * count)
+            assert all(np.all(a != 0) for a in inputs)
+            x = to_torch(inputs[rank])
+            where = f"round {rnd} case {i}: {key} plan {'in' if plan_inplace else 'out'}-place root {root}, call " \
+                    f"{'in' if call_inplace else 'out'}-place, count {count}, {dtype} {op}, rank {rank}"
+            mine = msc_call(coll, plan, x.clone(), count, n, rank, op, root, call_inplace, backend="cuda")
+            theirs = msc_call(coll, plan, x.clone(), count, n, rank, op, root, call_inplace, backend="torch")
+            assert torch.equal(x, to_torch(inputs[rank])), where + ": the input changed"
+            if coll == "reduce" and rank != root:
+                continue
+            a, b = to_numpy(mine).astype(np.float64), to_numpy(theirs).astype(np.float64)
+            if op == "avg":
+                eps = float(np.finfo(np_dtype(dtype)).eps) if np_dtype(dtype).kind == "f" else 2 ** -7
+                assert np.allclose(a, b, rtol=4 * eps, atol=0), f"{where}: {a[:4]} vs {b[:4]}"
+            else:
+                assert to_numpy(mine).tobytes() == to_numpy(theirs).tobytes(), f"{where}: {a[:4]} vs {b[:4]}"
+        comms = backends.communicators()
+        seen.append([(id(c), c.plan.name, c.plan.collective, c._generation) for c in comms])
+    return {"rounds": seen, "device": [c.backend.name for c in backends.communicators()]}
+
+
+def cuda_error_cases(rank: int, n: int) -> list[str]:
+    """backend="cuda" refuses what the runtime cannot run, with the reason,
+    and never falls back; "auto" falls back for those calls."""
+    import dataclasses
+    import os
+
+    import torch
+
+    import msc.torch as mt
+    from msc.torch import backends
+
+    out = []
+    ring = library_plan("allreduce/ring:ring", n, True)
+
+    def expect(exc_type, fn, *args, **kw):
+        try:
+            fn(*args, **kw)
+        except exc_type as exc:
+            out.append(f"{type(exc).__name__}: {exc}")
+        else:
+            raise AssertionError(f"{fn.__name__}{args} {kw} did not raise {exc_type.__name__}")
+
+    from msc.cuda.device import driver_available
+
+    names = ("MSC_DEVICE", "LOCAL_WORLD_SIZE", "WORLD_SIZE")
+    saved = {k: os.environ.pop(k, None) for k in names}
+    try:
+        if not driver_available():
+            expect(mt.BackendUnavailableError, mt.run_plan, ring, torch.ones(8), backend="cuda")   # no GPU, no emu
+        os.environ["MSC_DEVICE"] = "emu"
+        before = len(backends.communicators())
+        expect(mt.BackendUnavailableError, mt.run_plan, ring, torch.ones(8, dtype=torch.int64), backend="cuda")
+        expect(mt.BackendUnavailableError, mt.run_plan, ring, torch.ones(8, dtype=torch.int32), op="avg",
+               backend="cuda")
+        assert len(backends.communicators()) == before          # refused before any communicator
+        # auto: the runtime when torchrun says one node, for what its kernels take; the executor otherwise
+        os.environ["LOCAL_WORLD_SIZE"] = os.environ["WORLD_SIZE"] = str(n)
+        t = torch.full((8,), rank + 1, dtype=torch.int64)
+        mt.run_plan(ring, t, backend="auto")
+        assert t.tolist() == [n * (n + 1) // 2] * 8 and len(backends.communicators()) == before
+        fresh = dataclasses.replace(ring)                      # a plan no communicator runs yet
+        t = torch.full((8,), rank + 1, dtype=torch.float32)
+        mt.run_plan(fresh, t, backend="auto")
+        assert t.tolist() == [n * (n + 1) // 2] * 8 and len(backends.communicators()) == before + 1
+        assert backends.communicators()[-1].plan is fresh
+        os.environ["LOCAL_WORLD_SIZE"] = "1"                     # torchrun says: more than one node
+        expect(mt.BackendUnavailableError, mt.run_plan, ring, t, backend="cuda")
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return out

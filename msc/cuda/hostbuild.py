@@ -24,6 +24,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -113,6 +114,30 @@ def build(source: str, *, sanitize: str | None = None, cache: Path | None = None
     if hit is not None:
         return hit, True
     folder.mkdir(parents=True, exist_ok=True)
+    with _locked(folder / "build.lock"):      # the ranks of a job build the same kernel at once: one builds it
+        hit = cached_library(folder)
+        if hit is not None:
+            return hit, True
+        return _build(source, folder, compiler, cflags, cache), False
+
+
+@contextmanager
+def _locked(path: Path):
+    """An exclusive lock on ``path`` for this process (released when the block ends, or the process dies)."""
+    with open(path, "a+b") as f:
+        try:
+            import fcntl
+        except ImportError:              # no fcntl (Windows): concurrent builders only waste time
+            yield
+            return
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _build(source: str, folder: Path, compiler: Compiler, cflags: tuple[str, ...], cache: Path | None) -> Path:
     src = folder / "kernel.cpp"
     write_atomic(src, source.encode())
     pre = _precompiled(compiler, cflags, cache) if compiler.gnu else None
@@ -127,7 +152,7 @@ def build(source: str, *, sanitize: str | None = None, cache: Path | None = None
             raise CompileError(f"{Path(compiler.path).name} could not build the kernel for the emulated device: "
                                f"{first}", log=log, source_path=str(src))
         write_checked(folder / "kernel.so", out.read_bytes())
-    return folder / "kernel.so", False
+    return folder / "kernel.so"
 
 
 def _precompiled(compiler: Compiler, cflags: tuple[str, ...], cache: Path | None) -> Path | None:

@@ -99,7 +99,7 @@ PLACEMENTS = ("virtual", "devices", "torchrun")
 MIN_SLOTS = 8
 ARGS_CACHE = 256          # uploaded MscArgs blocks kept per communicator
 DEFAULT_TIMEOUT_S = 300.0
-_SERIALS = itertools.count()    # torchrun communicators made by this process (bootstrap keys)
+_SERIALS: dict[tuple, itertools.count] = {}    # torchrun communicators made here, per (plan name, group)
 
 
 def runtime_plan(plan: Plan) -> Plan:
@@ -245,7 +245,12 @@ class Communicator:
                 raise UsageError(f"plan {plan.name!r} is for {n} ranks, the process group has "
                                  f"{dist.get_world_size(group)}")
             self.rank = dist.get_rank(group)
-            self._serial = next(_SERIALS)
+            # Bootstrap keys in the job-wide store: the group's global ranks and how many
+            # communicators for this plan this process has made on that group (every member
+            # makes them in the same order), so disjoint groups never read each other's keys.
+            members = tuple(dist.get_process_group_ranks(group)) if group is not None else tuple(range(n))
+            self._group_key = "-".join(map(str, members))
+            self._serial = next(_SERIALS.setdefault((plan.name, members), itertools.count()))
         self.devices = resolve_devices(placement, devices, n, backend.current())
         count = backend.count()
         for d in self.devices:
@@ -478,7 +483,7 @@ class Communicator:
         gather(f"{tag}/{self._generation}", self.rank)
 
     def _prefix(self) -> str:
-        return f"msc-cuda/{self.plan.name}/{self._serial}"
+        return f"msc-cuda/{self.plan.name}/ranks-{self._group_key}/{self._serial}"
 
     def _track(self, i: int, L: Launch, stream) -> None:
         """Queue a copy of the launch's error word to host memory and an event."""

@@ -8,16 +8,32 @@
 
 - ``run_plan(plan, input, output=None, *, op, group, backend, transport)``:
   this process's part of a plan over a torch.distributed group (plan rank
-  r = group rank r), in deadlock-free rounds of messages (batched
-  isend/irecv, or one all_to_all_single per round: the default on gloo)
-  and local torch reductions (msc.torch.rounds, program, execute).
-  Results are the reference executor's (msc.executor), bit for bit.
+  r = group rank r), run by one of two engines (``backend``, see
+  msc.torch.backends):
+
+  - "torch", the torch.distributed executor: deadlock-free rounds of
+    messages (batched isend/irecv, or one all_to_all_single per round: the
+    default on gloo) and local torch reductions (msc.torch.rounds,
+    program, execute), on any process group, one node or many. Results
+    are the reference executor's (msc.executor), bit for bit.
+  - "cuda", the msc CUDA runtime (msc.cuda.Communicator, placement
+    "torchrun"): the plan's generated kernel across the GPUs of one node,
+    one communicator per plan and group, kept. ``MSC_DEVICE=emu`` runs it
+    on the emulated device (the same kernel as host threads, CPU tensors),
+    so it can be tried without a GPU.
+  - "auto" (default): "cuda" for tensors on the runtime's device (of a
+    dtype and op its kernels take, on a group of every rank) when torchrun
+    says the job is on one node, else "torch".
 - ``all_reduce``, ``all_gather``, ``reduce_scatter``, ``all_to_all``,
   ``broadcast``, ``reduce``: torch.distributed's signatures with the plans
   first (a PlanRegistry, a directory, a Plan or a list).
 - ``PlanRegistry``: plans by collective, ranks, form and size range
   (msc.torch.registry; ``NoPlanError`` when nothing covers a call).
-- ``allreduce_hook(plans)``: a DDP communication hook (msc.torch.ddp).
+- ``allreduce_hook(plans, backend=)``: a DDP communication hook (msc.torch.ddp).
+- ``BackendUnavailableError``: backend="cuda" where the runtime cannot run
+  the call (no GPU and driver while MSC_DEVICE is not "emu"; tensors,
+  dtype, op or group it does not take), with the reason;
+  ``cuda_runtime_available()``.
 - ``run_local(plan, buffers, count=, op=)``: every rank in this process, for
   tests and debugging.
 
@@ -37,7 +53,7 @@ _LAZY = {
     "allreduce_hook": "msc.torch.ddp",
     "run_local": "msc.torch.execute", "prepare": "msc.torch.execute", "Prepared": "msc.torch.execute",
     "clear_caches": "msc.torch.execute",
-    "BackendUnavailableError": "msc.torch.backends",
+    "BackendUnavailableError": "msc.torch.backends", "cuda_runtime_available": "msc.torch.backends",
 }
 
 

@@ -1,17 +1,50 @@
-"""Which engine runs a plan: the hook point for the msc CUDA runtime.
+"""Which engine runs a plan: the torch.distributed executor or the msc CUDA runtime.
 
-Today one engine exists: the torch.distributed executor (msc.torch.execute),
-which runs any plan on any device its process group's backend serves (gloo
-on CPU, NCCL on GPUs), on one node or many.
+Two engines run the same verified plans:
 
-The CUDA runtime (msc.cuda, being written) will run a plan's generated
-kernel directly between the GPUs of one node. When it can, ``choose`` is
-where "auto" picks it: CUDA tensors in a group whose ranks all sit on this
-node (``single_node``). Until then:
+- ``"torch"``: the torch.distributed executor (msc.torch.execute): rounds
+  of messages over the process group (gloo on CPU, NCCL on GPUs), on one
+  node or many, every dtype msc.torch takes. Results are msc.executor's,
+  bit for bit.
+- ``"cuda"``: the msc CUDA runtime (msc.cuda.Communicator, placement
+  "torchrun"): the plan's generated kernel, each process launching its
+  rank's blocks on its GPU, peers' buffers mapped by CUDA IPC. One node
+  only; the kernels take float32, float64, float16, bfloat16 and int32;
+  ``avg`` pre-scales the inputs by 1/n in the kernel (NCCL's PreMulSum), so
+  it is not bit-identical to the torch executor's sum-then-divide.
 
-- ``backend="auto"`` runs the torch.distributed executor, always;
-- ``backend="cuda"`` raises ``BackendUnavailableError``: asking for the
-  runtime by name never falls back silently.
+The runtime's *device* is ``$MSC_DEVICE`` (msc.cuda.backend): "cuda" (the
+default: a CUDA driver and GPU, CUDA tensors) or "emu", the emulated device
+(msc.cuda.emu: the same kernel built as host C++ and run by threads, CPU
+tensors, /dev/shm where CUDA IPC would be), which tries the runtime on any
+machine. With ``MSC_DEVICE=emu`` this machine behaves, for msc.torch, as a
+GPU node would: the runtime is available, its tensors are CPU tensors, and
+"auto" picks it where it would pick it on GPUs.
+
+``backend=``:
+
+- ``"torch"``: the torch.distributed executor, always.
+- ``"cuda"``: the CUDA runtime, or ``BackendUnavailableError`` (a
+  UsageError) saying why it cannot run this call: no GPU/driver, no host
+  compiler for "emu", a bad MSC_DEVICE, tensors on another device than the
+  runtime's, a dtype or op the kernels lack, a job torchrun says spans
+  nodes. Never a silent fallback.
+  Where torchrun's environment does not say whether the job is on one
+  node, the runtime's bootstrap checks that the peers it maps share this
+  machine.
+- ``"auto"`` (default): the CUDA runtime when the call is one it runs
+  (tensors on the runtime's device: CUDA tensors, or CPU tensors under
+  MSC_DEVICE=emu; a dtype and op its kernels take) and torchrun says
+  every rank runs on this node (``single_node``); the torch executor
+  otherwise.
+
+A communicator is built once per (plan, group, device) and kept (it holds
+the kernels and the buffers, as an NCCL communicator does): see
+``communicator``; ``close_communicators()`` frees them (a collective).
+On the emulated device a launch returns before the kernel has run, so
+``run_cuda`` synchronizes before returning (the caller reads CPU tensors
+next); on a GPU it does not: the kernel is ordered on torch's current
+stream like any CUDA work.
 """
 from __future__ import annotations
 
@@ -23,51 +56,202 @@ BACKENDS = ("auto", "torch", "cuda")
 
 
 class BackendUnavailableError(UsageError):
-    """The backend asked for cannot run here (today: the CUDA runtime)."""
+    """The backend asked for cannot run this call here: the CUDA runtime
+    without a GPU and driver (or a C++ compiler on the emulated device), or
+    for tensors, a dtype, an op or a group it does not take. The message
+    says which."""
+
+
+def runtime_device() -> str:
+    """The CUDA runtime's device as ``$MSC_DEVICE`` names it ("cuda" when
+    unset; any other value is returned as is, and is not available)."""
+    return os.environ.get("MSC_DEVICE") or "cuda"
+
+
+def cuda_runtime_status() -> tuple[bool, str]:
+    """(whether msc.cuda can run plans here, what it runs on or why not).
+    Never raises: a GPU needs a CUDA driver with a GPU
+    (msc.cuda.device.driver_available) and torch.cuda.is_available(); the
+    emulated device (MSC_DEVICE=emu) needs a C++20 host compiler."""
+    name = runtime_device()
+    try:
+        if name == "emu":
+            from msc.cuda.hostbuild import find_compiler
+
+            compiler = find_compiler()
+            return True, f"the emulated device (MSC_DEVICE=emu; kernels built with {compiler.path})"
+        if name != "cuda":
+            return False, f"MSC_DEVICE={name!r} names no device of the msc CUDA runtime (it runs on 'cuda' or 'emu')"
+        from msc.cuda import device as cu
+
+        ok, why = cu.probe()
+        if not ok:
+            return False, f"no usable CUDA driver and GPU here ({why})"
+        import torch
+
+        if not torch.cuda.is_available():
+            return False, (f"torch.cuda.is_available() is False although the driver sees {why} (a CPU-only build "
+                           f"of torch {torch.__version__}?)")
+        return True, f"CUDA ({why})"
+    except Exception as exc:                # never raises: the reason is the answer
+        return False, f"{type(exc).__name__}: {exc}"
 
 
 def cuda_runtime_available() -> bool:
-    """Whether msc.cuda can launch a plan across the GPUs of a group.
-    HOOK: return True (e.g. when msc.cuda.runtime imports and finds a
-    driver) once the runtime exists, and fill in ``run_cuda``."""
-    return False
+    """Whether msc.cuda can run plans here (see ``cuda_runtime_status``). Never raises."""
+    return cuda_runtime_status()[0]
 
 
-def single_node(group) -> bool:
-    """Whether every rank of ``group`` runs on this node, as torchrun says
-    (LOCAL_WORLD_SIZE == WORLD_SIZE and the group is the world). Unknown
-    counts as no: the CUDA runtime must never be picked for a group that
-    spans nodes."""
-    import torch.distributed as dist
+def tensor_device_type() -> str:
+    """The torch device type of the runtime's tensors: "cuda", or "cpu" on the emulated device."""
+    return "cpu" if runtime_device() == "emu" else "cuda"
 
+
+def single_node(group=None) -> bool | None:
+    """Whether every rank of ``group`` runs on this node, as torchrun says:
+    True when LOCAL_WORLD_SIZE == WORLD_SIZE (every process of the world is
+    here, so is any group's), False when they differ, None when torchrun
+    did not say. ``auto`` picks the CUDA runtime only on True."""
     local, world = os.environ.get("LOCAL_WORLD_SIZE"), os.environ.get("WORLD_SIZE")
-    if local is None or world is None or local != world:
-        return False
-    return dist.get_world_size(group) == int(world)
+    if local is None or world is None:
+        return None
+    return local == world
 
 
-def choose(backend: str, device, group) -> str:
-    """"torch" or "cuda" for a call on ``device`` over ``group``."""
+def kernel_dtype(dtype) -> str | None:
+    """The CUDA kernels' name for a torch dtype, or None if they lack it."""
+    from msc.cuda.codegen import DTYPES as KERNEL_DTYPES
+
+    name = str(dtype).removeprefix("torch.")
+    return name if name in KERNEL_DTYPES else None
+
+
+def _why_not(device, dtype, op: str | None, collective: str | None) -> str | None:
+    """Why the CUDA runtime cannot run a call with these tensors (None: it can)."""
+    want = tensor_device_type()
+    have = getattr(device, "type", None)
+    if have != want:
+        if want == "cpu":
+            return (f"MSC_DEVICE=emu runs the msc CUDA runtime on the emulated device, which takes CPU tensors; "
+                    f"these are on {device}")
+        return (f"the msc CUDA runtime takes CUDA tensors, these are on {device} (MSC_DEVICE=emu runs it on CPU "
+                f"tensors, on the emulated device)")
+    if dtype is not None:
+        from msc.cuda.codegen import DTYPES as KERNEL_DTYPES
+
+        name = str(dtype).removeprefix("torch.")
+        if name not in KERNEL_DTYPES:
+            return f"the msc CUDA runtime's kernels take {', '.join(KERNEL_DTYPES)}, not {name}"
+        if op == "avg" and collective in ("allreduce", "reducescatter", "reduce") \
+                and not KERNEL_DTYPES[name].floating:
+            return f"avg on the msc CUDA runtime needs a floating type (it scales inputs by 1/n), not {name}"
+    return None
+
+
+def choose(backend: str, device, group, dtype=None, op: str | None = None, collective: str | None = None) -> str:
+    """"torch" or "cuda" for a call on ``device`` (of ``dtype``, reducing
+    with ``op``, a ``collective``) over ``group``. Explicit "cuda" raises
+    rather than fall back (see the module doc)."""
     if backend not in BACKENDS:
         raise UsageError(f"unknown backend {backend!r} (expected one of {', '.join(BACKENDS)})")
+    if backend == "torch":
+        return "torch"
     if backend == "cuda":
-        if not cuda_runtime_available():
+        ok, why = cuda_runtime_status()
+        if not ok:
             raise BackendUnavailableError(
-                "backend='cuda': the msc CUDA runtime (msc.cuda) cannot run plans yet; use backend='torch' (or "
-                "'auto'), the torch.distributed executor, which runs the same plan over NCCL or gloo")
-        if getattr(device, "type", None) != "cuda":
-            raise UsageError(f"backend='cuda' needs CUDA tensors, these are on {device}")
-        if not single_node(group):
-            raise UsageError("backend='cuda' runs within one node; this group spans nodes (or torchrun did not "
-                             "say it does not): use backend='torch'")
+                f"backend='cuda': the msc CUDA runtime cannot run here: {why}. Use backend='torch' (or 'auto'), "
+                f"the torch.distributed executor, which runs the same plan over NCCL or gloo; or set "
+                f"MSC_DEVICE=emu to run the CUDA runtime's kernels on the emulated device (CPU tensors)")
+        problem = _why_not(device, dtype, op, collective)
+        if problem is not None:
+            raise BackendUnavailableError(f"backend='cuda': {problem}; use backend='torch' (or 'auto')")
+        if single_node(group) is False:
+            raise BackendUnavailableError(
+                "backend='cuda': the msc CUDA runtime runs within one node, and torchrun says this job spans nodes "
+                "(LOCAL_WORLD_SIZE != WORLD_SIZE): use backend='torch'")
         return "cuda"
-    if backend == "auto" and getattr(device, "type", None) == "cuda" and cuda_runtime_available() \
-            and single_node(group):
+    # auto
+    if single_node(group) and getattr(device, "type", None) == tensor_device_type() \
+            and cuda_runtime_available() and _why_not(device, dtype, op, collective) is None:
         return "cuda"
     return "torch"
 
 
+# -- the communicators ------------------------------------------------------------------------------
+
+_COMMUNICATORS: dict[tuple, tuple] = {}
+
+
+def communicator(prepared, group, device, dtype, op: str):
+    """The msc.cuda Communicator (placement "torchrun") for
+    ``prepared.plan`` over ``group`` on ``device`` (a torch device): built
+    at the first call, with the kernel of that call's (dtype, op) compiled
+    in the constructor, and reused after (kernels of other dtypes and ops
+    compile at their first call; the runtime then meets the ranks at a
+    barrier). Keyed by the identities of the plan and the group (held, so
+    they stay unique), the runtime's device and the GPU index."""
+    import torch.distributed as dist
+
+    from msc.cuda.runtime import Communicator
+
+    pg = group if group is not None else dist.group.WORLD
+    name = runtime_device()
+    index = device.index if name == "cuda" and device.index is not None else None
+    custom = _custom_collective(prepared)
+    key = (id(prepared.plan), id(custom), id(pg), name, index)
+    hit = _COMMUNICATORS.get(key)
+    if hit is not None and hit[0] is prepared.plan and hit[1] is custom and hit[2] is pg:
+        return hit[3]
+    comm = Communicator(prepared.plan, "torchrun", devices=index, device=name, group=group, collective=custom,
+                        dtypes=(kernel_dtype(dtype),), ops=(op,))
+    _COMMUNICATORS[key] = (prepared.plan, custom, pg, comm)
+    return comm
+
+
+def _custom_collective(prepared):
+    """The collective to hand msc.cuda: None for the plan's own built-in
+    one (its kernels are cached by name), else the custom object."""
+    from msc.collectives import BUILTIN
+
+    coll = prepared.collective
+    builtin = BUILTIN.get(str(prepared.plan.collective).lower().replace("_", "").replace("-", ""))
+    return None if builtin is not None and type(coll) is builtin else coll
+
+
 def run_cuda(prepared, call, op: str, group) -> None:
-    """HOOK: run ``prepared.plan`` on ``call``'s tensors with the msc CUDA
-    runtime. Unreachable while ``cuda_runtime_available()`` is False."""
-    raise BackendUnavailableError("the msc CUDA runtime is not available in this build")
+    """Run ``prepared.plan`` on ``call``'s tensors (a msc.torch.calls._Call)
+    with the msc CUDA runtime: the call form is mapped onto the plan's
+    physical buffers exactly as for the torch executor (calls._physical:
+    at most one copy where the forms differ). On the emulated device it
+    returns after the kernel has run; on a GPU after it is queued on the
+    current stream."""
+    from msc.torch.calls import _physical
+
+    comm = communicator(prepared, group, call.device, call.dtype, op)
+    plan = prepared.plan
+    host = comm.backend.host_tensors
+
+    def run(phys):
+        if plan.inplace:
+            comm.run(phys.get("input"), phys.get("output"), op)
+        else:
+            comm.run(phys["input"], phys["output"], op)
+        if host:                     # the kernel runs behind the call: _physical's copies, and the caller, read next
+            comm.synchronize()
+
+    _physical(prepared, call, run)
+
+
+def communicators() -> list:
+    """The cached communicators, oldest first (what ``backend="cuda"`` has built)."""
+    return [entry[-1] for entry in _COMMUNICATORS.values()]
+
+
+def close_communicators() -> None:
+    """Free every cached communicator's buffers. A collective: every rank
+    of every group that ran a plan on the CUDA runtime must call it, in the
+    same order, before its process group is destroyed."""
+    while _COMMUNICATORS:
+        _, (*_, comm) = _COMMUNICATORS.popitem()
+        comm.close()

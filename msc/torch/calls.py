@@ -6,7 +6,9 @@ when the tensors alias as NCCL's in-place forms do (allreduce, broadcast,
 reduce, alltoall: one tensor; allgather: the input is unit ``rank`` of the
 output; reducescatter: the output is unit ``rank`` of the input), out of
 place otherwise. A plan of the other form still runs, at the price of one
-copy (see ``_physical``).
+copy (see ``_physical``). Both engines (msc.torch.backends: the
+torch.distributed executor and the msc CUDA runtime) run on the physical
+buffers ``_physical`` hands them.
 """
 from __future__ import annotations
 
@@ -166,18 +168,29 @@ def run_plan(plan, input: torch.Tensor | None, output: torch.Tensor | None = Non
     """Run ``plan`` (a verified Plan, or a plan file) as this process's
     part of the collective over ``group`` (default: the world), the plan's
     rank r being group rank r. Every rank of the group must make the same
-    call (same plan, count, op, transport), as for any collective. Returns
-    the output tensor (a view of the input for in-place reducescatter).
-    Blocks until this rank is done.
+    call (same plan, count, op, transport, backend), as for any collective.
+    Returns the output tensor (a view of the input for in-place
+    reducescatter).
 
     ``op``: "sum", "prod", "max", "min", "avg" or a torch.distributed.ReduceOp.
-    ``backend``: "auto" (today: the torch.distributed executor), "torch", or
-    "cuda" (the future msc CUDA runtime; raises today: msc.torch.backends).
+    ``backend`` (msc.torch.backends): "torch", the torch.distributed
+    executor, which blocks until this rank is done. "cuda", the msc CUDA
+    runtime (a Communicator per plan and group, kept): on a GPU the kernel
+    is queued on torch's current stream and the call returns (later work
+    on that stream sees the results, as with NCCL); on the emulated device
+    (MSC_DEVICE=emu, CPU tensors) it returns once the kernel has run; it
+    raises, never falls back, when the runtime cannot run the call. "auto"
+    (default): the CUDA runtime for tensors on its device (CUDA; CPU under
+    MSC_DEVICE=emu) of a dtype and op its kernels take, when torchrun says
+    the job is on one node; the torch executor otherwise. avg on the
+    runtime scales the inputs by 1/n before summing: not bit-identical to
+    the executor's sum-then-divide.
     ``transport``: how the torch.distributed executor moves a round's
     messages: "p2p" (batched isend/irecv), "alltoall" (one
     all_to_all_single per round), "mixed" (all_to_all_single for the
     rounds where at least half of all pairs of ranks talk, p2p for the
-    others) or "auto" (mixed on gloo, p2p otherwise).
+    others) or "auto" (mixed on gloo, p2p otherwise); the CUDA runtime
+    ignores it.
     """
     prepared = prepare(_load(plan), collective)
     rank, n = _group_info(group)
@@ -185,9 +198,9 @@ def run_plan(plan, input: torch.Tensor | None, output: torch.Tensor | None = Non
         raise UsageError(f"plan {prepared.plan.name!r} is for {prepared.plan.num_ranks} ranks, the group has {n}")
     op = op_name(op)
     call = _Call(prepared.collective, n, prepared.plan.chunk_factor, rank, input, output)
-    chosen = backends.choose(backend, call.device, group)
+    chosen = backends.choose(backend, call.device, group, call.dtype, op, prepared.collective.name)
     if chosen == "cuda":
-        backends.run_cuda(prepared, call, op, group)      # unreachable today: see msc.torch.backends
+        backends.run_cuda(prepared, call, op, group)      # the msc CUDA runtime (msc.torch.backends)
         return call.output
     prog = prepared.program(rank, call.count, choose_transport(transport, group, n))
     comm = DistTransport(group)
