@@ -22,7 +22,7 @@
     on the emulated device (the same kernel as host threads, CPU tensors),
     so it can be tried without a GPU.
   - "auto" (default): "cuda" for tensors on the runtime's device (of a
-    dtype and op its kernels take, on a group of every rank) when torchrun
+    dtype and op its kernels take) when torchrun
     says the job is on one node, else "torch".
 - ``all_reduce``, ``all_gather``, ``reduce_scatter``, ``all_to_all``,
   ``broadcast``, ``reduce``: torch.distributed's signatures with the plans
