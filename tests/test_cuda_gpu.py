@@ -2,7 +2,8 @@
 
 Every test here is marked ``gpu`` and skipped, with the reason, where
 msc.cuda.driver_available() finds no driver and GPU (or torch has no
-CUDA). Written on a machine without one: none of these has run yet.
+CUDA). Written on a machine without one: none of these has run on a GPU
+yet; the same cases run on the emulated device (tests/test_cuda_emu.py).
 
 - every library algorithm at 2, 4, 8 virtual ranks, Simple and LL,
   float32 / bfloat16 / float16, sum and max, counts 1, 3, 1000, 65537 (and
@@ -33,7 +34,6 @@ from concurrent.futures import ProcessPoolExecutor
 from functools import lru_cache
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import msc
@@ -110,36 +110,12 @@ def cache(tmp_path_factory):
     return folder
 
 
-def _np_dtype(name):
-    import ml_dtypes
-
-    return np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(name)
-
-
 def _check(comm, count: int, dtype: str, op: str, seed: int) -> None:
-    """One run on random inputs with poisoned outputs: bit-exact against msc.executor."""
-    from msc import reference, runner
-    from msc.cuda.bench import run_numpy
-    from msc.cuda.validate import units
-    from msc.executor import run_collective
+    """One run on random inputs with poisoned outputs: bit-exact against msc.executor
+    (the same check the emulated device's tests make: cudaboot.check_run)."""
+    from cudaboot import check_run
 
-    plan = comm.plan
-    inputs = runner.random_inputs(np.random.default_rng(seed), _np_dtype(dtype), op, plan.num_ranks,
-                                  units(plan)[0] * count)
-    got = run_numpy(comm, inputs, count, op, comm.devices[0])
-    want = run_collective(plan, inputs, op, count=count)
-    spec = reference.expected_outputs(plan.collective, inputs, op=op, root=plan.root)
-    for r in range(plan.num_ranks):
-        if spec[r] is None:                      # reduce's non-root ranks: unspecified
-            continue
-        g, w = got[r], want[r]
-        if g.tobytes() == w.tobytes():
-            continue
-        bad = np.flatnonzero((g.view(np.uint8).reshape(g.size, -1) != w.view(np.uint8).reshape(w.size, -1)).any(1)) \
-            if g.size == w.size else np.arange(max(g.size, w.size))
-        raise AssertionError(f"{plan.name} n={plan.num_ranks} {plan.protocol} {dtype} {op} count {count} rank {r}: "
-                             f"{bad.size} elements differ from msc.executor, first at {bad[:5]}: "
-                             f"{g[bad[:5]]} vs {w[bad[:5]]}")
+    check_run(comm, count, dtype, op, seed)
 
 
 @pytest.mark.parametrize("key, n, protocol", sweep_cases())
