@@ -1,7 +1,9 @@
 """CUDA code generation and NVRTC compilation (no GPU needed).
 
 Every library algorithm at 2, 4 and 8 ranks x {Simple, LL} x {float32,
-bfloat16} renders and compiles to a cubin for sm_90. The sweep uses the
+bfloat16} renders and compiles to a cubin for sm_90 (``-m slow``: what these
+kernels compute is tested on the emulated device, what NVRTC makes of them
+by tests/test_cuda_static.py). The sweep uses the
 table form, whose step engine is the same code the straight-line form
 inlines; the straight-line form is compiled for every algorithm at 2 ranks
 and for larger cases below (it costs NVRTC about 40 ms a step, so a full
@@ -37,6 +39,7 @@ def cache(tmp_path_factory):
     return tmp_path_factory.mktemp("kernels")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("key", sorted(ALGORITHMS))
 def test_library_compiles_for_sm90(key, cache):
     compiled = 0
