@@ -443,6 +443,12 @@ def emu_torchrun_case(rank: int, n: int, key: str, protocol: str, counts) -> str
             comm.synchronize()
             if spec[rank] is not None and got.tobytes() != want[rank].tobytes():
                 return f"rank {rank} count {count}: differs from msc.executor"
+        if plan.collective == "allreduce":          # a kernel built at first use: the ranks meet, then launch
+            x = np.full(1000, rank + 1, np.float16)
+            comm.all_reduce(x, op="max")
+            comm.synchronize()
+            if not (x == n).all():
+                return f"rank {rank}: float16 max gave {x[:4]}"
         return "ok"
     finally:
         comm.close()

@@ -478,3 +478,15 @@ def test_torchrun_communicators_of_disjoint_subgroups_stay_apart():
     finally:
         pool.close()
     assert got == [(11.0, 11.0)] * 2 + [(1100.0, 1100.0)] * 2
+
+
+def test_kernels_compile_in_the_constructor_and_waits_last_minutes(cache):
+    """Compiling before any rendezvous: the constructor builds the kernels it
+    is asked for, so first-call compile skew between ranks is not spent in
+    spin-waits; the default timeout outlasts first-iteration skew."""
+    comm = Communicator(plan_for("allreduce/ring:ring", 4, "LL"), device="emu", dtypes=("float32", "bfloat16"),
+                        ops=("sum", "max"), cache=cache)
+    kernels = comm._kernels["host"]
+    assert all(kernels.has(d, o) for d in ("float32", "bfloat16") for o in ("sum", "max"))
+    assert not kernels.has("float16", "sum") and comm.timeout_s == 300
+    comm.close()

@@ -577,3 +577,28 @@ def test_a_grid_the_gpu_cannot_hold_at_once_is_refused_when_the_communicator_is_
     check_resident(5, 256, None, "the emulated device")         # no limit: threads, not SMs
     with pytest.raises(UsageError, match="holds at most 4 blocks"):
         check_resident(5, 256, 4, "GPU 3")
+
+
+def test_the_bootstrap_names_a_peer_this_process_cannot_reach():
+    """Before any handle is opened: a peer on another machine, or a GPU with no
+    path to ours, is named (not a raw driver error at the first open)."""
+    from msc.cuda.bootstrap import Published, exchange
+
+    class Ipc:
+        def export(self, ptr):
+            return bytes(64)
+
+        def open(self, handle):
+            raise AssertionError("no handle may be opened")
+
+    def gather_from(peer):
+        return lambda tag, mine: [mine, peer]
+
+    mine = dict(ipc=Ipc(), host="node-a", device="0000:01:00.0")
+    far = Published(1, 1, "cap", bytes(64), "node-b", "0000:02:00.0")
+    with pytest.raises(UsageError, match=r"rank 1 runs on node-b, rank 0 on node-a: .* every rank must run on one "
+                                         r"machine"):
+        exchange(0, 2, 0x1000, "cap", 1, (1,), gather=gather_from(far), **mine)
+    near = Published(1, 1, "cap", bytes(64), "node-a", "0000:02:00.0")
+    with pytest.raises(UsageError, match=r"rank 0 cannot reach the memory of rank 1 \(0000:02:00.0\): no P2P"):
+        exchange(0, 2, 0x1000, "cap", 1, (1,), gather=gather_from(near), reach=lambda d: "no P2P", **mine)

@@ -230,12 +230,16 @@ def _check(comm, plan, coll, rng, dt, op, n, count, in_units, out_units, dev) ->
     return reference.check(coll.name, inputs, got, op=op, root=plan.root)
 
 
-def run_numpy(comm, inputs: list, count: int, op: str, dev: int | None = None) -> list:
+def run_numpy(comm, inputs: list, count: int, op: str, dev: int | None = None, *, synchronize: bool = True) -> list:
     """Run ``comm`` (virtual placement) once on per-rank logical numpy
     inputs, every output poisoned first (bytes 0xA5); the logical outputs as
     numpy arrays, after synchronizing (which raises a launch's error). On
     the emulated device the tensors are numpy arrays (no torch needed), on a
-    GPU torch tensors on GPU ``dev``."""
+    GPU torch tensors on GPU ``dev``. ``synchronize=False`` (emulated device
+    only: its outputs are the arrays the kernel writes) returns them at once,
+    to be read after ``comm.synchronize()``."""
+    if not synchronize and not comm.backend.host_tensors:
+        raise UsageError("run_numpy(synchronize=False) returns the kernel's own arrays: emulated device only")
     import numpy as np
 
     from msc.collectives import get_collective
@@ -268,7 +272,8 @@ def run_numpy(comm, inputs: list, count: int, op: str, dev: int | None = None) -
             got = comm.run(ins, None, op)
     else:
         got = comm.run(ins, outs, op)
-    comm.synchronize()
+    if synchronize:
+        comm.synchronize()
     return [to_numpy(g) for g in got]
 
 
