@@ -26,7 +26,7 @@ sources, all from pip wheels:
   describes the cubin msc builds.
 
 Occupancy (``blocks_per_sm``) follows cuda_occupancy.h (the CUDA occupancy
-calculator) for sm_80 and sm_90: registers are allocated per warp in units
+calculator) for sm_75, sm_80 and sm_90: registers are allocated per warp in units
 of 256, in 4 SM sub-partitions of 16384 registers each; at most 2048
 threads, 32 blocks and 65536 registers per block; shared memory per block is
 its static size plus 1 KB the system reserves, in 128-byte units, out of
@@ -272,6 +272,8 @@ def memory_facts(fn: Function) -> dict:
 ARCH_LIMITS = {
     # registers per SM, per block, allocation unit (per warp), sub-partitions, threads, blocks,
     # shared memory per SM, reserved per block, allocation unit
+    "sm_75": dict(regs_sm=65536, regs_block=65536, reg_unit=256, partitions=4, threads=1024, blocks=16,
+                  max_regs_thread=255, smem_sm=64 * 1024, smem_reserved=0, smem_unit=256),
     "sm_80": dict(regs_sm=65536, regs_block=65536, reg_unit=256, partitions=4, threads=2048, blocks=32,
                   max_regs_thread=255, smem_sm=164 * 1024, smem_reserved=1024, smem_unit=128),
     "sm_90": dict(regs_sm=65536, regs_block=65536, reg_unit=256, partitions=4, threads=2048, blocks=32,
@@ -294,7 +296,8 @@ def blocks_per_sm(arch: str, regs: int, nthreads: int, smem: int = 0) -> tuple[i
     else:
         per_partition = (lim["regs_sm"] // lim["partitions"]) // regs_warp
         limits["registers"] = per_partition * lim["partitions"] // warps
-    limits["shared"] = lim["smem_sm"] // _round_up(smem + lim["smem_reserved"], lim["smem_unit"])
+    used = _round_up(smem + lim["smem_reserved"], lim["smem_unit"])
+    limits["shared"] = lim["smem_sm"] // used if used else lim["blocks"]
     limiter = min(limits, key=lambda k: limits[k])
     return limits[limiter], limiter, limits
 

@@ -71,7 +71,7 @@ def add_simulate_command(subparsers, load_plan: Callable) -> argparse.ArgumentPa
             if not args.json:
                 print(format_table(records, title=f"msc simulate {path}: {plan.collective}, {plan.num_ranks} ranks, "
                                                   f"{plan.protocol}, x{plan.instances}, on {topo.summary()} "
-                                                  f"(predicted: nothing run, #wrong not checked)"))
+                                                  f"(predicted: nothing run)"))
         if args.json:
             print(json.dumps(everything))
         if args.plot:

@@ -264,7 +264,7 @@ class Simulator:
             out.append({"plan": plan.name, "size": r.size, "count": r.count, "type": self.type_name,
                         "redop": "sum" if plan.collective in ("allreduce", "reducescatter", "reduce") else "none",
                         "root": plan.root if has_root else -1, "time": us, "algbw": algbw,
-                        "busbw": algbw * factor, "wrong": 0, "inplace": plan.inplace, "requested_size": req,
+                        "busbw": algbw * factor, "inplace": plan.inplace, "requested_size": req,
                         "rounded": r.size != req, "iterations": r.iterations, "engine": r.engine,
                         "contended": r.contended, "topology": self.topology.name})
         return out

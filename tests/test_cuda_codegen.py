@@ -29,6 +29,40 @@ pytest.importorskip("cuda.core")
 ALGORITHMS = algorithms()
 
 
+def _cubin_facts_module():
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    if "cubin_facts" not in sys.modules:
+        path = Path(__file__).resolve().parent.parent / "bench" / "cubin_facts.py"
+        spec = importlib.util.spec_from_file_location("cubin_facts", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["cubin_facts"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["cubin_facts"]
+
+
+def assert_sound(kernel) -> None:
+    """What a broken compile would fail: a cubin whose one entry is msc_kernel,
+    within its launch bounds' registers, with the element-loop function, no
+    spills (read with cuobjdump/nvdisasm where the test extra installed them;
+    else the ELF header and the entry's name only)."""
+    from msc.cuda.codegen import MIN_BLOCKS
+
+    assert kernel.cubin[:4] == b"\x7fELF" and b"msc_kernel" in kernel.cubin
+    cf = _cubin_facts_module()
+    if cf.missing_tools():
+        return
+    threads = kernel.layout.nthreads
+    facts = cf.cubin_facts(kernel.cubin, arch=kernel.arch, protocol=kernel.protocol, nthreads=threads)
+    assert 0 < facts["registers"] <= 65536 // (threads * MIN_BLOCKS[kernel.protocol]), facts["registers"]
+    assert facts["loop_function_found"], facts["functions"]
+    spilled = {n: (f["spill_store_bytes"], f["spill_load_bytes"]) for n, f in facts["sass"].items()
+               if f["spill_store_bytes"] or f["spill_load_bytes"]}
+    assert not spilled, spilled
+
+
 @lru_cache(maxsize=None)
 def plan_for(key: str, n: int, protocol: str = "Simple", inplace: bool = True):
     return lower(msc.trace(ALGORITHMS[key], n, inplace=inplace), LowerOptions(protocol=protocol))
@@ -50,7 +84,7 @@ def test_library_compiles_for_sm90(key, cache):
             plan = plan_for(key, n, protocol)
             for dtype in ("float32", "bfloat16"):
                 kernel = compile_cuda(plan, dtype=dtype, arch="sm_90", form="table", cache=cache)
-                assert kernel.cubin[:4] == b"\x7fELF", "a cubin is an ELF image"
+                assert_sound(kernel)
                 compiled += 1
     assert compiled >= 4, f"{key}: too few rank counts supported"
 
@@ -59,7 +93,7 @@ def test_library_compiles_for_sm90(key, cache):
 def test_library_straight_line_form_compiles(key, cache):
     n = next(n for n in (2, 4, 8) if ALGORITHMS[key].supports(n))
     kernel = compile_cuda(plan_for(key, n), dtype="float32", arch="sm_90", form="straight", cache=cache)
-    assert kernel.cubin[:4] == b"\x7fELF"
+    assert_sound(kernel)
     assert "straight form" in kernel.source
 
 
@@ -68,13 +102,14 @@ def test_library_straight_line_form_compiles(key, cache):
 def test_other_types_and_ops_compile(dtype, op, cache):
     for protocol in ("Simple", "LL"):
         plan = plan_for("allreduce/ring:ring", 4, protocol, inplace=False)
-        assert compile_cuda(plan, dtype=dtype, op=op, arch="sm_90", form="straight", cache=cache).cubin
+        assert_sound(compile_cuda(plan, dtype=dtype, op=op, arch="sm_90", form="straight", cache=cache))
 
 
 def test_sm80_compiles(cache):
     plan = plan_for("allreduce/allpairs:allpairs", 4, "LL")
     kernel = compile_cuda(plan, dtype="bfloat16", arch="sm_80", cache=cache)
-    assert kernel.arch == "sm_80" and kernel.cubin[:4] == b"\x7fELF"
+    assert kernel.arch == "sm_80"
+    assert_sound(kernel)
 
 
 # -- structure of the generated source ------------------------------------------------
@@ -184,7 +219,7 @@ def test_bfloat16_compiles_for_sm75_rounding_in_software():
     source, _ = render(plan_for("allreduce/ring:ring", 4), dtype="bfloat16", form="table")
     old, new = _ptx(source, "sm_75"), _ptx(source, "sm_90")
     assert "cvt.rn.bf16.f32" not in old and "cvt.rn.bf16.f32" in new
-    assert compile_cuda(plan_for("allreduce/ring:ring", 4), dtype="bfloat16", arch="sm_75").cubin[:4] == b"\x7fELF"
+    assert_sound(compile_cuda(plan_for("allreduce/ring:ring", 4), dtype="bfloat16", arch="sm_75"))
 
 
 def test_step_op_codes_come_from_one_table():

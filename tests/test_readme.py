@@ -58,3 +58,23 @@ def test_the_training_walkthrough_runs_as_written(tmp_path):
         if "torchrun" in code:
             assert "msc losses match stock DDP" in done.stdout, done.stdout[-2000:]
     assert "the msc CUDA runtime, on the emulated device" in done.stdout
+
+
+def test_ci_runs_the_quick_start_verbatim():
+    """.ci/run runs each quick-start command as the README spells it."""
+    [(lang, code)] = blocks("Quick start")
+    ci = (README.parent / ".ci" / "run").read_text().splitlines()
+    commands = [line for line in code.splitlines() if line.strip()]
+    assert lang == "bash" and len(commands) == 2
+    for command in commands:
+        assert command in ci, f".ci/run does not run the README's quick-start command {command!r}"
+
+
+def test_the_dsl_tour_runs_as_written(tmp_path):
+    (tmp_path / "algorithms").symlink_to(README.parent / "algorithms")
+    found = [code for lang, code in blocks("A tour of the DSL") if lang == "python"]
+    assert len(found) == 2
+    for code in found:
+        done = run_block("python", code, tmp_path)
+        assert done.returncode == 0, f"failed:\n{code}\n{done.stderr[-2000:]}"
+    assert (tmp_path / "ring8.plan").read_text().startswith("msc-plan 1")

@@ -208,3 +208,20 @@ def test_xml_byte_range_refuses_a_dtd_as_the_importer_does():
 
     with pytest.raises(PlanError, match="must not contain a DTD"):
         xml_byte_range('<!DOCTYPE algo [<!ENTITY x "y">]><algo minBytes="1"/>')
+
+
+def test_a_plan_the_index_does_not_list_is_named_with_the_index(tmp_path):
+    """With a plans.json, a plan file beside it that it does not list is not
+    used: the error says which file and which index (the README's user
+    compiled a plan and saw 'no plan' without a word about plans.json)."""
+    save_plan(plan("allreduce", "ring", 4), tmp_path / "allreduce-ring-n4.plan")
+    save_plan(plan("allreduce", "ring", 2), tmp_path / "allreduce-ring-n2.plan")
+    (tmp_path / "plans.json").write_text(json.dumps({"version": 1, "plans": [{"file": "allreduce-ring-n4.plan"}]}))
+    reg = PlanRegistry.from_dir(tmp_path)
+    assert reg.index == tmp_path / "plans.json" and reg.unlisted == ("allreduce-ring-n2.plan",)
+    with pytest.raises(NoPlanError) as info:
+        reg.select("allreduce", 2, 1024)
+    text = str(info.value)
+    assert f"(from {tmp_path / 'plans.json'})" in text
+    assert f"add an entry for it to {tmp_path / 'plans.json'}" in text
+    assert f"allreduce-ring-n2.plan in {tmp_path} is not listed in it" in text

@@ -168,6 +168,8 @@ class PlanRegistry:
 
     def __init__(self, entries=()):
         self._entries: list[PlanEntry] = []
+        self.index: Path | None = None                # the plans.json it was read from, if any
+        self.unlisted: tuple[str, ...] = ()           # plan files beside that index it has no entry for
         for entry in entries:
             self._insert(entry)
 
@@ -181,7 +183,11 @@ class PlanRegistry:
         if not path.is_dir():
             raise UsageError(f"{path} is not a directory of plans")
         if (path / INDEX).is_file():
-            return cls.from_index(path / INDEX, verify=verify)
+            reg = cls.from_index(path / INDEX, verify=verify)
+            listed = {Path(e.source.split(":", 1)[1]).name for e in reg._entries if e.source and ":" in e.source}
+            reg.unlisted = tuple(sorted(p.name for p in path.iterdir() if p.suffix.lower() in (".plan", ".xml")
+                                        and p.is_file() and p.name not in listed))
+            return reg
         files = sorted(p for p in path.iterdir() if p.suffix.lower() in (".plan", ".xml") and p.is_file())
         if not files:
             raise UsageError(f"{path} holds no plans (no {INDEX}, no *.plan or *.xml files); write them with "
@@ -204,7 +210,9 @@ class PlanRegistry:
 
     @classmethod
     def from_index(cls, path, *, verify: bool = True) -> PlanRegistry:
-        return cls(_read_index(Path(path), verify))
+        reg = cls(_read_index(Path(path), verify))
+        reg.index = Path(path)
+        return reg
 
     @classmethod
     def from_plans(cls, plans) -> PlanRegistry:
@@ -260,10 +268,16 @@ class PlanRegistry:
         same = [e for e in self._entries if e.collective == coll] or self._entries
         listing = "; ".join(e.describe() for e in same) or "nothing (the registry is empty)"
         asked = _describe_key((coll, num_ranks, inplace, root))
+        if self.index is not None:         # a plans.json decides: a plan file it does not list is not used
+            beside = (f"; {', '.join(self.unlisted)} in {self.index.parent} {'is' if len(self.unlisted) == 1 else 'are'}"
+                      f" not listed in it" if self.unlisted else "")
+            todo = (f"Compile one (msc compile ALGORITHM --ranks {num_ranks} -o {self.index.parent}/NAME.plan) and "
+                    f"add an entry for it to {self.index} (file, min_bytes, max_bytes){beside}")
+        else:
+            todo = f"Compile one (msc compile ALGORITHM --ranks {num_ranks}) and register it for that size"
         raise NoPlanError(f"no msc plan for {asked} at {nbytes} bytes ({format_size(nbytes)})"
-                          f"{' in that form' if exact else ''}; the registry has: {listing}. "
-                          f"Compile one (msc compile ALGORITHM --ranks {num_ranks}) and register it for that "
-                          f"size", collective=coll, num_ranks=num_ranks, nbytes=nbytes, inplace=inplace,
+                          f"{' in that form' if exact else ''}; the registry has: {listing}"
+                          f"{f' (from {self.index})' if self.index is not None else ''}. {todo}", collective=coll, num_ranks=num_ranks, nbytes=nbytes, inplace=inplace,
                           root=root if coll in _ROOTED else None, available=[e.describe() for e in same])
 
     def select(self, collective: str, num_ranks: int, nbytes: int, inplace: bool = True, root: int = 0, *,
