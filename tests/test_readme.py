@@ -78,3 +78,13 @@ def test_the_dsl_tour_runs_as_written(tmp_path):
         done = run_block("python", code, tmp_path)
         assert done.returncode == 0, f"failed:\n{code}\n{done.stderr[-2000:]}"
     assert (tmp_path / "ring8.plan").read_text().startswith("msc-plan 1")
+
+
+def test_the_pictures_command_runs_as_written(tmp_path):
+    pytest.importorskip("matplotlib")
+    found = [code for lang, code in blocks("Predicting performance: msc simulate, msc tune, msc show")
+             if lang == "bash" and "msc show" in code]
+    assert len(found) == 1
+    done = run_block("bash", found[0], tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "hier.png").stat().st_size > 10_000 and (tmp_path / "timeline.png").stat().st_size > 10_000
