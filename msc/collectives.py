@@ -345,10 +345,16 @@ class Layout:
         return sizes
 
     def validate(self) -> None:
-        """Buffer sizes are counts, and an in-place alias fits in its target on every rank."""
+        """Ranks and chunks within msc's limits, buffer sizes are counts, and an
+        in-place alias fits in its target on every rank."""
+        from msc.limits import MAX_BUFFER_CHUNKS, MAX_CHUNK_FACTOR, MAX_RANKS, check
+
+        check(self.num_ranks, MAX_RANKS, f"{self.name}: the number of ranks")
+        check(self.chunk_factor, MAX_CHUNK_FACTOR, f"{self.name}: chunk_factor")
         for name, size in self.logical_sizes.items():
             if type(size) is not int or size < 0:
                 raise UsageError(f"{self.name}: {name} size must be an int >= 0 chunks, got {size!r}")
+            check(size, MAX_BUFFER_CHUNKS, f"{self.name}: the {name} buffer's chunks")
         if not self.inplace:
             return
         n, k = self.num_ranks, self.chunk_factor

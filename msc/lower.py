@@ -19,6 +19,7 @@ from msc.dag import allocate_scratch, build_dag, compact_scratch, replicate
 from msc.errors import DeadlockError, LoweringError, UsageError
 from msc.fusion import drop_dead_stores, forwarding_pairs, fuse_forwarding, fuse_local
 from msc.ir import Plan
+from msc.limits import MAX_INSTANCES, MAX_TILE_BYTES, check
 from msc.perf import SELF_CHECK, pause_gc
 from msc.placement import assign, place_auto, place_manual, spread_channels
 from msc.plan_bulk import prepare
@@ -51,10 +52,12 @@ class LowerOptions:
             raise UsageError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {self.protocol!r}")
         if type(self.instances) is not int or self.instances < 1:
             raise UsageError(f"instances must be an int >= 1, got {self.instances!r}")
+        check(self.instances, MAX_INSTANCES, "instances")
         if self.threadblocks not in ("auto", "manual"):
             raise UsageError(f"threadblocks must be 'auto' or 'manual', got {self.threadblocks!r}")
         if type(self.tile) is not int or self.tile < 0:
             raise UsageError(f"tile must be an int >= 0 (bytes), got {self.tile!r}")
+        check(self.tile, MAX_TILE_BYTES, "tile (bytes)")
 
 
 @pause_gc

@@ -9,11 +9,12 @@ from __future__ import annotations
 from msc.collectives import get_collective
 from msc.errors import MscError, PlanError
 from msc.ir import STEP_SHAPE, Plan
+from msc.limits import MAX_BUFFER_CHUNKS, MAX_CHUNK_FACTOR, MAX_INSTANCES, MAX_RANKS, MAX_SLOTS, MAX_TILE_BYTES
 
 PROTOCOLS = ("Simple", "LL", "LL128")
 # Chunks a buffer may have: far beyond any real schedule, small enough that
 # executing a plan symbolically cannot exhaust memory on a hostile file.
-MAX_CHUNKS = 1 << 26
+MAX_CHUNKS = MAX_BUFFER_CHUNKS
 
 
 def buffer_sizes(plan: Plan, rank: int) -> dict[str, int]:
@@ -32,14 +33,19 @@ def buffer_sizes(plan: Plan, rank: int) -> dict[str, int]:
 def check_plan(plan: Plan) -> None:
     """Raise PlanError naming rank, threadblock and step for the first bad value."""
     n = plan.num_ranks
-    if n < 1 or len(plan.ranks) != n:
+    if type(n) is not int or not 1 <= n <= MAX_RANKS:
+        raise PlanError(f"ranks must be 1..{MAX_RANKS} (msc's limit), got {n!r}")
+    if len(plan.ranks) != n:
         raise PlanError(f"plan has {len(plan.ranks)} rank sections for {n} ranks")
     if plan.protocol not in PROTOCOLS:
         raise PlanError(f"unknown protocol {plan.protocol!r} (expected one of {', '.join(PROTOCOLS)})")
-    for name, value, low in (("chunk_factor", plan.chunk_factor, 1), ("instances", plan.instances, 1),
-                             ("slots", plan.slots, 1), ("tile", plan.tile, 0)):
+    for name, value, low, high in (("chunk_factor", plan.chunk_factor, 1, MAX_CHUNK_FACTOR),
+                                   ("instances", plan.instances, 1, MAX_INSTANCES),
+                                   ("slots", plan.slots, 1, MAX_SLOTS), ("tile", plan.tile, 0, MAX_TILE_BYTES)):
         if type(value) is not int or value < low:
             raise PlanError(f"{name} must be an int >= {low}, got {value!r}")
+        if value > high:
+            raise PlanError(f"{name} is {value}, over msc's limit of {high}")
     try:
         layout = get_collective(plan.collective).layout(n, plan.chunk_factor, plan.inplace, plan.root)
         if (layout.logical_sizes["input"], layout.logical_sizes["output"]) != (plan.input_chunks, plan.output_chunks):

@@ -82,11 +82,14 @@ BACKEND_HELP = {"sim": "the reference executor (numpy, one process)",
 
 
 def parse_size(text) -> int:
-    """Bytes from "8", "1K", "64M", "2G" (powers of 1024, as nccl-tests)."""
-    m = re.fullmatch(r"\s*(\d+)\s*([kKmMgG]?)\s*", str(text))
+    """Bytes from "8", "1K", "64M", "2G" (powers of 1024, as nccl-tests), at most msc.limits.MAX_BYTES."""
+    from msc.limits import MAX_BYTES, check
+
+    shown = str(text) if len(str(text)) <= 40 else str(text)[:40] + "..."
+    m = re.fullmatch(r"\s*(\d{1,30})\s*([kKmMgGtT]?)\s*", str(text))
     if not m:
-        raise UsageError(f"bad size {text!r}: expected a byte count such as 8, 1K, 64M or 2G")
-    return int(m.group(1)) * 1024 ** " KMG".index(m.group(2).upper() or " ")
+        raise UsageError(f"bad size {shown!r}: expected a byte count such as 8, 1K, 64M or 2G")
+    return check(int(m.group(1)) * 1024 ** " KMGT".index(m.group(2).upper() or " "), MAX_BYTES, f"size {shown}")
 
 
 def format_size(n: int | None) -> str:
@@ -157,11 +160,12 @@ def sweep(plan, *, min_bytes, max_bytes, factor: int = 2, dtype="float", op: str
     coll = get_collective(plan.collective)
     if coll.name not in reference.COLLECTIVES:
         raise UsageError(f"no reference results for collective {plan.collective!r}: msc run checks built-ins only")
+    n, k = plan.num_ranks, plan.chunk_factor
+    chunks_in, chunks_big = plan.input_chunks, max(plan.input_chunks, plan.output_chunks)
+    _check_memory(plan, max(sizes(parse_size(min_bytes), parse_size(max_bytes), factor), default=0), dt.itemsize)
     run = BACKENDS[backend](plan)
     if hasattr(run, "prepare"):
         run.prepare(dt.name, op)
-    n, k = plan.num_ranks, plan.chunk_factor
-    chunks_in, chunks_big = plan.input_chunks, max(plan.input_chunks, plan.output_chunks)
     reducing = coll.name in reference.REDUCING
     rng = np.random.default_rng(seed)
     records = []
@@ -182,6 +186,30 @@ def sweep(plan, *, min_bytes, max_bytes, factor: int = 2, dtype="float", op: str
             "requested_size": requested, "rounded": size != requested,
         })
     return records
+
+
+# Arrays of a run at its largest size, in multiples of one rank's largest buffer: the inputs, a
+# copy per call, the physical buffers and the outputs (a copy), the reference's result, and slack.
+RUN_COPIES = 6
+
+
+def _check_memory(plan, largest: int, itemsize: int) -> None:
+    """Refuse a sweep whose largest size would not fit in this machine's memory (before allocating)."""
+    need = RUN_COPIES * plan.num_ranks * largest
+    total = _physical_memory()
+    if total and need > total // 2:
+        raise UsageError(f"the largest size ({format_size(largest)} per rank x {plan.num_ranks} ranks) needs about "
+                         f"{need / 2 ** 30:.1f} GiB of host memory here, over half of this machine's "
+                         f"{total / 2 ** 30:.1f} GiB: lower -e")
+
+
+def _physical_memory() -> int:
+    import os
+
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):      # not POSIX: no estimate
+        return 0
 
 
 def _time(us: float) -> str:

@@ -1,0 +1,80 @@
+"""Upper bounds on sizes, counts and rank numbers (msc.limits): an absurd
+value is a one-line error naming the value and the limit, raised where it
+enters msc, never a hang, a MemoryError traceback or an overflow later."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+import msc
+from msc.errors import PlanError, UsageError
+from msc.limits import MAX_BYTES, MAX_INSTANCES, MAX_RANKS, MAX_SLOTS, MAX_TILE_BYTES
+from msc.lower import LowerOptions, lower
+from msc.plan_text import parse_plan, save_plan
+from library import algorithms
+
+RING = algorithms()["allreduce/ring:ring"]
+
+
+def test_a_billion_ranks_is_refused_at_once():
+    start = time.perf_counter()
+    with pytest.raises(UsageError, match=f"the number of ranks is 1000000000, over msc's limit of {MAX_RANKS}"):
+        msc.trace(RING, 10 ** 9)
+    assert time.perf_counter() - start < 1
+
+
+def test_a_chunk_factor_of_a_trillion_is_refused(tmp_path):
+    path = tmp_path / "huge.py"
+    path.write_text("import msc\n\n@msc.algorithm('allgather', chunk_factor=10**12)\ndef huge(p):\n    pass\n")
+    [alg] = msc.load_algorithms(path)
+    with pytest.raises(UsageError, match="chunk_factor is 1000000000000, over msc's limit"):
+        msc.trace(alg, 2)
+
+
+@pytest.mark.parametrize("option, value, limit", [("instances", 100_000, MAX_INSTANCES),
+                                                  ("tile", 10 ** 20, MAX_TILE_BYTES)])
+def test_lowering_options_are_bounded(option, value, limit):
+    with pytest.raises(UsageError, match=f"is {value}, over msc's limit of {limit}"):
+        LowerOptions(**{option: value})
+
+
+@pytest.mark.parametrize("field, value, limit", [("slots", 10 ** 22, MAX_SLOTS), ("instances", 10 ** 8, MAX_INSTANCES),
+                                                 ("tile", 10 ** 20, MAX_TILE_BYTES)])
+def test_plan_files_with_absurd_values_are_refused(field, value, limit, tmp_path):
+    text = save_plan(lower(msc.trace(RING, 4), LowerOptions()), tmp_path / "ring.plan").read_text()
+    line = next(x for x in text.splitlines() if x.startswith("protocol "))
+    words = line.split()
+    words[words.index(field) + 1] = str(value)
+    with pytest.raises(PlanError, match=f"{field} is {value}, over msc's limit of {limit}"):
+        parse_plan(text.replace(line, " ".join(words)))
+
+
+def test_sizes_are_bounded_where_they_are_parsed():
+    from msc.runner import parse_size
+
+    assert parse_size("1T") == MAX_BYTES
+    with pytest.raises(UsageError, match=f"size 8192G is 8796093022208, over msc's limit of {MAX_BYTES}"):
+        parse_size("8192G")
+    with pytest.raises(UsageError, match=r"bad size '9{40}\.\.\.'"):
+        parse_size("9" * 10 ** 6)                       # a huge token is not echoed whole
+
+
+def _msc(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "msc.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_msc_run_estimates_memory_before_allocating(tmp_path):
+    save_plan(lower(msc.trace(RING, 4), LowerOptions()), tmp_path / "ring.plan")
+    done = _msc("run", "ring.plan", "-b", "512G", "-e", "512G", cwd=tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "needs about" in done.stderr and "GiB of host memory here" in done.stderr and "lower -e" in done.stderr
+
+
+def test_msc_simulate_refuses_a_size_past_the_limit(tmp_path):
+    save_plan(lower(msc.trace(RING, 4), LowerOptions()), tmp_path / "ring.plan")
+    done = _msc("simulate", "ring.plan", "-t", "ring:4", "-b", "0", "-e", str(10 ** 23), cwd=tmp_path)
+    assert done.returncode == 2 and "over msc's limit" in done.stderr and "Traceback" not in done.stderr
