@@ -15,7 +15,9 @@ from msc.errors import MscError, UsageError, VerificationError
 
 
 def parse_params(items: list[str]) -> dict[str, Any]:
-    """``--param k=v`` values: ints, floats, booleans, else strings."""
+    """``--param k=v`` values read without knowing the parameters: ints,
+    floats, booleans, None, else strings. ``algorithm_params`` reads them
+    as the algorithm's parameters' types."""
     params = {}
     for item in items or ():
         key, sep, raw = item.partition("=")
@@ -37,6 +39,72 @@ def _literal(raw: str) -> Any:
         except ValueError:
             pass
     return raw
+
+
+_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
+
+
+def param_value(name: str, raw: str, default: Any, flag: str = "--param") -> Any:
+    """A ``--param`` value read as the type of the parameter's default (bool,
+    int, float, str; a default of None takes ints, floats, booleans, none
+    or text); the error names the parameter and what it expected."""
+    raw = raw.strip()
+    kind = type(default)
+
+    def wrong(expected: str) -> UsageError:
+        return UsageError(f"{flag} {name}={raw}: {name} takes {expected} (its default is {default!r}), "
+                          f"got {raw!r}")
+
+    if default is None:
+        return _literal(raw)
+    if kind is bool:
+        if raw.lower() not in _TRUE + _FALSE:
+            raise wrong("true or false")
+        return raw.lower() in _TRUE
+    if kind is int:
+        try:
+            return int(raw)
+        except ValueError:
+            raise wrong("an int") from None
+    if kind is float:
+        try:
+            return float(raw)
+        except ValueError:
+            raise wrong("a number") from None
+    if kind is str:
+        return raw
+    import ast
+
+    try:
+        value = ast.literal_eval(raw)
+    except (ValueError, SyntaxError):
+        raise wrong(f"a {kind.__name__} (a Python literal)") from None
+    if type(value) is not kind:
+        raise wrong(f"a {kind.__name__}")
+    return value
+
+
+def split_param(item: str, flag: str = "--param", form: str = "name=value") -> tuple[str, str]:
+    key, sep, raw = item.partition("=")
+    if not sep or not key.strip():
+        raise UsageError(f"{flag} takes {form}, got {item!r}")
+    return key.strip(), raw
+
+
+def algorithm_params(alg, items: list[str]) -> dict[str, Any]:
+    """``--param name=value`` items for ``alg``: each name one of its
+    parameters, given once, its value read as its default's type."""
+    params: dict[str, Any] = {}
+    for item in items or ():
+        key, raw = split_param(item)
+        if key not in alg.params:
+            known = ", ".join(sorted(alg.params))
+            raise UsageError(f"--param {key}: algorithm {alg.name!r} has no parameter {key} "
+                             + (f"(parameters: {known})" if known else "(it takes no parameters)"))
+        if key in params:
+            raise UsageError(f"--param {key} is given twice")
+        params[key] = param_value(key, raw, alg.params[key])
+    return params
 
 
 def pick_algorithm(path: str, name: str | None):
@@ -61,8 +129,11 @@ def trace_from_args(args):
     alg = pick_algorithm(args.file, args.name)
     if args.ranks is None:
         raise UsageError("--ranks N is required for an @msc.algorithm file")
+    if args.script_args:
+        raise UsageError(f"arguments after -- ({' '.join(args.script_args)}) are for MSCCLang scripts; "
+                         f"{args.file} is an @msc.algorithm file: use --ranks and --param")
     inplace = None if args.inplace is None else args.inplace == "in"
-    return msc.trace(alg, args.ranks, inplace=inplace, **parse_params(args.param))
+    return msc.trace(alg, args.ranks, inplace=inplace, **algorithm_params(alg, args.param))
 
 
 def is_plan_file(path: str) -> bool:
@@ -75,7 +146,45 @@ def is_plan_file(path: str) -> bool:
     return not path.endswith(".py") and Path(path).is_file()
 
 
+ALGORITHM_FLAGS = (("ranks", "--ranks"), ("param", "--param"), ("name", "--name"), ("inplace", "--inplace"))
+
+
+def reject_algorithm_flags(args, kind: str = "plan") -> None:
+    """A plan (or an MSCCLang script) takes none of the flags that say how to
+    trace an @msc.algorithm; a plan takes no arguments for a script."""
+    given = [flag for attr, flag in ALGORITHM_FLAGS if getattr(args, attr) not in (None, [])]
+    if given and kind == "plan":
+        raise UsageError(f"{', '.join(given)} appl{'y' if len(given) > 1 else 'ies'} to algorithm files; {args.file} "
+                         f"is a plan (its ranks and parameters are fixed): leave {'them' if len(given) > 1 else 'it'} "
+                         f"out")
+    if given:
+        raise UsageError(f"{', '.join(given)} appl{'y' if len(given) > 1 else 'ies'} to @msc.algorithm files; "
+                         f"{args.file} is an MSCCLang script: give its arguments after -- "
+                         f"(msc {args.command} {args.file} -- ARGS)")
+    if args.script_args and kind == "plan":
+        raise UsageError(f"arguments after -- are for MSCCLang scripts; {args.file} is a plan")
+
+
 def cmd_verify(args) -> int:
+    with time_limit(args.timeout, f"msc verify {args.file}"):
+        reports = verify_reports(args)
+    for report in reports:
+        if args.json:
+            print(json.dumps(report.to_dict()))
+        elif is_plan_file(args.file):
+            print(f"verified plan: {report.name} ({report.collective}, {report.num_ranks} ranks, "
+                  f"{report.threadblocks} threadblocks, {report.steps} steps, {report.connections} connections, "
+                  f"{report.slots} slot(s)) in {report.seconds:.3f} s: no deadlock, no race, outputs right")
+        else:
+            print(f"verified: {report.name} ({report.collective}, {report.num_ranks} ranks, "
+                  f"{report.ops} ops, {report.chunk_ops} chunk ops, {report.output_chunks} output chunks checked) "
+                  f"in {report.seconds:.3f} s")
+    return 0
+
+
+def verify_reports(args) -> list:
+    """What ``msc verify`` checks: a plan, the programs an MSCCLang script
+    defines, or an algorithm traced at ``--ranks``."""
     import msc
     from msc.loader import is_msccl_script, run_script
 
@@ -83,31 +192,15 @@ def cmd_verify(args) -> int:
         from msc.plan_text import load_plan
         from msc.plan_verify import verify_plan
 
-        report = verify_plan(load_plan(args.file, verify=False))
-        if args.json:
-            print(json.dumps(report.to_dict()))
-        else:
-            print(f"verified plan: {report.name} ({report.collective}, {report.num_ranks} ranks, "
-                  f"{report.threadblocks} threadblocks, {report.steps} steps, {report.connections} connections, "
-                  f"{report.slots} slot(s)) in {report.seconds:.3f} s: no deadlock, no race, outputs right")
-        return 0
+        reject_algorithm_flags(args)
+        return [verify_plan(load_plan(args.file, verify=False))]
     if is_msccl_script(args.file):
+        reject_algorithm_flags(args, "script")
         programs = run_script(args.file, args.script_args)
         if not programs:
             raise UsageError(f"{args.file} defined no MSCCLProgram")
-        reports = [already_checked(p) or msc.verify(p) for p in programs]
-    else:
-        if args.script_args:
-            raise UsageError("arguments after -- are for MSCCLang scripts; use --ranks and --param here")
-        reports = [msc.verify(trace_from_args(args))]
-    for report in reports:
-        if args.json:
-            print(json.dumps(report.to_dict()))
-        else:
-            print(f"verified: {report.name} ({report.collective}, {report.num_ranks} ranks, "
-                  f"{report.ops} ops, {report.chunk_ops} chunk ops, {report.output_chunks} output chunks checked) "
-                  f"in {report.seconds:.3f} s")
-    return 0
+        return [already_checked(p) or msc.verify(p) for p in programs]
+    return [msc.verify(trace_from_args(args))]
 
 
 def already_checked(program):
@@ -146,49 +239,68 @@ def cmd_compile(args) -> int:
     from msc.lower import lower
     from msc.plan_text import save_plan
 
-    if is_msccl_script(args.file):
-        programs = run_script(args.file, args.script_args)
-        if not programs:
-            raise UsageError(f"{args.file} defined no MSCCLProgram")
-        jobs = []
-        for prog in programs:
-            given = prog.params
-            jobs.append((prog, lower_options(args, {
-                "instances": given.get("instances"), "protocol": given.get("protocol"),
-                "threadblocks": given.get("threadblock_policy"), "fuse": given.get("instr_fusion")})))
-    else:
-        prog = trace_from_args(args)
-        jobs = [(prog, lower_options(args))]
+    if is_plan_file(args.file):
+        kind = "MSCCL XML" if args.file.endswith(".xml") else "a plan"
+        raise UsageError(f"{args.file} is {kind}, not an algorithm file: msc compile takes an algorithm (.py) "
+                         f"and writes a plan; to check this one use `msc verify {args.file}`, to run it "
+                         f"`msc run {args.file}`" + ("; `msc import` reads it into a .plan file" if
+                                                      args.file.endswith(".xml") else ""))
     if args.emit is None and (args.arch or args.form):
         raise UsageError("--arch and --form go with --emit cuda")
-    if args.output and len(jobs) > 1:
-        raise UsageError(f"{args.file} defines {len(jobs)} programs; -o names one file (leave it out)")
-    for prog, options in jobs:
+    with time_limit(args.timeout, f"msc compile {args.file}"):   # CUDA emission too
         start = time.perf_counter()
-        already_checked(prog) or msc.verify(prog)
-        plan = lower(prog, options)           # ends with the plan verifier, against the program's collective
-        builtin = type(prog.layout.collective) in BUILTIN.values()      # what loading verifies against
-        path = save_plan(plan, args.output or default_plan_name(prog, options), verified=builtin)
-        emitted = emit_cuda(plan, path, args) if args.emit == "cuda" else []
-        seconds = time.perf_counter() - start
-        tbs = sum(len(r.threadblocks) for r in plan.ranks)
-        if args.json:
-            print(json.dumps({"algorithm": prog.name, "plan": str(path), "ranks": plan.num_ranks,
-                              "steps": plan.num_steps(), "threadblocks": tbs, "slots": plan.slots,
-                              "protocol": plan.protocol, "instances": plan.instances,
-                              "emitted": [str(p) for p in emitted],
-                              "seconds": round(seconds, 6), "verified": True}))
+        if is_msccl_script(args.file):
+            reject_algorithm_flags(args, "script")
+            programs = run_script(args.file, args.script_args)
+            if not programs:
+                raise UsageError(f"{args.file} defined no MSCCLProgram")
+            jobs = []
+            for prog in programs:
+                given = prog.params
+                jobs.append((prog, lower_options(args, {
+                    "instances": given.get("instances"), "protocol": given.get("protocol"),
+                    "threadblocks": given.get("threadblock_policy"), "fuse": given.get("instr_fusion")})))
         else:
-            print(f"compiled: {prog.name} ({plan.collective}, {plan.num_ranks} ranks, {plan.protocol}, "
-                  f"{plan.instances} instance(s)) -> {path}: {plan.num_steps()} steps in {tbs} threadblocks, "
-                  f"{plan.slots} slot(s); program and plan verified in {seconds:.3f} s")
-            for p in emitted:
-                print(f"  wrote {p}")
+            prog = trace_from_args(args)
+            jobs = [(prog, lower_options(args))]
+        if args.output and len(jobs) > 1:
+            raise UsageError(f"{args.file} defines {len(jobs)} programs; -o names one file (leave it out)")
+        for prog, options in jobs:
+            already_checked(prog) or msc.verify(prog)
+            plan = lower(prog, options)           # ends with the plan verifier, against the program's collective
+            builtin = type(prog.layout.collective) in BUILTIN.values()      # what loading verifies against
+            path = save_plan(plan, args.output or default_plan_name(prog, options), verified=builtin)
+            seconds = time.perf_counter() - start
+            emitted, how, emit_seconds = [], "", 0.0
+            if args.emit == "cuda":                    # NVRTC's time is not verification's
+                emitted, how = emit_cuda(plan, path, args)
+                emit_seconds = time.perf_counter() - start - seconds
+            report_compiled(args, prog, plan, path, seconds, emitted, how, emit_seconds)
+            start = time.perf_counter()
     return 0
 
 
-def emit_cuda(plan, plan_path, args) -> list:
-    """Write the plan's CUDA source (and, with --arch, its cubin) next to it."""
+def report_compiled(args, prog, plan, path, seconds, emitted, how, emit_seconds) -> None:
+    tbs = sum(len(r.threadblocks) for r in plan.ranks)
+    if args.json:
+        print(json.dumps({"algorithm": prog.name, "plan": str(path), "ranks": plan.num_ranks,
+                          "steps": plan.num_steps(), "threadblocks": tbs, "slots": plan.slots,
+                          "protocol": plan.protocol, "instances": plan.instances,
+                          "emitted": [str(p) for p in emitted],
+                          "seconds": round(seconds, 6), "emit_seconds": round(emit_seconds, 6), "verified": True}))
+        return
+    print(f"compiled: {prog.name} ({plan.collective}, {plan.num_ranks} ranks, {plan.protocol}, "
+          f"{plan.instances} instance(s)) -> {path}: {plan.num_steps()} steps in {tbs} threadblocks, "
+          f"{plan.slots} slot(s); program verified, lowered and plan verified in {seconds:.3f} s")
+    if emitted:
+        print(f"  CUDA: {how} in {emit_seconds:.3f} s")
+    for p in emitted:
+        print(f"  wrote {p}")
+
+
+def emit_cuda(plan, plan_path, args) -> tuple[list, str]:
+    """Write the plan's CUDA source (and, with --arch, its cubin) next to it;
+    returns the files and what was done, for the report."""
     import shutil
 
     from msc.cuda import compile as compile_cuda
@@ -200,12 +312,13 @@ def emit_cuda(plan, plan_path, args) -> list:
     if args.arch is None:
         source, _ = render(plan, dtype=args.dtype, op=args.op, form=args.form)
         cu.write_text(source)
-        return [cu]
+        return [cu], "source rendered"
     kernel = compile_cuda(plan, dtype=args.dtype, op=args.op, arch=args.arch, form=args.form)
     cubin = stem.with_name(f"{stem.name}.{tag}.{args.arch}.cubin")
     shutil.copyfile(kernel.source_path, cu)
     cubin.write_bytes(kernel.cubin)
-    return [cu, cubin]
+    how = "taken from the kernel cache" if kernel.cache_hit else f"rendered and compiled with NVRTC for {args.arch}"
+    return [cu, cubin], how
 
 
 def load_plan_arg(path: str, verify: bool = True):
@@ -215,14 +328,15 @@ def load_plan_arg(path: str, verify: bool = True):
 
 
 def cmd_export(args) -> int:
+    from msc.files import same_file, write_output
     from msc.xml_export import plan_to_xml
 
+    if args.output and same_file(args.plan, args.output):
+        raise UsageError(f"-o {args.output} is the plan being exported ({args.plan}); name another file")
     plan = load_plan_arg(args.plan, verify=not args.no_verify)
     text = plan_to_xml(plan, runtime=args.runtime, min_bytes=args.min_bytes, max_bytes=args.max_bytes)
     if args.output:
-        from pathlib import Path
-
-        Path(args.output).write_text(text)
+        write_output(args.output, text)          # whole or not at all
         print(f"exported {args.plan} -> {args.output} (MSCCL XML for the {args.runtime} runtime)")
     else:
         sys.stdout.write(text)
@@ -230,16 +344,19 @@ def cmd_export(args) -> int:
 
 
 def cmd_import(args) -> int:
-    from pathlib import Path
+    """Read, verify and check everything first; write the plan last (whole
+    or not at all), never over the file being read."""
+    from msc.files import same_file
+    from msc.plan_text import read_plan_file, save_plan
+    from msc.xml_import import xml_byte_range
 
-    from msc.plan_text import save_plan
-    from msc.torch.registry import file_range
-
-    plan = load_plan_arg(args.xml, verify=not args.no_verify)
+    if same_file(args.xml, args.output):
+        raise UsageError(f"-o {args.output} is the file being imported ({args.xml}); name another file")
+    plan, data, reader = read_plan_file(args.xml, verify=not args.no_verify)
+    low, high = xml_byte_range(data, path=args.xml) if reader == "xml" else (0, None)
     save_plan(plan, args.output, verified=not args.no_verify)
     print(f"imported {args.xml} -> {args.output}: {plan.collective}, {plan.num_ranks} ranks, "
           f"{plan.num_steps()} steps" + ("" if args.no_verify else ", verified"))
-    low, high = file_range(Path(args.xml))
     if (low, high) != (0, None):     # a .plan holds no size range: say where it goes instead
         print(f"note: the XML selects sizes {low} <= bytes < {high if high is not None else 'any'}; a plan file "
               f"does not keep that: give it as min_bytes/max_bytes in the plans.json that registers "
@@ -264,18 +381,111 @@ def cmd_list(args) -> int:
     return 0
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds (a number > 0), got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected seconds (a finite number > 0), got {text!r}")
+    return value
+
+
+class time_limit:
+    """``with time_limit(seconds):`` bounds the block: ``TimeLimitExceeded``
+    is raised wherever it stands (the user's code, msc's) once ``seconds``
+    have passed; None or 0: no limit.
+
+    POSIX only, from the main thread: SIGALRM (``signal.setitimer``), whose
+    Python handler runs between bytecodes, so a long call into C (numpy,
+    NVRTC) ends before it is stopped. After expiring, the alarm repeats every
+    0.25 s, so code that catches and ignores the exception (a bare
+    ``except:``) still stops; code that keeps ignoring it for 2 s more ends
+    the process (exit status 2), as nothing else can stop it. On the way
+    out the timer and the previous handler are put back, and a timer that
+    was running before (pytest-timeout's, say) goes on with what it had left.
+    """
+
+    REPEAT = 0.25
+    GRACE = 2.0
+
+    def __init__(self, seconds: float | None, what: str = "msc"):
+        self.seconds, self.what = seconds, what
+        self.active, self.expired_at = False, None
+
+    def __enter__(self):
+        if not self.seconds:
+            return self
+        import signal
+        import threading
+        import time
+
+        if not hasattr(signal, "setitimer"):
+            raise UsageError("--timeout needs POSIX signals (SIGALRM), which this platform does not have")
+        if threading.current_thread() is not threading.main_thread():
+            raise UsageError("--timeout works only in the main thread (it uses SIGALRM)")
+        self.started = time.monotonic()
+        self.previous = signal.signal(signal.SIGALRM, self._alarm)
+        self.active = True
+        self.outer = signal.setitimer(signal.ITIMER_REAL, self.seconds, self.REPEAT)
+        return self
+
+    def _alarm(self, signum, frame) -> None:
+        if not self.active:
+            return
+        import time
+
+        now = time.monotonic()
+        if self.expired_at is None:
+            self.expired_at = now
+        elif now - self.expired_at > self.GRACE:
+            import os
+
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except (OSError, ValueError):
+                    pass
+            os.write(2, f"msc: {self.what} did not finish in {self.seconds:g} s (--timeout) and kept catching "
+                        f"the interruption: exiting\n".encode())
+            os._exit(2)
+        from msc.dsl import TimeLimitExceeded
+
+        raise TimeLimitExceeded(self.seconds)
+
+    def __exit__(self, *exc) -> bool:
+        if not self.seconds:
+            return False
+        import signal
+        import time
+
+        try:
+            self.active = False            # first: an alarm from now on does nothing
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, self.previous if self.previous is not None else signal.SIG_DFL)
+            delay, interval = self.outer
+            if delay > 0:
+                signal.setitimer(signal.ITIMER_REAL, max(delay - (time.monotonic() - self.started), 1e-3), interval)
+        return False
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="msc", description="compiler for GPU collective-communication schedules")
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                help="verify, compile, run, bench, simulate, tune, show, export, import, list")
 
     def algorithm_args(p):
         p.add_argument("file", help="algorithm file (or library name such as allreduce/ring)")
         p.add_argument("--ranks", "-n", type=int, help="number of ranks")
         p.add_argument("--param", "-p", action="append", default=[], metavar="NAME=VALUE",
-                       help="algorithm parameter (repeatable)")
+                       help="algorithm parameter, read as the type of its default (repeatable)")
         p.add_argument("--name", help="which algorithm, when the file defines several")
         p.add_argument("--inplace", choices=("in", "out"), help="force the in-place or out-of-place form")
+        p.add_argument("--timeout", type=_seconds, metavar="SECONDS",
+                       help="give up (exit 2) if the command (loading, tracing, verifying, lowering, --emit) "
+                            "takes longer; otherwise the algorithm's Python runs with no limit (POSIX: SIGALRM)")
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show Python tracebacks")
 
     p = sub.add_parser("verify", help="verify an algorithm symbolically, or a plan (.plan / MSCCL .xml)")
@@ -285,7 +495,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("compile", help="verify an algorithm, lower it to a plan, verify the plan, write it")
     algorithm_args(p)
-    p.add_argument("--protocol", choices=("Simple", "LL", "LL128"), default="Simple")
+    p.add_argument("--protocol", choices=("Simple", "LL", "LL128"), default="Simple",
+                   help="transport: Simple (default), LL (low latency: data and flag in one 8-byte store) or "
+                        "LL128")
     p.add_argument("--instances", type=int, default=1, help="replicate the schedule on more channels")
     p.add_argument("--threadblocks", choices=("auto", "manual"), default="auto",
                    help="manual: honour the sendtb/recvtb hints")
@@ -305,20 +517,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser("export", help="write a plan as MSCCL XML")
-    p.add_argument("plan")
-    p.add_argument("--format", choices=("msccl-xml",), default="msccl-xml")
+    p.add_argument("plan", help="plan file (.plan, or MSCCL XML)")
+    p.add_argument("--format", choices=("msccl-xml",), default="msccl-xml",
+                   help="output format (msccl-xml, the only one)")
     p.add_argument("--runtime", choices=("msccl", "azure"), default="msccl",
                    help="which MSCCL runtime reads it (attribute spellings)")
-    p.add_argument("--min-bytes", type=int, default=0)
-    p.add_argument("--max-bytes", type=int, default=None)
-    p.add_argument("-o", "--output")
-    p.add_argument("--no-verify", action="store_true")
+    p.add_argument("--min-bytes", type=int, default=0,
+                   help="smallest message size (bytes) the runtime should pick this plan for (default 0)")
+    p.add_argument("--max-bytes", type=int, default=None,
+                   help="the runtime picks this plan for sizes below this many bytes (default: no limit)")
+    p.add_argument("-o", "--output", help="XML file to write (default: standard output)")
+    p.add_argument("--no-verify", action="store_true", help="skip verifying the plan before exporting it")
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("import", help="read MSCCL XML (from MSCCLang, TACCL, by hand) into a plan file")
-    p.add_argument("xml")
-    p.add_argument("-o", "--output", required=True)
-    p.add_argument("--no-verify", action="store_true")
+    p.add_argument("xml", help="MSCCL XML file")
+    p.add_argument("-o", "--output", required=True, help="plan file to write")
+    p.add_argument("--no-verify", action="store_true", help="skip verifying the plan (it is then not marked verified)")
     p.set_defaults(func=cmd_import)
 
     from msc.runner import add_run_command
@@ -331,46 +546,104 @@ def build_parser() -> argparse.ArgumentParser:
     add_simulation_commands(sub, load_plan_arg)      # simulate, tune, show
 
     p = sub.add_parser("list", help="list the algorithms in files (default: the library)")
-    p.add_argument("files", nargs="*")
+    p.add_argument("files", nargs="*", metavar="FILE", help="algorithm files or library names (default: the library)")
     p.set_defaults(func=cmd_list)
     return parser
 
 
+SCRIPT_COMMANDS = ("verify", "compile")       # the commands that pass `-- ARGS` to an MSCCLang script
+
+
 def main(argv: list[str] | None = None) -> int:
     """``msc COMMAND ... [-- SCRIPT ARGS]``: what follows the first ``--``
-    goes, untouched, to an MSCCLang script as its ``sys.argv[1:]``."""
+    goes, untouched, to an MSCCLang script as its ``sys.argv[1:]``.
+
+    Exit status: 0 ok, 1 verification failed, 2 bad input (the user's code
+    failing or exiting included), 130 interrupted (Ctrl-C). ``--debug``
+    adds the traceback and keeps the status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     script_args: list[str] = []
     if "--" in argv:
         cut = argv.index("--")
         argv, script_args = argv[:cut], argv[cut + 1:]
-    parser = build_parser()
-    parser.epilog = "Arguments after -- are passed to an MSCCLang script (msc verify/compile prog.py -- 8 1)."
-    args = parser.parse_args(argv)
-    args.script_args = script_args
+    debug = "--debug" in argv
     try:
+        parser = build_parser()
+        parser.epilog = "Arguments after -- are passed to an MSCCLang script (msc verify/compile prog.py -- 8 1)."
+        args = parser.parse_args(argv)
+        args.script_args = script_args
+        return _run(args)
+    except KeyboardInterrupt:
+        if debug:
+            import traceback
+
+            traceback.print_exc()
+        print("msc: interrupted", file=sys.stderr)
+        return 130
+
+
+def _run(args) -> int:
+    from msc.dsl import TimeLimitExceeded, describe
+
+    try:
+        if args.script_args and args.command not in SCRIPT_COMMANDS:
+            raise UsageError(f"msc {args.command} takes no arguments after -- (only msc verify and msc compile "
+                             f"pass them to an MSCCLang script); got {' '.join(args.script_args)}")
         return args.func(args)
     except VerificationError as exc:
-        if args.debug:
-            raise
-        _report(args, "verification failed", exc, exc.to_dict())
-        return 1
+        return _fail(args, 1, "verification failed", exc, exc.to_dict())
     except MscError as exc:
-        if args.debug:
-            raise
-        _report(args, "error", exc, {"message": str(exc)})
-        return 2
+        return _fail(args, 2, "error", exc)
     except BrokenPipeError:          # output piped into `head`: stop quietly
         sys.stderr.close()
         return 0
-    except (OSError, ValueError) as exc:
-        if args.debug:
-            raise
-        _report(args, "error", exc, {"message": str(exc)})
-        return 2
+    except TimeLimitExceeded as exc:
+        where = user_frame(exc)
+        target = " ".join(x for x in ("msc", args.command, getattr(args, "file", None)) if x)
+        return _fail(args, 2, "error", f"{target} did not finish in {exc.seconds:g} s (--timeout)"
+                                       + (f"; it was at {where}" if where else ""))
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:     # the user's code: exceptions and exits the loader and tracer did not see
+        where = user_frame(exc)
+        if where is None and isinstance(exc, (OSError, ValueError)):
+            return _fail(args, 2, "error", exc)
+        if where is None and isinstance(exc, Exception):
+            raise                    # a bug in msc: its traceback says where
+        text = describe(exc, "in user code")
+        return _fail(args, 2, "error", f"{where}: {text}" if where else text)
 
 
-def _report(args, title: str, exc: Exception, detail: dict) -> None:
+def user_frame(exc: BaseException):
+    """The innermost traceback line of the user's code: outside msc, the
+    standard library and installed packages (None if there is none)."""
+    import sysconfig
+
+    from msc.dsl import _display_path, _internal
+    from msc.errors import SourceLine
+
+    installed = tuple({sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")})
+    tb, found = exc.__traceback__, None
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename
+        if not (_internal(name) or name.startswith(installed) or name.startswith("<")):
+            found = SourceLine(_display_path(name), tb.tb_lineno)
+        tb = tb.tb_next
+    return found
+
+
+def _fail(args, code: int, title: str, exc, detail: dict | None = None) -> int:
+    """Report an error in one line (JSON too with --json); --debug adds the
+    traceback first and keeps the exit status."""
+    if getattr(args, "debug", False):
+        import traceback
+
+        traceback.print_exc()
+    _report(args, title, exc, detail if detail is not None else {"message": str(exc)})
+    return code
+
+
+def _report(args, title: str, exc, detail: dict) -> None:
     if getattr(args, "json", False):
         print(json.dumps({"verified": False, "error": title, **detail}))
     print(f"msc: {title}: {exc}", file=sys.stderr)

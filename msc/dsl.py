@@ -5,15 +5,22 @@ every copy and reduce as an ``ir.Op`` with the user's source line. Static
 mistakes (a rank that does not exist, an index out of range, mismatched
 sizes) raise ``OperationError`` at once, at the user's line; what chunks
 end up holding is the verifier's business (``msc.verify``).
+
+Tracing runs the user's Python as it is, with no time limit (``msc verify``
+and ``msc compile`` take ``--timeout``). Whatever the user's code raises or
+does to leave (``sys.exit``, any ``BaseException`` but ``KeyboardInterrupt``)
+becomes an ``AlgorithmError`` at the user's line; ``KeyboardInterrupt`` and
+``TimeLimitExceeded`` pass through untouched.
 """
 from __future__ import annotations
 
 import inspect
+import operator
 import os
 import sys
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from msc.collectives import Collective, Layout, get_collective
 from msc.errors import AlgorithmError, MscError, OperationError, SourceLine, UsageError
@@ -50,6 +57,23 @@ def _display_path(path: str) -> str:
     except ValueError:
         return path
     return path if rel.startswith(".." + os.sep + "..") else rel
+
+
+def _integer(value):
+    """``value`` as an int where it is an integer of another type (a numpy
+    integer: ``operator.index``); anything else (bools included) unchanged,
+    for the caller's check to reject with its own words."""
+    if type(value) is int or isinstance(value, bool) or type(value).__name__ in ("bool", "bool_"):
+        return value
+    try:
+        return operator.index(value)
+    except TypeError:
+        return value
+
+
+def _not_int(value) -> str:
+    """How a value that should be an int is not one: for error messages."""
+    return f" (a {type(value).__name__}, not an int)" if type(value) is not int else ""
 
 
 class Program:
@@ -120,7 +144,12 @@ class Program:
 
     # -- the DSL ----------------------------------------------------------
     def chunk(self, rank: int, buffer: str, index: int, size: int = 1) -> Ref:
-        """A reference to ``size`` chunks of ``buffer`` on ``rank`` from ``index``."""
+        """A reference to ``size`` chunks of ``buffer`` on ``rank`` from ``index``.
+
+        Ranks, indices and sizes are ints or other integers (numpy's), never
+        bools or floats; so are the hints and ``split``'s parts below."""
+        if type(rank) is not int or type(index) is not int or type(size) is not int:
+            rank, index, size = _integer(rank), _integer(index), _integer(size)
         self._check_location(rank, buffer, index, size, "chunk")
         return Ref(self, rank, buffer, index, size)
 
@@ -130,18 +159,19 @@ class Program:
                                  where=user_line(3))
         n = self.layout.num_ranks
         if type(rank) is not int or not 0 <= rank < n:
-            raise OperationError(f"{what}: rank {rank!r} does not exist (ranks are 0..{n - 1})",
-                                 rank=rank if isinstance(rank, int) else None, buffer=buffer, index=index,
-                                 where=user_line(3))
+            problem = f"is a {type(rank).__name__}, not an int" if type(rank) is not int else "does not exist"
+            raise OperationError(f"{what}: rank {rank!r} {problem} (ranks are 0..{n - 1})",
+                                 rank=rank if type(rank) is int else None, buffer=buffer,
+                                 index=index if type(index) is int else None, where=user_line(3))
         if type(buffer) is not str or not buffer:
             buffer = getattr(buffer, "value", buffer)  # MSCCLang-style Buffer enums
             if type(buffer) is not str or not buffer:
                 raise OperationError(f"{what}: buffer must be a name, got {buffer!r}", rank=rank, where=user_line(3))
         if type(index) is not int or index < 0:
-            raise OperationError(f"{what}: index {index!r} on rank {rank} {buffer} must be an int >= 0",
-                                 rank=rank, buffer=buffer, where=user_line(3))
+            raise OperationError(f"{what}: index {index!r}{_not_int(index)} on rank {rank} {buffer} must be an "
+                                 f"int >= 0", rank=rank, buffer=buffer, where=user_line(3))
         if type(size) is not int or size < 1:
-            raise OperationError(f"{what}: size {size!r} must be an int >= 1",
+            raise OperationError(f"{what}: size {size!r}{_not_int(size)} must be an int >= 1",
                                  rank=rank, buffer=buffer, index=index, where=user_line(3))
         limit = self._logical.get(buffer)
         if limit is not None and index + size > limit:
@@ -152,10 +182,12 @@ class Program:
 
     def _record(self, kind: OpKind, src: Ref, dst: Ref, channel, sendtb, recvtb) -> None:
         if channel is not None or sendtb is not None or recvtb is not None:
+            channel, sendtb, recvtb = _integer(channel), _integer(sendtb), _integer(recvtb)
             for hint, value in (("channel", channel), ("sendtb", sendtb), ("recvtb", recvtb)):
                 if value is not None and (type(value) is not int or value < 0):
-                    raise OperationError(f"{kind.value}: hint {hint}={value!r} must be an int >= 0 or None",
-                                         rank=dst.rank, buffer=dst.buffer, index=dst.index, where=user_line(3))
+                    raise OperationError(f"{kind.value}: hint {hint}={value!r}{_not_int(value)} must be an int "
+                                         f">= 0 or None", rank=dst.rank, buffer=dst.buffer, index=dst.index,
+                                         where=user_line(3))
         sbuf, soff, dbuf, doff = src.buffer, 0, dst.buffer, 0
         if self._alias is not None:
             alias, target, offsets = self._alias
@@ -230,6 +262,8 @@ class Ref:
         p = self.program
         buffer = self.buffer if buffer is None else buffer
         index = self.index if index is None else index
+        if type(dst_rank) is not int or type(index) is not int:
+            dst_rank, index = _integer(dst_rank), _integer(index)
         p._check_location(dst_rank, buffer, index, self.size, "copy")
         dst = Ref(p, dst_rank, getattr(buffer, "value", buffer), index, self.size)
         p._record(OpKind.COPY, self, dst, channel, sendtb, recvtb)
@@ -253,8 +287,9 @@ class Ref:
 
     def split(self, parts: int) -> list[Ref]:
         """``parts`` references of equal size that together cover this one."""
+        parts = _integer(parts)
         if type(parts) is not int or parts < 1 or self.size % parts:
-            raise OperationError(f"split: cannot split {self.size} chunks into {parts!r} equal parts",
+            raise OperationError(f"split: cannot split {self.size} chunks into {parts!r}{_not_int(parts)} equal parts",
                                  rank=self.rank, buffer=self.buffer, index=self.index, where=user_line(2))
         step = self.size // parts
         return [Ref(self.program, self.rank, self.buffer, self.index + j * step, step) for j in range(parts)]
@@ -282,12 +317,48 @@ def group(refs) -> Ref:
 
 
 # -- algorithms -----------------------------------------------------------
+class TimeLimitExceeded(BaseException):
+    """Raised wherever the running code stood when ``--timeout`` expired.
+
+    A ``BaseException``, so that a user's ``except Exception`` does not
+    swallow it; tracing and loading pass it through untouched."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        super().__init__(f"did not finish in {seconds:g} s")
+
+
+# What the user's code may raise that is not the user's error: passed on as it is.
+PASS_THROUGH = (KeyboardInterrupt, TimeLimitExceeded)
+
+
+def describe(exc: BaseException, context: str) -> str:
+    """``TypeName CONTEXT: message`` for an exception from user code (context:
+    ``"in algorithm 'ring'"``, ``"while loading ring.py"``); says
+    ``sys.exit(...)`` as such, and survives a ``__str__`` that raises."""
+    name = type(exc).__name__
+    try:
+        if isinstance(exc, SystemExit):
+            text = f"it called sys.exit({exc.code!r})"
+        else:
+            text = str(exc)
+    except PASS_THROUGH:
+        raise
+    except BaseException:
+        text = f"(the {name} could not be shown: its __str__ raised)"
+    return f"{name} {context}: {text}" if text else f"{name} {context}"
+
+
 @dataclass(frozen=True)
 class Algorithm:
     """A collective algorithm: a function of a ``Program`` plus how to size it.
 
     ``params`` are the function's extra keyword parameters with their
-    defaults; ``ranks`` (optional) says which rank counts it supports.
+    defaults; ``chunk_factor`` an int or a function (see ``algorithm``);
+    ``ranks`` which rank counts it supports: None (all), a predicate, or the
+    rank counts (a frozenset or range). ``where`` is the line of the
+    ``@msc.algorithm`` decorator, where errors of the sizing functions are
+    reported.
     """
 
     fn: Callable
@@ -296,8 +367,9 @@ class Algorithm:
     chunk_factor: int | Callable
     inplace: bool
     params: dict[str, Any]
-    ranks: Callable | None = None
+    ranks: Callable | frozenset | range | None = None
     doc: str = ""
+    where: SourceLine | None = None
 
     def __call__(self, program: Program, **params):
         return self.fn(program, **params)
@@ -313,118 +385,289 @@ class Algorithm:
         """Whether this algorithm works at ``num_ranks`` with these parameters."""
         if num_ranks < 1:
             return False
-        if self.ranks is None:
+        allowed = self.ranks
+        if allowed is None:
             return True
-        return bool(_call_with(self.ranks, num_ranks, self.bind(params)))
+        if not callable(allowed):
+            return num_ranks in allowed
+        bound = self.bind(params)
+        verdict = self._call(allowed, "ranks= predicate", num_ranks, bound)
+        if isinstance(verdict, bool) or type(verdict).__name__ in ("bool", "bool_"):
+            return bool(verdict)
+        if type(_integer(verdict)) is int:       # lambda n: n % 2 (truth as an int)
+            return bool(verdict)
+        raise AlgorithmError(f"algorithm {self.name!r}: its ranks= predicate must return True or False, but "
+                             f"{_shown_call('ranks', allowed, num_ranks, bound)} returned {_safe_repr(verdict)} "
+                             f"(a {type(verdict).__name__})", where=self.where)
 
     def chunks(self, num_ranks: int, **params) -> int:
+        """Chunks per rank at ``num_ranks`` with these parameters (an int >= 1)."""
         k = self.chunk_factor
-        k = _call_with(k, num_ranks, self.bind(params)) if callable(k) else k
-        if type(k) is not int or k < 1:
-            raise AlgorithmError(f"algorithm {self.name!r}: chunk_factor must be an int >= 1, got {k!r}")
-        return k
+        if not callable(k):
+            return k
+        bound = self.bind(params)
+        got = self._call(k, "chunk_factor", num_ranks, bound)
+        value = _integer(got)
+        if type(value) is not int or value < 1:
+            raise AlgorithmError(f"algorithm {self.name!r}: chunk_factor must be an int >= 1, but "
+                                 f"{_shown_call('chunk_factor', k, num_ranks, bound)} gave {_safe_repr(got)}",
+                                 where=self.where)
+        return value
+
+    def _call(self, fn: Callable, what: str, num_ranks: int, bound: dict[str, Any]):
+        """Call one of the user's sizing functions; what it raises becomes an
+        AlgorithmError at its line in the algorithm's file, else at the
+        decorator."""
+        try:
+            return _call_with(fn, num_ranks, bound)
+        except (MscError, *PASS_THROUGH):
+            raise
+        except BaseException as exc:
+            where = _innermost_user_line(exc, self.fn.__code__.co_filename, only_preferred=True)
+            raise AlgorithmError(describe(exc, f"in the {what} of algorithm {self.name!r}"),
+                                 where=where or self.where) from exc
+
+
+def _signature(fn: Callable) -> inspect.Signature | None:
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):      # builtins without one
+        return None
 
 
 def _call_with(fn: Callable, n: int, params: dict[str, Any]):
     """Call ``fn(n, **the params it names)``."""
-    sig = inspect.signature(fn)
+    sig = _signature(fn)
+    if sig is None:
+        return fn(n)
     if any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
         return fn(n, **params)
     return fn(n, **{k: v for k, v in params.items() if k in sig.parameters})
 
 
+def _shown_call(label: str, fn: Callable, n: int, params: dict[str, Any]) -> str:
+    """``chunk_factor(n=8, pieces=-1)``: the call, with the parameter values
+    the function reads, for messages."""
+    sig = _signature(fn)
+    named = {} if sig is None else {k: v for k, v in params.items() if k in sig.parameters or any(
+        p.kind is p.VAR_KEYWORD for p in sig.parameters.values())}
+    return f"{label}(" + ", ".join([f"n={n}", *(f"{k}={_safe_repr(v)}" for k, v in named.items())]) + ")"
+
+
+def _safe_repr(value) -> str:
+    try:
+        return repr(value)
+    except PASS_THROUGH:
+        raise
+    except BaseException:
+        return f"<{type(value).__name__}>"
+
+
+def _rank_counts(ranks) -> Callable | frozenset | range | None:
+    """``ranks=`` as the decorator keeps it: a predicate, or the rank counts
+    (a range, or a frozenset of ints >= 1); raises ValueError saying why not."""
+    if ranks is None or callable(ranks):
+        return ranks
+    if isinstance(ranks, range):
+        if len(ranks) == 0 or min(ranks) < 1:
+            raise ValueError(f"ranks={ranks!r} must hold rank counts >= 1 (and at least one)")
+        return ranks
+    if isinstance(ranks, (str, bytes, dict)):
+        raise ValueError(f"ranks= must be a predicate of the rank count (lambda n: ...), the rank counts "
+                         f"(a list, tuple, set or range of ints) or one int; got {ranks!r}")
+    one = _integer(ranks)
+    if type(one) is int:
+        values = [one]
+    else:
+        try:
+            values = list(ranks)
+        except TypeError:
+            raise ValueError(f"ranks= must be a predicate of the rank count (lambda n: ...), the rank counts "
+                             f"(a list, tuple, set or range of ints) or one int; got {_safe_repr(ranks)} "
+                             f"(a {type(ranks).__name__})") from None
+    counts = [_integer(v) for v in values]
+    for value, count in zip(values, counts):
+        if type(count) is not int or count < 1:
+            raise ValueError(f"ranks= lists rank counts, each an int >= 1; {value!r}{_not_int(count)} is not one")
+    if not counts:
+        raise ValueError("ranks= lists no rank count: the algorithm would support none")
+    return frozenset(counts)
+
+
+def _check_sizing_function(fn, what: str, params: dict[str, Any], name: str) -> None:
+    """A chunk_factor or ranks= function must take the rank count first and
+    name only the algorithm's parameters after it (or give them defaults)."""
+    sig = _signature(fn)
+    if sig is None:
+        return
+    ps = list(sig.parameters.values())
+    if not ps or ps[0].kind not in (ps[0].POSITIONAL_ONLY, ps[0].POSITIONAL_OR_KEYWORD, ps[0].VAR_POSITIONAL):
+        raise ValueError(f"{what} must take the rank count as its first parameter (lambda n: ...)")
+    for p in ps[1:]:
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or p.name in params or p.default is not p.empty:
+            continue
+        known = ", ".join(sorted(params)) or "none"
+        raise ValueError(f"{what} takes a parameter {p.name!r} that algorithm {name!r} does not have "
+                         f"(its parameters: {known})")
+
+
 def algorithm(collective: str | Collective, chunk_factor: int | Callable = 1, inplace: bool = True,
-              ranks: Callable | None = None, **defaults):
-    """Declare a collective algorithm.
+              ranks: Callable | Iterable[int] | int | None = None, **defaults):
+    """Declare a collective algorithm (a decorator of ``fn(program, **params)``).
+
+    ``collective``: a name (``"allreduce"``, ``"allgather"``, ``"reducescatter"``,
+    ``"alltoall"``, ``"broadcast"``, ``"reduce"``) or a ``Collective`` object.
+
+    The function's keyword parameters after the program are the algorithm's
+    parameters (``--param name=value`` on the command line, where a value is
+    read as the type of the parameter's default); other keywords given here
+    override their defaults. Rooted collectives get a ``root`` parameter.
 
     ``chunk_factor``: chunks per rank (per buffer for allreduce, per input for
-    allgather, per output for reduce-scatter), an int or a function of the
-    rank count (and of the algorithm's parameters it names). ``ranks``: an
-    optional predicate of the rank count (and parameters) saying which rank
-    counts are supported. Other keywords override the defaults of the
-    function's own keyword parameters.
+    allgather, per output for reduce-scatter): an int >= 1, or a function
+    called as ``chunk_factor(n, **params)`` with the rank count and those of
+    the algorithm's parameters its signature names, e.g. ``lambda n: n`` or
+    ``lambda n, pieces: 2 * pieces`` (a default there, ``lambda n, pieces=4:``,
+    is only used where the algorithm has no such parameter). It must return
+    an int >= 1.
+
+    ``ranks``: which rank counts the algorithm supports (default: every one):
+    a predicate called like ``chunk_factor`` that returns True or False
+    (``lambda n: n % 2 == 0``, ``lambda n, rows: n % rows == 0``), or the rank
+    counts themselves: a list, tuple, set or range (``[8, 64]``,
+    ``range(2, 65, 2)``), or one int.
+
+    Mistakes in these arguments are reported at the decorator's line; an
+    exception raised inside these functions, or a return value of the wrong
+    kind, when they run, at the line of this file where it was raised, else
+    at the decorator's line. The functions (and the algorithm) run as plain
+    Python with no time limit (``msc verify --timeout`` sets one).
     """
-    coll = get_collective(collective)
+    where = user_line(2)
+
+    def bad(message: str) -> UsageError:
+        return UsageError(f"{where}: {message}" if where else message)
+
+    try:
+        coll = get_collective(collective)
+        rank_counts = _rank_counts(ranks)
+    except (UsageError, ValueError) as exc:
+        raise bad(str(exc)) from None
+    if not callable(chunk_factor):
+        k = _integer(chunk_factor)
+        if type(k) is not int or k < 1:
+            raise bad(f"chunk_factor must be an int >= 1 or a function of the rank count, got "
+                      f"{chunk_factor!r}{_not_int(k)}")
+        chunk_factor = k
 
     def wrap(fn: Callable) -> Algorithm:
         sig = inspect.signature(fn)
         names = list(sig.parameters)
         if not names:
-            raise UsageError(f"algorithm {fn.__name__!r} must take the program as its first parameter")
+            raise bad(f"algorithm {fn.__name__!r} must take the program as its first parameter")
         params = {}
         for p in list(sig.parameters.values())[1:]:
             params[p.name] = p.default if p.default is not p.empty else None
         unknown = set(defaults) - set(params)
         if unknown:
-            raise UsageError(f"algorithm {fn.__name__!r}: defaults for unknown parameters {sorted(unknown)}")
+            raise bad(f"algorithm {fn.__name__!r}: defaults for unknown parameters {sorted(unknown)}")
         params.update(defaults)
         if coll.has_root:
             params.setdefault("root", 0)
-        return Algorithm(fn, fn.__name__, coll, chunk_factor, bool(inplace), params, ranks,
-                         inspect.getdoc(fn) or "")
+        try:
+            if callable(chunk_factor):
+                _check_sizing_function(chunk_factor, "chunk_factor", params, fn.__name__)
+            if callable(rank_counts):
+                _check_sizing_function(rank_counts, "ranks=", params, fn.__name__)
+        except ValueError as exc:
+            raise bad(str(exc)) from None
+        return Algorithm(fn, fn.__name__, coll, chunk_factor, bool(inplace), params, rank_counts,
+                         inspect.getdoc(fn) or "", where)
 
     return wrap
 
 
 @pause_gc
 def trace(alg: Algorithm, num_ranks: int, *, inplace: bool | None = None, **params) -> Program:
-    """Run ``alg`` at ``num_ranks`` ranks and return the traced ``Program``."""
+    """Run ``alg`` at ``num_ranks`` ranks and return the traced ``Program``.
+
+    The user's function runs as plain Python, with no time limit. What it
+    raises (any exception, ``sys.exit``) becomes an ``AlgorithmError`` at the
+    innermost line of the algorithm's file; ``KeyboardInterrupt`` and
+    ``TimeLimitExceeded`` pass through."""
     if not isinstance(alg, Algorithm):
         raise UsageError(f"trace needs an @msc.algorithm, got {alg!r}")
+    num_ranks = _integer(num_ranks)
     if type(num_ranks) is not int or num_ranks < 1:
-        raise UsageError(f"num_ranks must be an int >= 1, got {num_ranks!r}")
+        raise UsageError(f"num_ranks must be an int >= 1, got {num_ranks!r}{_not_int(num_ranks)}")
     bound = alg.bind(params)
-    shown = f" with {params}" if params else ""
-    supported = _user_call(alg, "its ranks= predicate", lambda: alg.supports(num_ranks, **params))
-    if not supported:
-        sample = [n for n in range(1, 65) if _quiet(lambda n=n: alg.supports(n, **params))]
-        hint = f" (it supports {_compact(sample)} up to 64)" if sample else ""
-        raise AlgorithmError(f"algorithm {alg.name!r} does not support {num_ranks} ranks{shown}{hint}")
+    shown = " with " + ", ".join(f"{k}={_safe_repr(v)}" for k, v in params.items()) if params else ""
+    if not alg.supports(num_ranks, **params):
+        raise AlgorithmError(f"algorithm {alg.name!r} does not support {num_ranks} ranks{shown} "
+                             f"({_supported(alg, params)})")
     root = bound.get("root", 0) if alg.collective.has_root else 0
     if alg.collective.has_root and (type(root) is not int or not 0 <= root < num_ranks):
         raise AlgorithmError(f"algorithm {alg.name!r}: root {root!r} is not a rank (0..{num_ranks - 1})")
-    k = _user_call(alg, "its chunk_factor", lambda: alg.chunks(num_ranks, **params))
+    k = alg.chunks(num_ranks, **params)
     layout = alg.collective.layout(num_ranks, k, alg.inplace if inplace is None else bool(inplace), root)
     program = Program(alg.name, layout, bound)
     call_params = {k: v for k, v in bound.items() if k in inspect.signature(alg.fn).parameters}
     try:
         alg.fn(program, **call_params)
-    except MscError:
+    except (MscError, *PASS_THROUGH):
         raise
-    except Exception as exc:
-        raise AlgorithmError(f"{type(exc).__name__} in algorithm {alg.name!r}: {exc}",
+    except BaseException as exc:
+        raise AlgorithmError(describe(exc, f"in algorithm {alg.name!r}"),
                              where=_innermost_user_line(exc, alg.fn.__code__.co_filename)) from exc
     program.seal()
     return program
 
 
-def _user_call(alg: Algorithm, what: str, fn):
-    """Call the user's sizing code; its exceptions become AlgorithmError."""
-    try:
-        return fn()
-    except MscError:
-        raise
-    except Exception as exc:
-        raise AlgorithmError(f"{type(exc).__name__} in {what} of algorithm {alg.name!r}: {exc}",
-                             where=_innermost_user_line(exc, alg.fn.__code__.co_filename)) from exc
+def _supported(alg: Algorithm, params: dict[str, Any]) -> str:
+    """The rank counts an algorithm supports, for a message: all of them
+    where ``ranks=`` lists them, else those from 1 to 64."""
+    allowed = alg.ranks
+    if allowed is not None and not callable(allowed):
+        if isinstance(allowed, range) and len(allowed) > 4096:
+            return f"supported rank counts: {allowed.start} to {allowed[-1]} in steps of {allowed.step}"
+        return f"supported rank counts: {_counts(sorted(allowed))}"
+    sample = [n for n in range(1, 65) if _quiet(lambda n=n: alg.supports(n, **params))]
+    if not sample:
+        return "it supports no rank count from 1 to 64"
+    return f"supported rank counts from 1 to 64: {_counts(sample)}"
 
 
 def _quiet(fn) -> bool:
     try:
         return bool(fn())
-    except Exception:
+    except PASS_THROUGH:
+        raise
+    except BaseException:
         return False
 
 
-def _compact(values: list[int]) -> str:
-    from msc.verify import _ranges
+def _counts(values: list[int]) -> str:
+    """``8, 64``; ``2-9``; ``2, 4, ..., 64``: a list of rank counts that
+    cannot be misread as a range where it is not one."""
+    if len(values) >= 4:
+        step = values[1] - values[0]
+        if all(b - a == step for a, b in zip(values, values[1:])):
+            return f"{values[0]}-{values[-1]}" if step == 1 else f"{values[0]}, {values[1]}, ..., {values[-1]}"
+    out, i = [], 0
+    while i < len(values):
+        j = i
+        while j + 1 < len(values) and values[j + 1] == values[j] + 1:
+            j += 1
+        out += [f"{values[i]}-{values[j]}"] if j - i >= 2 else [str(v) for v in values[i:j + 1]]
+        i = j + 1
+    return ", ".join(out)
 
-    return _ranges(values).replace(",", ", ")
 
-
-def _innermost_user_line(exc: BaseException, prefer: str | None = None) -> SourceLine | None:
+def _innermost_user_line(exc: BaseException, prefer: str | None = None,
+                         only_preferred: bool = False) -> SourceLine | None:
     """The innermost traceback line in the file ``prefer`` (the algorithm's
-    own file) if any, else the innermost line outside msc."""
+    own file) if any, else (unless ``only_preferred``) the innermost line
+    outside msc."""
     tb, last, preferred = exc.__traceback__, None, None
     while tb is not None:
         name = tb.tb_frame.f_code.co_filename
@@ -433,4 +676,4 @@ def _innermost_user_line(exc: BaseException, prefer: str | None = None) -> Sourc
             if name == prefer:
                 preferred = last
         tb = tb.tb_next
-    return preferred or last
+    return preferred if only_preferred else preferred or last

@@ -5,10 +5,11 @@ from __future__ import annotations
 import ast
 import hashlib
 import importlib.util
+import io
 import sys
 from pathlib import Path
 
-from msc.dsl import Algorithm
+from msc.dsl import PASS_THROUGH, Algorithm, describe
 from msc.errors import AlgorithmError, MscError, SourceLine, UsageError
 from msc.resources import data_dir
 
@@ -29,12 +30,38 @@ def resolve(path: str) -> Path:
     raise UsageError(f"no such algorithm file: {path}")
 
 
+def read_source(path: Path) -> str:
+    """A Python file's text, decoded as Python does (UTF-8 unless a coding
+    line says otherwise); a file that does not decode is an error naming the
+    file and line."""
+    import tokenize
+
+    data = path.read_bytes()
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+    except SyntaxError as exc:           # an unknown coding, or a BOM that contradicts it
+        raise AlgorithmError(f"cannot read {path}: {exc.msg}",
+                             where=SourceLine(str(path), exc.lineno or 1)) from None
+    try:
+        return data.decode(encoding)
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise AlgorithmError(f"not {encoding} text: byte 0x{data[exc.start]:02x} on this line cannot be decoded "
+                             f"({exc.reason})", where=SourceLine(str(path), line)) from None
+
+
 def _import_file(path: Path, module_name: str, as_main: bool = False):
-    source = path.read_text()
+    """Run the file as a module. What its code raises becomes an
+    AlgorithmError at its line; ``sys.exit`` too, except in a script
+    (``as_main``), where the caller decides; ``KeyboardInterrupt`` and
+    ``TimeLimitExceeded`` pass."""
+    source = read_source(path)
     try:
         code = compile(source, str(path), "exec")
     except SyntaxError as exc:
         raise AlgorithmError(f"syntax error: {exc.msg}", where=SourceLine(str(path), exc.lineno or 0)) from None
+    except ValueError as exc:            # source with a NUL byte
+        raise AlgorithmError(f"cannot compile {path}: {exc}", where=SourceLine(str(path), 1)) from None
     spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
     if as_main:
@@ -42,13 +69,15 @@ def _import_file(path: Path, module_name: str, as_main: bool = False):
     sys.modules[module_name] = module
     try:
         exec(code, module.__dict__)
-    except MscError:
+    except (MscError, *PASS_THROUGH):
         raise
-    except SystemExit:
-        raise
-    except Exception as exc:
-        line = _file_line(exc, path)
-        raise AlgorithmError(f"{type(exc).__name__} while loading {path}: {exc}", where=line) from exc
+    except SystemExit as exc:
+        if as_main:
+            raise
+        raise AlgorithmError(describe(exc, f"while loading {path}") + " (an algorithm file must not end the process)",
+                             where=_file_line(exc, path)) from None
+    except BaseException as exc:
+        raise AlgorithmError(describe(exc, f"while loading {path}"), where=_file_line(exc, path)) from exc
     return module
 
 
@@ -80,8 +109,8 @@ def is_msccl_script(path: str | Path) -> bool:
     a script and its programs are collected as it defines them)."""
     p = resolve(str(path))
     try:
-        tree = ast.parse(p.read_text(), str(p))
-    except SyntaxError:
+        tree = ast.parse(read_source(p), str(p))
+    except (SyntaxError, ValueError):    # loading it says what is wrong
         return False
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("msc.compat"):
@@ -105,7 +134,8 @@ def run_script(path: str | Path, argv: list[str]):
                 _import_file(p, "__msc_script__", as_main=True)
             except SystemExit as exc:
                 if exc.code not in (0, None):
-                    raise UsageError(f"{p} exited with status {exc.code} (its arguments: {argv})") from None
+                    raise AlgorithmError(f"{p} exited with status {exc.code!r} (its arguments: {argv})",
+                                         where=_file_line(exc, p)) from None
     finally:
         sys.argv = saved
     return programs

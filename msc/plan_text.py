@@ -4,22 +4,43 @@ and verifies what it loads unless asked not to.
 
 Parse errors say line:column, what was found and what was expected; values
 are checked after parsing (msc.plan_check) and an error there names the
-line of the offending rank, threadblock or step.
+line of the offending rank, threadblock or step. An error quotes at most
+80 characters of what it found (``shown``), however long the token; a file
+that is not UTF-8 is named with the byte offset of the first bad byte.
+
+Plan files are written whole or not at all (msc.files.write_output): a
+reader that loads one while it is being rewritten gets the old text or the
+new one.
 """
 from __future__ import annotations
 
 import json
+import re
 from functools import lru_cache
 from pathlib import Path
 
 from msc import verified as verified_texts
 from msc.errors import PlanError, SourceLine
+from msc.files import write_output
 from msc.ir import Plan, RankPlan, Slice, Step, StepOp, Threadblock
 from msc.perf import pause_gc
 from msc.plan_lines import read_plan_lines
 from msc.resources import data_dir
 
 FORMAT_VERSION = 1
+SHOWN = 80               # characters of the input an error message quotes
+
+
+def shown(value, limit: int = SHOWN) -> str:
+    """``value`` as an error message quotes it: at most ``limit`` characters, then "..."."""
+    text = str(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def clipped(message: str, limit: int = SHOWN) -> str:
+    """``message`` with every run of more than ``limit`` non-blank characters
+    cut to ``limit`` and "..." (a message that quotes a value it did not shorten)."""
+    return re.sub(rf"\S{{{limit + 1},}}", lambda m: m.group()[:limit] + "...", message)
 
 
 # -- printing ---------------------------------------------------------------
@@ -69,7 +90,7 @@ def save_plan(plan: Plan, path: str | Path, *, verified: bool = False) -> Path:
     second verification (msc.verified)."""
     path = Path(path)
     text = dump_plan(plan)
-    path.write_text(text)
+    write_output(path, text)
     if verified:
         verified_texts.remember(text, "plan", plan.collective)
     return path
@@ -86,7 +107,10 @@ def _parser():
 def parse_plan(text: str, *, path: str | None = None) -> Plan:
     """A plan from its text; PlanError on any syntax or value error."""
     lines: dict[tuple, int] = {}       # (rank,), (rank, tb), (rank, tb, step) -> line, for value errors
-    plan = read_plan_lines(text, lines, step_lines=False) if isinstance(text, str) else None
+    try:
+        plan = read_plan_lines(text, lines, step_lines=False) if isinstance(text, str) else None
+    except ValueError:                 # a number of thousands of digits: lark reads it and says where
+        plan = None
     fast = plan is not None
     if plan is None:                   # not in dump_plan's layout (or wrong): the grammar reads it
         plan = _parse_with_grammar(text, lines, path)
@@ -102,8 +126,8 @@ def parse_plan(text: str, *, path: str | None = None) -> Plan:
             key = key[:-1]
         line = lines.get(key) if key else None
         if line is None:
-            raise PlanError(str(exc), path=path) from None
-        raise PlanError(_strip_location(str(exc)), rank=exc.rank, tb=exc.tb, step=exc.step,
+            raise PlanError(clipped(str(exc)), path=path) from None
+        raise PlanError(clipped(_strip_location(str(exc))), rank=exc.rank, tb=exc.tb, step=exc.step,
                         line=line, path=path) from None
     return plan
 
@@ -114,7 +138,7 @@ def _parse_with_grammar(text: str, lines: dict, path: str | None) -> Plan:
     try:
         tree = _parser().parse(text)
     except UnexpectedToken as exc:
-        found = "end of file" if exc.token.type == "$END" else repr(str(exc.token))
+        found = "end of file" if exc.token.type == "$END" else repr(shown(exc.token))
         raise PlanError(f"found {found}, expected {_expected(exc.expected)}",
                         line=exc.line, column=exc.column, path=path) from None
     except UnexpectedCharacters as exc:
@@ -125,7 +149,7 @@ def _parse_with_grammar(text: str, lines: dict, path: str | None) -> Plan:
         raise PlanError(f"found end of file, expected {_expected(exc.expected)}", path=path,
                         line=text.count("\n") + 1) from None
     except UnexpectedInput as exc:  # any other lark input error
-        raise PlanError(f"syntax error: {exc}", line=getattr(exc, "line", None),
+        raise PlanError(clipped(f"syntax error: {exc}"), line=getattr(exc, "line", None),
                         column=getattr(exc, "column", None), path=path) from None
     return _build(tree, lines, path)
 
@@ -152,12 +176,21 @@ def _string(tok, path) -> str:
     try:
         return json.loads(str(tok))
     except ValueError as exc:
-        raise PlanError(f"bad quoted string {str(tok)[:40]!r}: {exc.msg}", line=tok.line, column=tok.column,
+        raise PlanError(f"bad quoted string {shown(tok, 40)!r}: {exc.msg}", line=tok.line, column=tok.column,
                         path=path) from None
 
 
+def _number(tok, path=None) -> int:
+    """The integer a token spells (PlanError, placed, for one too long to read)."""
+    try:
+        return int(tok)
+    except ValueError:
+        raise PlanError(f"number {shown(tok, 20)!r} has {len(str(tok))} digits; too many", line=tok.line,
+                        column=tok.column, path=path) from None
+
+
 def _int(tok, what, low=None, path=None) -> int:
-    value = int(tok)
+    value = _number(tok, path)
     if low is not None and value < low:
         raise PlanError(f"{what} must be >= {low}, got {value}", line=tok.line, column=tok.column, path=path)
     return value
@@ -166,7 +199,7 @@ def _int(tok, what, low=None, path=None) -> int:
 def _build(tree, lines, path) -> Plan:
     header, *sections = tree.children
     h = header.children
-    version = int(h[0])
+    version = _number(h[0], path)
     if version != FORMAT_VERSION:
         raise PlanError(f"plan format version {version} is not supported (this msc reads {FORMAT_VERSION})",
                         line=h[0].line, column=h[0].column, path=path)
@@ -196,21 +229,21 @@ def _build(tree, lines, path) -> Plan:
             for i, st in enumerate(steps):
                 lines[(rank, tid, i)] = st.meta.line
                 parsed.append(_build_step(st, i, path))
-            built.append(Threadblock(tid, _peer_value(send), _peer_value(recv), _int(ch_tok, "channel", 0, path),
-                                     tuple(parsed)))
+            built.append(Threadblock(tid, _peer_value(send, path), _peer_value(recv, path),
+                                     _int(ch_tok, "channel", 0, path), tuple(parsed)))
         ranks.append(RankPlan(rank, _int(scratch_tok, "scratch", 0, path), tuple(built)))
     return Plan(name, collective, num_ranks, chunk_factor, inplace, input_chunks, output_chunks, tuple(ranks),
                 root, protocol, instances, slots, tile)
 
 
-def _peer_value(tree) -> int | None:
+def _peer_value(tree, path=None) -> int | None:
     tok = tree.children[0]
-    return None if tok.type == "NONE" else int(tok)
+    return None if tok.type == "NONE" else _number(tok, path)
 
 
 def _build_step(st, position, path) -> Step:
     num, op_tok, sources, *rest = st.children
-    if int(num) != position:
+    if _number(num, path) != position:
         raise PlanError(f"step numbered {int(num)} is step {position} of its threadblock",
                         line=num.line, column=num.column, path=path)
     op = StepOp(str(op_tok))
@@ -220,9 +253,9 @@ def _build_step(st, position, path) -> Step:
         if part.data == "dest":
             dst = _build_slice(part.children[0], path)
         elif part.data == "deps":
-            deps = tuple(tuple(int(x) for x in str(d.children[0]).split(".")) for d in part.children)
+            deps = tuple(_dep(d.children[0], path) for d in part.children)
         elif part.data == "source_line":
-            where = SourceLine(_string(part.children[0], path), int(part.children[1]))
+            where = SourceLine(_string(part.children[0], path), _number(part.children[1], path))
     slices = srcs + ((dst,) if dst is not None else ())
     counts = {s.count for s in slices}
     if len(counts) > 1:
@@ -232,34 +265,61 @@ def _build_step(st, position, path) -> Step:
     return Step(op, srcs, dst, count, deps, where)
 
 
+def _dep(tok, path) -> tuple[int, int]:
+    try:
+        return tuple(int(x) for x in str(tok).split("."))
+    except ValueError:
+        raise PlanError(f"dependency {shown(tok, 20)!r} has too many digits", line=tok.line, column=tok.column,
+                        path=path) from None
+
+
 def _build_slice(tree, path=None) -> Slice:
     name, start, *end = tree.children
-    lo = int(start)
-    hi = int(end[0]) if end else lo + 1
+    lo = _number(start, path)
+    hi = _number(end[0], path) if end else lo + 1
     if hi <= lo:
-        raise PlanError(f"slice {name}[{lo}:{hi}] is empty", line=start.line, column=start.column, path=path)
+        raise PlanError(f"slice {shown(name)}[{lo}:{hi}] is empty", line=start.line, column=start.column, path=path)
     return Slice(str(name), lo, hi - lo)
 
 
 # -- loading ------------------------------------------------------------------
+_XML_START = re.compile(rb"\s*(?:\xef\xbb\xbf)?\s*<|\xff\xfe|\xfe\xff")    # "<", after blanks or a BOM
+
+
 def load_plan(path: str | Path, *, verify: bool = True, collective=None) -> Plan:
     """A plan from a .plan file or MSCCL XML; verified unless ``verify=False``
     or this msc verified the same text before (msc.verified)."""
+    return read_plan_file(path, verify=verify, collective=collective)[0]
+
+
+def read_plan_file(path: str | Path, *, verify: bool = True, collective=None) -> tuple[Plan, bytes, str]:
+    """``load_plan``'s plan, with the bytes it was read from (read once) and
+    the reader that read them ("plan" or "xml")."""
     path = Path(path)
     try:
-        text = path.read_text()
+        data = path.read_bytes()
     except OSError as exc:
         raise PlanError(f"cannot read {path}: {exc.strerror or exc}") from None
-    reader = "xml" if path.suffix.lower() == ".xml" or text.lstrip().startswith("<") else "plan"
+    reader = "xml" if path.suffix.lower() == ".xml" or _XML_START.match(data) else "plan"
     if reader == "xml":
         from msc.xml_import import xml_to_plan
 
-        plan = xml_to_plan(text, path=str(path))
+        plan = xml_to_plan(data, path=str(path))     # bytes: expat honours the XML declaration's encoding
     else:
-        plan = parse_plan(text, path=str(path))
-    if verify and not verified_texts.known(text, reader, plan.collective, collective):
+        plan = parse_plan(decode_utf8(data, str(path)), path=str(path))
+    if verify and not verified_texts.known(data, reader, plan.collective, collective):
         from msc.plan_verify import verify_plan
 
         verify_plan(plan, collective=collective)
-        verified_texts.remember(text, reader, plan.collective, collective)
-    return plan
+        verified_texts.remember(data, reader, plan.collective, collective)
+    return plan, data, reader
+
+
+def decode_utf8(data: bytes, path: str | None = None) -> str:
+    """``data`` as UTF-8 text; a PlanError naming the file, the line and the
+    byte offset of the first byte that is not UTF-8."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PlanError(f"not UTF-8 text: byte 0x{data[exc.start]:02x} at byte offset {exc.start} ({exc.reason})",
+                        path=path or "<plan>", line=data.count(b"\n", 0, exc.start) + 1) from None

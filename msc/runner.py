@@ -280,7 +280,7 @@ def add_run_command(subparsers, load_plan: Callable) -> argparse.ArgumentParser:
     p.add_argument("-f", "--stepfactor", type=int, default=2, help="size multiplier between runs")
     p.add_argument("-n", "--iters", type=int, default=1, help="runs per size (host time is their mean)")
     p.add_argument("-d", "--dtype", default="float", help=f"one of {', '.join(TYPES)}")
-    p.add_argument("-o", "--op", choices=OPS, default="sum")
+    p.add_argument("-o", "--op", choices=OPS, default="sum", help="the reduction (default sum; ignored by data movement)")
     p.add_argument("-r", "--root", type=int,
                    help="rooted collectives: must match the plan's root (a plan is built for one root)")
     p.add_argument("--seed", type=int, default=0, help="seed for the random inputs")

@@ -21,11 +21,25 @@ def add_commands(subparsers, load_plan: Callable) -> None:
     add_show_command(subparsers, load_plan)
 
 
+def _number(text: str, *, zero: bool) -> float:
+    """A finite float, > 0 (or >= 0 with ``zero``): argparse's type for the
+    uniform model's flags (inf, nan and negatives are refused)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is None or not (0 <= value if zero else 0 < value) or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number {'>= 0' if zero else '> 0'}, got {text!r}")
+    return value
+
+
 def add_topology_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--topology", "-t", metavar="NAME|FILE",
                    help="nvswitch, pcie, ib[:NODES], ring[:N], torus[:RxC], or a TOML file")
-    p.add_argument("--alpha-us", type=float, help="uniform model: latency per message (us)")
-    p.add_argument("--bandwidth-gbps", type=float, help="uniform model: bandwidth per rank pair (GB/s = 1e9 B/s)")
+    p.add_argument("--alpha-us", type=lambda t: _number(t, zero=True), metavar="US",
+                   help="uniform model: latency per message (us, finite, >= 0)")
+    p.add_argument("--bandwidth-gbps", type=lambda t: _number(t, zero=False), metavar="GBPS",
+                   help="uniform model: bandwidth per rank pair (GB/s = 1e9 B/s, finite, > 0)")
 
 
 def topology_from_args(args, num_ranks: int):
@@ -97,7 +111,7 @@ def add_tune_command(subparsers, load_plan: Callable | None = None) -> argparse.
     """``msc tune ALGORITHM_FILES... --ranks N --topology T -b MIN -e MAX [-o DIR] [--plot FILE.png]``."""
     p = subparsers.add_parser("tune", help="pick the fastest algorithm, protocol and instances per size range")
     p.add_argument("files", nargs="+", metavar="ALGORITHM_FILE", help="algorithm files or library names")
-    p.add_argument("--ranks", "-n", type=int, required=True)
+    p.add_argument("--ranks", "-n", type=int, required=True, help="number of ranks")
     add_topology_args(p)
     _sweep_args(p, 1024, 256 * 1024 ** 2)
     p.add_argument("--protocols", type=lambda t: _list(t, str), default=("Simple", "LL"),
@@ -113,16 +127,10 @@ def add_tune_command(subparsers, load_plan: Callable | None = None) -> argparse.
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show Python tracebacks")
 
     def cmd(args) -> int:
-        from msc.cli import parse_params
         from msc.runner import sizes
         from msc.tune import format_tune, index_entries, per_size, records, tune, write_plans
 
-        user = {}
-        for item in args.param:
-            key, sep, raw = item.partition("=")
-            if not sep or not key.strip():
-                raise UsageError(f"--param takes name=v1,v2, got {item!r}")
-            user[key.strip()] = [parse_params([f"x={v}"])["x"] for v in raw.split(",")]
+        user = tune_params(args.files, args.param)
         if args.ranks is None or args.ranks < 1:
             raise UsageError(f"--ranks must be >= 1, got {args.ranks}")
         topo = topology_from_args(args, args.ranks)
@@ -159,6 +167,34 @@ def add_tune_command(subparsers, load_plan: Callable | None = None) -> argparse.
 
     p.set_defaults(func=cmd)
     return p
+
+
+def tune_params(files: list[str], items: list[str]) -> dict[str, list]:
+    """``--param name=v1,v2`` for ``msc tune``: each name a parameter of some
+    algorithm in ``files``, its values read as the type of its default."""
+    from msc.cli import param_value, split_param
+
+    raw = {}
+    for item in items:
+        key, values = split_param(item, form="name=v1,v2")
+        if key in raw:
+            raise UsageError(f"--param {key} is given twice (list its values once: {key}=v1,v2)")
+        raw[key] = values.split(",")
+    if not raw:
+        return {}
+    from msc.loader import load_algorithms
+
+    defaults: dict[str, object] = {}
+    for path in files:
+        for alg in load_algorithms(path):
+            for key, value in alg.params.items():
+                defaults.setdefault(key, value)
+    for key in raw:
+        if key not in defaults:
+            known = ", ".join(sorted(defaults))
+            raise UsageError(f"--param {key}: no algorithm in {', '.join(files)} has a parameter {key} "
+                             + (f"(their parameters: {known})" if known else "(they take no parameters)"))
+    return {key: [param_value(key, v, defaults[key]) for v in values] for key, values in raw.items()}
 
 
 def add_show_command(subparsers, load_plan: Callable) -> argparse.ArgumentParser:

@@ -258,7 +258,9 @@ def index_entries(result: TuneResult) -> list[dict]:
 
 
 def write_plans(result: TuneResult, outdir: str | Path) -> list[dict]:
-    """The chosen plans as .plan files and their ranges in plans.json."""
+    """The chosen plans as .plan files and their ranges in plans.json (each
+    file written whole or not at all, plans.json last)."""
+    from msc.files import write_output
     from msc.plan_text import save_plan
 
     outdir = Path(outdir)
@@ -266,7 +268,7 @@ def write_plans(result: TuneResult, outdir: str | Path) -> list[dict]:
     entries = index_entries(result)
     for entry, (_, _, i) in zip(entries, result.ranges):
         save_plan(result.candidates[i].plan, outdir / entry["file"])
-    (outdir / "plans.json").write_text(json.dumps(entries, indent=2) + "\n")
+    write_output(outdir / "plans.json", json.dumps(entries, indent=2) + "\n")
     return entries
 
 

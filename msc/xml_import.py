@@ -27,7 +27,10 @@ fuses into one pass when that pass differs from doing them in turn (another
 not checked here (xml_export does that).
 
 Every error is a PlanError naming the element, attribute, gpu/tb/step and
-the line; DTDs and entities are refused.
+the line, quoting at most 80 characters of a value or name; DTDs and
+entities are refused. Bytes are decoded as the XML declaration says (UTF-8
+without one): an encoding expat cannot read is refused naming it, and bytes
+that are not UTF-8 in a UTF-8 file are named by their byte offset.
 """
 from __future__ import annotations
 
@@ -39,6 +42,7 @@ from msc.collectives import get_collective
 from msc.errors import MscError, PlanError
 from msc.ir import Plan, RankPlan, Slice, Step, StepOp, Threadblock
 from msc.plan_check import PROTOCOLS, check_plan
+from msc.plan_text import clipped, shown
 
 COLLECTIVES = {"allreduce": "allreduce", "allgather": "allgather", "reduce_scatter": "reducescatter",
                "reducescatter": "reducescatter", "alltoall": "alltoall", "broadcast": "broadcast",
@@ -91,7 +95,8 @@ def xml_byte_range(text: str | bytes, *, path: str | None = None) -> tuple[int, 
     except _FirstElement:
         pass
     if found.get("tag") != "algo":
-        raise PlanError(f"the root element is <{found.get('tag')}>, expected <algo>", path=path, line=found.get("line"))
+        raise PlanError(f"the root element is <{shown(found.get('tag'))}>, expected <algo>", path=path,
+                        line=found.get("line"))
     attrs, line = found["attrs"], found["line"]
 
     def bound(name):
@@ -143,12 +148,45 @@ def _expat(text, path):
     return parser
 
 
+_DECLARED = re.compile(rb"""\s*<\?xml\s[^>]*?encoding\s*=\s*["']([^"']*)["']""")
+_UTF8 = ("utf-8", "utf8")
+
+
 def _feed(parser, text, path) -> None:
     try:
         parser.Parse(text, True)
     except expat.ExpatError as exc:
+        if isinstance(text, bytes):
+            _check_utf8(text, path)
         raise PlanError(f"not well-formed XML: {expat.ErrorString(exc.code)}", path=path, line=exc.lineno,
                         column=exc.offset + 1) from None
+    except UnicodeEncodeError as exc:            # str input that is not Unicode text (a lone surrogate)
+        raise PlanError(f"character {exc.start} of the text is not Unicode text ({exc.reason})", path=path) from None
+    except (LookupError, ValueError) as exc:     # pyexpat's codec lookup for an unknown declared encoding
+        declared = _declared_encoding(text)
+        if declared is None or declared.lower() in _UTF8:
+            raise
+        raise PlanError(f"the XML declaration names the encoding {shown(declared)!r}, which msc cannot read "
+                        f"({shown(exc)})", path=path, line=1) from None
+
+
+def _declared_encoding(text) -> str | None:
+    head = text[:1024] if isinstance(text, bytes) else text[:1024].encode("utf-8", "replace")
+    found = _DECLARED.match(head)
+    return found.group(1).decode("ascii", "replace") if found else None
+
+
+def _check_utf8(data: bytes, path) -> None:
+    """A PlanError naming the first byte that is not UTF-8, if the text
+    should be UTF-8 (no declared encoding, or UTF-8) and is not."""
+    declared = _declared_encoding(data)
+    if (declared is not None and declared.lower() not in _UTF8) or data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PlanError(f"not UTF-8 text: byte 0x{data[exc.start]:02x} at byte offset {exc.start} ({exc.reason})",
+                        path=path or "<plan>", line=data.count(b"\n", 0, exc.start) + 1) from None
 
 
 class _Reader:
@@ -158,7 +196,7 @@ class _Reader:
         self.alias = lambda rank, buffer: (buffer, 0)
 
     def error(self, el, message: str, **where) -> PlanError:
-        return PlanError(message, line=self.lines.get(el), path=self.path, **where)
+        return PlanError(clipped(message), line=self.lines.get(el), path=self.path, **where)
 
     def text(self, el, attr: str, **where) -> str:
         value = el.get(attr)
@@ -183,14 +221,14 @@ class _Reader:
     def children(self, el, tag: str, **where) -> list:
         for child in el:
             if child.tag != tag:
-                raise self.error(child, f"unexpected element <{child.tag}> in <{el.tag}> (expected <{tag}>)",
+                raise self.error(child, f"unexpected element <{shown(child.tag)}> in <{el.tag}> (expected <{tag}>)",
                                  **where)
         return list(el)
 
     # -- the algorithm --------------------------------------------------------
     def plan(self, algo, slots: int | None) -> Plan:
         if algo.tag != "algo":
-            raise self.error(algo, f"the root element is <{algo.tag}>, expected <algo>")
+            raise self.error(algo, f"the root element is <{shown(algo.tag)}>, expected <algo>")
         name = self.text(algo, "name")
         protocol = self.text(algo, "proto")
         if protocol not in PROTOCOLS:
@@ -262,7 +300,7 @@ class _Reader:
             el = sorted(el, key=lambda t: int(t.get("id")))[exc.tb]
             if exc.step is not None and exc.step < len(el):
                 el = el[exc.step]
-        located = PlanError(str(exc), line=self.lines.get(el), path=self.path)
+        located = PlanError(clipped(str(exc)), line=self.lines.get(el), path=self.path)
         located.rank, located.tb, located.step = exc.rank, exc.tb, exc.step
         return located
 
@@ -318,7 +356,8 @@ class _Reader:
     def step(self, el, r, t, s, declared, all_steps) -> tuple[Step, tuple | None]:
         where = dict(rank=r, tb=t, step=s)
         if self.int(el, "s", **where) != s:
-            raise self.error(el, f"<step s={el.get('s')}> is step {s} of its threadblock (s must count 0, 1, ...)",
+            raise self.error(el, f"<step s={shown(el.get('s').strip())}> is step {s} of its threadblock "
+                                 f"(s must count 0, 1, ...)",
                              **where)
         kind = self.text(el, "type", **where)
         op = TYPES.get(kind)

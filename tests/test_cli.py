@@ -282,3 +282,233 @@ def test_import_names_the_size_range_a_plan_file_does_not_keep(tmp_path):
         assert done.returncode == 0, done.stderr
         assert ("1024 <= bytes < 65536" in done.stderr) is note
         assert ("plans.json" in done.stderr) is note
+
+
+# -- issue 15 (a new user's first hour) and issue 14 (hardening): in-process runs of msc.cli.main ----
+def run_main(capsys, *args) -> tuple[int, str, str]:
+    """(exit status, stdout, stderr) of ``msc ARGS`` run in this process."""
+    from msc.cli import main
+
+    code = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+PIECES = """
+    import msc
+
+    @msc.algorithm("allreduce", chunk_factor=lambda n, pieces=4: 2 * pieces, ranks=lambda n: n in (8, 64))  # @decorator
+    def pieced(p, pieces=4, exact=False, rate=0.5, label="x"):
+        import json, os
+        with open(os.environ["MSC_TEST_SEEN"], "w") as f:
+            json.dump({"pieces": pieces, "exact": exact, "rate": rate, "label": label}, f)
+"""
+
+
+@pytest.fixture
+def pieces(tmp_path, monkeypatch):
+    seen = tmp_path / "seen.json"
+    monkeypatch.setenv("MSC_TEST_SEEN", str(seen))
+    path, marks = write(tmp_path, PIECES)
+    return path, marks, seen
+
+
+@pytest.mark.parametrize("param,message", [
+    ("pieces=abc", "--param pieces=abc: pieces takes an int (its default is 4), got 'abc'"),
+    ("pieces=2.5", "--param pieces=2.5: pieces takes an int (its default is 4), got '2.5'"),
+    ("exact=maybe", "--param exact=maybe: exact takes true or false (its default is False), got 'maybe'"),
+    ("rate=fast", "--param rate=fast: rate takes a number (its default is 0.5), got 'fast'"),
+    ("width=2", "--param width: algorithm 'pieced' has no parameter width "
+                "(parameters: exact, label, pieces, rate)"),
+])
+def test_param_values_are_checked_against_the_defaults_type(capsys, pieces, param, message):
+    """Issue 15, item 4: ``pieces=abc`` was reported as 'chunk_factor must be
+    an int >= 1, got 'abcabc''."""
+    path, _, _ = pieces
+    code, out, err = run_main(capsys, "verify", path, "-n", 8, "--param", param)
+    assert (code, out, err) == (2, "", f"msc: error: {message}\n")
+
+
+def test_param_values_arrive_as_the_defaults_type(capsys, pieces):
+    path, _, seen = pieces
+    code, _, err = run_main(capsys, "verify", path, "-n", 8, "-p", "pieces=3", "-p", "exact=yes", "-p", "rate=2",
+                            "-p", "label=123")
+    assert code == 1, err          # the algorithm does nothing: verification fails, after tracing
+    assert json.loads(seen.read_text()) == {"pieces": 3, "exact": True, "rate": 2.0, "label": "123"}
+    code, _, err = run_main(capsys, "verify", path, "-n", 8, "-p", "pieces=3", "-p", "pieces=4")
+    assert (code, err) == (2, "msc: error: --param pieces is given twice\n")
+
+
+def test_a_rejected_value_names_the_parameters_that_led_there(capsys, pieces):
+    """Issue 15, item 4: ``pieces=-1`` reported only 'chunk_factor -2'."""
+    path, marks, _ = pieces
+    code, out, err = run_main(capsys, "verify", path, "-n", 8, "--param", "pieces=-1")
+    assert code == 2
+    assert err.endswith(f":{marks['decorator']}: algorithm 'pieced': chunk_factor must be an int >= 1, but "
+                        f"chunk_factor(n=8, pieces=-1) gave -2\n")
+    file, line = blamed(err)
+    assert Path(file).resolve() == path.resolve() and line == marks["decorator"]
+    code, out, err = run_main(capsys, "verify", path, "-n", 4)
+    assert (code, err) == (2, "msc: error: algorithm 'pieced' does not support 4 ranks "
+                              "(supported rank counts from 1 to 64: 8, 64)\n")
+
+
+def test_debug_adds_the_traceback_and_keeps_the_exit_status(capsys, pieces, tmp_path):
+    """Issue 15, item 5: --debug turned exit status 2 into 1."""
+    path, _, _ = pieces
+    for args in (("--debug", "verify", path, "-n", 4), ("verify", "--debug", path, "-n", 4)):
+        code, out, err = run_main(capsys, *args)
+        assert code == 2
+        assert err.startswith("Traceback (most recent call last):")
+        assert err.endswith("msc: error: algorithm 'pieced' does not support 4 ranks "
+                            "(supported rank counts from 1 to 64: 8, 64)\n")
+    code, out, err = run_main(capsys, "--debug", "verify", path, "-n", 8)       # writes nothing: fails
+    assert code == 1 and "Traceback" in err and "msc: verification failed: " in err
+    code, out, err = run_main(capsys, "--debug", "verify", tmp_path / "missing.plan")
+    assert code == 2 and "Traceback" in err and err.rstrip().splitlines()[-1].startswith("msc: error: ")
+
+
+def test_compile_emit_cuda_times_the_cuda_step_apart_from_verification(capsys, tmp_path, monkeypatch):
+    """Issue 15, item 6: NVRTC's time was labelled as verification time."""
+    import time
+
+    import msc.cli
+
+    real = msc.cli.emit_cuda
+
+    def slow_emit(plan, path, args):
+        time.sleep(0.5)
+        return real(plan, path, args)
+
+    monkeypatch.setattr(msc.cli, "emit_cuda", slow_emit)
+    plan = tmp_path / "ring.plan"
+    code, out, err = run_main(capsys, "compile", "allreduce/ring", "-n", 4, "-o", plan, "--emit", "cuda")
+    assert code == 0, err
+    lines = out.splitlines()
+    verified = float(lines[0].split("program verified, lowered and plan verified in ")[1].split(" s")[0])
+    assert lines[1].startswith("  CUDA: source rendered in ")
+    assert verified < 0.5 <= float(lines[1].split(" in ")[1].split(" s")[0])
+    assert lines[2:] == [f"  wrote {tmp_path / 'ring.float32-sum.cu'}"]
+    code, out, err = run_main(capsys, "compile", "allreduce/ring", "-n", 4, "-o", plan, "--emit", "cuda", "--json")
+    report = json.loads(out)
+    assert code == 0 and report["seconds"] < 0.5 <= report["emit_seconds"]
+
+
+def test_compile_emit_cuda_with_arch_says_nvrtc_or_the_cache(capsys, tmp_path):
+    pytest.importorskip("cuda.bindings")
+    plan = tmp_path / "ring.plan"
+    args = ("compile", "allreduce/ring", "-n", 2, "-o", plan, "--emit", "cuda", "--arch", "sm_90")
+    code, first, err = run_main(capsys, *args)
+    if code == 2 and "NVRTC" in err:
+        pytest.skip(f"no NVRTC here: {err}")
+    assert code == 0, err
+    code, again, err = run_main(capsys, *args)
+    assert code == 0, err
+    assert first.splitlines()[1].split(" in ")[0] in ("  CUDA: rendered and compiled with NVRTC for sm_90",
+                                                      "  CUDA: taken from the kernel cache")
+    assert again.splitlines()[1].startswith("  CUDA: taken from the kernel cache in ")
+
+
+def test_every_flag_of_every_subcommand_has_help():
+    """Issue 15, item 8: export --format/--min-bytes/--max-bytes/--no-verify,
+    import's options and compile --protocol had none."""
+    import argparse
+
+    from msc.cli import build_parser
+
+    missing, seen = [], set()
+
+    def walk(parser, name):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for command, sub in action.choices.items():
+                    seen.add(command)
+                    walk(sub, f"{name} {command}")
+            if not action.help:
+                missing.append(f"{name} {'/'.join(action.option_strings) or action.dest}")
+
+    walk(build_parser(), "msc")
+    assert missing == []
+    assert {"verify", "compile", "export", "import", "run", "bench", "simulate", "tune", "show", "list"} <= seen
+
+
+@pytest.fixture
+def ring_plan(tmp_path):
+    plan = tmp_path / "ring4.plan"
+    assert cli("compile", "allreduce/ring", "-n", 4, "-o", plan).returncode == 0
+    return plan
+
+
+@pytest.mark.parametrize("flags,named", [
+    (("--ranks", "4"), "--ranks applies"),
+    (("--inplace", "out"), "--inplace applies"),
+    (("--param", "chunks=2"), "--param applies"),
+    (("--name", "ring"), "--name applies"),
+    (("-n", "4", "-p", "x=1"), "--ranks, --param apply"),
+])
+def test_verify_plan_refuses_the_flags_of_algorithm_files(capsys, ring_plan, flags, named):
+    """Issue 14, item 7: they were silently ignored."""
+    code, out, err = run_main(capsys, "verify", ring_plan, *flags)
+    assert code == 2 and out == ""
+    assert err.startswith(f"msc: error: {named} to algorithm files; {ring_plan} is a plan (its ranks and "
+                          f"parameters are fixed): leave ")
+
+
+def test_arguments_after_double_dash_go_only_to_msccl_scripts(capsys, ring_plan, tmp_path):
+    code, _, err = run_main(capsys, "verify", ring_plan, "--", "8")
+    assert (code, err) == (2, f"msc: error: arguments after -- are for MSCCLang scripts; {ring_plan} is a plan\n")
+    code, _, err = run_main(capsys, "compile", "allreduce/ring", "-n", 4, "-o", tmp_path / "x.plan", "--", "8", "1")
+    assert code == 2
+    assert err == ("msc: error: arguments after -- (8 1) are for MSCCLang scripts; allreduce/ring is an "
+                   "@msc.algorithm file: use --ranks and --param\n")
+    assert not (tmp_path / "x.plan").exists()
+    code, _, err = run_main(capsys, "list", "--", "x")
+    assert code == 2 and "msc list takes no arguments after --" in err
+
+
+def test_compile_of_a_plan_points_at_verify_and_run(capsys, ring_plan):
+    """Issue 14, item 7: it said 'invalid syntax'."""
+    code, out, err = run_main(capsys, "compile", ring_plan)
+    assert code == 2 and out == ""
+    assert err == (f"msc: error: {ring_plan} is a plan, not an algorithm file: msc compile takes an algorithm (.py) "
+                   f"and writes a plan; to check this one use `msc verify {ring_plan}`, to run it "
+                   f"`msc run {ring_plan}`\n")
+
+
+def test_tune_refuses_a_parameter_no_algorithm_has(capsys):
+    code, out, err = run_main(capsys, "tune", "allreduce/ring", "allreduce/tree", "-n", 4, "-t", "nvswitch",
+                              "--param", "bogus=1,2")
+    assert code == 2 and out == ""
+    assert err == ("msc: error: --param bogus: no algorithm in allreduce/ring, allreduce/tree has a parameter bogus "
+                   "(their parameters: chunks)\n")
+    code, out, err = run_main(capsys, "tune", "allreduce/tree", "-n", 4, "-t", "nvswitch", "--param", "chunks=2,x")
+    assert (code, err) == (2, "msc: error: --param chunks=x: chunks takes an int (its default is 4), got 'x'\n")
+
+
+@pytest.mark.parametrize("flag,value", [("--alpha-us", "inf"), ("--alpha-us", "nan"), ("--alpha-us", "-1"),
+                                        ("--bandwidth-gbps", "inf"), ("--bandwidth-gbps", "0"),
+                                        ("--bandwidth-gbps", "-inf")])
+def test_simulate_refuses_infinite_nan_and_negative_model_numbers(capsys, ring_plan, flag, value):
+    other = {"--alpha-us": ("--bandwidth-gbps", "10"), "--bandwidth-gbps": ("--alpha-us", "1")}[flag]
+    with pytest.raises(SystemExit) as done:
+        run_main(capsys, "simulate", ring_plan, f"{flag}={value}", *other)
+    assert done.value.code == 2
+    assert f"argument {flag}: expected a finite number" in capsys.readouterr().err
+
+
+def test_a_file_that_is_not_utf8_is_named(capsys, tmp_path):
+    path = tmp_path / "latin.py"
+    path.write_bytes(b"import msc\n# caf\xe9\n")
+    code, out, err = run_main(capsys, "verify", path, "-n", 2)
+    assert code == 2
+    assert err == f"msc: error: {path}:2: not utf-8 text: byte 0xe9 on this line cannot be decoded (invalid " \
+                  f"continuation byte)\n"
+
+
+def test_msccl_scripts_refuse_the_flags_of_algorithm_files(capsys):
+    script = REPO / "examples" / "msccl_allreduce_ring.py"
+    for command in ("verify", "compile"):
+        code, out, err = run_main(capsys, command, script, "-n", 8, "--", 4, 1, "Simple")
+        assert (code, out) == (2, "")
+        assert err == (f"msc: error: --ranks applies to @msc.algorithm files; {script} is an MSCCLang script: give "
+                       f"its arguments after -- (msc {command} {script} -- ARGS)\n")

@@ -693,3 +693,258 @@ def test_in_place_output_left_at_its_initial_value_is_reported():
         msc.verify(program)
     assert (err.value.rank, err.value.buffer, err.value.index) == (1, "output", 1)
     assert "foreign input[1] of rank 1" in err.value.found
+
+
+# -- the decorator's contracts: ranks= and chunk_factor (issue 15, item 3) ---------------------------
+@pytest.mark.parametrize("ranks,supported", [
+    ([8, 64], [8, 64]),
+    ((2, 4), [2, 4]),
+    ({6}, [6]),
+    (frozenset({3, 5}), [3, 5]),
+    (range(2, 65, 2), list(range(2, 65, 2))),
+    (4, [4]),
+    (lambda n: n % 3 == 0, list(range(3, 70, 3))),
+])
+def test_ranks_takes_a_predicate_the_counts_or_one_count(ranks, supported):
+    """``ranks=[2, 4]`` once failed with 'inspect.py:2449: TypeError ...'."""
+    @msc.algorithm("allreduce", ranks=ranks)
+    def any_form(p):
+        pass
+
+    assert [n for n in range(0, 70) if any_form.supports(n)] == [n for n in supported if n < 70]
+    msc.trace(any_form, supported[0])
+
+
+def test_unsupported_rank_count_lists_the_supported_counts_not_a_range():
+    """'it supports 8, 64 up to 64' read as the range 8..64; now the counts
+    themselves, all of them where ranks= lists them."""
+    @msc.algorithm("allreduce", ranks=[64, 8, 512])
+    def listed(p):
+        pass
+
+    @msc.algorithm("allreduce", ranks=lambda n: n in (8, 64))
+    def predicate(p):
+        pass
+
+    @msc.algorithm("allreduce", ranks=lambda n, step: n % step == 0, step=2)
+    def even(p, step=2):
+        pass
+
+    with pytest.raises(msc.AlgorithmError) as err:
+        msc.trace(listed, 4)
+    assert str(err.value) == "algorithm 'listed' does not support 4 ranks (supported rank counts: 8, 64, 512)"
+    with pytest.raises(msc.AlgorithmError) as err:
+        msc.trace(predicate, 4)
+    assert str(err.value) == ("algorithm 'predicate' does not support 4 ranks "
+                              "(supported rank counts from 1 to 64: 8, 64)")
+    with pytest.raises(msc.AlgorithmError) as err:
+        msc.trace(even, 3)
+    assert str(err.value).endswith("(supported rank counts from 1 to 64: 2, 4, ..., 64)")
+    with pytest.raises(msc.AlgorithmError) as err:
+        msc.trace(even, 4, step=3)
+    assert str(err.value) == ("algorithm 'even' does not support 4 ranks with step=3 "
+                              "(supported rank counts from 1 to 64: 3, 6, ..., 63)")
+
+
+def test_chunk_factor_reads_the_algorithms_parameters():
+    @msc.algorithm("allreduce", chunk_factor=lambda n, pieces=4: 2 * pieces)
+    def pieced(p, pieces=4):
+        pass
+
+    @msc.algorithm("allreduce", chunk_factor=lambda n, unused=5: unused)    # not a parameter: its own default
+    def other(p, pieces=4):
+        pass
+
+    assert [pieced.chunks(8), pieced.chunks(8, pieces=3)] == [8, 6]
+    assert msc.trace(pieced, 2, pieces=1).chunk_factor == 2
+    assert other.chunks(8, pieces=1) == 5
+
+
+DECLARATION_ERRORS = {
+    # name: (decorator arguments, message)
+    "ranks text": ('ranks="8"', "ranks= must be a predicate of the rank count"),
+    "ranks dict": ("ranks={8: True}", "ranks= must be a predicate of the rank count"),
+    "ranks zero": ("ranks=[0, 8]", "ranks= lists rank counts, each an int >= 1; 0 is not one"),
+    "ranks float": ("ranks=[8, 2.5]", "2.5 (a float, not an int) is not one"),
+    "ranks bool": ("ranks=True", "ranks= must be a predicate"),
+    "ranks empty": ("ranks=[]", "ranks= lists no rank count"),
+    "ranks empty range": ("ranks=range(0)", "must hold rank counts >= 1"),
+    "factor zero": ("chunk_factor=0", "chunk_factor must be an int >= 1 or a function of the rank count, got 0"),
+    "factor text": ("chunk_factor='4'", "got '4' (a str, not an int)"),
+    "factor bool": ("chunk_factor=True", "got True (a bool, not an int)"),
+    "factor param": ("chunk_factor=lambda n, hops: hops",
+                     "chunk_factor takes a parameter 'hops' that algorithm 'declared' does not have "
+                     "(its parameters: width)"),
+    "factor no n": ("chunk_factor=lambda: 4", "chunk_factor must take the rank count as its first parameter"),
+    "ranks param": ("ranks=lambda n, rows: n % rows == 0", "ranks= takes a parameter 'rows'"),
+    "collective": ('collective="allsum"', "unknown collective 'allsum'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DECLARATION_ERRORS))
+def test_bad_decorator_arguments_are_reported_at_the_decorator_line(tmp_path, case):
+    arguments, message = DECLARATION_ERRORS[case]
+    collective = "" if arguments.startswith("collective") else '"allreduce", '
+    path, marks = write(tmp_path, f"""
+        import msc
+
+        @msc.algorithm({collective}{arguments})  # @decorator
+        def declared(p, width=1):
+            pass
+    """)
+    with pytest.raises(msc.UsageError) as err:
+        msc.load_algorithms(path)
+    assert message in str(err.value)
+    file, line = str(err.value).split(": ", 1)[0].rsplit(":", 1)   # the message starts with FILE:LINE
+    assert Path(file).resolve() == path.resolve() and int(line) == marks["decorator"]
+
+
+def test_errors_in_sizing_functions_and_bad_results_name_the_decorator_line(tmp_path):
+    """An exception raised in a sizing function outside the algorithm's file
+    (here: in a helper module), a wrong return value, and a chunk_factor < 1
+    that a parameter led to are reported at the decorator's line, with the
+    parameter values."""
+    write(tmp_path, """
+        def factor(n, pieces):
+            return {2: 2}[n] * pieces
+    """, name="sizing_helpers.py")
+    alg, marks, path = load_one(tmp_path, """
+        import sys
+        import msc
+        sys.path.insert(0, __file__.rsplit("/", 1)[0])
+        from sizing_helpers import factor
+
+        @msc.algorithm("allreduce", chunk_factor=factor, ranks=lambda n, verdict: verdict, verdict=True)  # @decorator
+        def sized(p, pieces=1, verdict=True):
+            pass
+    """)
+    assert msc.trace(alg, 2, pieces=3).chunk_factor == 6
+    with pytest.raises(msc.AlgorithmError, match="KeyError in the chunk_factor of algorithm 'sized': 4") as err:
+        msc.trace(alg, 4)
+    assert_at(err.value, path, marks["decorator"])
+    with pytest.raises(msc.AlgorithmError) as err:
+        msc.trace(alg, 2, pieces=-1)
+    assert_at(err.value, path, marks["decorator"])
+    assert err.value.args[0].endswith(
+        "algorithm 'sized': chunk_factor must be an int >= 1, but chunk_factor(n=2, pieces=-1) gave -2")
+    with pytest.raises(msc.AlgorithmError) as err:
+        msc.trace(alg, 2, pieces="abc")
+    assert "chunk_factor(n=2, pieces='abc') gave 'abcabc'" in str(err.value)
+    with pytest.raises(msc.AlgorithmError) as err:
+        msc.trace(alg, 2, verdict=[2, 4])
+    assert_at(err.value, path, marks["decorator"])
+    assert err.value.args[0].endswith("its ranks= predicate must return True or False, but "
+                                      "ranks(n=2, verdict=[2, 4]) returned [2, 4] (a list)")
+    assert not alg.supports(2, verdict=0) and alg.supports(2, verdict=1)     # an int's truth is fine
+
+
+def test_numpy_integers_are_ints_and_bools_and_floats_are_not(tmp_path):
+    """Issue 14, item 7: ``p.chunk(np.int64(1), "input", 0)`` was rejected."""
+    np = pytest.importorskip("numpy")
+
+    def body(p, seen):
+        i = np.int64
+        ref = p.chunk(i(1), "input", np.int32(0), size=np.uint8(2))
+        seen["halves"] = ref.split(np.int16(2))
+        ref.copy(i(0), "output", i(0), channel=i(1), sendtb=np.int32(0), recvtb=np.uint8(2))
+
+    program, seen = run_dsl("allgather", np.int64(2), body, k=2)
+    assert [fields(r) for r in seen["halves"]] == [(1, "input", 0, 1), (1, "input", 1, 1)]
+    [op] = program.ops
+    values = (op.src_rank, op.src_index, op.dst_rank, op.dst_index, op.size, op.channel, op.sendtb, op.recvtb)
+    assert values == (1, 0, 0, 0, 2, 1, 0, 2) and all(type(v) is int for v in values)
+    assert program.num_ranks == 2 and type(program.num_ranks) is int
+
+    @msc.algorithm("allreduce", ranks=[np.int64(4)], chunk_factor=np.int64(2))
+    def numpy_sized(p):
+        pass
+
+    assert numpy_sized.supports(4) and numpy_sized.chunks(4) == 2
+
+
+@pytest.mark.parametrize("statement,message", [
+    ("p.chunk(True, 'input', 0)", "chunk: rank True is a bool, not an int (ranks are 0..1)"),
+    ("p.chunk(np.bool_(True), 'input', 0)", "chunk: rank np.True_ is a bool, not an int"),
+    ("p.chunk(1.0, 'input', 0)", "chunk: rank 1.0 is a float, not an int"),
+    ("p.chunk(np.float64(1), 'input', 0)", "is a float64, not an int"),
+    ("p.chunk(0, 'input', 0.0)", "index 0.0 (a float, not an int) on rank 0 input must be an int >= 0"),
+    ("p.chunk(0, 'input', False)", "index False (a bool, not an int)"),
+    ("p.chunk(0, 'input', 0, size=True)", "size True (a bool, not an int) must be an int >= 1"),
+    ("p.chunk(0, 'input', 0).copy(1.0, 'output', 0)", "copy: rank 1.0 is a float, not an int"),
+    ("p.chunk(0, 'input', 0, 2).split(2.0)", "into 2.0 (a float, not an int) equal parts"),
+    ("p.chunk(0, 'input', 0).copy(1, 'output', 0, channel=np.True_)", "hint channel=np.True_ (a bool, not an int)"),
+])
+def test_bools_and_floats_are_rejected_with_their_type(tmp_path, statement, message):
+    pytest.importorskip("numpy")
+    alg, marks, path = load_one(tmp_path, f"""
+        import numpy as np
+        import msc
+
+        @msc.algorithm("allgather", chunk_factor=2, inplace=False)
+        def typed(p):
+            {statement}  # @bad
+    """)
+    with pytest.raises(msc.OperationError) as err:
+        msc.trace(alg, 2)
+    assert message in str(err.value)
+    assert_at(err.value, path, marks["bad"])
+
+
+@pytest.mark.parametrize("raise_it,shown", [
+    ("sys.exit(0)", "SystemExit in algorithm 'odd': it called sys.exit(0)"),
+    ("sys.exit('bye')", "SystemExit in algorithm 'odd': it called sys.exit('bye')"),
+    ("raise Custom('custom')", "Custom in algorithm 'odd': custom"),
+    ("raise GeneratorExit", "GeneratorExit in algorithm 'odd'"),
+    ("raise Mute()", "Mute in algorithm 'odd': (the Mute could not be shown: its __str__ raised)"),
+])
+def test_exits_and_odd_exceptions_in_the_algorithm_are_algorithm_errors(tmp_path, raise_it, shown):
+    """Issue 14, item 5: sys.exit, BaseException subclasses and exceptions
+    that cannot be printed become AlgorithmError at the line; Ctrl-C does not."""
+    alg, marks, path = load_one(tmp_path, f"""
+        import sys
+        import msc
+
+        class Custom(BaseException):
+            pass
+
+        class Mute(Exception):
+            def __str__(self):
+                raise RuntimeError("cannot show it")
+
+        @msc.algorithm("allreduce")
+        def odd(p, interrupt=False):
+            if interrupt:
+                raise KeyboardInterrupt
+            {raise_it}  # @raise
+    """)
+    with pytest.raises(msc.AlgorithmError) as err:
+        msc.trace(alg, 2)
+    assert str(err.value) == f"{err.value.where}: {shown}"
+    assert_at(err.value, path, marks["raise"])
+    with pytest.raises(KeyboardInterrupt):
+        msc.trace(alg, 2, interrupt=True)
+
+
+def test_exits_while_loading_are_algorithm_errors(tmp_path):
+    path, marks = write(tmp_path, """
+        import sys
+        import msc
+
+        sys.exit(0)  # @exit
+    """)
+    with pytest.raises(msc.AlgorithmError, match=r"SystemExit while loading .*: it called sys.exit\(0\) "
+                                                 r"\(an algorithm file must not end the process\)") as err:
+        msc.load_algorithms(path)
+    assert_at(err.value, path, marks["exit"])
+
+
+def test_a_file_that_is_not_utf8_is_named_with_its_line(tmp_path):
+    """Issue 14, item 7: 'utf-8' codec can't decode byte 0xff ... named no file."""
+    path = tmp_path / "latin.py"
+    path.write_bytes(b"import msc\n\n# caf\xe9\n")
+    with pytest.raises(msc.AlgorithmError) as err:
+        msc.load_algorithms(path)
+    assert_at(err.value, path, 3)
+    assert "not utf-8 text: byte 0xe9 on this line cannot be decoded" in str(err.value)
+    path.write_bytes(b"# -*- coding: latin-1 -*-\nimport msc\n\n# caf\xe9\n")     # a coding line is honoured
+    assert msc.load_algorithms(path) == []

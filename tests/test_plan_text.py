@@ -386,3 +386,48 @@ def test_empty_slice_error_names_the_file():
     line = RING_LINES[(0, 0, 0)]
     err = parse_error(edit_line(RING, line, lambda s: s.replace("input[2]", "input[2:2]")), path="ring.plan")
     assert err.path == "ring.plan" and str(err).startswith("ring.plan:")
+
+
+# -- issue 14, item 7: errors quote bounded input; bytes that are not UTF-8 -------
+BIG = 2_000_000          # characters of one token (the issue's was 150 MB: a 157 MB message)
+
+
+def ring_text(n=3) -> str:
+    return dump_plan(library_plan("allreduce/ring:ring", n, True))
+
+
+@pytest.mark.parametrize("edit", [
+    lambda t: t.replace('name "ring"', "name " + "x" * BIG),                  # a name where a string goes
+    lambda t: t.replace("protocol Simple", "protocol " + "P" * BIG),          # plan_check quotes it
+    lambda t: t.replace("input[", "b" * BIG + "[", 1),                         # a buffer name
+    lambda t: t.replace("ranks 3", "ranks " + "3" * BIG),                      # a number of 2 million digits
+    lambda t: t.replace("tb 0 send", "tb 0" + "0" * 5000 + " send", 1),       # past int()'s 4300 digits
+    lambda t: t.replace("0: send", "0: " + "q" * BIG, 1),                      # a step op
+], ids=["token", "protocol", "buffer", "number", "long int", "op"])
+def test_a_huge_token_is_not_echoed_whole(edit):
+    with pytest.raises(PlanError) as info:
+        parse_plan(edit(ring_text()), path="big.plan")
+    message = str(info.value)
+    assert len(message) < 400, message[:500]
+    assert info.value.line is None or message.startswith(f"big.plan:{info.value.line}")      # still placed
+
+
+def test_shown_bounds_any_value():
+    from msc.plan_text import clipped, shown
+
+    assert shown("abc") == "abc" and shown("x" * 81) == "x" * 80 + "..."
+    assert clipped("unknown protocol '" + "P" * 200 + "' (expected ...)") == \
+        "unknown protocol '" + "P" * 79 + "... (expected ...)"
+
+
+def test_a_plan_file_that_is_not_utf8_names_the_file_and_byte_offset(tmp_path):
+    data = ring_text().encode()
+    at = data.index(b"rank 1")
+    path = tmp_path / "bad.plan"
+    path.write_bytes(data[:at] + b"\xff" + data[at:])
+    with pytest.raises(PlanError) as info:
+        load_plan(path, verify=False)
+    message = str(info.value)
+    line = data[:at].count(b"\n") + 1
+    assert message.startswith(f"{path}:{line}: ")
+    assert f"byte 0xff at byte offset {at}" in message

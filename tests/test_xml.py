@@ -532,3 +532,62 @@ def test_fuzz_mutated_exports(seed, data):
     if data.draw(st.booleans()):
         text = text[:data.draw(st.integers(0, len(text)))]
     _import_only_raises_msc_errors(text)
+
+
+# -- issue 14, item 7: bounded quotes, declared encodings, bytes that are not UTF-8 --
+BIG = 1_000_000
+
+
+def exported() -> str:
+    return plan_to_xml(lower(msc.trace(ALGORITHMS["allreduce/ring:ring"], 3)))
+
+
+@pytest.mark.parametrize("edit", [
+    lambda t: t.replace("<algo", "<" + "x" * BIG, 1).replace("</algo>", "</" + "x" * BIG + ">"),
+    lambda t: t.replace('<gpu id="0"', "<" + "g" * BIG + ' id="0"', 1).replace("</gpu>", "</" + "g" * BIG + ">", 1),
+    lambda t: t.replace('<step s="0"', '<step s="' + " " * BIG + '7"', 1),
+    lambda t: t.replace('proto="Simple"', 'proto="' + "P" * BIG + '"'),
+    lambda t: t.replace('ngpus="3"', 'ngpus="' + "3" * BIG + '"'),
+], ids=["root tag", "child tag", "padded step number", "protocol", "number"])
+def test_a_huge_name_or_value_is_not_echoed_whole(edit):
+    text = edit(exported())
+    for data in (text, text.encode()):
+        with pytest.raises(PlanError) as info:
+            xml_to_plan(data, path="big.xml")
+        assert str(info.value).startswith("big.xml:") and len(str(info.value)) < 300, str(info.value)[:400]
+    if "<algo" not in text:
+        from msc.xml_import import xml_byte_range
+
+        with pytest.raises(PlanError) as info:
+            xml_byte_range(text.encode(), path="big.xml")
+        assert len(str(info.value)) < 300
+
+
+@pytest.mark.parametrize("encoding", ["bogus", "x" * 200, "shift_jis"])
+def test_an_encoding_expat_cannot_read_is_named(encoding):
+    from msc.xml_import import xml_byte_range
+
+    data = f'<?xml version="1.0" encoding="{encoding}"?>\n{exported()}'.encode()
+    for read in (xml_to_plan, xml_byte_range):
+        with pytest.raises(PlanError) as info:
+            read(data, path="enc.xml")
+        message = str(info.value)
+        assert message.startswith("enc.xml:1: ") and repr(encoding[:80])[:-1] in message and len(message) < 300
+
+
+def test_declared_single_byte_encodings_still_read():
+    text = exported().replace('name="ring"', 'name="ring\u00e9"')
+    plan = xml_to_plan(f'<?xml version="1.0" encoding="windows-1252"?>\n{text}'.encode("cp1252"))
+    assert plan.name == "ring\u00e9"
+
+
+def test_xml_that_is_not_utf8_names_the_file_and_byte_offset():
+    text = exported().encode()
+    at = text.index(b'name="') + 6
+    for head in (b"", b'<?xml version="1.0" encoding="UTF-8"?>\n'):
+        data = head + text[:at] + b"\xc3(" + text[at:]
+        with pytest.raises(PlanError) as info:
+            xml_to_plan(data, path="bad.xml")
+        assert f"byte 0xc3 at byte offset {len(head) + at}" in str(info.value)
+        line = 1 + head.count(b"\n")
+        assert str(info.value).startswith(f"bad.xml:{line}: ")

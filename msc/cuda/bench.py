@@ -310,7 +310,7 @@ def add_bench_command(subparsers, load_plan) -> argparse.ArgumentParser:
     p.add_argument("-G", "--cudagraph", type=int, default=0,
                    help="capture the -n iterations in a CUDA graph and replay it this many times (0: no graph)")
     p.add_argument("-d", "--dtype", default="float", help=f"one of {', '.join(TYPES)}")
-    p.add_argument("-o", "--op", choices=OPS, default="sum")
+    p.add_argument("-o", "--op", choices=OPS, default="sum", help="the reduction (default sum; ignored by data movement)")
     p.add_argument("-c", "--check", type=int, default=1, help="1: count wrong elements of one run per size")
     p.add_argument("--device", type=int, help="GPU index (default: the current one)")
     p.add_argument("--no-baselines", action="store_true", help="time msc only")

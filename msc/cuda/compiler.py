@@ -6,7 +6,7 @@ rendered source, cached on disk.
 Cache layout, under ``$MSC_CACHE_DIR/kernels/<key>/``: ``kernel.cu`` (the
 rendered source), ``layout.json`` (what the runtime launches it with) and
 ``kernel.<arch>.nvrtc<version>.cubin``, each with a SHA-256 sidecar checked
-on every read (msc.cuda.cachefiles): an empty, altered or unreadable entry is
+on every read (msc.files): an empty, altered or unreadable entry is
 a miss and is rebuilt. The key hashes everything the source depends on: the
 templates, msc's own code (codegen, and the verifier that computes the step
 facts: msc.verified.msc_digest), the collective (a custom one by what it
@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from msc.cuda.cachefiles import read_checked, write_checked
+from msc.files import read_checked, write_checked
 from msc.cuda.codegen import Connection, KernelLayout, choose_form, render
 from msc.errors import CompileError, UsageError
 from msc.ir import Plan
