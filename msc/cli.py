@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 from msc.errors import MscError, UsageError, VerificationError
+from msc.runner import _size_arg
 
 
 def parse_params(items: list[str]) -> dict[str, Any]:
@@ -522,10 +523,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="output format (msccl-xml, the only one)")
     p.add_argument("--runtime", choices=("msccl", "azure"), default="msccl",
                    help="which MSCCL runtime reads it (attribute spellings)")
-    p.add_argument("--min-bytes", type=int, default=0,
-                   help="smallest message size (bytes) the runtime should pick this plan for (default 0)")
-    p.add_argument("--max-bytes", type=int, default=None,
-                   help="the runtime picks this plan for sizes below this many bytes (default: no limit)")
+    p.add_argument("--min-bytes", type=_size_arg, default=0,
+                   help="smallest message size (bytes; K, M, G, T) the runtime should pick this plan for (default 0)")
+    p.add_argument("--max-bytes", type=_size_arg, default=None,
+                   help="the runtime picks this plan for sizes below this many bytes (K, M, G, T; default: no "
+                        "limit)")
     p.add_argument("-o", "--output", help="XML file to write (default: standard output)")
     p.add_argument("--no-verify", action="store_true", help="skip verifying the plan before exporting it")
     p.set_defaults(func=cmd_export)

@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterable
 from msc.collectives import Collective, Layout, get_collective
 from msc.errors import AlgorithmError, MscError, OperationError, SourceLine, UsageError
 from msc.ir import Op, OpKind
+from msc.limits import MAX_BUFFER_CHUNKS
 from msc.perf import pause_gc
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -174,6 +175,9 @@ class Program:
             raise OperationError(f"{what}: size {size!r}{_not_int(size)} must be an int >= 1",
                                  rank=rank, buffer=buffer, index=index, where=user_line(3))
         limit = self._logical.get(buffer)
+        if limit is None and index + size > MAX_BUFFER_CHUNKS:      # a scratch buffer grows to what is named
+            raise AlgorithmError(f"{what}: rank {rank} {buffer}[{index}:{index + size}] would grow scratch buffer "
+                                 f"{buffer!r} past msc's limit of {MAX_BUFFER_CHUNKS} chunks", where=user_line(3))
         if limit is not None and index + size > limit:
             span = f"[{index}]" if size == 1 else f"[{index}:{index + size}]"
             raise OperationError(f"{what}: index out of range: rank {rank} {buffer}{span}, "

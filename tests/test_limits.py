@@ -78,3 +78,23 @@ def test_msc_simulate_refuses_a_size_past_the_limit(tmp_path):
     save_plan(lower(msc.trace(RING, 4), LowerOptions()), tmp_path / "ring.plan")
     done = _msc("simulate", "ring.plan", "-t", "ring:4", "-b", "0", "-e", str(10 ** 23), cwd=tmp_path)
     assert done.returncode == 2 and "over msc's limit" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_scratch_index_of_a_trillion_is_refused_at_the_users_line(tmp_path):
+    path = tmp_path / "big.py"
+    path.write_text("import msc\n\n@msc.algorithm('allgather')\ndef big(p):\n"
+                    "    p.chunk(0, 'input', 0).copy(1, 'scratch', 10**12)\n")
+    done = _msc("verify", str(path), "--ranks", "2", cwd=tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "big.py:5: copy: rank 1 scratch[1000000000000:1000000000001] would grow" in done.stderr
+    assert "past msc's limit of 67108864 chunks" in done.stderr
+
+
+def test_export_ranges_take_sizes_and_are_bounded(tmp_path):
+    save_plan(lower(msc.trace(RING, 4), LowerOptions()), tmp_path / "ring.plan")
+    done = _msc("export", "ring.plan", "--max-bytes", str(10 ** 23), "-o", "x.xml", cwd=tmp_path)
+    assert done.returncode == 2 and "over msc's limit" in done.stderr and not (tmp_path / "x.xml").exists()
+    done = _msc("export", "ring.plan", "--min-bytes", "1M", "--max-bytes", "1K", "-o", "x.xml", cwd=tmp_path)
+    assert done.returncode == 2 and "max_bytes must be" in done.stderr and not (tmp_path / "x.xml").exists()
+    done = _msc("export", "ring.plan", "--min-bytes", "1K", "--max-bytes", "1M", "-o", "x.xml", cwd=tmp_path)
+    assert done.returncode == 0 and 'minBytes="1024"' in (tmp_path / "x.xml").read_text()
