@@ -135,9 +135,9 @@ def plan_to_xml(plan: Plan, *, runtime: str = "msccl", min_bytes: int = 0, max_b
         raise UsageError(f"min_bytes must be an int >= 0, got {min_bytes!r}")
     if max_bytes is not None and (type(max_bytes) is not int or max_bytes < max(min_bytes, 1)):
         raise UsageError(f"max_bytes must be None or an int >= max(min_bytes, 1), got {max_bytes!r}")
-    for name, value in (("min_bytes", min_bytes), ("max_bytes", max_bytes)):
+    for what, value in (("min_bytes", min_bytes), ("max_bytes", max_bytes)):
         if value is not None:
-            check(value, MAX_BYTES, name)
+            check(value, MAX_BYTES, what)
     name = plan.name if name is None else name
     if type(name) is not str or len(name) > MAX_STR:
         raise UsageError(f"the algorithm name must be a string of at most {MAX_STR} characters "
