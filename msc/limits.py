@@ -19,6 +19,7 @@ MAX_SLOTS = 1 << 12               # messages in flight per connection
 MAX_TILE_BYTES = 1 << 30          # pipelining tile per chunk
 MAX_BYTES = 1 << 40               # a message size (msc run, simulate, tune, bench, export ranges)
 MAX_STEPS = 1 << 26               # steps of a plan
+MAX_TILES = 1 << 20               # tile iterations of one chunk the simulator models
 MAX_XML_BYTES = (1 << 63) - 1     # MSCCL-IR's minBytes/maxBytes are 64-bit integers
 
 

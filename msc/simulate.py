@@ -27,6 +27,7 @@ import numpy as np
 from msc.collectives import get_collective
 from msc.errors import UsageError
 from msc.ir import Plan
+from msc.limits import MAX_TILES
 from msc.runner import BUSBW_FACTOR, parse_dtype
 from msc.sim_events import EventSim
 from msc.sim_fast import JUMP_MIN, evaluate, layers, prepare
@@ -117,6 +118,10 @@ class Simulator:
             raise UsageError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
         geo = [self.chunk_geometry(s) for s in requested]
         iters = [math.ceil(q / self.tile) for _, _, q in geo]
+        for (size, _, _), n in zip(geo, iters):
+            if n > MAX_TILES:
+                raise UsageError(f"a size of {size} bytes is {n} tiles of {self.tile} bytes per chunk, over msc's "
+                                 f"limit of {MAX_TILES} simulated tile iterations: use a larger --tile or a smaller size")
         out: list = [None] * len(geo)
         todo = [i for i, n in enumerate(iters) if n > 0]
         for i, n in enumerate(iters):

@@ -98,3 +98,11 @@ def test_export_ranges_take_sizes_and_are_bounded(tmp_path):
     assert done.returncode == 2 and "max_bytes must be" in done.stderr and not (tmp_path / "x.xml").exists()
     done = _msc("export", "ring.plan", "--min-bytes", "1K", "--max-bytes", "1M", "-o", "x.xml", cwd=tmp_path)
     assert done.returncode == 0 and 'minBytes="1024"' in (tmp_path / "x.xml").read_text()
+
+
+def test_simulate_refuses_a_tile_that_makes_a_billion_iterations(tmp_path):
+    save_plan(lower(msc.trace(RING, 4), LowerOptions()), tmp_path / "ring.plan")
+    start = time.perf_counter()
+    done = _msc("simulate", "ring.plan", "-t", "ring:4", "--tile", "1", "-b", "1G", "-e", "1G", cwd=tmp_path)
+    assert done.returncode == 2 and "268435456 tiles of 1 bytes per chunk, over msc's limit" in done.stderr
+    assert time.perf_counter() - start < 30
