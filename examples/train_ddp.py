@@ -36,10 +36,12 @@ gloo's or NCCL's, and gradients differ from stock in the last bits.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -149,6 +151,8 @@ def main(argv=None) -> int:
     p.add_argument("--tolerance", type=float, default=1e-5, help="relative loss difference --check-stock accepts")
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=300.0,
+                   help="seconds a rank waits for its peers in a collective (the process group's timeout)")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq", type=int, default=32)
     p.add_argument("--vocab", type=int, default=128)
@@ -164,7 +168,8 @@ def main(argv=None) -> int:
     cuda = torch.cuda.is_available() and os.environ.get("MSC_DEVICE") != "emu"   # emu: CPU tensors
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    dist.init_process_group("nccl" if cuda else "gloo")
+    # a peer that stalls mid-call is bounded by the group's timeout (msc.torch agrees on each call first)
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=args.timeout))
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -199,6 +204,9 @@ def main(argv=None) -> int:
 
             backends.close_communicators()          # every rank, before the process group goes
     finally:
+        # DDP models keep the group alive through reference cycles; freed only at interpreter exit, gloo's
+        # threads then end in std::terminate (SIGABRT after a successful run): free them while all is alive
+        gc.collect()
         dist.destroy_process_group()
     return status
 

@@ -512,3 +512,263 @@ def cuda_error_cases(rank: int, n: int) -> list[str]:
             else:
                 os.environ[k] = v
     return out
+
+
+
+# -- a pool over a TCP store (what torchrun gives: store waits to the millisecond, a request in microseconds) --
+
+def _tcp_worker(rank: int, n: int, address: str, jobs, results) -> None:
+    """As ``_worker``, meeting through ``tcp://address`` instead of a file."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://{address}", rank=rank, world_size=n)
+    while True:
+        job = jobs.get()
+        if job is None:
+            break
+        fn, args = job
+        try:
+            results.put((rank, True, fn(rank, n, *args)))
+        except BaseException:
+            results.put((rank, False, traceback.format_exc()))
+    dist.destroy_process_group()
+
+
+class TcpPool(Pool):
+    """A Pool whose workers' default store is a TCPStore (rank 0 hosts it),
+    as under torchrun, rather than a FileStore (which polls, and counts its
+    timeouts in whole seconds)."""
+
+    def __init__(self, n: int, timeout: float = 60.0):
+        import socket
+
+        import torch.multiprocessing as mp
+
+        self.n, self.timeout = n, timeout
+        with socket.socket() as s:                  # a free port (rank 0's store binds it a moment later)
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        ctx = mp.get_context("spawn")
+        fd, self._init_file = tempfile.mkstemp(prefix="msc-tcp-")   # unused: Pool.close removes it
+        os.close(fd)
+        self.jobs = [ctx.Queue() for _ in range(n)]
+        self.results = ctx.Queue()
+        self.procs = [ctx.Process(target=_tcp_worker, args=(r, n, f"127.0.0.1:{port}", self.jobs[r], self.results),
+                                  daemon=True) for r in range(n)]
+        for p in self.procs:
+            p.start()
+        self.broken = None
+
+# -- ranks that disagree (msc.torch.agree) ---------------------------------------------------------
+
+def _raised(fn, *args, **kw):
+    """(exception or None, seconds) of one call."""
+    import time
+
+    t0 = time.perf_counter()
+    try:
+        fn(*args, **kw)
+    except Exception as exc:           # the test looks at the type and the message
+        return exc, time.perf_counter() - t0
+    return None, time.perf_counter() - t0
+
+
+def agree_mismatch_cases(rank: int, n: int, timeout: float) -> list:
+    """Each case: every rank calls with its own arguments (rank 0 one way,
+    the others another); returns per case (error type, message, seconds,
+    whether the tensor is unchanged); then a good call must still work."""
+    import torch
+
+    import msc.torch as mt
+    from msc.torch import agree
+
+    agree.set_timeout(timeout)
+    ring = library_plan("allreduce/ring:ring", n, True)
+    ring2 = library_plan("allreduce/ring:ring", n, True, 2)          # 2 instances: another plan, the same name
+    first = rank == 0
+    cases = {
+        "dtype": dict(t=torch.full((1024,), 3.0) if first else torch.full((1024,), 3, dtype=torch.int32)),
+        "width": dict(t=torch.ones(1024, dtype=torch.float32 if first else torch.float64)),
+        "count": dict(t=torch.ones(1024 if first else 1000)),
+        "transport": dict(t=torch.ones(64), kw=dict(transport="p2p" if first else "alltoall")),
+        "op": dict(t=torch.ones(64), kw=dict(op="sum" if first else "max")),
+        "plan": dict(t=torch.ones(64), plan=ring if first else ring2),
+        # the CUDA runtime on the emulated device on rank 1 (refused before it builds anything)
+        "backend": dict(t=torch.ones(64), kw=dict(backend="torch" if first else "cuda"), emu=not first),
+    }
+    out = []
+    for name, case in cases.items():
+        t = case["t"]
+        before = t.clone()
+        saved = os.environ.get("MSC_DEVICE")
+        if case.get("emu"):
+            os.environ["MSC_DEVICE"] = "emu"
+        try:
+            exc, dt = _raised(mt.run_plan, case.get("plan", ring), t, **case.get("kw", {}))
+        finally:
+            if saved is None:
+                os.environ.pop("MSC_DEVICE", None)
+            else:
+                os.environ["MSC_DEVICE"] = saved
+        out.append((name, type(exc).__name__, str(exc), dt, torch.equal(t, before)))
+    t = torch.full((100,), float(rank + 1))
+    mt.all_reduce(ring, t)
+    assert t.tolist() == [n * (n + 1) / 2] * 100
+    agree.set_timeout(None)
+    return out
+
+
+def agree_local_failure_case(rank: int, n: int, timeout: float) -> tuple:
+    """Rank 0's size has no plan (NoPlanError), the others' has: every rank
+    raises at once, the others quoting rank 0's error."""
+    import torch
+
+    import msc.torch as mt
+    from msc.torch import agree
+
+    agree.set_timeout(timeout)
+    registry = mt.PlanRegistry()
+    registry.add(library_plan("allreduce/ring:ring", n, True), max_bytes="4K")
+    exc, dt = _raised(mt.all_reduce, registry, torch.ones(4096 if rank == 0 else 16))
+    t = torch.ones(16)
+    mt.all_reduce(registry, t)
+    assert t.tolist() == [float(n)] * 16
+    agree.set_timeout(None)
+    return type(exc).__name__, str(exc), dt
+
+
+def agree_stall_case(rank: int, n: int, timeout: float) -> tuple:
+    """Rank 1 comes to the call only after rank 0's timeout: rank 0 raises
+    naming it; rank 1 raises saying rank 0 gave up; the group goes on."""
+    import time
+
+    import torch
+
+    import msc.torch as mt
+    from msc.torch import agree
+
+    agree.set_timeout(timeout)
+    import torch.distributed as dist
+
+    ring = library_plan("allreduce/ring:ring", n, True)
+    dist.barrier()                               # rank 0 comes to the call now, rank 1 after its timeout
+    if rank == 1:
+        time.sleep(timeout + 0.5)
+    t = torch.ones(64)
+    exc, dt = _raised(mt.run_plan, ring, t)
+    missing = getattr(exc, "missing", None)
+    agree.set_timeout(None)                      # the next call waits for rank 1 to wake up
+    t = torch.ones(64)
+    mt.run_plan(ring, t)
+    assert t.tolist() == [float(n)] * 64
+    return type(exc).__name__, str(exc), dt, missing
+
+
+def agree_never_case(rank: int, n: int, timeout: float) -> tuple:
+    """On a group of its own, rank 1 never makes the call rank 0 makes."""
+    import torch
+    import torch.distributed as dist
+
+    import msc.torch as mt
+    from msc.torch import agree
+
+    agree.set_timeout(timeout)
+    sub = dist.new_group(list(range(n)))
+    result = (None, "", 0.0)
+    if rank == 0:
+        exc, dt = _raised(mt.run_plan, library_plan("allreduce/ring:ring", n, True), torch.ones(8), group=sub)
+        result = (type(exc).__name__, str(exc), dt)
+    agree.set_timeout(None)
+    dist.barrier()                       # the default group is untouched
+    return result
+
+
+def agree_repeat_case(rank: int, n: int, calls: int) -> dict:
+    """``calls`` identical calls: one signature built, one digest exchange
+    per call, the store's records of earlier calls deleted, no full
+    exchange; then a different count: one more signature."""
+    import torch
+
+    import msc.torch as mt
+    from msc.torch import agree
+
+    ring = library_plan("allreduce/ring:ring", n, True)
+    t = torch.ones(256)
+    mt.run_plan(ring, t)                         # the first call builds the signature
+    before = agree.stats()
+    for _ in range(calls):
+        t = torch.full((256,), float(rank))
+        mt.run_plan(ring, t)
+        assert t.tolist() == [n * (n - 1) / 2] * 256
+    after = agree.stats()
+    g = agree.gate(None, rank, n)
+    left = [s for s in range(after["seq"]) if g.store.check([g.key(s, rank)])]
+    mt.run_plan(ring, torch.ones(77))            # another count
+    return {"before": before, "after": after, "left": left, "built_new": agree.stats()["signatures_built"]}
+
+
+def agree_off_case(rank: int, n: int) -> dict:
+    """MSC_TORCH_AGREE=0 on every rank: no agreement, the call runs."""
+    import os
+
+    import torch
+
+    import msc.torch as mt
+    from msc.torch import agree
+
+    before = agree.stats()
+    os.environ["MSC_TORCH_AGREE"] = "0"
+    try:
+        t = torch.ones(32)
+        mt.run_plan(library_plan("allreduce/ring:ring", n, True), t)
+        assert t.tolist() == [float(n)] * 32
+    finally:
+        del os.environ["MSC_TORCH_AGREE"]
+    return {"before": before, "after": agree.stats()}
+
+
+def agree_without_store_case(rank: int, n: int) -> tuple:
+    """Where torch's default store cannot be had: all_gather_object, same checks."""
+    import torch
+
+    import msc.torch as mt
+    from msc.torch import agree
+
+    g = agree.gate(None, rank, n)
+    saved = g.base
+    g.base = None
+    try:
+        ring = library_plan("allreduce/ring:ring", n, True)
+        exc, _ = _raised(mt.run_plan, ring, torch.ones(64 if rank == 0 else 32))
+        t = torch.ones(64)
+        mt.run_plan(ring, t)
+        assert t.tolist() == [float(n)] * 64
+    finally:
+        g.base = saved
+    return type(exc).__name__, str(exc)
+
+
+def agree_releases_group_case(rank: int, n: int) -> bool:
+    """msc keeps no group alive: after destroy_process_group(sub) its Gate
+    goes (a group held past its destruction aborts the process at exit)."""
+    import gc
+    import weakref
+
+    import torch
+    import torch.distributed as dist
+
+    import msc.torch as mt
+    from msc.torch import agree
+
+    sub = dist.new_group(list(range(n)))
+    t = torch.ones(8)
+    mt.run_plan(library_plan("allreduce/ring:ring", n, True), t, group=sub)
+    assert t.tolist() == [float(n)] * 8
+    key, ref = id(sub), weakref.ref(sub)
+    assert agree._GATES[key].pg() is sub
+    dist.destroy_process_group(sub)
+    del sub
+    gc.collect()
+    return ref() is None and key not in agree._GATES

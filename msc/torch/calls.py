@@ -9,6 +9,12 @@ place otherwise. A plan of the other form still runs, at the price of one
 copy (see ``_physical``). Both engines (msc.torch.backends: the
 torch.distributed executor and the msc CUDA runtime) run on the physical
 buffers ``_physical`` hands them.
+
+Every call (``_run``) checks its arguments, picks its plan and engine,
+then has the group's ranks agree that they all make this call
+(msc.torch.agree: one exchange of a digest through torch.distributed's
+store, with a timeout) before any data moves; a call that fails on one
+rank before that point tells the others, which raise at once.
 """
 from __future__ import annotations
 
@@ -18,7 +24,7 @@ import torch
 
 from msc.errors import UsageError
 from msc.ir import Plan
-from msc.torch import backends
+from msc.torch import agree, backends
 from msc.torch.execute import DTYPES, DistTransport, Prepared, choose_transport, execute, op_name, prepare
 from msc.torch.registry import PlanRegistry, normalize
 
@@ -168,9 +174,12 @@ def run_plan(plan, input: torch.Tensor | None, output: torch.Tensor | None = Non
     """Run ``plan`` (a verified Plan, or a plan file) as this process's
     part of the collective over ``group`` (default: the world), the plan's
     rank r being group rank r. Every rank of the group must make the same
-    call (same plan, count, op, transport, backend), as for any collective.
-    Returns the output tensor (a view of the input for in-place
-    reducescatter).
+    call (same plan, count, dtype, op, transport, backend), as for any
+    collective: before anything is sent the ranks check that they do
+    (msc.torch.agree) and otherwise all raise an AgreementError (what
+    differs, with every rank's value; a rank that does not come within
+    the timeout is named). Returns the output tensor (a view of the input
+    for in-place reducescatter).
 
     ``op``: "sum", "prod", "max", "min", "avg" or a torch.distributed.ReduceOp.
     ``backend`` (msc.torch.backends): "torch", the torch.distributed
@@ -192,17 +201,38 @@ def run_plan(plan, input: torch.Tensor | None, output: torch.Tensor | None = Non
     others) or "auto" (mixed on gloo, p2p otherwise); the CUDA runtime
     ignores it.
     """
-    prepared = prepare(_load(plan), collective)
+    return _run(lambda: _load(plan), input, output, op=op, group=group, backend=backend, transport=transport,
+                collective=collective)
+
+
+def _run(get_plan, input, output, *, op="sum", group=None, backend: str = "auto", transport: str = "auto",
+         collective=None) -> torch.Tensor:
+    """A call: ``get_plan()`` (the plan, or what ``prepare`` takes), the
+    checks, the ranks' agreement (msc.torch.agree), then the engine. What
+    fails on this rank before the agreement is published to the other
+    ranks (``Gate.fail``), so that they raise at once instead of waiting
+    for this rank until the timeout."""
     rank, n = _group_info(group)
-    if prepared.plan.num_ranks != n:
-        raise UsageError(f"plan {prepared.plan.name!r} is for {prepared.plan.num_ranks} ranks, the group has {n}")
-    op = op_name(op)
-    call = _Call(prepared.collective, n, prepared.plan.chunk_factor, rank, input, output)
-    chosen = backends.choose(backend, call.device, group, call.dtype, op, prepared.collective.name)
+    gate = agree.gate(group, rank, n)
+    try:
+        prepared = prepare(get_plan(), collective)
+        if prepared.plan.num_ranks != n:
+            raise UsageError(f"plan {prepared.plan.name!r} is for {prepared.plan.num_ranks} ranks, the group has {n}")
+        op = op_name(op)
+        call = _Call(prepared.collective, n, prepared.plan.chunk_factor, rank, input, output)
+        chosen = backends.choose(backend, call.device, group, call.dtype, op, prepared.collective.name)
+        tr = choose_transport(transport, group, n) if chosen == "torch" else None
+        prog = prepared.program(rank, call.count, tr) if tr is not None else None
+        sig = agree.signature(prepared, call.count, call.dtype, op, tr, chosen, call.device.type) if gate else None
+    except Exception as exc:
+        if gate is not None:
+            gate.fail(exc)
+        raise
+    if gate is not None:
+        gate.agree(sig, f"{prepared.collective.name} with plan {prepared.plan.name!r}")
     if chosen == "cuda":
         backends.run_cuda(prepared, call, op, group)      # the msc CUDA runtime (msc.torch.backends)
         return call.output
-    prog = prepared.program(rank, call.count, choose_transport(transport, group, n))
     comm = DistTransport(group)
     _physical(prepared, call, lambda phys: execute(prog, phys, op, comm))
     return call.output
@@ -247,43 +277,51 @@ def pick(plans, collective: str, group, input, output, root: int = 0) -> Plan | 
     return found.select(collective, n, call.nbytes(), call.inplace, root)
 
 
+def _picked(plans, collective: str, group, input, output, root: int | None = None, what: str = ""):
+    """``get_plan`` for ``_run``: the plan ``plans`` offers for the call
+    (picked inside the call, so that a NoPlanError is published to the
+    other ranks like any failure before communicating)."""
+    def get():
+        plan = pick(plans, collective, group, input, output, root or 0)
+        if root is not None:
+            _check_root(plan, root, what)
+        return plan
+    return get
+
+
 def all_reduce(plans, tensor, op="sum", group=None, **kw) -> torch.Tensor:
     """In place, as torch.distributed.all_reduce."""
-    return run_plan(pick(plans, "allreduce", group, tensor, None), tensor, None, op=op, group=group, **kw)
+    return _run(_picked(plans, "allreduce", group, tensor, None), tensor, None, op=op, group=group, **kw)
 
 
 def all_gather(plans, output_tensor, input_tensor, group=None, **kw) -> torch.Tensor:
     """As torch.distributed.all_gather_into_tensor (in place when the
     input is unit ``rank`` of the output)."""
-    return run_plan(pick(plans, "allgather", group, input_tensor, output_tensor), input_tensor, output_tensor,
-                    group=group, **kw)
+    return _run(_picked(plans, "allgather", group, input_tensor, output_tensor), input_tensor, output_tensor,
+                group=group, **kw)
 
 
 def reduce_scatter(plans, output, input, op="sum", group=None, **kw) -> torch.Tensor:
     """As torch.distributed.reduce_scatter_tensor (in place when the
     output is unit ``rank`` of the input)."""
-    return run_plan(pick(plans, "reducescatter", group, input, output), input, output, op=op, group=group, **kw)
+    return _run(_picked(plans, "reducescatter", group, input, output), input, output, op=op, group=group, **kw)
 
 
 def all_to_all(plans, output, input, group=None, **kw) -> torch.Tensor:
     """As torch.distributed.all_to_all_single with equal splits."""
-    return run_plan(pick(plans, "alltoall", group, input, output), input, output, group=group, **kw)
+    return _run(_picked(plans, "alltoall", group, input, output), input, output, group=group, **kw)
 
 
 def broadcast(plans, tensor, src: int = 0, group=None, **kw) -> torch.Tensor:
     """In place, as torch.distributed.broadcast; ``src`` is a group rank and
     must be the plan's root."""
-    plan = pick(plans, "broadcast", group, tensor, None, root=src)
-    _check_root(plan, src, "src")
-    return run_plan(plan, tensor, None, group=group, **kw)
+    return _run(_picked(plans, "broadcast", group, tensor, None, src, "src"), tensor, None, group=group, **kw)
 
 
 def reduce(plans, tensor, dst: int = 0, op="sum", group=None, **kw) -> torch.Tensor:
     """In place, as torch.distributed.reduce; ``dst`` (a group rank) must
     be the plan's root. Other ranks' tensors hold unspecified values after."""
-    plan = pick(plans, "reduce", group, tensor, None, root=dst)
-    _check_root(plan, dst, "dst")
-    return run_plan(plan, tensor, None, op=op, group=group, **kw)
+    return _run(_picked(plans, "reduce", group, tensor, None, dst, "dst"), tensor, None, op=op, group=group, **kw)
 
 
 def _check_root(plan, root: int, what: str) -> None:

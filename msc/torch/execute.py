@@ -8,6 +8,15 @@ phases go through a transport object, so the same code runs over
 torch.distributed (``DistTransport``) and all ranks in one process
 (``run_local``, for tests and debugging).
 
+Waits. ``DistTransport`` waits on torch.distributed's own works, with no
+deadline of its own: a call reaches it only after the ranks agreed on the
+call (msc.torch.agree, which has a deadline), so every rank runs the same
+program; a peer that dies mid-call closes its connections (gloo fails at
+once), and one that stalls mid-call is bounded by the process group's
+timeout (``init_process_group(timeout=...)``). Bounding it here with
+``work.wait(timeout)`` would not leave the group usable either: gloo
+closes the connection of a receive that times out.
+
 Not thread-safe: one call at a time per process (as collectives are).
 """
 from __future__ import annotations
@@ -33,7 +42,8 @@ _PROGRAMS_PER_PLAN = 64
 
 class Prepared:
     """A plan ready to run: its global rounds, its layout, and compiled
-    programs per (rank, count), least recently used dropped first."""
+    programs per (rank, count), least recently used dropped first; and
+    the signatures of its calls (msc.torch.agree), built once."""
 
     def __init__(self, plan: Plan, collective=None):
         self.plan = plan
@@ -41,6 +51,8 @@ class Prepared:
         self.layout = self.collective.layout(plan.num_ranks, plan.chunk_factor, plan.inplace, plan.root)
         self.rounds = schedule(plan)          # checks the plan's values and that it cannot get stuck
         self._programs: OrderedDict[tuple[int, int, str], Program] = OrderedDict()
+        self.digest: str | None = None        # the plan's content digest and call signatures (msc.torch.agree)
+        self.signatures: dict = {}
 
     def program(self, rank: int, count: int, transport: str = "p2p") -> Program:
         key = (rank, count, transport)
