@@ -190,11 +190,15 @@ def verify_reports(args) -> list:
     from msc.loader import is_msccl_script, run_script
 
     if is_plan_file(args.file):
-        from msc.plan_text import load_plan
-        from msc.plan_verify import verify_plan
+        from msc.plan_text import load_plan, verify_at_capacity
 
         reject_algorithm_flags(args)
-        return [verify_plan(load_plan(args.file, verify=False))]
+        plan = load_plan(args.file, verify=False, slots=args.slots, runtime=args.runtime)
+        return [verify_at_capacity(plan)]
+    given = [flag for flag, value in (("--slots", args.slots), ("--runtime", args.runtime)) if value is not None]
+    if given:       # an algorithm's plan gets its slots from lowering (msc compile --runtime)
+        raise UsageError(f"{' and '.join(given)} appl{'y' if len(given) > 1 else 'ies'} to plans (.plan, MSCCL "
+                         f".xml); {args.file} is an algorithm: `msc compile --runtime` lowers it for a runtime")
     if is_msccl_script(args.file):
         reject_algorithm_flags(args, "script")
         programs = run_script(args.file, args.script_args)
@@ -217,7 +221,7 @@ def lower_options(args, overrides: dict | None = None):
     from msc.lower import LowerOptions
 
     values = dict(protocol=args.protocol, instances=args.instances, threadblocks=args.threadblocks,
-                  fuse=not args.no_fuse, tile=args.tile)
+                  fuse=not args.no_fuse, tile=args.tile, runtime=args.runtime)
     values.update({k: v for k, v in (overrides or {}).items() if v is not None})
     return LowerOptions(**values)
 
@@ -286,13 +290,14 @@ def report_compiled(args, prog, plan, path, seconds, emitted, how, emit_seconds)
     if args.json:
         print(json.dumps({"algorithm": prog.name, "plan": str(path), "ranks": plan.num_ranks,
                           "steps": plan.num_steps(), "threadblocks": tbs, "slots": plan.slots,
-                          "protocol": plan.protocol, "instances": plan.instances,
+                          "protocol": plan.protocol, "instances": plan.instances, "runtime": args.runtime,
                           "emitted": [str(p) for p in emitted],
                           "seconds": round(seconds, 6), "emit_seconds": round(emit_seconds, 6), "verified": True}))
         return
     print(f"compiled: {prog.name} ({plan.collective}, {plan.num_ranks} ranks, {plan.protocol}, "
           f"{plan.instances} instance(s)) -> {path}: {plan.num_steps()} steps in {tbs} threadblocks, "
-          f"{plan.slots} slot(s); program verified, lowered and plan verified in {seconds:.3f} s")
+          f"{plan.slots} slot(s){'' if args.runtime == 'msc' else ', fits the ' + args.runtime + ' runtime'}; "
+          f"program verified, lowered and plan verified in {seconds:.3f} s")
     if emitted:
         print(f"  CUDA: {how} in {emit_seconds:.3f} s")
     for p in emitted:
@@ -322,20 +327,26 @@ def emit_cuda(plan, plan_path, args) -> tuple[list, str]:
     return [cu, cubin], how
 
 
-def load_plan_arg(path: str, verify: bool = True):
+def load_plan_arg(path: str, verify: bool = True, *, slots: int | None = None, runtime: str | None = None):
     from msc.plan_text import load_plan
 
-    return load_plan(path, verify=verify)
+    return load_plan(path, verify=verify, slots=slots, runtime=runtime)
 
 
 def cmd_export(args) -> int:
+    from msc.errors import RuntimeLimitError
     from msc.files import same_file, write_output
     from msc.xml_export import plan_to_xml
 
     if args.output and same_file(args.plan, args.output):
         raise UsageError(f"-o {args.output} is the plan being exported ({args.plan}); name another file")
     plan = load_plan_arg(args.plan, verify=not args.no_verify)
-    text = plan_to_xml(plan, runtime=args.runtime, min_bytes=args.min_bytes, max_bytes=args.max_bytes)
+    try:
+        text = plan_to_xml(plan, runtime=args.runtime, min_bytes=args.min_bytes, max_bytes=args.max_bytes)
+    except RuntimeLimitError as exc:       # say how to get a plan that fits
+        raise RuntimeLimitError(exc.limit, exc.value, exc.maximum, f"{exc.detail}; a plan lowered for it fits "
+                                f"(msc compile ALGORITHM --runtime {args.runtime}) or is refused naming the limit",
+                                runtime=exc.runtime, rank=exc.rank, tb=exc.tb, step=exc.step) from None
     if args.output:
         write_output(args.output, text)          # whole or not at all
         print(f"exported {args.plan} -> {args.output} (MSCCL XML for the {args.runtime} runtime)")
@@ -353,7 +364,7 @@ def cmd_import(args) -> int:
 
     if same_file(args.xml, args.output):
         raise UsageError(f"-o {args.output} is the file being imported ({args.xml}); name another file")
-    plan, data, reader = read_plan_file(args.xml, verify=not args.no_verify)
+    plan, data, reader = read_plan_file(args.xml, verify=not args.no_verify, slots=args.slots, runtime=args.runtime)
     low, high = xml_byte_range(data, path=args.xml) if reader == "xml" else (0, None)
     save_plan(plan, args.output, verified=not args.no_verify)
     print(f"imported {args.xml} -> {args.output}: {plan.collective}, {plan.num_ranks} ranks, "
@@ -363,6 +374,46 @@ def cmd_import(args) -> int:
               f"does not keep that: give it as min_bytes/max_bytes in the plans.json that registers "
               f"{args.output}", file=sys.stderr)
     return 0
+
+
+def cmd_diff(args) -> int:
+    """0 the same schedule, 1 a difference (as diff(1)), 2 bad input: a
+    plan that does not verify under --verify is bad input, not a difference."""
+    from msc.diff import diff_plans, file_lines, line_of
+    from msc.errors import PlanError
+    from msc.plan_text import read_plan_file
+
+    mode = "equivalent" if args.equivalent else "exact"
+    with time_limit(args.timeout, f"msc diff {args.a} {args.b}"):
+        loaded = []
+        for path in (args.a, args.b):
+            try:
+                loaded.append(read_plan_file(path, verify=args.verify))
+            except VerificationError as exc:
+                raise PlanError(f"{path} does not verify (--verify): {exc}") from None
+        found = diff_plans(loaded[0][0], loaded[1][0], equivalent=args.equivalent, names=(args.a, args.b))
+    if found is None:
+        if args.json:
+            print(json.dumps({"equal": True, "mode": mode, "a": args.a, "b": args.b}))
+        else:
+            print("equal" + (" (up to dependency equivalence)" if args.equivalent else ""))
+        return 0
+    sides = []
+    for path, (_, data, reader), side in zip((args.a, args.b), loaded, (found.a, found.b)):
+        line = line_of(file_lines(data, reader), side.key)      # read only now: the same plans cost nothing
+        sides.append((path, line, side))
+    if args.json:
+        detail = found.to_dict()
+        for name, (path, line, _) in zip("ab", sides):
+            detail[name].update(file=path, line=line)
+        print(json.dumps({"equal": False, "mode": mode, "a": args.a, "b": args.b, "difference": detail}))
+        return 1
+    print(f"differ: {found.summary}")
+    for path, line, side in sides:
+        where = f"{path}:{line}" if line is not None else path
+        note = f" (from {side.source})" if side.source else ""
+        print(f"  {where}: {side.position + ': ' if side.position else ''}{side.text}{note}")
+    return 1
 
 
 def cmd_list(args) -> int:
@@ -472,10 +523,12 @@ class time_limit:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from msc.runtimes import DEFAULT_TARGET, RUNTIMES, add_capacity_args
+
     parser = argparse.ArgumentParser(prog="msc", description="compiler for GPU collective-communication schedules")
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
-                                help="verify, compile, run, bench, simulate, tune, show, export, import, list")
+                                help="verify, compile, run, bench, simulate, tune, show, export, import, diff, list")
 
     def algorithm_args(p):
         p.add_argument("file", help="algorithm file (or library name such as allreduce/ring)")
@@ -492,6 +545,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("verify", help="verify an algorithm symbolically, or a plan (.plan / MSCCL .xml)")
     algorithm_args(p)
     p.add_argument("--json", action="store_true", help="print a JSON summary")
+    add_capacity_args(p)
     p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("compile", help="verify an algorithm, lower it to a plan, verify the plan, write it")
@@ -503,6 +557,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threadblocks", choices=("auto", "manual"), default="auto",
                    help="manual: honour the sendtb/recvtb hints")
     p.add_argument("--no-fuse", action="store_true", help="keep every send and receive a step of its own")
+    p.add_argument("--runtime", choices=tuple(RUNTIMES), default=DEFAULT_TARGET,
+                   help="the runtime the plan must fit: msc (its own CUDA runtime, the default: as many slots "
+                        "per connection as the plan needs), msccl (microsoft/msccl) or azure "
+                        "(Azure/msccl-executor-nccl): their slots per connection, steps per threadblock and "
+                        "threadblocks; lowering tries other channel spreads and no fusion to fit, else fails "
+                        "naming the limit")
     p.add_argument("--tile", type=int, default=0, help="pipelining tile in bytes per chunk (0: runtime default)")
     p.add_argument("-o", "--output", help="plan file (default: COLLECTIVE-NAME-nRANKS.plan)")
     p.add_argument("--emit", choices=("cuda",), help="also write the CUDA source next to the plan")
@@ -536,7 +596,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("xml", help="MSCCL XML file")
     p.add_argument("-o", "--output", required=True, help="plan file to write")
     p.add_argument("--no-verify", action="store_true", help="skip verifying the plan (it is then not marked verified)")
+    add_capacity_args(p)
     p.set_defaults(func=cmd_import)
+
+    p = sub.add_parser("diff", help="compare two plans (.plan or MSCCL XML, any mix): equal (exit 0) or the first "
+                                    "difference (exit 1)")
+    p.add_argument("a", metavar="A", help="plan file (.plan, or MSCCL XML)")
+    p.add_argument("b", metavar="B", help="plan file (.plan, or MSCCL XML)")
+    p.add_argument("--equivalent", action="store_true",
+                   help="compare up to dependency equivalence: each rank's operations (peer and channel of what "
+                        "they send or receive) and their happens-before order; nops, waits implied by others, "
+                        "threadblock numbering, instances, slots and tile do not count (default: exact, the "
+                        "name and source-line notes aside)")
+    p.add_argument("--verify", action="store_true",
+                   help="verify both plans first; one that fails is an error (exit 2). By default plans are "
+                        "compared as written, broken ones too (they must still read: values in range)")
+    p.add_argument("--json", action="store_true", help="print the answer as JSON")
+    p.add_argument("--timeout", type=_seconds, metavar="SECONDS",
+                   help="give up (exit 2) if reading, verifying and comparing take longer (POSIX: SIGALRM)")
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show Python tracebacks")
+    p.set_defaults(func=cmd_diff)
 
     from msc.runner import add_run_command
     from msc.sim_cli import add_commands as add_simulation_commands

@@ -120,6 +120,18 @@ class PlanError(MscError):
         super().__init__(where + (", ".join(at) + ": " if at else "") + message)
 
 
+class RuntimeLimitError(PlanError):
+    """A plan exceeds a limit of the runtime it is exported or lowered for
+    (msc.runtimes). ``limit`` names it (the runtime's constant), ``value``
+    is the plan's value, ``maximum`` the most the runtime takes and
+    ``runtime`` its name."""
+
+    def __init__(self, limit: str, value: int, maximum: int, message: str, *, runtime: str | None = None, **where):
+        self.limit, self.value, self.maximum, self.runtime = limit, value, maximum, runtime
+        self.detail = message          # without the rank, threadblock and step in front
+        super().__init__(message, **where)
+
+
 class DeadlockError(VerificationError):
     """The plan can stop with every unfinished threadblock waiting; ``cycle``
     lists the waits, each (rank, threadblock, step, what it waits on)."""

@@ -102,6 +102,54 @@ def spread_rule(recv_conns, send_conns, num_ranks: int, limit: int = MAX_PEERS_P
     return channel
 
 
+def spread_flows(dag: Dag, pairs, ways: int) -> Dag:
+    """Split every channel into ``ways`` channels by flow, as MSCCLang's
+    channel assignment does. A flow is a chain of messages that ranks
+    forward (joined by the receive-then-send ``pairs`` of
+    fusion.forwarding_pairs); in trace order, each flow moves whole to the
+    sub-channel whose links it uses carry the fewest messages so far (ties:
+    the lowest). Flows that shared a connection then share it less, so
+    fewer messages queue behind one another: fewer slots per connection and
+    fewer steps per threadblock, for more threadblocks. Sub-channel j of
+    channel c is channel c * ways + j; both ends of a message move together.
+    Runs before forwarding fusion (one message per instruction)."""
+    instrs, messages = dag.instrs, dag.messages
+    parent = list(range(len(messages)))
+
+    def root(m):
+        while parent[m] != m:
+            parent[m] = parent[parent[m]]
+            m = parent[m]
+        return m
+
+    for first, second, _ in pairs:
+        if first.channel == second.channel and first.msg_in is not None and second.msg_out is not None:
+            a, b = root(first.msg_in), root(second.msg_out)
+            if a != b:
+                parent[max(a, b)] = min(a, b)
+    flows: dict[int, list[int]] = {}
+    for m in range(len(messages)):
+        flows.setdefault(root(m), []).append(m)
+    load: Counter = Counter()                  # (sender, receiver, channel, sub-channel) -> messages
+    moved = dag.copy()
+    for _, members in sorted(flows.items()):
+        links = Counter()
+        for m in members:
+            sender = instrs[messages[m][0]]
+            links[(sender.rank, sender.send_peer, sender.channel)] += 1
+        j = min(range(ways), key=lambda j: (max(load[link + (j,)] for link in links), j))
+        for link, count in links.items():
+            load[link + (j,)] += count
+        for m in members:
+            for i in messages[m]:
+                ins = moved.instrs[i]
+                moved.instrs[i] = ins._replace(channel=ins.channel * ways + j)
+    for ins in dag.live():                     # local steps keep sub-channel 0 of theirs
+        if ins.msg_in is None and ins.msg_out is None:
+            moved.instrs[ins.id] = ins._replace(channel=ins.channel * ways)
+    return moved
+
+
 def place_auto(dag: Dag, pairs, num_ranks: int) -> Placement:
     recv_conns, send_conns = _connections(dag)
     wanted = Counter()

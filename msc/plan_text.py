@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 
 from msc import verified as verified_texts
-from msc.errors import PlanError, SourceLine
+from msc.errors import PlanError, SourceLine, UsageError
 from msc.files import write_output
 from msc.ir import Plan, RankPlan, Slice, Step, StepOp, Threadblock
 from msc.perf import pause_gc
@@ -286,15 +287,33 @@ def _build_slice(tree, path=None) -> Slice:
 _XML_START = re.compile(rb"\s*(?:\xef\xbb\xbf)?\s*<|\xff\xfe|\xfe\xff")    # "<", after blanks or a BOM
 
 
-def load_plan(path: str | Path, *, verify: bool = True, collective=None) -> Plan:
+def load_plan(path: str | Path, *, verify: bool = True, collective=None, slots: int | None = None,
+              runtime: str | None = None) -> Plan:
     """A plan from a .plan file or MSCCL XML; verified unless ``verify=False``
-    or this msc verified the same text before (msc.verified)."""
-    return read_plan_file(path, verify=verify, collective=collective)[0]
+    or this msc verified the same text before (msc.verified). ``slots``,
+    ``runtime``: see read_plan_file."""
+    return read_plan_file(path, verify=verify, collective=collective, slots=slots, runtime=runtime)[0]
 
 
-def read_plan_file(path: str | Path, *, verify: bool = True, collective=None) -> tuple[Plan, bytes, str]:
+def read_plan_file(path: str | Path, *, verify: bool = True, collective=None, slots: int | None = None,
+                   runtime: str | None = None) -> tuple[Plan, bytes, str]:
     """``load_plan``'s plan, with the bytes it was read from (read once) and
-    the reader that read them ("plan" or "xml")."""
+    the reader that read them ("plan" or "xml").
+
+    Connection capacity, before verifying: ``slots`` per connection if
+    given; else, with ``runtime`` ("msccl" or "azure"), what a connection of
+    the plan's protocol holds there (verify the plan as it would run there);
+    else the file's own (a plan's ``slots``, XML's ``msc_slots``), and for
+    XML that records none what the MSCCL runtimes give (msc.runtimes)."""
+    from msc.limits import MAX_SLOTS
+    from msc.runtimes import xml_runtime
+
+    if slots is not None and runtime is not None:
+        raise UsageError(f"give the slots per connection (--slots {slots}) or the runtime whose capacity to "
+                         f"verify with (--runtime {runtime}), not both")
+    if slots is not None and (type(slots) is not int or not 1 <= slots <= MAX_SLOTS):
+        raise UsageError(f"slots must be an int in 1..{MAX_SLOTS}, got {slots!r}")
+    rt = None if runtime is None else xml_runtime(runtime)
     path = Path(path)
     try:
         data = path.read_bytes()
@@ -304,15 +323,38 @@ def read_plan_file(path: str | Path, *, verify: bool = True, collective=None) ->
     if reader == "xml":
         from msc.xml_import import xml_to_plan
 
-        plan = xml_to_plan(data, path=str(path))     # bytes: expat honours the XML declaration's encoding
+        plan = xml_to_plan(data, path=str(path), slots=slots, runtime=runtime)   # bytes: expat reads the encoding
     else:
         plan = parse_plan(decode_utf8(data, str(path)), path=str(path))
-    if verify and not verified_texts.known(data, reader, plan.collective, collective):
-        from msc.plan_verify import verify_plan
-
-        verify_plan(plan, collective=collective)
-        verified_texts.remember(data, reader, plan.collective, collective)
+    if rt is not None:
+        slots = rt.connection_slots(plan.protocol)
+    if slots is not None and slots != plan.slots:
+        plan = replace(plan, slots=slots)
+    # what the text means depends on the capacity it is read with, where the text does not fix it
+    key = reader if reader == "plan" and slots is None else f"{reader} slots {plan.slots}"
+    if verify and not verified_texts.known(data, key, plan.collective, collective):
+        verify_at_capacity(plan, collective=collective)
+        verified_texts.remember(data, key, plan.collective, collective)
     return plan, data, reader
+
+
+def verify_at_capacity(plan: Plan, *, collective=None):
+    """verify_plan's report; where the plan deadlocks with the slots per
+    connection it has, the DeadlockError also says how many it needs and
+    what the MSCCL runtimes give (a plan can need more than they hold)."""
+    from msc.errors import DeadlockError, VerificationError
+    from msc.lower import verified_with_fewest_slots
+    from msc.plan_verify import verify_plan
+    from msc.runtimes import slots_note
+
+    try:
+        return verify_plan(plan, collective=collective)
+    except DeadlockError as exc:
+        try:
+            found = verified_with_fewest_slots(replace(plan, slots=1), collective)
+        except VerificationError:       # it races too: that, not the slots, is its problem
+            raise exc from None
+        raise DeadlockError(f"{exc.detail}\n{slots_note(plan, found and found.slots)}", exc.cycle) from None
 
 
 def decode_utf8(data: bytes, path: str | None = None) -> str:

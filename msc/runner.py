@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Callable
 
 from msc.collectives import get_collective
 from msc.errors import UsageError
+from msc.runtimes import add_capacity_args, capacity_args
 
 if TYPE_CHECKING:        # numpy is imported where used, so `msc` commands start fast
     import numpy as np
@@ -269,7 +270,8 @@ def _size_arg(text: str) -> int:
 
 def add_run_command(subparsers, load_plan: Callable) -> argparse.ArgumentParser:
     """Register ``msc run PLAN --backend sim [-b MIN -e MAX -f FACTOR] ...``;
-    ``load_plan(path)`` returns a Plan. The command exits 1 when any element
+    ``load_plan(path, **capacity)`` returns a Plan (``slots=``, ``runtime=``
+    when given: msc.runtimes.capacity_args). The command exits 1 when any element
     is wrong, else 0."""
     p = subparsers.add_parser("run", help="run a plan over a range of sizes and check it (nccl-tests columns)")
     p.add_argument("plan", help="plan file")
@@ -286,9 +288,10 @@ def add_run_command(subparsers, load_plan: Callable) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed for the random inputs")
     p.add_argument("--json", action="store_true", help="print the records as JSON")
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show Python tracebacks")
+    add_capacity_args(p)
 
     def cmd_run(args) -> int:
-        plan = load_plan(args.plan)
+        plan = load_plan(args.plan, **capacity_args(args))
         if args.root is not None and get_collective(plan.collective).has_root and args.root != plan.root:
             raise UsageError(f"the plan was built for root {plan.root}, not {args.root}; compile one for that root")
         records = sweep(plan, min_bytes=args.minbytes, max_bytes=args.maxbytes, factor=args.stepfactor,

@@ -12,10 +12,12 @@ from typing import Callable
 
 from msc.errors import UsageError
 from msc.runner import TYPES, _size_arg
+from msc.runtimes import add_capacity_args, capacity_args
 
 
 def add_commands(subparsers, load_plan: Callable) -> None:
-    """Register simulate, tune and show; ``load_plan(path)`` returns a Plan."""
+    """Register simulate, tune and show; ``load_plan(path, **capacity)`` returns a
+    Plan (``slots=``, ``runtime=`` when given: msc.runtimes.capacity_args)."""
     add_simulate_command(subparsers, load_plan)
     add_tune_command(subparsers, load_plan)
     add_show_command(subparsers, load_plan)
@@ -62,7 +64,7 @@ def add_simulate_command(subparsers, load_plan: Callable) -> argparse.ArgumentPa
     _sweep_args(p, 8, 128 * 1024 ** 2)
     p.add_argument("-d", "--dtype", default="float", help=f"element type, for the count column ({', '.join(TYPES)})")
     p.add_argument("--tile", type=int, help="bytes per chunk and iteration (default: the plan's, else the protocol's)")
-    p.add_argument("--slots", type=int, help="messages in flight per connection (default: the plan's)")
+    add_capacity_args(p)       # --slots, --runtime: applied at load, so the plan is verified with them
     p.add_argument("--engine", choices=("auto", "fast", "events"), default="auto",
                    help="auto: max-plus, event-driven where links are contended; fast: ignore contention")
     p.add_argument("--json", action="store_true", help="print the records as a JSON list")
@@ -76,9 +78,9 @@ def add_simulate_command(subparsers, load_plan: Callable) -> argparse.ArgumentPa
         requested = sizes(args.minbytes, args.maxbytes, args.stepfactor)
         everything, series, topo = [], [], None
         for path in args.plans:
-            plan = load_plan(path)
+            plan = load_plan(path, **capacity_args(args))
             topo = topology_from_args(args, plan.num_ranks)
-            records = Simulator(plan, topo, tile=args.tile, slots=args.slots, dtype=args.dtype).records(
+            records = Simulator(plan, topo, tile=args.tile, dtype=args.dtype).records(
                 requested, engine=args.engine)
             everything += records
             series.append((f"{plan.name} ({plan.protocol}, x{plan.instances})", records))

@@ -1,20 +1,18 @@
 """MSCCL-IR XML from a plan: the schedule format the MSCCL runtimes inside
 NCCL interpret (one CUDA block per ``<tb>``, steps run in order).
 
-Two runtimes read it, with different spellings and limits (``runtime=``):
-
-- ``"msccl"``: microsoft/msccl (the NCCL 2.12 fork; MSCCLang's target).
-  ``coll="reduce_scatter"``, ``custom`` allowed; ``minBytes``/``maxBytes``
-  optional (selection: ``minBytes <= bytes < maxBytes``); at most 216
-  threadblocks per rank; its XML reader holds 4096 nodes per rank. Its
-  config file (``<load path minbytes maxbytes>``) spells the byte bounds in
-  lower case; we write both spellings on ``<algo>`` (unknown attributes are
-  ignored).
-- ``"azure"``: Azure/msccl-executor-nccl (NCCL 2.18+ with an MSCCL
-  scheduler). ``coll="reducescatter"``, no ``custom``; ``minBytes``,
-  ``maxBytes``, ``inplace`` and ``outofplace`` are required (selection:
-  ``minBytes <= bytes <= maxBytes``, ``maxBytes="0"`` is no limit); at most
-  32 x 32 threadblocks per rank; 32768 nodes per rank.
+Two runtimes read it, with different spellings and limits (``runtime=``;
+their values, with the source file and constant of each, are in
+msc.runtimes): ``"msccl"`` (microsoft/msccl, MSCCLang's target) and
+``"azure"`` (Azure/msccl-executor-nccl). msccl spells ``coll="reduce_scatter"``
+and takes ``custom``; ``minBytes``/``maxBytes`` are optional (selection:
+``minBytes <= bytes < maxBytes``) and its config file spells them in lower
+case, so we write both spellings (unknown attributes are ignored). azure
+spells ``coll="reducescatter"``, has no ``custom``, and requires
+``minBytes``, ``maxBytes``, ``inplace`` and ``outofplace`` (selection:
+``minBytes <= bytes <= maxBytes``, ``maxBytes="0"`` is no limit).
+``check_limits`` checks a plan against a runtime's limits (lowering for a
+target uses it too).
 
 Step mapping (buffers ``i``/``o``/``s`` are the rank's *physical* buffers, so
 an in-place plan uses one of ``i``/``o`` and writes 0 chunks for the other;
@@ -50,56 +48,16 @@ wait the threadblock already made at an earlier step.
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
-from dataclasses import dataclass
 from typing import NamedTuple
 
 from msc.collectives import get_collective
-from msc.errors import MscError, PlanError, UsageError
+from msc.errors import MscError, PlanError, RuntimeLimitError, UsageError
 from msc.ir import Plan, RankPlan, Slice, Step, StepOp
 from msc.limits import MAX_BYTES, check
 from msc.plan_check import buffer_sizes, check_plan
+from msc.runtimes import Runtime, xml_runtime
 
-
-class RuntimeLimitError(PlanError):
-    """The plan exceeds a limit of the MSCCL runtime it is exported for.
-    ``limit`` names it (the runtime's constant), ``value`` is the plan's
-    value and ``maximum`` the most the runtime takes."""
-
-    def __init__(self, limit: str, value: int, maximum: int, message: str, **where):
-        self.limit, self.value, self.maximum = limit, value, maximum
-        super().__init__(message, **where)
-
-
-@dataclass(frozen=True)
-class Runtime:
-    name: str
-    reducescatter: str         # the coll spelling of reduce-scatter
-    custom: bool               # accepts coll="custom"
-    max_threadblocks: int      # MSCCL_MAX_NUM_THREAD_BLOCKS (per rank)
-    max_nodes: int             # MAX_NODES of its XML reader (per rank: algo, gpus, own tbs and steps)
-    unlimited_bytes: int       # the maxBytes that means "no upper bound"
-    lowercase_bytes: bool      # also write minbytes/maxbytes
-
-
-RUNTIMES = {
-    "msccl": Runtime("msccl", "reduce_scatter", True, 216, 1 << 12, (1 << 63) - 1, True),
-    "azure": Runtime("azure", "reducescatter", False, 32 * 32, 1 << 15, 0, False),
-}
-
-# Limits both runtimes share (msccl.h, msccl_struct.h, msccl_parser.h).
-MAX_STEPS = 256          # MSCCL_MAX_NUM_STEPS: <step>s per threadblock, nops included
-MAX_COUNT = 71           # cnt must be < MSCCL_MAX_COUNT = 72
-MAX_OFFSET = 32767       # srcoff/dstoff are stored as int16_t
-MAX_DEP_TB = 127         # depid is stored as int8_t
-MAX_CHANNELS = 32        # MAXCHANNELS
-MAX_TB_PER_CHANNEL = 32  # MSCCL_MAX_NUM_THREAD_BLOCKS_PER_CHANNEL, senders and receivers each
-MAX_RANKS = 1024         # MAX_SUBS: <gpu> children of <algo>
-MAX_STR = 255            # MAX_STR_LEN: an attribute value (the name)
-MAX_ATTRS = 16           # MAX_ATTR_COUNT: attributes per element
-# Messages a connection holds before its sender blocks: the runtime's
-# NCCL_STEPS (8) slots, of which a Simple message takes MSCCL_CHUNKSTEPS (4).
-# A plan verified deadlock-free only with more slots could hang there.
-CONNECTION_SLOTS = {"Simple": 2, "LL": 8, "LL128": 8}
+__all__ = ["RuntimeLimitError", "check_limits", "plan_to_xml", "program_to_xml"]
 
 BUFFER_LETTER = {"input": "i", "output": "o", "scratch": "s"}
 STEP_TYPE = {StepOp.SEND: "s", StepOp.RECV: "r", StepOp.RCS: "rcs", StepOp.RRS: "rrs", StepOp.RRC: "rrc",
@@ -128,9 +86,7 @@ def plan_to_xml(plan: Plan, *, runtime: str = "msccl", min_bytes: int = 0, max_b
     azure ``bytes <= maxBytes``); None: no upper bound. Raises
     RuntimeLimitError when the plan exceeds a runtime limit, PlanError when a
     step cannot be expressed."""
-    rt = RUNTIMES.get(runtime)
-    if rt is None:
-        raise UsageError(f"unknown MSCCL runtime {runtime!r} (expected one of {', '.join(RUNTIMES)})")
+    rt = xml_runtime(runtime)
     if type(min_bytes) is not int or min_bytes < 0:
         raise UsageError(f"min_bytes must be an int >= 0, got {min_bytes!r}")
     if max_bytes is not None and (type(max_bytes) is not int or max_bytes < max(min_bytes, 1)):
@@ -139,9 +95,9 @@ def plan_to_xml(plan: Plan, *, runtime: str = "msccl", min_bytes: int = 0, max_b
         if value is not None:
             check(value, MAX_BYTES, what)
     name = plan.name if name is None else name
-    if type(name) is not str or len(name) > MAX_STR:
-        raise UsageError(f"the algorithm name must be a string of at most {MAX_STR} characters "
-                         f"(the runtimes' MAX_STR_LEN), got {name!r:.80}")
+    if type(name) is not str or len(name) > rt.max_str:
+        raise UsageError(f"the algorithm name must be a string of at most {rt.max_str} characters "
+                         f"(the {rt.name} runtime's MAX_STR_LEN), got {name!r:.80}")
     check_plan(plan)
     coll, mult_in, mult_out = _collective(plan, rt)
     ranks = [_rank_steps(rp) for rp in plan.ranks]
@@ -181,14 +137,27 @@ def plan_to_xml(plan: Plan, *, runtime: str = "msccl", min_bytes: int = 0, max_b
 
 
 def program_to_xml(program, *, instances: int = 1, protocol: str = "Simple", threadblock_policy: str = "auto",
-                   instr_fusion: bool = True, name: str | None = None, **kw) -> str:
-    """Lower a traced program (msc.lower) and export the plan (``kw``: see plan_to_xml)."""
+                   instr_fusion: bool = True, name: str | None = None, runtime: str = "msccl", **kw) -> str:
+    """Lower a traced program for ``runtime`` (msc.lower: a plan that fits
+    it, or RuntimeLimitError) and export the plan (``kw``: see plan_to_xml)."""
     from msc.lower import LowerOptions, lower
 
     options = LowerOptions(protocol=protocol, instances=instances, threadblocks=threadblock_policy,
-                           fuse=instr_fusion)
+                           fuse=instr_fusion, runtime=runtime)
     plan = lower(program, options, collective=program.layout.collective)
-    return plan_to_xml(plan, name=name, **kw)
+    return plan_to_xml(plan, name=name, runtime=runtime, **kw)
+
+
+def check_limits(plan: Plan, runtime: str | Runtime) -> None:
+    """RuntimeLimitError for the first limit of the MSCCL ``runtime`` the
+    plan exceeds, counted as the exported XML counts them (a step with
+    several dependencies is several <step>s, a reduce may be several);
+    PlanError for a step the XML cannot express."""
+    rt = runtime if isinstance(runtime, Runtime) else xml_runtime(runtime)
+    check_plan(plan)
+    _, mult_in, mult_out = _collective(plan, rt)
+    ranks = [_rank_steps(rp) for rp in plan.ranks]
+    _check_limits(plan, rt, ranks, max(plan.input_chunks, plan.output_chunks), mult_in, mult_out)
 
 
 # -- steps of one rank ---------------------------------------------------------
@@ -336,19 +305,23 @@ def _collective(plan: Plan, rt: Runtime) -> tuple[str, int, int]:
     return name, (n if name == "allgather" else 1), 1
 
 
-def _limit(limit: str, value: int, maximum: int, what: str, rt: Runtime, **where) -> RuntimeLimitError:
+def _limit(limit: str, value: int, maximum: int, what: str, rt: Runtime, constant: int | None = None,
+           **where) -> RuntimeLimitError:
+    """``constant``: the runtime constant's value where it is not the most
+    it takes (MSCCL_MAX_COUNT = 72: cnt < 72)."""
+    spelled = f"{limit} = {maximum}" if constant is None else f"{limit} = {constant}, at most {maximum}"
     return RuntimeLimitError(limit, value, maximum, f"{what} {value} exceeds the {rt.name} runtime's limit "
-                             f"{limit} = {maximum}", **where)
+                             f"{spelled} ({rt.title})", runtime=rt.name, **where)
 
 
 def _check_limits(plan: Plan, rt: Runtime, ranks: list, nchunks: int, mult_in: int, mult_out: int) -> None:
     n = plan.num_ranks
-    if n > MAX_RANKS:
-        raise _limit("MAX_SUBS (gpus per algo)", n, MAX_RANKS, "ranks", rt)
-    room = CONNECTION_SLOTS[plan.protocol]
+    if n > rt.max_ranks:
+        raise _limit("MAX_SUBS (gpus per algo)", n, rt.max_ranks, "ranks", rt)
+    room = rt.connection_slots(plan.protocol)
     if plan.slots > room:
         raise _limit("NCCL_STEPS / MSCCL_CHUNKSTEPS (messages per connection)", plan.slots, room,
-                     f"connection slots needed for a deadlock-free {plan.protocol} run", rt)
+                     f"connection slots needed for a deadlock-free {plan.protocol} run:", rt)
     for rp, tb_steps in zip(plan.ranks, ranks):
         r = rp.rank
         sizes = buffer_sizes(plan, r)
@@ -361,31 +334,32 @@ def _check_limits(plan: Plan, rt: Runtime, ranks: list, nchunks: int, mult_in: i
             raise _limit("MSCCL_MAX_NUM_THREAD_BLOCKS", len(tb_steps), rt.max_threadblocks, "threadblocks", rt,
                          rank=r)
         nodes = 1 + n + len(tb_steps) + sum(map(len, tb_steps))
-        if nodes >= rt.max_nodes:  # the reader fails when it reaches MAX_NODES
-            raise _limit("MAX_NODES (XML elements read per rank)", nodes, rt.max_nodes - 1,
-                         "XML elements (algo, gpus, threadblocks, steps)", rt, rank=r)
+        if nodes > rt.max_nodes:   # the reader fails when it has read MAX_NODES and reaches another
+            raise _limit("MAX_NODES (XML elements read per rank)", nodes, rt.max_nodes,
+                         "XML elements (algo, gpus, threadblocks, steps)", rt, rt.max_nodes + 1, rank=r)
         senders: dict[int, int] = {}
         receivers: dict[int, int] = {}
         for tb, steps in zip(rp.threadblocks, tb_steps):
             where = dict(rank=r, tb=tb.id)
-            if tb.channel >= MAX_CHANNELS:
-                raise _limit("MAXCHANNELS", tb.channel + 1, MAX_CHANNELS, "channels", rt, **where)
+            if tb.channel >= rt.max_channels:
+                raise _limit("MAXCHANNELS", tb.channel + 1, rt.max_channels, "channels", rt, **where)
             for side, peer in ((senders, tb.send), (receivers, tb.recv)):
                 if peer is not None:
                     side[tb.channel] = side.get(tb.channel, 0) + 1
-                    if side[tb.channel] > MAX_TB_PER_CHANNEL:
+                    if side[tb.channel] > rt.max_tb_per_channel:
                         what = f"{'sending' if side is senders else 'receiving'} threadblocks on channel {tb.channel}:"
                         raise _limit("MSCCL_MAX_NUM_THREAD_BLOCKS_PER_CHANNEL", side[tb.channel],
-                                     MAX_TB_PER_CHANNEL, what, rt, **where)
-            if len(steps) > MAX_STEPS:
-                raise _limit("MSCCL_MAX_NUM_STEPS", len(steps), MAX_STEPS, "steps (nops included)", rt, **where)
+                                     rt.max_tb_per_channel, what, rt, **where)
+            if len(steps) > rt.max_steps:
+                raise _limit("MSCCL_MAX_NUM_STEPS", len(steps), rt.max_steps, "steps (nops included)", rt, **where)
             for x in steps:
-                if x.count > MAX_COUNT:
-                    raise _limit("MSCCL_MAX_COUNT", x.count, MAX_COUNT, "cnt", rt, **where, step=x.origin)
+                if x.count > rt.max_count:
+                    raise _limit("MSCCL_MAX_COUNT", x.count, rt.max_count, "cnt", rt, rt.max_count + 1, **where,
+                                 step=x.origin)
                 for sl in (x.src, x.dst):
-                    if sl is not None and sl.index > MAX_OFFSET:
-                        raise _limit("int16 offsets", sl.index, MAX_OFFSET, f"{sl.buffer} offset", rt, **where,
+                    if sl is not None and sl.index > rt.max_offset:
+                        raise _limit("int16 offsets", sl.index, rt.max_offset, f"{sl.buffer} offset", rt, **where,
                                      step=x.origin)
-                if x.dep and x.dep[0] > MAX_DEP_TB:
-                    raise _limit("int8 depid", x.dep[0], MAX_DEP_TB, "dependency on threadblock", rt, **where,
+                if x.dep and x.dep[0] > rt.max_dep_tb:
+                    raise _limit("int8 depid", x.dep[0], rt.max_dep_tb, "dependency on threadblock", rt, **where,
                                  step=x.origin)

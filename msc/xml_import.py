@@ -24,7 +24,15 @@ numbering slips), a run of nops not followed by a step with a dependency
 ``hasdep="1"`` (the runtime never signals it), and ``re`` steps the runtime
 fuses into one pass when that pass differs from doing them in turn (another
 ``cnt``, or a source overlapping the destination). Runtime size limits are
-not checked here (xml_export does that).
+not checked here (xml_export does that). A custom collective in place
+(``coll="custom" inplace="1"``) has one buffer, which ``i`` and ``o`` both
+name from chunk 0 (NCCL's sendbuff == recvbuff).
+
+Connection capacity. A plan is verified with the slots per connection it
+records (msc.plan_verify); an XML file says nothing about it unless msc
+wrote it (``msc_slots``). Otherwise the plan gets what a connection of its
+protocol holds on the MSCCL runtime (msc.runtimes.xml_capacity: 2 for
+Simple, 8 for LL and LL128, on both runtimes), or the ``slots`` asked for.
 
 Every error is a PlanError naming the element, attribute, gpu/tb/step and
 the line, quoting at most 80 characters of a value or name; DTDs and
@@ -35,6 +43,7 @@ that are not UTF-8 in a UTF-8 file are named by their byte offset.
 from __future__ import annotations
 
 import re
+import warnings
 import xml.etree.ElementTree as ET
 from xml.parsers import expat
 
@@ -43,6 +52,7 @@ from msc.errors import MscError, PlanError
 from msc.ir import Plan, RankPlan, Slice, Step, StepOp, Threadblock
 from msc.plan_check import PROTOCOLS, check_plan
 from msc.plan_text import clipped, shown
+from msc.runtimes import CapacityWarning, xml_capacity
 
 COLLECTIVES = {"allreduce": "allreduce", "allgather": "allgather", "reduce_scatter": "reducescatter",
                "reducescatter": "reducescatter", "alltoall": "alltoall", "broadcast": "broadcast",
@@ -61,12 +71,15 @@ def _integer(value: str) -> int | None:
     return int(value) if _INT.match(value) else None
 
 
-def xml_to_plan(text: str | bytes, *, path: str | None = None, slots: int | None = None) -> Plan:
+def xml_to_plan(text: str | bytes, *, path: str | None = None, slots: int | None = None,
+                runtime: str | None = None) -> Plan:
     """The plan an MSCCL XML text describes, checked with plan_check (not
     verified). ``slots``: the connection capacity to record (default: the
-    ``msc_slots`` attribute msc writes, else 1)."""
+    ``msc_slots`` attribute msc writes, else what a connection of the file's
+    protocol holds on ``runtime``, "msccl" or "azure"; None: on both, which
+    agree; see msc.runtimes.xml_capacity)."""
     root, lines = _parse(text, path)
-    return _Reader(lines, path).plan(root, slots)
+    return _Reader(lines, path).plan(root, slots, runtime)
 
 
 class _FirstElement(Exception):
@@ -226,7 +239,7 @@ class _Reader:
         return list(el)
 
     # -- the algorithm --------------------------------------------------------
-    def plan(self, algo, slots: int | None) -> Plan:
+    def plan(self, algo, slots: int | None, runtime: str | None = None) -> Plan:
         if algo.tag != "algo":
             raise self.error(algo, f"the root element is <{shown(algo.tag)}>, expected <algo>")
         name = self.text(algo, "name")
@@ -244,7 +257,7 @@ class _Reader:
         inplace = bool(self.int(algo, "inplace", 0, 1))
         root = self.int(algo, "msc_root", 0, n - 1, default=0)
         if slots is None:
-            slots = self.int(algo, "msc_slots", 1, default=1)
+            slots = self.int(algo, "msc_slots", 1, default=0) or self.capacity(protocol, runtime)
         extra = dict(protocol=protocol, slots=slots, root=root,
                      instances=self.int(algo, "msc_instances", 1, default=1),
                      tile=self.int(algo, "msc_tile", 0, default=0))
@@ -268,6 +281,14 @@ class _Reader:
             raise self.located(exc, by_id) from None
         return plan
 
+    def capacity(self, protocol: str, runtime: str | None) -> int:
+        """Slots for XML that records none: the runtimes' (a warning where
+        they differ and one was assumed)."""
+        found = xml_capacity(protocol, runtime)
+        if found.assumed:
+            warnings.warn(f"{self.path or '<xml>'}: {found.assumed}", CapacityWarning, stacklevel=4)
+        return found.slots
+
     def geometry(self, algo, collective, n, nchunks, inplace, root, gpus):
         """Chunk factor and the plan's logical sizes, from nchunksperloop,
         checked against every gpu's i_chunks/o_chunks as the runtime does (a
@@ -275,7 +296,12 @@ class _Reader:
         if collective == "custom":
             ins = [self.int(g, "i_chunks", 0) for g in gpus]
             outs = [self.int(g, "o_chunks", 0) for g in gpus]
-            return 1, {"input": max(ins), "output": max(outs)}, None
+            if not inplace:
+                return 1, {"input": max(ins), "output": max(outs)}, None
+            # one buffer (sendbuff == recvbuff): i and o name it from chunk 0
+            size = max(ins + outs)
+            self.alias = lambda rank, buffer: ("input", 0) if buffer == "output" else (buffer, 0)
+            return 1, {"input": size, "output": max(outs) or size}, None
         per_rank = collective in PER_RANK_UNITS
         if per_rank and nchunks % n:
             raise self.error(algo, f"{collective}: nchunksperloop={nchunks} is not a multiple of ngpus={n}")

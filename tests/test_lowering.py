@@ -20,6 +20,7 @@ import pytest
 import msc
 from msc.dag import allocate_scratch, build_dag, compact_scratch, replicate
 from msc.errors import DeadlockError, LoweringError, UsageError
+from msc.diff import step_text
 from msc.fusion import drop_dead_stores, forwarding_pairs, fuse_forwarding, fuse_local
 from msc.ir import Plan, StepOp
 from msc.lower import LowerOptions, lower
@@ -113,15 +114,7 @@ def by_rank(dag) -> dict[int, list[str]]:
     return dict(out)
 
 
-def fmt_step(step) -> str:
-    text = step.op.value
-    if step.srcs:
-        text += " " + ", ".join(map(str, step.srcs))
-    if step.dst is not None:
-        text += " -> " + str(step.dst)
-    if step.deps:
-        text += " after " + ", ".join(f"{t}.{s}" for t, s in step.deps)
-    return text
+fmt_step = step_text
 
 
 def tbs(plan: Plan, rank: int) -> list[tuple]:

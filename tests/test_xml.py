@@ -18,7 +18,8 @@ from msc.errors import PlanError, UsageError
 from msc.ir import Plan, RankPlan, Slice, Step, StepOp, Threadblock
 from msc.lower import LowerOptions, lower
 from msc.plan_verify import verify_plan
-from msc.xml_export import CONNECTION_SLOTS, RuntimeLimitError, plan_to_xml, program_to_xml
+from msc.runtimes import RUNTIMES
+from msc.xml_export import RuntimeLimitError, plan_to_xml, program_to_xml
 from msc.xml_import import xml_to_plan
 from library import algorithms
 
@@ -126,7 +127,7 @@ def test_library_round_trip(key):
     assert cases, f"{key} supports neither 4 nor 8 ranks"
     for n, inplace, instances in cases:
         plan = library_plan(key, n, inplace, instances)
-        if plan.slots > CONNECTION_SLOTS["Simple"]:
+        if plan.slots > RUNTIMES["msccl"].connection_slots("Simple"):
             # more messages in flight than a Simple connection of the runtime holds: refused, LL fits
             with pytest.raises(RuntimeLimitError, match="messages per connection"):
                 plan_to_xml(plan)
@@ -376,9 +377,9 @@ def hand_allreduce() -> str:
 
 
 def test_hand_written_allreduce_imports_and_verifies():
-    plan = xml_to_plan(hand_allreduce())
+    plan = xml_to_plan(hand_allreduce())      # no msc_slots: what a Simple connection holds on the runtimes
     assert (plan.collective, plan.num_ranks, plan.chunk_factor, plan.inplace, plan.slots) == \
-           ("allreduce", 2, 2, False, 1)
+           ("allreduce", 2, 2, False, 2)
     tb0 = plan.ranks[0].threadblocks[0]
     assert [s.op for s in tb0.steps] == [StepOp.SEND, StepOp.NOP, StepOp.RRC, StepOp.SEND, StepOp.RECV]
     assert tb0.steps[1].deps == ((2, 0),) and tb0.steps[2].srcs == (Slice("output", 0, 1),)

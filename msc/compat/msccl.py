@@ -1,9 +1,13 @@
-"""MSCCLang on msc: port an msccl-tools program by changing its imports to
-``from msc.compat.msccl import *``.
+"""MSCCLang on msc: port an msccl-tools program by changing its imports
+(``msccl.language``, ``msccl.topologies``, ``msccl.language.collectives``)
+to ``from msc.compat.msccl import *``.
 
 A ``with MSCCLProgram(...)`` block traces into a native ``msc.Program``;
 ``chunk()`` and the returned references record native copies and reduces,
 each with the user's source line, and ``Check()`` runs ``msc.verify``.
+Collectives live in ``msccl_collectives``, topologies in
+``msccl_topology``, what buffers hold in ``msccl_chunks``, and how a custom
+collective's ``check()`` is run in ``msccl_check``.
 
 Where this layer follows MSCCLang:
 
@@ -11,29 +15,71 @@ Where this layer follows MSCCLang:
   ``chunk(r, Buffer.input, i)`` of an allgather is output chunk ``r*k+i``,
   and a ``copy`` with no buffer goes to that same physical place on the
   destination rank.
-- The chunk's contents are tracked while tracing, so ``chunk()`` on a slot
-  that holds nothing returns None (MSCCLang: an unwritten output slot of an
+- A ``copy`` to an explicit buffer is placed with the *source* rank's
+  layout (MSCCLang's ``get_buffer_index(self.rank, ...)``): in place,
+  ``copy(dst, Buffer.input, i)`` from rank r lands in allgather output
+  ``r*k+i`` of ``dst``, and ``copy(dst, Buffer.output, i)`` from rank r in
+  reduce-scatter input ``r*k+i`` of ``dst``.
+- The chunks' contents are tracked while tracing, so ``chunk()`` on a slot
+  that holds nothing returns None (an unwritten output slot of an
   out-of-place collective, a scratch slot nothing wrote) and
   ``get_origin_rank``/``get_dst_index``/... work as in MSCCLang. Only the
   first slot decides, as in MSCCLang.
 - ``copy(dst, buffer, index=-1)``: no buffer means the source's buffer and
   index; a scratch buffer with index -1 appends after the last chunk that
   buffer has on ``dst``. Hints of -1 mean "no hint"; ``ch`` is the channel.
-- Copies and reduces across ranks need a link in the topology.
+  Under ``ThreadblockPolicy.manual`` the sends and receives without a hint
+  share one more threadblock of their rank (MSCCLang's threadblock -1).
+- Any hashable names a scratch buffer (MSCCLang keys a dict by it:
+  ``(n1, n2)`` tuples, ints, strings). msc calls a non-string by its repr
+  (``(0, 1)``) in operations and errors; a default repr that would differ
+  from run to run (``<T object at 0x..>``) becomes ``<T #n>``.
+- Collectives: ``AllReduce``, ``AllGather``, ``ReduceScatter``, ``AllToAll``
+  and ``Collective`` subclasses with MSCCLang's API: ``init_buffers()`` (per
+  rank, ``{Buffer.input: [Chunk or None, ...], Buffer.output: [...]}``),
+  ``check(prog)`` (reads ``prog.buffers``, prints what is wrong, returns a
+  bool) and ``get_buffer_index``; ``Chunk``, ``ReduceChunk`` and
+  ``prog.buffers`` as in MSCCLang. The built-ins answer the three methods
+  too, so a subclass may override any of them.
+- Topologies: ``fully_connected``, ``ring``, ``line``, ``star``,
+  ``hub_and_spoke``, ``dgx1``, ``dgx_a100``, ``distributed_fully_connected``,
+  ``distributed_hub_and_spoke``; copies and reduces across ranks need a
+  link (bandwidths and switches are kept, not modelled).
+- ``create_scratch(rank, name)`` and ``Print()`` exist (MSCCLang's own
+  raised AttributeError); ``Print()`` lists the operations with their lines.
 - A copy of a chunk onto itself (in-place aliasing) is dropped.
 
 Where it differs (each an error where MSCCLang would misbehave quietly, or a
 convenience where MSCCLang returns nothing):
 
 - ``Check()`` raises ``msc.VerificationError`` naming the rank, index,
-  expected and found contributions and the user's line; MSCCLang printed
-  and returned False. It returns True on success.
+  expected and found contributions and the user's line (the operation that
+  last wrote the chunk; where nothing did, the ``Check()`` or ``XML()``
+  line); MSCCLang printed and returned False. It returns True on success.
+  Under ``msc verify``/``msc compile`` each program is verified as its
+  block ends, and an error no operation explains names the
+  ``MSCCLProgram(...)`` line.
+- A custom collective's ``check()`` is its postcondition. Check() runs it on
+  the chunks as traced; where it says no, the error carries what it printed
+  and the chunk its first "Rank R chunk C" line names. Where it says yes,
+  the output chunks it read become an ``msc`` postcondition (each must hold
+  exactly the contributions it held), which ``msc.verify`` and the plan
+  verifier of ``XML()``/``msc compile`` hold the program and its plan to.
+  ``Check()`` on a collective without ``check()`` is an error (MSCCLang:
+  None).
+- A custom collective is in place only where its buffers alias
+  (``get_buffer_index`` moves one buffer into the other at a fixed offset
+  per rank, or one list is both), whatever its ``inplace`` flag says;
+  ``get_buffer_index`` must be such a shift and is not applied to scratch
+  buffers; only the input (and an output that is the input) may start with
+  chunks. Plans name it by its class; XML says ``coll="custom"``.
 - ``copy`` onto the chunk itself returns the reference (MSCCLang: None), and
   ``with MSCCLProgram(...) as p`` binds the program (MSCCLang: None).
-- An explicit destination buffer is aliased with the *destination* rank's
-  layout (MSCCLang used the source rank's offsets, which lands in-place
-  allgather/reduce-scatter copies in the wrong place). ``index=-1`` with
-  ``Buffer.input``/``Buffer.output`` means the source's index.
+- ``index=-1`` with ``Buffer.input``/``Buffer.output`` means the source's
+  own place in that buffer (MSCCLang kept -1: a Python negative index, the
+  last chunk, or in place the chunk just before the rank's window).
+- ``XML()`` lowers through msc, which verifies the plan (MSCCLang lowered
+  without checking); a program whose plan is wrong raises there.
 - The out-of-place input buffer is read-only (native msc rule; NCCL's send
   buffer is const); MSCCLang allowed writing it.
 - ``group`` refuses a gap between the two references (MSCCLang silently
@@ -41,9 +87,6 @@ convenience where MSCCLang returns nothing):
 - Misuse (``chunk()`` outside a program, nested programs) raises
   ``msc.AlgorithmError`` at the user's line instead of RuntimeError;
   invalid ranks and indices raise ``msc.OperationError``.
-- Custom collectives written as MSCCLang ``Collective`` subclasses with
-  ``init_buffers``/``check`` are not supported; a subclass can instead set
-  ``native`` to an ``msc.CustomCollective``.
 """
 from __future__ import annotations
 
@@ -51,37 +94,28 @@ import contextlib
 import contextvars
 import importlib
 from enum import Enum
-from typing import Iterator, NamedTuple
+from typing import Iterator
 
 from msc import dsl as _dsl
-from msc.collectives import Collective as _NativeCollective
-from msc.collectives import get_collective
+from msc.compat.msccl_check import buffer_views, run_check
+from msc.compat.msccl_chunks import Buffer, Chunk, ReduceChunk, Sum, as_mscclang
+from msc.compat.msccl_collectives import (AllGather, AllReduce, AllToAll, Collective, PortedCollective,
+                                          ReduceScatter, native_collective)
+from msc.compat.msccl_topology import (Topology, dgx1, dgx_a100, distributed_fully_connected,
+                                       distributed_hub_and_spoke, fully_connected, hub_and_spoke, line, ring, star)
 from msc.dsl import user_line
-from msc.errors import AlgorithmError, MscError, OperationError
+from msc.errors import AlgorithmError, MscError, OperationError, VerificationError
 from msc.verify import verify
 
 __all__ = [
-    "MSCCLProgram", "chunk", "Check", "XML", "Ref",
-    "Buffer", "ThreadblockPolicy",
+    "MSCCLProgram", "chunk", "create_scratch", "Check", "XML", "Print", "Ref",
+    "Buffer", "Chunk", "ReduceChunk", "ThreadblockPolicy",
     "Topology", "fully_connected", "ring", "line", "star", "hub_and_spoke",
+    "dgx1", "dgx_a100", "distributed_fully_connected", "distributed_hub_and_spoke",
     "Collective", "AllReduce", "AllGather", "ReduceScatter", "AllToAll",
 ]
 
 PROTOCOLS = ("Simple", "LL", "LL128")
-
-
-class Buffer(str, Enum):
-    """MSCCLang's buffer names; any other string names a scratch buffer.
-
-    A ``str`` enum, so ``ref.buffer == Buffer.input`` holds for a reference
-    to the input buffer (references carry plain names)."""
-
-    input = "input"
-    output = "output"
-    scratch = "scratch"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 class ThreadblockPolicy(Enum):
@@ -93,175 +127,6 @@ class ThreadblockPolicy(Enum):
 
     def __str__(self) -> str:
         return self.value
-
-
-# -- topologies -------------------------------------------------------------
-class Topology:
-    """Ranks and links: ``links[dst][src]`` is the bandwidth from ``src`` to
-    ``dst`` (0: no link), MSCCLang's convention."""
-
-    def __init__(self, name: str, links, switches=()):
-        rows = [list(row) for row in links]
-        if not rows or any(len(row) != len(rows) for row in rows):
-            raise AlgorithmError(f"topology {name!r}: links must be a non-empty square matrix", where=user_line())
-        self.name = name
-        self.links = rows
-        self.switches = list(switches)
-
-    @property
-    def num_ranks(self) -> int:
-        return len(self.links)
-
-    ngpus = num_ranks
-
-    def num_nodes(self) -> int:
-        return len(self.links)
-
-    def nodes(self) -> range:
-        return range(len(self.links))
-
-    def link(self, src: int, dst: int):
-        return self.links[dst][src]
-
-    def sources(self, dst: int) -> Iterator[int]:
-        return (src for src, bw in enumerate(self.links[dst]) if bw > 0)
-
-    def destinations(self, src: int) -> Iterator[int]:
-        return (dst for dst, row in enumerate(self.links) if row[src] > 0)
-
-    def __repr__(self) -> str:
-        return f"Topology({self.name!r}, {self.num_ranks} ranks)"
-
-
-def _rank_count(num_nodes, what: str) -> int:
-    if type(num_nodes) is not int or num_nodes < 1:
-        raise AlgorithmError(f"{what}: the number of ranks must be an int >= 1, got {num_nodes!r}",
-                             where=user_line())
-    return num_nodes
-
-
-def fully_connected(num_nodes: int) -> Topology:
-    """Every rank linked to every other rank."""
-    n = _rank_count(num_nodes, "fully_connected")
-    return Topology(f"FullyConnected(n={n})", [[int(s != d) for s in range(n)] for d in range(n)])
-
-
-def ring(num_nodes: int) -> Topology:
-    """Each rank linked (both ways) to its two neighbours on a ring."""
-    n = _rank_count(num_nodes, "ring")
-    return Topology(f"Ring(n={n})", [[int(n > 1 and (s - d) % n in (1, n - 1)) for s in range(n)]
-                                     for d in range(n)])
-
-
-def line(num_nodes: int) -> Topology:
-    """Each rank linked (both ways) to its neighbours on a line."""
-    n = _rank_count(num_nodes, "line")
-    return Topology(f"Line(n={n})", [[int(abs(s - d) == 1) for s in range(n)] for d in range(n)])
-
-
-def star(num_nodes: int, non_blocking: bool = True) -> Topology:
-    """Rank 0 linked (both ways) to every other rank."""
-    n = _rank_count(num_nodes, "star")
-    return Topology(f"Star(n={n})", [[int(s != d and 0 in (s, d)) for s in range(n)] for d in range(n)])
-
-
-def hub_and_spoke(num_nodes: int) -> Topology:
-    """Every rank linked to every other through a switch (links as fully connected)."""
-    n = _rank_count(num_nodes, "hub_and_spoke")
-    return Topology(f"HubAndSpoke(n={n})", [[int(s != d) for s in range(n)] for d in range(n)])
-
-
-# -- collectives ------------------------------------------------------------
-class Collective:
-    """A collective at a rank count: ``num_ranks``, ``chunk_factor`` (chunks
-    per rank, as in msc), ``inplace``; ``native`` is the msc collective.
-
-    A subclass may describe its own collective by setting ``native`` to an
-    ``msc.CustomCollective``."""
-
-    name = "custom"
-    _native_name: str | None = None
-
-    def __init__(self, num_ranks: int, chunk_factor: int, inplace: bool):
-        for label, value in (("num_ranks", num_ranks), ("chunk_factor", chunk_factor)):
-            if type(value) is not int or value < 1:
-                raise AlgorithmError(f"{type(self).__name__}: {label} must be an int >= 1, got {value!r}",
-                                     where=user_line())
-        self.num_ranks = num_ranks
-        self.chunk_factor = chunk_factor
-        self.inplace = bool(inplace)
-        self._native = get_collective(self._native_name) if self._native_name else None
-
-    @property
-    def native(self) -> _NativeCollective:
-        if self._native is None:
-            raise AlgorithmError(
-                f"collective {type(self).__name__}: MSCCLang custom collectives (init_buffers/check) are not "
-                f"supported; set `native` on the class to an msc.CustomCollective describing it",
-                where=user_line())
-        return self._native
-
-    def destination(self, rank: int, index: int) -> tuple[int, int]:
-        """(rank, index) where input chunk ``index`` of ``rank`` must end up;
-        -1 where it goes to every rank (MSCCLang's ``dst_rank``/``dst_index``)."""
-        return (-1, -1)
-
-    def __repr__(self) -> str:
-        return (f"{type(self).__name__}(num_ranks={self.num_ranks}, chunk_factor={self.chunk_factor}, "
-                f"inplace={self.inplace})")
-
-
-class AllReduce(Collective):
-    name = "allreduce"
-    _native_name = "allreduce"
-
-    def destination(self, rank, index):
-        return (-1, index)
-
-
-class AllGather(Collective):
-    name = "allgather"
-    _native_name = "allgather"
-
-    def destination(self, rank, index):
-        return (-1, rank * self.chunk_factor + index)
-
-
-class ReduceScatter(Collective):
-    name = "reduce_scatter"
-    _native_name = "reducescatter"
-
-    def destination(self, rank, index):
-        return divmod(index, self.chunk_factor)
-
-
-class AllToAll(Collective):
-    name = "alltoall"
-    _native_name = "alltoall"
-
-    def destination(self, rank, index):
-        k = self.chunk_factor
-        return (index // k, rank * k + index % k)
-
-
-# -- what chunks hold while tracing -------------------------------------------
-class _Chunk(NamedTuple):
-    """An input chunk: where it started and where the collective sends it."""
-
-    origin_rank: int
-    origin_index: int
-    dst_rank: int
-    dst_index: int
-
-
-class _Reduction:
-    """A slot holding a reduction of several chunks (no single origin)."""
-
-    def __repr__(self) -> str:
-        return "<reduction of several chunks>"
-
-
-_REDUCED = _Reduction()
 
 
 # -- programs -------------------------------------------------------------------
@@ -287,7 +152,8 @@ class MSCCLProgram:
     ``threadblock_policy``, ``interleaved_replication``, ``instr_fusion``,
     ``check_xml``, ``dependence_nop``) are kept as attributes and copied
     into the native program's ``params``; ``program`` is the native
-    ``msc.Program`` (built on entering the block, sealed on leaving it).
+    ``msc.Program`` (built on entering the block, sealed on leaving it);
+    ``buffers`` is MSCCLang's view of what every rank's buffers hold.
     """
 
     def __init__(self, name, topo, collective, instances, protocol="Simple",
@@ -325,8 +191,15 @@ class MSCCLProgram:
         self.check_xml = bool(check_xml)
         self.dependence_nop = bool(dependence_nop)
         self.program: _dsl.Program | None = None
+        self._where = user_line()                # where errors with no better line point
         self._link = getattr(topo, "link", None)
         self._slots: dict[tuple[int, str], list] = {}
+        self._names: dict[object, str] = {}       # the user's scratch name -> msc's
+        self._spelled: dict[str, object] = {}     # msc's scratch name -> the user's
+        self._judged: int | None = None           # ops when check() last ran (ported collectives)
+        self._post: dict[tuple[int, int], list] = {}
+        # MSCCLang runs init_buffers() here: so does a ported collective.
+        self._native = native_collective(collective, self._expected)
 
     def __repr__(self) -> str:
         return (f"MSCCLProgram({self.name!r}, {self.collective!r}, instances={self.instances}, "
@@ -342,8 +215,10 @@ class MSCCLProgram:
         if self.program is not None:
             raise AlgorithmError(f"MSCCLProgram {self.name!r} was already traced; create a new MSCCLProgram",
                                  where=user_line())
-        c = self.collective
-        layout = c.native.layout(self.num_ranks, c.chunk_factor, c.inplace)
+        c, native = self.collective, self._native
+        # A ported collective is in place where its buffers alias, whatever its flag says.
+        inplace = native.inplace if isinstance(native, PortedCollective) else c.inplace
+        layout = native.layout(self.num_ranks, c.chunk_factor, inplace)
         self.program = _dsl.Program(self.name, layout, self.options())
         _programs.set(stack + (self,))
         return self
@@ -352,10 +227,15 @@ class MSCCLProgram:
         stack = _programs.get()
         if stack and stack[-1] is self:
             _programs.set(stack[:-1])
+        self.program.ops = self._final_ops()
         self.program.seal()
         if exc_type is None:
             sink = _collector.get()
             if sink is not None:
+                # Verified here, where the program's own line is known (`msc verify`
+                # and `msc compile` reuse the report): an output nothing wrote is
+                # reported at the MSCCLProgram(...) line.
+                self._verify(self._where)
                 sink.append(self.program)
         return False
 
@@ -366,19 +246,109 @@ class MSCCLProgram:
                 "interleaved_replication": self.interleaved_replication, "instr_fusion": self.instr_fusion,
                 "check_xml": self.check_xml, "dependence_nop": self.dependence_nop}
 
+    def _final_ops(self) -> list:
+        """The operations as lowering takes them. MSCCLang's manual policy puts
+        every send and receive that has no threadblock hint in one more
+        threadblock of its rank (its threadblock -1): here the hint one past
+        the highest the rank uses."""
+        ops = self.program.ops
+        if self.threadblock_policy is not ThreadblockPolicy.manual:
+            return ops
+        top: dict[int, int] = {}
+        for op in ops:
+            for rank, hint in ((op.src_rank, op.sendtb), (op.dst_rank, op.recvtb)):
+                if hint is not None and hint > top.get(rank, -1):
+                    top[rank] = hint
+        return [op if op.src_rank == op.dst_rank or (op.sendtb is not None and op.recvtb is not None) else
+                op._replace(sendtb=top.get(op.src_rank, -1) + 1 if op.sendtb is None else op.sendtb,
+                            recvtb=top.get(op.dst_rank, -1) + 1 if op.recvtb is None else op.recvtb)
+                for op in ops]
+
     # -- MSCCLang's program methods -------------------------------------------------
     def check(self) -> bool:
         """Verify the operations so far (raises ``msc.VerificationError``)."""
-        self.program.check_report = (len(self.program.ops), verify(self.program))
+        where = user_line()
+        if isinstance(self._native, PortedCollective) and type(self.collective).check is Collective.check:
+            raise AlgorithmError(f"Check(): collective {type(self.collective).__name__} defines no check(prog) "
+                                 f"saying what the program must end with", where=where)
+        self._verify(where)
         return True
+
+    def _verify(self, where) -> None:
+        """Verify unless a report covers every operation; an error no
+        operation explains points at ``where``."""
+        done = self.program.check_report
+        if done is not None and done[0] == len(self.program.ops):
+            return
+        if isinstance(self._native, PortedCollective):
+            self._judge(where)
+        with _located(where):
+            report = verify(self.program)
+        self.program.check_report = (len(self.program.ops), report)
 
     def generate_xml(self) -> str:
         """The MSCCL-IR XML of the program (needs ``msc.xml_export``)."""
         return _xml_string(self)
 
+    @property
+    def buffers(self) -> list[dict]:
+        """Per rank, MSCCLang's dict of buffers (input, output, scratch by the
+        user's names): read-only lists of what each chunk holds now (None, a
+        Chunk or a ReduceChunk)."""
+        return buffer_views(self, None)
+
+    # -- a ported collective's postcondition: what its check() read --------------------
+    def _expected(self, rank: int, index: int) -> list | None:
+        """What output ``index`` of ``rank`` must hold: what it holds where
+        check() read it (the program is then right by MSCCLang's check), None
+        where check() did not look."""
+        self._judge(self._where)
+        return self._post.get((rank, index))
+
+    def _judge(self, where) -> None:
+        """Run the collective's check() on the chunks as traced, once per
+        operation count (raises VerificationError where it says no)."""
+        count = len(self.program.ops)
+        if self._judged != count:
+            self._post = run_check(self, where, echo=_collector.get() is None)
+            self._judged = count
+
+    # -- buffer names ------------------------------------------------------------------
+    def _name(self, buffer, what: str) -> str:
+        """msc's name for a buffer: input, output, or a scratch buffer named
+        by any hashable, as in MSCCLang (a non-string is spelled by its repr)."""
+        if isinstance(buffer, Buffer):
+            return buffer.value
+        try:
+            known = self._names.get(buffer)
+        except TypeError:     # MSCCLang keys a dict by it
+            raise OperationError(f"{what}: a scratch buffer name must be hashable (a string, a number, a tuple, "
+                                 f"...), got {buffer!r}", where=user_line()) from None
+        if known is not None:
+            return known
+        if buffer is None or buffer == "":
+            raise OperationError(f"{what}: buffer must be Buffer.input, Buffer.output, Buffer.scratch or the name of "
+                                 f"a scratch buffer, got {buffer!r}", where=user_line())
+        if isinstance(buffer, str):
+            name = str(buffer)
+        else:
+            name = repr(buffer)
+            if " at 0x" in name:      # a default repr: not the same from run to run
+                name = f"<{type(buffer).__name__} #{sum(1 for k in self._names if type(k) is type(buffer)) + 1}>"
+        other = self._spelled.get(name, buffer)
+        if other is not buffer and not (type(other) is type(buffer) and other == buffer):
+            raise AlgorithmError(f"{what}: scratch buffers {other!r} and {buffer!r} would both be called {name!r} in "
+                                 f"msc; rename one", where=user_line())
+        if not isinstance(buffer, str) and name in ("input", "output"):
+            raise AlgorithmError(f"{what}: scratch buffer {buffer!r} would be called {name!r}, the name of a user "
+                                 f"buffer; rename it", where=user_line())
+        self._names[buffer] = name
+        self._spelled[name] = buffer
+        return name
+
     # -- tracing helpers used by chunk() and Ref ----------------------------------------
     def _chunk(self, rank, buffer, index, size) -> Ref | None:
-        name = _buffer_name(buffer, "chunk")
+        name = self._name(buffer, "chunk")
         self.program.chunk(rank, name, index, size)  # validates rank, index and size
         phys, at = self._physical(rank, name, index)
         if self._held(rank, phys, at) is None:
@@ -396,11 +366,17 @@ class MSCCLProgram:
         if slots is None:
             layout = self.program.layout
             slots = self._slots[key] = [None] * layout.physical_sizes.get(buffer, 0)
-            if buffer in layout.physical_sizes:
-                dest = self.collective.destination
-                for buf, index, (origin_rank, origin_index) in layout.initial(rank):
-                    if buf == buffer:
-                        slots[index] = _Chunk(origin_rank, origin_index, *dest(origin_rank, origin_index))
+            buf, off, starts = layout.initial_labels(rank)
+            if buf == buffer:
+                native = self._native
+                if isinstance(native, PortedCollective):
+                    for i in range(len(starts)):
+                        slots[off + i] = native.start(rank, i)
+                else:
+                    dest = self.collective.destination
+                    for i, label in enumerate(starts):
+                        if label is not None:
+                            slots[off + i] = Chunk(*label, *dest(*label))
         return slots
 
     def _held(self, rank: int, buffer: str, index: int):
@@ -424,7 +400,7 @@ class MSCCLProgram:
             if reduce:
                 old = target[dst_index + j]
                 # Reducing with an empty chunk leaves nothing usable (Check() reports the op).
-                value = _REDUCED if old is not None and value is not None else None
+                value = Sum(dst_rank, old, value) if old is not None and value is not None else None
             target[dst_index + j] = value
 
     def _check_link(self, src: int, dst, what: str) -> None:
@@ -435,21 +411,25 @@ class MSCCLProgram:
                                  f"rank {src} to rank {dst}", rank=dst, where=user_line())
 
 
+@contextlib.contextmanager
+def _located(where):
+    """A VerificationError with no line of its own (an output nothing wrote)
+    points at ``where``, the user's Check() or XML() line."""
+    try:
+        yield
+    except VerificationError as err:
+        if err.where is not None or type(err) is not VerificationError:
+            raise
+        raise VerificationError(err.detail, rank=err.rank, buffer=err.buffer, index=err.index,
+                                expected=err.expected, found=err.found, where=where) from None
+
+
 def _topology_ranks(topo, name: str) -> int:
     count = topo.num_nodes() if callable(getattr(topo, "num_nodes", None)) else getattr(topo, "num_ranks", None)
     if type(count) is not int or count < 1:
         raise AlgorithmError(f"MSCCLProgram {name!r}: topology must be a Topology (e.g. fully_connected(n)), "
                              f"got {topo!r}", where=user_line())
     return count
-
-
-def _buffer_name(buffer, what: str) -> str:
-    if isinstance(buffer, Buffer):
-        return buffer.value
-    if type(buffer) is str and buffer:
-        return buffer
-    raise OperationError(f"{what}: buffer must be Buffer.input, Buffer.output, Buffer.scratch or the name of a "
-                         f"scratch buffer, got {buffer!r}", buffer=None, where=user_line())
 
 
 def _hint(value):
@@ -473,20 +453,28 @@ class Ref(_dsl.Ref):
 
     def copy(self, dst, buffer=None, index=-1, sendtb=-1, recvtb=-1, ch=-1) -> Ref:
         """Copy these chunks to rank ``dst`` (a send and a receive, or a
-        local copy); returns the reference to the copy."""
+        local copy); returns the reference to the copy.
+
+        As in MSCCLang, an explicit buffer is placed with the *source* rank's
+        layout: in-place allgather's ``copy(dst, Buffer.input, i)`` from rank
+        r lands in output ``r*k+i`` of ``dst``, where rank r's input lives."""
         owner = self._owner
         if buffer is None:
-            name = self.buffer
-            index = self.index if index in (-1, None) else index
+            phys, at = self.buffer, self.index if index in (-1, None) else index
         else:
-            name = _buffer_name(buffer, "copy")
+            name = owner._name(buffer, "copy")
+            target, off = owner.program.layout.alias(self.rank, name)
             if index in (-1, None):
-                index = self.index if name in ("input", "output") else owner._next_free(dst, name)
+                if name in ("input", "output"):   # the source's own place in that buffer
+                    index = self.index - off if target == self.buffer else self.index
+                else:
+                    index = owner._next_free(dst, name)
+            owner.program._check_location(dst, name, index, self.size, "copy")
+            phys, at = target, index + off
         owner._check_link(self.rank, dst, "copy")
-        out = _dsl.Ref.copy(self, dst, name, index, channel=_hint(ch), sendtb=_hint(sendtb), recvtb=_hint(recvtb))
-        phys, at = owner._physical(out.rank, out.buffer, out.index)
-        owner._moved(self, out.rank, phys, at, reduce=False)
-        return Ref(owner, out.rank, phys, at, out.size)
+        out = _dsl.Ref.copy(self, dst, phys, at, channel=_hint(ch), sendtb=_hint(sendtb), recvtb=_hint(recvtb))
+        owner._moved(self, out.rank, out.buffer, out.index, reduce=False)
+        return Ref(owner, out.rank, out.buffer, out.index, out.size)
 
     def reduce(self, other_chunkref, sendtb=-1, recvtb=-1, ch=-1) -> Ref:
         """Accumulate ``other_chunkref`` into these chunks; returns this reference."""
@@ -519,9 +507,9 @@ class Ref(_dsl.Ref):
         return Ref(self._owner, self.rank, self.buffer, first.index, end - first.index)
 
     # -- what the chunks hold (MSCCLang's chunk metadata) -----------------------------
-    def _input_chunk(self, i: int, what: str) -> _Chunk:
+    def _input_chunk(self, i: int, what: str) -> Chunk:
         held = self._owner._held(self.rank, self.buffer, self.index + i)
-        if held is None or held is _REDUCED:
+        if type(held) is not Chunk:
             state = "holds no chunk" if held is None else "holds a reduction of several chunks"
             raise OperationError(f"{what}: rank {self.rank} {self.buffer}[{self.index + i}] {state}, so it has no "
                                  f"single origin", rank=self.rank, buffer=self.buffer, index=self.index + i,
@@ -541,7 +529,7 @@ class Ref(_dsl.Ref):
         return self._input_chunk(index, "get_dst_index").dst_index
 
     def print_chunk_info(self, index: int = 0) -> None:
-        print(self._owner._held(self.rank, self.buffer, self.index + index))
+        print(as_mscclang(self._owner._held(self.rank, self.buffer, self.index + index)))
 
 
 # -- module functions acting on the current program --------------------------------------
@@ -549,6 +537,18 @@ def chunk(rank, buffer, index, size=1) -> Ref | None:
     """A reference to ``size`` chunks of ``buffer`` on ``rank`` from
     ``index``, or None when that slot holds no chunk (as in MSCCLang)."""
     return _current("chunk")._chunk(rank, buffer, index, size)
+
+
+def create_scratch(rank, name):
+    """Declare an empty scratch buffer ``name`` (any hashable) on ``rank``;
+    returns ``name``. Scratch buffers also appear on first use."""
+    prog = _current("create_scratch")
+    native = prog._name(name, "create_scratch")
+    if native in ("input", "output"):
+        raise OperationError(f"create_scratch: {name!r} is a user buffer, not a scratch buffer", where=user_line())
+    prog.program.chunk(rank, native, 0)  # validates the rank
+    prog._contents(rank, native)
+    return name
 
 
 def Check() -> bool:
@@ -564,6 +564,13 @@ def XML() -> None:
         _print_xml(program)
 
 
+def Print() -> None:
+    """Print the operations traced so far, one a line with the user's line
+    (MSCCLang's Print() drew its chunk DAG)."""
+    for i, op in enumerate(_current("Print").program.ops):
+        print(f"{i}: {op.describe()}" + (f"  @ {op.where}" if op.where else ""))
+
+
 def _print_xml(msccl_program: MSCCLProgram) -> None:
     print(_xml_string(msccl_program))
 
@@ -577,17 +584,19 @@ def _xml_string(msccl_program: MSCCLProgram) -> str:
         raise MscError("XML() needs the lowering stage (msc.xml_export), which this msc does not have yet; "
                        "check the script with `msc verify FILE.py -- ARGS` instead") from None
     native = msccl_program.program
-    snapshot = native.with_ops(native.ops)  # XML() runs inside the block: lower a sealed copy
-    return xml_export.program_to_xml(
-        snapshot, instances=msccl_program.instances, protocol=msccl_program.protocol,
-        threadblock_policy=msccl_program.threadblock_policy.value, instr_fusion=msccl_program.instr_fusion,
-        name=msccl_program.name)
+    snapshot = native.with_ops(msccl_program._final_ops())  # XML() runs inside the block: lower a sealed copy
+    with _located(user_line()):
+        return xml_export.program_to_xml(
+            snapshot, instances=msccl_program.instances, protocol=msccl_program.protocol,
+            threadblock_policy=msccl_program.threadblock_policy.value, instr_fusion=msccl_program.instr_fusion,
+            name=msccl_program.name)
 
 
 @contextlib.contextmanager
 def collecting() -> Iterator[list]:
     """Collect the native ``Program`` of every MSCCLProgram completed while
-    active (``msc verify`` runs scripts under it); XML() prints nothing."""
+    active (``msc verify`` runs scripts under it), each verified as its block
+    ends (``Program.check_report``); XML() prints nothing."""
     programs: list = []
     token = _collector.set(programs)
     try:
