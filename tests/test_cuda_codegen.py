@@ -89,7 +89,13 @@ def test_library_compiles_for_sm90(key, cache):
     assert compiled >= 4, f"{key}: too few rank counts supported"
 
 
-@pytest.mark.parametrize("key", sorted(ALGORITHMS))
+# the default run compiles one algorithm per collective in the straight form; `-m slow` all of them
+STRAIGHT_SAMPLE = {"allreduce/hierarchical:hierarchical", "allgather/ring:ring", "reducescatter/allpairs:allpairs",
+                   "alltoall/hierarchical:hierarchical", "broadcast/binomial_tree:binomial_tree", "reduce/tree:tree"}
+
+
+@pytest.mark.parametrize("key", [pytest.param(k, marks=() if k in STRAIGHT_SAMPLE else pytest.mark.slow)
+                                 for k in sorted(ALGORITHMS)])
 def test_library_straight_line_form_compiles(key, cache):
     n = next(n for n in (2, 4, 8) if ALGORITHMS[key].supports(n))
     kernel = compile_cuda(plan_for(key, n), dtype="float32", arch="sm_90", form="straight", cache=cache)
@@ -97,8 +103,10 @@ def test_library_straight_line_form_compiles(key, cache):
     assert "straight form" in kernel.source
 
 
-@pytest.mark.parametrize("dtype, op", [("float16", "avg"), ("float64", "min"), ("int32", "prod"),
-                                       ("bfloat16", "max"), ("float32", "avg")])
+@pytest.mark.parametrize("dtype, op", [("float16", "avg"), ("int32", "prod"),      # the rest under -m slow
+                                       pytest.param("float64", "min", marks=pytest.mark.slow),
+                                       pytest.param("bfloat16", "max", marks=pytest.mark.slow),
+                                       pytest.param("float32", "avg", marks=pytest.mark.slow)])
 def test_other_types_and_ops_compile(dtype, op, cache):
     for protocol in ("Simple", "LL"):
         plan = plan_for("allreduce/ring:ring", 4, protocol, inplace=False)
