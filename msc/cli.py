@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 from msc.errors import MscError, UsageError, VerificationError
+from msc.ops import DEFAULT_PROTOCOL, PROTOCOL_NAMES, REDUCE_OP_NAMES
 from msc.runner import _size_arg
 
 
@@ -230,7 +231,7 @@ def default_plan_name(program, options) -> str:
     parts = [program.collective, program.name, f"n{program.num_ranks}"]
     if options.instances != 1:
         parts.append(f"i{options.instances}")
-    if options.protocol != "Simple":
+    if options.protocol != DEFAULT_PROTOCOL:
         parts.append(options.protocol)
     return "-".join(parts) + ".plan"
 
@@ -550,7 +551,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("compile", help="verify an algorithm, lower it to a plan, verify the plan, write it")
     algorithm_args(p)
-    p.add_argument("--protocol", choices=("Simple", "LL", "LL128"), default="Simple",
+    p.add_argument("--protocol", choices=PROTOCOL_NAMES, default=DEFAULT_PROTOCOL,
                    help="transport: Simple (default), LL (low latency: data and flag in one 8-byte store) or "
                         "LL128")
     p.add_argument("--instances", type=int, default=1, help="replicate the schedule on more channels")
@@ -570,7 +571,7 @@ def build_parser() -> argparse.ArgumentParser:
                                   "write the .cubin too")
     p.add_argument("--dtype", default="float32", help="with --emit cuda: data type (float32, bfloat16, float16, "
                                                       "float64, int32)")
-    p.add_argument("--op", default="sum", choices=("sum", "prod", "max", "min", "avg"),
+    p.add_argument("--op", default="sum", choices=REDUCE_OP_NAMES,
                    help="with --emit cuda: the reduction")
     p.add_argument("--form", choices=("straight", "table"),
                    help="with --emit cuda: straight-line or table-driven kernel (default: by plan size)")

@@ -48,13 +48,13 @@ import ml_dtypes
 from msc.collectives import get_collective
 from msc.errors import ExecutionError, UsageError
 from msc.ir import Plan, StepOp
+from msc.ops import REDUCE_OP_NAMES, REDUCE_OPS
 from msc.plan_check import check_plan
 from msc.worklist import drive
 
 DTYPES = {np.dtype(t) for t in (np.float64, np.float32, np.float16, ml_dtypes.bfloat16,
                                  np.int32, np.int64, np.uint8)}
-_COMBINE = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum, "avg": np.add}
-OPS = tuple(_COMBINE)
+OPS = REDUCE_OP_NAMES
 
 
 def chunk_bounds(index: int, count: int, k: int) -> tuple[int, int]:
@@ -142,11 +142,11 @@ class Executor:
         """Run the plan on ``buffers`` (per rank: physical buffer name -> flat
         array), in place. ``seed``: pick runnable threadblocks in a random
         order (results must not depend on it)."""
-        if op not in _COMBINE:
+        if op not in REDUCE_OPS:
             raise UsageError(f"unknown reduction op {op!r} (expected one of {', '.join(OPS)})")
         self._check_buffers(buffers, count)
-        _Run(self, buffers, count, _COMBINE[op], seed).execute()
-        if op == "avg":
+        _Run(self, buffers, count, getattr(np, REDUCE_OPS[op].numpy), seed).execute()
+        if REDUCE_OPS[op].average:
             for rank, buf, index, m in self.averaged:
                 lo, hi = chunk_bounds(index, count, self.k)
                 arr = buffers[rank][buf]

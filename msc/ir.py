@@ -11,6 +11,7 @@ from enum import Enum
 from typing import NamedTuple
 
 from msc.errors import SourceLine
+from msc.ops import DEFAULT_PROTOCOL
 
 
 class OpKind(Enum):
@@ -87,22 +88,34 @@ class StepOp(Enum):
     REDUCE = "reduce"
     NOP = "nop"
 
-    receives: bool   # set below, as plain attributes: hashing an Enum member is slow in hot loops
-    sends: bool
-    reduces: bool
+    # Set from _STEP_OPS below, as plain attributes: hashing an Enum member is slow in hot loops.
+    receives: bool   # takes a message from the receive peer
+    sends: bool      # gives one to the send peer
+    reduces: bool    # combines values with the reduce op
+    nsrc: str        # local sources it takes: "0", "1" or "2+"
+    has_dst: bool    # writes a local destination
+    xml: str         # its MSCCL-IR <step> type
 
 
+# The step ops' registry: every other list of them derives from this table (plan_lines' reader,
+# the CUDA enum and masks, the XML types) or is tested against it (grammars/plan.lark's OP).
+#            receives sends  reduces nsrc  has_dst xml
+_STEP_OPS = {
+    "SEND":   (False,   True,  False,  "1",  False,  "s"),
+    "RECV":   (True,    False, False,  "0",  True,   "r"),
+    "RCS":    (True,    True,  False,  "0",  True,   "rcs"),
+    "RRS":    (True,    True,  True,   "1",  False,  "rrs"),
+    "RRC":    (True,    False, True,   "1",  True,   "rrc"),
+    "RRCS":   (True,    True,  True,   "1",  True,   "rrcs"),
+    "COPY":   (False,   False, False,  "1",  True,   "cpy"),
+    "REDUCE": (False,   False, True,   "2+", True,   "re"),   # XML re: one source at a time (xml_export)
+    "NOP":    (False,   False, False,  "0",  False,  "nop"),
+}
 for _op in StepOp:
-    _op.receives = _op.name in ("RECV", "RCS", "RRS", "RRC", "RRCS")
-    _op.sends = _op.name in ("SEND", "RCS", "RRS", "RRCS")
-    _op.reduces = _op.name in ("RRS", "RRC", "RRCS", "REDUCE")
+    _op.receives, _op.sends, _op.reduces, _op.nsrc, _op.has_dst, _op.xml = _STEP_OPS[_op.name]
 
 # Which operands each op takes: (number of sources, has a destination).
-STEP_SHAPE = {
-    StepOp.SEND: ("1", False), StepOp.RECV: ("0", True), StepOp.RCS: ("0", True),
-    StepOp.RRS: ("1", False), StepOp.RRC: ("1", True), StepOp.RRCS: ("1", True),
-    StepOp.COPY: ("1", True), StepOp.REDUCE: ("2+", True), StepOp.NOP: ("0", False),
-}
+STEP_SHAPE = {op: (op.nsrc, op.has_dst) for op in StepOp}
 
 
 @dataclass(frozen=True, slots=True)   # slots: plans hold millions of these
@@ -174,7 +187,7 @@ class Plan:
     output_chunks: int
     ranks: tuple[RankPlan, ...]
     root: int = 0
-    protocol: str = "Simple"
+    protocol: str = DEFAULT_PROTOCOL
     instances: int = 1
     slots: int = 1
     tile: int = 0

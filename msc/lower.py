@@ -35,10 +35,10 @@ from msc.errors import DeadlockError, LoweringError, RuntimeLimitError, UsageErr
 from msc.fusion import drop_dead_stores, forwarding_pairs, fuse_forwarding, fuse_local
 from msc.ir import Plan
 from msc.limits import MAX_INSTANCES, MAX_TILE_BYTES, check
+from msc.ops import DEFAULT_PROTOCOL, PROTOCOL_NAMES
 from msc.perf import SELF_CHECK, pause_gc
 from msc.placement import assign, place_auto, place_manual, spread_channels, spread_flows
 from msc.plan_bulk import prepare
-from msc.plan_check import PROTOCOLS
 from msc.plan_check import check_plan
 from msc.plan_verify import check_races, verify_plan
 from msc.runtimes import DEFAULT_TARGET, Runtime, get_runtime
@@ -58,7 +58,7 @@ class LowerOptions:
     iteration, 0 for the runtime's default. ``runtime``: the runtime the
     plan must fit (msc.runtimes: "msc", "msccl", "azure")."""
 
-    protocol: str = "Simple"
+    protocol: str = DEFAULT_PROTOCOL
     instances: int = 1
     threadblocks: str = "auto"
     fuse: bool = True
@@ -66,8 +66,8 @@ class LowerOptions:
     runtime: str = DEFAULT_TARGET
 
     def __post_init__(self):
-        if self.protocol not in PROTOCOLS:
-            raise UsageError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {self.protocol!r}")
+        if self.protocol not in PROTOCOL_NAMES:
+            raise UsageError(f"protocol must be one of {', '.join(PROTOCOL_NAMES)}, got {self.protocol!r}")
         if type(self.instances) is not int or self.instances < 1:
             raise UsageError(f"instances must be an int >= 1, got {self.instances!r}")
         check(self.instances, MAX_INSTANCES, "instances")

@@ -49,7 +49,7 @@ from operator import attrgetter, is_not, itemgetter
 import numpy as np
 
 from msc.accesses import last_of_each, writes_around
-from msc.ir import STEP_SHAPE, Plan, StepOp
+from msc.ir import Plan, StepOp
 from msc.levels import levels
 from msc.multisets import Decline, Leaves, expand, expectations, holds, jump, need
 from msc.perf import SELF_CHECK, pause_gc
@@ -59,9 +59,9 @@ _OPS = list(StepOp)
 _CODE = {id(op): i for i, op in enumerate(_OPS)}
 _SENDS = np.array([op.sends for op in _OPS])
 _RECEIVES = np.array([op.receives for op in _OPS])
-_HAS_DST = np.array([STEP_SHAPE[op][1] for op in _OPS])
-_MIN_SRCS = np.array([{"0": 0, "1": 1, "2+": 2}[STEP_SHAPE[op][0]] for op in _OPS])
-_MAX_SRCS = np.array([{"0": 0, "1": 1, "2+": 1 << 30}[STEP_SHAPE[op][0]] for op in _OPS])
+_HAS_DST = np.array([op.has_dst for op in _OPS])
+_MIN_SRCS = np.array([{"0": 0, "1": 1, "2+": 2}[op.nsrc] for op in _OPS])
+_MAX_SRCS = np.array([{"0": 0, "1": 1, "2+": 1 << 30}[op.nsrc] for op in _OPS])
 (_SEND, _RECV, _RCS, _RRS, _RRC, _RRCS, _COPY, _REDUCE, _NOP) = (
     _OPS.index(op) for op in (StepOp.SEND, StepOp.RECV, StepOp.RCS, StepOp.RRS, StepOp.RRC, StepOp.RRCS,
                               StepOp.COPY, StepOp.REDUCE, StepOp.NOP))

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 from msc.collectives import get_collective
 from msc.errors import MscError, PlanError
-from msc.ir import STEP_SHAPE, Plan
+from msc.ir import Plan
 from msc.limits import MAX_BUFFER_CHUNKS, MAX_CHUNK_FACTOR, MAX_INSTANCES, MAX_RANKS, MAX_SLOTS, MAX_TILE_BYTES
-
-PROTOCOLS = ("Simple", "LL", "LL128")
+from msc.ops import PROTOCOL_NAMES
 # Chunks a buffer may have: far beyond any real schedule, small enough that
 # executing a plan symbolically cannot exhaust memory on a hostile file.
 MAX_CHUNKS = MAX_BUFFER_CHUNKS
@@ -37,8 +36,8 @@ def check_plan(plan: Plan) -> None:
         raise PlanError(f"ranks must be 1..{MAX_RANKS} (msc's limit), got {n!r}")
     if len(plan.ranks) != n:
         raise PlanError(f"plan has {len(plan.ranks)} rank sections for {n} ranks")
-    if plan.protocol not in PROTOCOLS:
-        raise PlanError(f"unknown protocol {plan.protocol!r} (expected one of {', '.join(PROTOCOLS)})")
+    if plan.protocol not in PROTOCOL_NAMES:
+        raise PlanError(f"unknown protocol {plan.protocol!r} (expected one of {', '.join(PROTOCOL_NAMES)})")
     for name, value, low, high in (("chunk_factor", plan.chunk_factor, 1, MAX_CHUNK_FACTOR),
                                    ("instances", plan.instances, 1, MAX_INSTANCES),
                                    ("slots", plan.slots, 1, MAX_SLOTS), ("tile", plan.tile, 0, MAX_TILE_BYTES)):
@@ -90,7 +89,7 @@ def _check_step(plan, r, t, s, step, tb, sizes, rp):
     where = dict(rank=r, tb=t, step=s)
     if type(step.count) is not int or step.count < 1:
         raise PlanError(f"count {step.count!r} must be >= 1", **where)
-    nsrc, has_dst = STEP_SHAPE[step.op]
+    nsrc, has_dst = step.op.nsrc, step.op.has_dst
     if nsrc == "2+" and len(step.srcs) < 2 or nsrc in ("0", "1") and len(step.srcs) != int(nsrc):
         raise PlanError(f"{step.op.value} takes {'at least 2' if nsrc == '2+' else nsrc} source(s), "
                         f"got {len(step.srcs)}", **where)

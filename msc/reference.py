@@ -33,10 +33,11 @@ import numpy as np
 import ml_dtypes
 
 from msc.errors import UsageError
+from msc.ops import REDUCE_OP_NAMES, REDUCE_OPS
 
 COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "reduce")
 REDUCING = ("allreduce", "reducescatter", "reduce")
-OPS = ("sum", "prod", "max", "min", "avg")
+OPS = REDUCE_OP_NAMES
 UNIT_ROUNDOFF = {np.dtype(np.float64): 2.0 ** -53, np.dtype(np.float32): 2.0 ** -24,
                  np.dtype(np.float16): 2.0 ** -11, np.dtype(ml_dtypes.bfloat16): 2.0 ** -8}
 
@@ -48,23 +49,22 @@ def _is_int(dtype) -> bool:
 def reduce_ranks(stack: np.ndarray, op: str) -> np.ndarray:
     """``op`` over axis 0 (the ranks) of an (n, L) array, in its dtype."""
     dtype, n = stack.dtype, stack.shape[0]
-    if op == "max":
-        return stack.max(axis=0)
-    if op == "min":
-        return stack.min(axis=0)
-    if op not in ("sum", "prod", "avg"):
+    if op not in OPS:
         raise UsageError(f"unknown reduction op {op!r} (expected one of {', '.join(OPS)})")
-    ufunc = np.multiply if op == "prod" else np.add
+    spec = REDUCE_OPS[op]
+    ufunc = getattr(np, spec.numpy)
+    if spec.exact:
+        return ufunc.reduce(stack, axis=0)
     if _is_int(dtype):
         total = ufunc.reduce(stack.astype(np.uint64), axis=0, dtype=np.uint64).astype(dtype)
-        if op != "avg":
+        if not spec.average:
             return total
         # truncation toward zero through the magnitude (|INT64_MIN| is right as a uint64)
         mag = np.abs(total.astype(np.int64)).astype(np.uint64) // np.uint64(n)
         signed = mag.astype(np.int64)
         return np.where(total < 0, -signed, signed).astype(dtype)
     total = ufunc.reduce(stack.astype(np.float64), axis=0)
-    if op == "avg":
+    if spec.average:
         total = total / n
     return total.astype(dtype)
 
@@ -108,7 +108,7 @@ def expected_outputs(collective: str, inputs: list[np.ndarray], *, op: str = "su
 def tolerance(dtype, nranks: int, op: str, collective: str) -> float:
     """Relative tolerance (of ``scale``, see the module doc); 0: exact."""
     dtype = np.dtype(dtype)
-    if collective not in REDUCING or op in ("max", "min") or _is_int(dtype):
+    if collective not in REDUCING or op in OPS and REDUCE_OPS[op].exact or _is_int(dtype):
         return 0.0
     u = UNIT_ROUNDOFF[dtype]
     return (nranks + 2) * u * (2 if dtype == np.float64 else 1)

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Callable
 
 from msc.collectives import get_collective
 from msc.errors import UsageError
+from msc.ops import REDUCE_OP_NAMES
 from msc.runtimes import add_capacity_args, capacity_args
 
 if TYPE_CHECKING:        # numpy is imported where used, so `msc` commands start fast
@@ -37,7 +38,7 @@ if TYPE_CHECKING:        # numpy is imported where used, so `msc` commands start
 # numpy (and the executor) are imported where used: registering the command
 # must not import them, the CLI starts without numpy.
 
-OPS = ("sum", "prod", "max", "min", "avg")            # msc.executor.OPS
+OPS = REDUCE_OP_NAMES
 # nccl-tests type names (the table's spelling), their numpy names, and the aliases -d accepts.
 TYPES = {"float": "float32", "half": "float16", "double": "float64", "bfloat16": "bfloat16",
          "int32": "int32", "int64": "int64", "uint8": "uint8"}

@@ -27,8 +27,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from msc.errors import UsageError
+from msc.ops import PROTOCOL_NAMES
 
-PROTOCOL_SLOTS = ("Simple", "LL", "LL128")
+PROTOCOL_SLOTS = PROTOCOL_NAMES     # the order of Runtime.slots (the protocols: msc.ops)
 
 
 class CapacityWarning(UserWarning):

@@ -21,7 +21,7 @@ from collections import deque
 
 from msc.dag import Dag
 from msc.errors import LoweringError
-from msc.ir import Plan, RankPlan, Step, StepOp, Threadblock
+from msc.ir import Plan, RankPlan, Step, Threadblock
 from msc.placement import Placement
 
 
@@ -170,7 +170,6 @@ def build_plan(dag: Dag, global_order: list[int], tb_of: list, placement: Placem
         steps = lists[instrs[i].rank][tb]
         where_tb[i], where_step[i] = tb, len(steps)
         steps.append(i)
-    receive_only = (StepOp.RECV, StepOp.RCS)
     ranks = []
     for rank, tbs in enumerate(placement.tbs):
         built = []
@@ -185,8 +184,8 @@ def build_plan(dag: Dag, global_order: list[int], tb_of: list, placement: Placem
                     if ptb != t and where_step[p] > latest.get(ptb, -1):
                         latest[ptb] = where_step[p]
                 op = ins.op
-                dst = None if op is StepOp.RRS else ins.dst
-                srcs = () if op in receive_only else ins.srcs
+                dst = ins.dst if op.has_dst else None           # the operands its op takes (msc.ir)
+                srcs = ins.srcs if op.nsrc != "0" else ()
                 steps.append(Step(op, srcs, dst, ins.count, tuple(sorted(latest.items())) if latest else (),
                                   ins.where))
             built.append(Threadblock(t, tb.send, tb.recv, tb.channel, tuple(steps)))

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from msc.errors import UsageError
+from msc.ops import PROTOCOLS
 
 GB = 1e9
 US = 1e-6
-KIB = 1024
 
 
 @dataclass(frozen=True)
@@ -44,14 +44,8 @@ class Route:
 class Protocol:
     """How a protocol changes the model, after NCCL: latency as a fraction of
     Simple's, the fraction of link bandwidth that carries data, and the
-    pipelining tile (bytes per chunk and iteration) when a plan says 0.
-
-    Simple: bulk copies, then a flag behind a memory fence: full bandwidth,
-    the highest latency. LL: 8-byte lines of 4 data bytes and a 4-byte flag,
-    no fence: half the bandwidth, a fraction of the latency (NCCL's ring
-    hardware latencies on NVLink are 0.47 us for LL and 3.4 us for Simple,
-    src/graph/tuning.cc). LL128: 128-byte lines with 8 flag bytes (120/128 of
-    the bandwidth) and about half Simple's latency.
+    pipelining tile (bytes per chunk and iteration) when a plan says 0. The
+    defaults, and why, are msc.ops.PROTOCOLS'; a topology file may change them.
     """
 
     alpha_factor: float
@@ -59,11 +53,7 @@ class Protocol:
     tile: int
 
 
-DEFAULT_PROTOCOLS = {
-    "Simple": Protocol(1.0, 1.0, 512 * KIB),   # NCCL: a 4 MiB buffer in 8 steps
-    "LL": Protocol(0.25, 0.5, 32 * KIB),       # NCCL: 64 KiB of lines per step, half of it data
-    "LL128": Protocol(0.5, 120 / 128, 256 * KIB),
-}
+DEFAULT_PROTOCOLS = {p.name: Protocol(p.alpha_factor, p.bandwidth_factor, p.tile) for p in PROTOCOLS.values()}
 
 
 class Topology:

@@ -28,12 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from msc.errors import AlgorithmError, LoweringError, MscError, UsageError
+from msc.ops import DEFAULT_PROTOCOL, PROTOCOL_NAMES
 from msc.runner import BUSBW_FACTOR, format_size
 from msc.simulate import Simulator
 
 MAX_VARIANTS = 12
 BISECT_ROUNDS = 6
-PROTOCOL_ORDER = ("Simple", "LL", "LL128")
 # The baseline "vs ring" column compares with: the library's ring (chain for broadcast), Simple, 1 instance.
 BASELINE = {"allreduce": "allreduce/ring", "allgather": "allgather/ring", "reducescatter": "reducescatter/ring",
             "reduce": "reduce/ring", "broadcast": "broadcast/chain"}
@@ -146,8 +146,8 @@ def tune(files: list[str], ranks: int, topology, requested: list[int], *, protoc
     if not requested:
         raise UsageError("no sizes to tune for (check -b, -e)")
     for p in protocols:
-        if p not in PROTOCOL_ORDER:
-            raise UsageError(f"unknown protocol {p!r} (expected {', '.join(PROTOCOL_ORDER)})")
+        if p not in PROTOCOL_NAMES:
+            raise UsageError(f"unknown protocol {p!r} (expected {', '.join(PROTOCOL_NAMES)})")
     for i in instances:
         if type(i) is not int or i < 1:
             raise UsageError(f"instance counts must be ints >= 1, got {i!r}")
@@ -203,12 +203,12 @@ def _baseline(collective, ranks, topology, inplace, cands):
         return None
     target = resolve(name).resolve()
     for c in cands:
-        if resolve(c.file).resolve() == target and not c.varied and c.protocol == "Simple" and c.instances == 1:
+        if resolve(c.file).resolve() == target and not c.varied and c.protocol == DEFAULT_PROTOCOL and c.instances == 1:
             return c
     try:
         [alg] = load_algorithms(name)
-        found = _candidates(name, alg, ranks, topology, ("Simple",), (1,), {k: [v] for k, v in alg.params.items()},
-                            inplace, [], varied_keys=False)
+        found = _candidates(name, alg, ranks, topology, (DEFAULT_PROTOCOL,), (1,),
+                            {k: [v] for k, v in alg.params.items()}, inplace, [], varied_keys=False)
     except MscError:
         return None
     return found[0] if found else None

@@ -54,14 +54,13 @@ from msc.collectives import get_collective
 from msc.errors import MscError, PlanError, RuntimeLimitError, UsageError
 from msc.ir import Plan, RankPlan, Slice, Step, StepOp
 from msc.limits import MAX_BYTES, check
+from msc.ops import DEFAULT_PROTOCOL
 from msc.plan_check import buffer_sizes, check_plan
 from msc.runtimes import Runtime, xml_runtime
 
 __all__ = ["RuntimeLimitError", "check_limits", "plan_to_xml", "program_to_xml"]
 
 BUFFER_LETTER = {"input": "i", "output": "o", "scratch": "s"}
-STEP_TYPE = {StepOp.SEND: "s", StepOp.RECV: "r", StepOp.RCS: "rcs", StepOp.RRS: "rrs", StepOp.RRC: "rrc",
-             StepOp.RRCS: "rrcs", StepOp.COPY: "cpy"}
 ROOTED = ("broadcast", "reduce")
 
 
@@ -136,7 +135,7 @@ def plan_to_xml(plan: Plan, *, runtime: str = "msccl", min_bytes: int = 0, max_b
     return ET.tostring(algo, encoding="unicode").replace(" />", "/>") + "\n"
 
 
-def program_to_xml(program, *, instances: int = 1, protocol: str = "Simple", threadblock_policy: str = "auto",
+def program_to_xml(program, *, instances: int = 1, protocol: str = DEFAULT_PROTOCOL, threadblock_policy: str = "auto",
                    instr_fusion: bool = True, name: str | None = None, runtime: str = "msccl", **kw) -> str:
     """Lower a traced program for ``runtime`` (msc.lower: a plan that fits
     it, or RuntimeLimitError) and export the plan (``kw``: see plan_to_xml)."""
@@ -178,7 +177,7 @@ def _rank_steps(rp: RankPlan) -> list[list[XStep]]:
             carried = []
             waited.update(deps)
             body = [x._replace(origin=s) for x in _expand(step, rp.rank, t, s)]
-            steps += [XStep("nop", None, None, 0, d, s) for d in deps[1:]]
+            steps += [XStep(StepOp.NOP.xml, None, None, 0, d, s) for d in deps[1:]]
             steps.append(body[0]._replace(dep=deps[0] if deps else None))
             steps += body[1:]
             last[(t, s)] = len(steps) - 1
@@ -223,7 +222,7 @@ def _expand(step: Step, rank: int, t: int, s: int) -> list[XStep]:
     if src is not None and step.dst is not None and src != step.dst and _overlap(src, step.dst):
         raise PlanError(f"{step.op.value} {src} -> {step.dst}: source and destination overlap partly, which "
                         f"the runtime's elementwise kernels cannot do", rank=rank, tb=t, step=s)
-    return [XStep(STEP_TYPE[step.op], src, step.dst, step.count)]
+    return [XStep(step.op.xml, src, step.dst, step.count)]
 
 
 def _expand_reduce(step: Step, rank: int, t: int, s: int) -> list[XStep]:
@@ -238,12 +237,12 @@ def _expand_reduce(step: Step, rank: int, t: int, s: int) -> list[XStep]:
         first = srcs.pop(0)
         if _overlap(first, dst):
             raise PlanError(f"reduce: source {first} overlaps the destination {dst} partly", rank=rank, tb=t, step=s)
-        head = [XStep("cpy", first, dst, step.count)]
+        head = [XStep(StepOp.COPY.xml, first, dst, step.count)]
     for sl in srcs:
         if _overlap(sl, dst):
             raise PlanError(f"reduce: source {sl} overlaps the destination {dst} (a destination may be one source, "
                             f"once); MSCCL's re steps cannot express it", rank=rank, tb=t, step=s)
-    return head + [XStep("re", sl, dst, step.count) for sl in srcs]
+    return head + [XStep(StepOp.REDUCE.xml, sl, dst, step.count) for sl in srcs]
 
 
 def _overlap(a: Slice, b: Slice) -> bool:
@@ -264,10 +263,10 @@ def _chain_breaks(steps: list[XStep]) -> list[int]:
     destination and source buffer when the later one has no dependency and
     the earlier one no hasdep, and runs the fused step with the last cnt;
     hasdep="1" on the earlier step ends the chain."""
-    breaks = []
+    breaks, re_type = [], StepOp.REDUCE.xml
     for i in range(1, len(steps)):
         p, x = steps[i - 1], steps[i]
-        if (p.type == x.type == "re" and x.dep is None and (p.dst.buffer, p.dst.index) == (x.dst.buffer, x.dst.index)
+        if (p.type == x.type == re_type and x.dep is None and (p.dst.buffer, p.dst.index) == (x.dst.buffer, x.dst.index)
                 and p.src.buffer == x.src.buffer and p.count != x.count):
             breaks.append(i)
     return breaks

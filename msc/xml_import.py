@@ -50,7 +50,8 @@ from xml.parsers import expat
 from msc.collectives import get_collective
 from msc.errors import MscError, PlanError
 from msc.ir import Plan, RankPlan, Slice, Step, StepOp, Threadblock
-from msc.plan_check import PROTOCOLS, check_plan
+from msc.ops import PROTOCOL_NAMES
+from msc.plan_check import check_plan
 from msc.plan_text import clipped, shown
 from msc.runtimes import CapacityWarning, xml_capacity
 
@@ -59,8 +60,7 @@ COLLECTIVES = {"allreduce": "allreduce", "allgather": "allgather", "reduce_scatt
                "reduce": "reduce", "custom": "custom"}
 PER_RANK_UNITS = ("allgather", "reducescatter", "alltoall")   # nchunksperloop = ngpus * k
 BUFFERS = {"i": "input", "o": "output", "s": "scratch"}
-TYPES = {"s": StepOp.SEND, "r": StepOp.RECV, "rcs": StepOp.RCS, "rrs": StepOp.RRS, "rrc": StepOp.RRC,
-         "rrcs": StepOp.RRCS, "cpy": StepOp.COPY, "re": StepOp.REDUCE, "nop": StepOp.NOP}
+TYPES = {op.xml: op for op in StepOp}
 MAX_REDUCE_FUSION = 16    # the runtime fuses at most this many re steps
 _INT = re.compile(r"[-+]?[0-9]{1,19}\Z")     # decimal; 19 digits keep int() cheap
 _INT32 = (-(1 << 31), (1 << 31) - 1)
@@ -244,8 +244,8 @@ class _Reader:
             raise self.error(algo, f"the root element is <{shown(algo.tag)}>, expected <algo>")
         name = self.text(algo, "name")
         protocol = self.text(algo, "proto")
-        if protocol not in PROTOCOLS:
-            raise self.error(algo, f"<algo> proto={protocol!r:.40} is not one of {', '.join(PROTOCOLS)}")
+        if protocol not in PROTOCOL_NAMES:
+            raise self.error(algo, f"<algo> proto={protocol!r:.40} is not one of {', '.join(PROTOCOL_NAMES)}")
         coll = self.text(algo, "coll")
         if coll not in COLLECTIVES:
             raise self.error(algo, f"<algo> coll={coll!r:.40} is not a collective msc knows "
@@ -406,10 +406,8 @@ class _Reader:
             self.check_dep(el, dep, all_steps, where)
         if hasdep and op is StepOp.NOP:
             raise self.error(el, "hasdep=1 on a nop: the runtime signals nothing for nops", **where)
-        uses_src = op in (StepOp.SEND, StepOp.RRS, StepOp.RRC, StepOp.RRCS, StepOp.COPY, StepOp.REDUCE)
-        uses_dst = op not in (StepOp.SEND, StepOp.RRS, StepOp.NOP)
-        src = self.operand(el, "src", operands["src"], count, declared, where) if uses_src else None
-        dst = self.operand(el, "dst", operands["dst"], count, declared, where) if uses_dst else None
+        src = self.operand(el, "src", operands["src"], count, declared, where) if op.nsrc != "0" else None
+        dst = self.operand(el, "dst", operands["dst"], count, declared, where) if op.has_dst else None
         srcs = (dst, src) if op is StepOp.REDUCE else ((src,) if src else ())
         if op is StepOp.NOP:
             count = 1   # a plan step moves >= 1 chunk; a nop moves none
@@ -430,7 +428,7 @@ class _Reader:
             raise self.error(el, f"depends on step {ds} of threadblock {dt}, which has {len(targets)} steps",
                              **where)
         target = targets[ds]
-        if target.get("type") == "nop":
+        if target.get("type") == StepOp.NOP.xml:
             raise self.error(el, f"depends on threadblock {dt} step {ds}, a nop, which the runtime never signals",
                              **where)
         if _integer(target.get("hasdep") or "") != 1:

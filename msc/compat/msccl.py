@@ -105,6 +105,7 @@ from msc.compat.msccl_topology import (Topology, dgx1, dgx_a100, distributed_ful
                                        distributed_hub_and_spoke, fully_connected, hub_and_spoke, line, ring, star)
 from msc.dsl import user_line
 from msc.errors import AlgorithmError, MscError, OperationError, VerificationError
+from msc.ops import PROTOCOL_NAMES
 from msc.verify import verify
 
 __all__ = [
@@ -114,8 +115,6 @@ __all__ = [
     "dgx1", "dgx_a100", "distributed_fully_connected", "distributed_hub_and_spoke",
     "Collective", "AllReduce", "AllGather", "ReduceScatter", "AllToAll",
 ]
-
-PROTOCOLS = ("Simple", "LL", "LL128")
 
 
 class ThreadblockPolicy(Enum):
@@ -171,8 +170,8 @@ class MSCCLProgram:
         if type(instances) is not int or instances < 1:
             raise AlgorithmError(f"MSCCLProgram {name!r}: instances must be an int >= 1, got {instances!r}",
                                  where=user_line())
-        if protocol not in PROTOCOLS:
-            raise AlgorithmError(f"MSCCLProgram {name!r}: protocol must be one of {', '.join(PROTOCOLS)}, "
+        if protocol not in PROTOCOL_NAMES:
+            raise AlgorithmError(f"MSCCLProgram {name!r}: protocol must be one of {', '.join(PROTOCOL_NAMES)}, "
                                  f"got {protocol!r}", where=user_line())
         try:
             threadblock_policy = ThreadblockPolicy(threadblock_policy)

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from msc.errors import UsageError
-from msc.ir import STEP_SHAPE, Plan, StepOp
+from msc.ir import Plan, StepOp
+from msc.ops import PROTOCOLS, REDUCE_OP_NAMES, REDUCE_OPS
 from msc.resources import data_dir
 
 
@@ -28,18 +29,14 @@ DTYPES = {d.name: d for d in (
     DType("float16", "u16", 2, half=True), DType("bfloat16", "u16", 2, half=True),
     DType("int32", "int", 4, floating=False),
 )}
-OPS = ("sum", "prod", "max", "min", "avg")
+OPS = REDUCE_OP_NAMES
 BUF_IDS = {"input": 0, "output": 1, "scratch": 2}
 # Straight-line code up to this many steps in the whole plan, the table form above: NVRTC
 # time grows with code size (bench/codegen_speed.py measures the trade-off).
 STRAIGHT_LINE_MAX_STEPS = 256
-# Threads per block, and blocks per SM the register budget must leave room for
-# (__launch_bounds__): a virtual launch of every rank's blocks must fit the GPU at once. At
-# 512 threads and 2 blocks, registers were capped at 64 and the Simple step interpreter
-# spilled; 256 threads leave 128, and no kernel spills or touches local memory
-# (bench/cuda_static.py).
-NTHREADS = {"Simple": 256, "LL": 256, "LL128": 256}
-MIN_BLOCKS = {"Simple": 2, "LL": 2, "LL128": 2}
+# Threads per block, and blocks per SM for __launch_bounds__, by protocol (why: msc.ops.ProtocolSpec).
+NTHREADS = {p.name: p.threads for p in PROTOCOLS.values()}
+MIN_BLOCKS = {p.name: p.min_blocks for p in PROTOCOLS.values()}
 # Device counters (dependencies, connection heads and tails) sit this many bytes apart, one
 # per cache line, so that writers of different counters never share a line.
 COUNTER_STRIDE = 128
@@ -53,7 +50,7 @@ def step_op_table() -> tuple[list[dict], dict[str, int]]:
     ops = [dict(name=op.name, code=i) for i, op in enumerate(STEP_OPS)]
     masks = dict(receives=sum(1 << i for i, op in enumerate(STEP_OPS) if op.receives),
                  sends=sum(1 << i for i, op in enumerate(STEP_OPS) if op.sends),
-                 stores=sum(1 << i for i, op in enumerate(STEP_OPS) if STEP_SHAPE[op][1]))
+                 stores=sum(1 << i for i, op in enumerate(STEP_OPS) if op.has_dst))
     return ops, masks
 
 
@@ -91,12 +88,14 @@ def _check(dtype: str, op: str, plan: Plan) -> DType:
     if op not in OPS:
         raise UsageError(f"unknown reduction {op!r} (expected one of {', '.join(OPS)})")
     dt = DTYPES[dtype]
-    if op == "avg" and not dt.floating:
-        raise UsageError(f"avg on the CUDA backend needs a floating type (it scales inputs by 1/n), not {dtype}")
-    if op == "avg" and plan.collective not in ("allreduce", "reducescatter", "reduce"):
-        raise UsageError(f"avg on the CUDA backend is for allreduce, reducescatter and reduce, not {plan.collective}")
-    if plan.protocol == "LL128":
-        raise UsageError("the CUDA backend renders the Simple and LL protocols; LL128 is not implemented")
+    if REDUCE_OPS[op].average and not dt.floating:
+        raise UsageError(f"{op} on the CUDA backend needs a floating type (it scales inputs by 1/n), not {dtype}")
+    if REDUCE_OPS[op].average and plan.collective not in ("allreduce", "reducescatter", "reduce"):
+        raise UsageError(f"{op} on the CUDA backend is for allreduce, reducescatter and reduce, not {plan.collective}")
+    proto = PROTOCOLS.get(plan.protocol)
+    if proto is not None and proto.transport is None:
+        rendered = " and ".join(p.name for p in PROTOCOLS.values() if p.transport)
+        raise UsageError(f"the CUDA backend renders the {rendered} protocols; {proto.name} is not implemented")
     return dt
 
 
@@ -124,6 +123,7 @@ def _context(plan: Plan, dtype: DType, op: str, form: str, facts) -> dict:
     published = {(r, t, s) for (r, _, _, step) in
                  ((rp.rank, tb, i, st) for rp in plan.ranks for tb in rp.threadblocks for i, st in enumerate(tb.steps))
                  for (t, s) in step.deps}
+    average = REDUCE_OPS[op].average      # inputs pre-scaled by 1/n where first read: which are ("fresh")
     tbs, table, starts = [], [], []
     for gid, (rank, t) in enumerate(layout.blocks):
         rp = plan.ranks[rank]
@@ -135,7 +135,7 @@ def _context(plan: Plan, dtype: DType, op: str, form: str, facts) -> dict:
         for i, step in enumerate(tb.steps):
             fact = facts.get((rank, t, i)) or _guessed_facts(step, plan.chunk_factor)
             cls = list(fact.classes) if fact.classes else [0] * step.count
-            fresh = [int(f) for row in fact.fresh for f in row] if op == "avg" else [0] * (len(step.srcs) * step.count)
+            fresh = [int(f) for row in fact.fresh for f in row] if average else [0] * (len(step.srcs) * step.count)
             deps = [x for (dt, ds) in step.deps for x in (dt, ds, len(rp.threadblocks[dt].steps))]
             srcs = [(BUF_IDS[sl.buffer], sl.index) for sl in step.srcs]
             dst = (BUF_IDS[step.dst.buffer], step.dst.index) if step.dst is not None else (0, 0)
@@ -148,7 +148,8 @@ def _context(plan: Plan, dtype: DType, op: str, form: str, facts) -> dict:
                         conn_in=cin.id if cin else -1, conn_out=cout.id if cout else -1,
                         max_in=cin.max_count if cin else 0, max_out=cout.max_count if cout else 0, steps=steps))
     step_ops, op_masks = step_op_table()
-    return dict(plan=plan, dtype=dtype, op=op, protocol=plan.protocol, form=form, nthreads=layout.nthreads,
+    return dict(plan=plan, dtype=dtype, op=op, redop=REDUCE_OPS[op], protocol=plan.protocol,
+                transport=PROTOCOLS[plan.protocol].transport, form=form, nthreads=layout.nthreads,
                 min_blocks=MIN_BLOCKS[plan.protocol], counter_words=COUNTER_STRIDE // 8, step_ops=step_ops,
                 max_srcs=max([len(s.srcs) for rp in plan.ranks for tb in rp.threadblocks for s in tb.steps] + [1]),
                 op_masks=op_masks, conns=layout.connections, tbs=tbs, table=table or [0],

@@ -12,10 +12,11 @@ from dataclasses import dataclass
 
 from msc.cuda.codegen import COUNTER_STRIDE, DTYPES, KernelLayout
 from msc.errors import UsageError
+from msc.ops import PROTOCOLS
 
-# Pipelining tile per chunk and iteration, by protocol (bytes); the simulator
-# models the same defaults (msc/topology.py). A plan's `tile` overrides them.
-DEFAULT_TILE_BYTES = {"Simple": 512 * 1024, "LL": 32 * 1024, "LL128": 256 * 1024}
+# Pipelining tile per chunk and iteration, by protocol (bytes; msc.ops, as the
+# simulator's defaults). A plan's `tile` overrides them.
+DEFAULT_TILE_BYTES = {p.name: p.tile for p in PROTOCOLS.values()}
 ERROR_WORDS = 5          # code, rank, threadblock, step, iteration
 
 
@@ -83,7 +84,7 @@ def footprint(layout: KernelLayout, params: LaunchParams, *, dtype: str, protoco
         raise UsageError(f"the plan was verified deadlock-free with {layout.slots} slots per connection; "
                          f"{slots} may deadlock")
     size = DTYPES[dtype].size
-    if protocol == "LL":          # 4 flag bytes per 4 data bytes
+    if PROTOCOLS[protocol].transport == "ll":     # 4 flag bytes per 4 data bytes
         room = 2 * size * params.tile
     else:                         # a tile and the room to start it at its class's offset (transport_simple)
         room = size * (params.tile + params.vec)

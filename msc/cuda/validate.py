@@ -22,6 +22,7 @@ from msc.cuda.codegen import DTYPES, OPS
 from msc.cuda.tables import UserBuffers
 from msc.errors import UsageError
 from msc.ir import Plan
+from msc.ops import REDUCE_OPS
 
 REDUCING = ("allreduce", "reducescatter", "reduce")
 
@@ -72,8 +73,8 @@ def check_op(plan: Plan, op: str, dtype: str | None = None) -> str:
         raise UsageError(f"unknown reduction {op!r} (the CUDA kernels do {', '.join(OPS)})")
     if plan.collective not in REDUCING:
         return "sum"                                # no reduction happens: one kernel serves every op
-    if op == "avg" and dtype is not None and not DTYPES[dtype].floating:
-        raise UsageError(f"avg on the CUDA runtime needs a floating type (it scales inputs by 1/n), not {dtype}")
+    if REDUCE_OPS[op].average and dtype is not None and not DTYPES[dtype].floating:
+        raise UsageError(f"{op} on the CUDA runtime needs a floating type (it scales inputs by 1/n), not {dtype}")
     return op
 
 

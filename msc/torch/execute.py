@@ -28,13 +28,14 @@ import torch
 from msc.collectives import get_collective
 from msc.errors import UsageError
 from msc.ir import Plan
+from msc.ops import REDUCE_OP_NAMES, REDUCE_OPS
 from msc.torch.program import ARENA, BUFFER, TRANSPORTS, Program, compile_rank
 from msc.torch.rounds import schedule
 
 # The executor's reductions, in the buffers' dtype (integers wrap; floats
 # round after every operation). avg sums, then divides (see ``average``).
-COMBINE = {"sum": torch.add, "prod": torch.mul, "max": torch.maximum, "min": torch.minimum, "avg": torch.add}
-OPS = tuple(COMBINE)
+COMBINE = {op.name: getattr(torch, op.torch) for op in REDUCE_OPS.values()}
+OPS = REDUCE_OP_NAMES
 DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64, torch.uint8)
 TAG = 0x6D73     # "ms": keeps our point-to-point messages apart from a user's tag-0 traffic (gloo)
 _PROGRAMS_PER_PLAN = 64
@@ -102,15 +103,14 @@ def op_name(op) -> str:
     else:
         import torch.distributed as dist
 
-        names = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.PRODUCT: "prod", dist.ReduceOp.MAX: "max",
-                 dist.ReduceOp.MIN: "min", dist.ReduceOp.AVG: "avg"}
+        names = {getattr(dist.ReduceOp, o.torch_op): o.name for o in REDUCE_OPS.values()}
         try:
             key = names.get(op)
         except TypeError:
             key = None
         if key is None:
-            raise UsageError(f"unsupported reduction op {op!r} (msc runs sum, prod, max, min, avg)")
-    key = {"product": "prod", "mean": "avg"}.get(key, key)
+            raise UsageError(f"unsupported reduction op {op!r} (msc runs {', '.join(OPS)})")
+    key = {alias: o.name for o in REDUCE_OPS.values() for alias in o.aliases}.get(key, key)
     if key not in COMBINE:
         raise UsageError(f"unknown reduction op {op!r} (expected one of {', '.join(OPS)})")
     return key
@@ -163,7 +163,7 @@ def execute(prog: Program, phys: dict[str, torch.Tensor], op: str, transport) ->
             transport.alltoall(bufs[ib][ilo:ihi], bufs[ob][olo:ohi], in_splits, out_splits)
         elif r.sends or r.recvs:
             transport.p2p(_views(bufs, r.sends), _views(bufs, r.recvs))
-    if op == "avg":
+    if REDUCE_OPS[op].average:
         average(prog, bufs)
 
 
@@ -261,7 +261,7 @@ def run_local(plan, phys: list[dict[str, torch.Tensor]], *, count: int, op: str 
             _local_alltoall(t, here, bufs)
         else:
             _local_p2p(t, here, bufs)
-    if op == "avg":
+    if REDUCE_OPS[op].average:
         for prog, b in zip(progs, bufs):
             average(prog, b)
 

@@ -1,0 +1,104 @@
+"""The registries of step ops (msc.ir.StepOp), reduce ops and protocols
+(msc.ops) are the only lists of them: what cannot import them (the grammar,
+MSCCL's XML names, the rendered CUDA) is checked against them here, and
+every table built from them agrees."""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+import msc
+from msc.cli import build_parser
+from msc.cuda.codegen import render
+from msc.errors import UsageError
+from msc.ir import StepOp
+from msc.lower import LowerOptions, lower
+from msc.ops import PROTOCOL_NAMES, PROTOCOLS, REDUCE_OP_NAMES, REDUCE_OPS
+from msc.resources import data_dir
+from library import algorithms
+
+# MSCCL-IR's <step> types, as the MSCCL runtimes read them (mscclFuncType names).
+MSCCL_STEP_TYPES = {"s", "r", "rcs", "rrs", "rrc", "rrcs", "cpy", "re", "nop"}
+
+
+def _plan(protocol: str = "Simple"):
+    return lower(msc.trace(algorithms()["allreduce/ring:ring"], 2), LowerOptions(protocol=protocol))
+
+
+def test_the_grammar_spells_the_step_ops_of_the_registry():
+    grammar = (data_dir("grammars") / "plan.lark").read_text()
+    line = re.search(r"^OP(?:\.\d+)?:(.*)$", grammar, re.M)[1]
+    assert sorted(re.findall(r'"(\w+)"', line)) == sorted(op.value for op in StepOp)
+
+
+def test_pictures_colour_every_step_op():
+    from msc.pictures import OP_COLORS
+
+    assert set(OP_COLORS) == {op.value for op in StepOp}
+
+
+def test_xml_step_types_are_the_registry_s_and_msccl_s():
+    from msc.xml_import import TYPES
+
+    assert {op.xml for op in StepOp} == MSCCL_STEP_TYPES and len(MSCCL_STEP_TYPES) == len(StepOp)
+    assert TYPES == {op.xml: op for op in StepOp}
+
+
+@pytest.mark.parametrize("protocol", [p.name for p in PROTOCOLS.values() if p.transport])
+def test_rendered_cuda_takes_ops_and_transport_from_the_registries(protocol):
+    plan = _plan(protocol)
+    for name, op in REDUCE_OPS.items():
+        for dtype in ("float32", "bfloat16"):
+            source, layout = render(plan, dtype=dtype, op=name, form="table")
+            enum = next(x for x in source.splitlines() if x.startswith("enum { OP_"))
+            assert re.findall(r"OP_(\w+) = (\d+)", enum) == [(o.name, str(i)) for i, o in enumerate(StepOp)]
+            assert ("return a * (float)inv_n;" in source) == (op.average and dtype == "float32")
+        assert layout.nthreads == PROTOCOLS[protocol].threads
+        assert f"#define MIN_BLOCKS {PROTOCOLS[protocol].min_blocks}" in source
+        transport = PROTOCOLS[protocol].transport
+        assert ("// LL: every 4 data bytes" in source, "// Simple: the sender copies" in source) == \
+            (transport == "ll", transport == "simple")
+
+
+def test_a_protocol_without_a_transport_is_refused_by_the_cuda_backend():
+    for spec in PROTOCOLS.values():
+        if spec.transport is None:
+            with pytest.raises(UsageError, match=f"{spec.name} is not implemented"):
+                render(_plan(spec.name))
+
+
+def test_reduce_ops_name_real_functions_and_every_table_is_the_registry_s():
+    from msc import executor, reference, runner
+    from msc.cuda import codegen
+
+    for op in REDUCE_OPS.values():
+        assert isinstance(getattr(np, op.numpy), np.ufunc)
+    assert executor.OPS == reference.OPS == runner.OPS == codegen.OPS == REDUCE_OP_NAMES
+    torch = pytest.importorskip("torch")
+    import torch.distributed as dist
+    from msc.torch.execute import COMBINE, op_name
+
+    for op in REDUCE_OPS.values():
+        assert COMBINE[op.name] is getattr(torch, op.torch)
+        assert op_name(getattr(dist.ReduceOp, op.torch_op)) == op.name
+        assert all(op_name(alias) == op.name for alias in op.aliases)
+
+
+def test_protocol_tables_are_the_registry_s():
+    from msc.cuda.launch import DEFAULT_TILE_BYTES
+    from msc.runtimes import PROTOCOL_SLOTS
+    from msc.topology import DEFAULT_PROTOCOLS
+
+    assert PROTOCOL_SLOTS == PROTOCOL_NAMES == tuple(DEFAULT_PROTOCOLS) == tuple(DEFAULT_TILE_BYTES)
+    for p in PROTOCOLS.values():
+        model = DEFAULT_PROTOCOLS[p.name]
+        assert (model.alpha_factor, model.bandwidth_factor, model.tile) == (p.alpha_factor, p.bandwidth_factor, p.tile)
+        assert DEFAULT_TILE_BYTES[p.name] == p.tile
+
+
+def test_cli_choices_are_the_registry_s():
+    compile_cmd = build_parser()._subparsers._group_actions[0].choices["compile"]
+    choices = {a.dest: a.choices for a in compile_cmd._actions}
+    assert tuple(choices["protocol"]) == PROTOCOL_NAMES and tuple(choices["op"]) == REDUCE_OP_NAMES
