@@ -13,6 +13,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 
+from msc.collectives import describe_multiset
 from msc.errors import VerificationError
 from msc.ir import OpKind
 from msc.perf import SELF_CHECK, pause_gc
@@ -240,33 +241,3 @@ def contribution_error(rank: int, index: int, want: dict, found: dict, how: str,
         f"rank {rank} output[{index}] holds the wrong contributions ({how})",
         rank=rank, buffer="output", index=index, expected=describe_multiset(want),
         found=f"{describe_multiset(found)}: " + "; ".join(parts), where=where)
-
-
-def describe_multiset(counts: dict[tuple[int, int], int], limit: int = 6) -> str:
-    """Compact text for a multiset of labels: 'input[3] of ranks 0-7',
-    'input[1] of rank 2 (x2)'. Labels are grouped by index and count."""
-    if not counts:
-        return "nothing"
-    groups: dict[tuple[int, int], list[int]] = defaultdict(list)
-    for (rank, index), count in counts.items():
-        groups[(index, count)].append(rank)
-    parts = []
-    for (index, count), ranks in sorted(groups.items()):
-        ranks.sort()
-        who = _ranges(ranks)
-        text = f"input[{index}] of rank{'s' if len(ranks) > 1 else ''} {who}"
-        parts.append(text + (f" (x{count})" if count > 1 else ""))
-    if len(parts) > limit:
-        parts = parts[:limit] + [f"... {len(parts) - limit} more groups"]
-    return ", ".join(parts)
-
-
-def _ranges(values: list[int]) -> str:
-    out, i = [], 0
-    while i < len(values):
-        j = i
-        while j + 1 < len(values) and values[j + 1] == values[j] + 1:
-            j += 1
-        out.append(str(values[i]) if i == j else f"{values[i]}-{values[j]}")
-        i = j + 1
-    return ",".join(out)

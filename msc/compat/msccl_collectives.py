@@ -117,7 +117,7 @@ class _Builtin(Collective):
     def check(self, prog):
         """Every output chunk holds the contributions msc's collective
         requires; prints each one that does not, as MSCCLang does."""
-        from msc.verify import describe_multiset
+        from msc.collectives import describe_multiset
 
         layout = self._layout()
         correct = True
