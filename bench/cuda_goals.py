@@ -42,7 +42,7 @@ def main(argv=None) -> int:
     from msc.cuda.bench import bench, format_baselines
     from msc.errors import MscError
     from msc.lower import LowerOptions, lower
-    from msc.runner import format_table
+    from msc.units import format_table
 
     if not cu.driver_available():
         print(f"cuda_goals: needs a GPU: {cu.probe()[1]}", file=sys.stderr)

@@ -153,7 +153,7 @@ def render(n: int, rows: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    from msc.runner import parse_size
+    from msc.units import parse_size
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4], help="process counts")

@@ -13,7 +13,7 @@ from typing import Any
 
 from msc.errors import MscError, UsageError, VerificationError
 from msc.ops import DEFAULT_PROTOCOL, PROTOCOL_NAMES, REDUCE_OP_NAMES
-from msc.runner import _size_arg
+from msc.units import size_arg
 
 
 def parse_params(items: list[str]) -> dict[str, Any]:
@@ -584,9 +584,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="output format (msccl-xml, the only one)")
     p.add_argument("--runtime", choices=("msccl", "azure"), default="msccl",
                    help="which MSCCL runtime reads it (attribute spellings)")
-    p.add_argument("--min-bytes", type=_size_arg, default=0,
+    p.add_argument("--min-bytes", type=size_arg, default=0,
                    help="smallest message size (bytes; K, M, G, T) the runtime should pick this plan for (default 0)")
-    p.add_argument("--max-bytes", type=_size_arg, default=None,
+    p.add_argument("--max-bytes", type=size_arg, default=None,
                    help="the runtime picks this plan for sizes below this many bytes (K, M, G, T; default: no "
                         "limit)")
     p.add_argument("-o", "--output", help="XML file to write (default: standard output)")

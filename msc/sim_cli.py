@@ -11,7 +11,7 @@ import json
 from typing import Callable
 
 from msc.errors import UsageError
-from msc.runner import TYPES, _size_arg
+from msc.units import TYPES, size_arg
 from msc.runtimes import add_capacity_args, capacity_args
 
 
@@ -51,8 +51,8 @@ def topology_from_args(args, num_ranks: int):
 
 
 def _sweep_args(p, default_min: int, default_max: int) -> None:
-    p.add_argument("-b", "--minbytes", type=_size_arg, default=default_min, help="smallest size (bytes; K, M, G)")
-    p.add_argument("-e", "--maxbytes", type=_size_arg, default=default_max, help="largest size (bytes; K, M, G)")
+    p.add_argument("-b", "--minbytes", type=size_arg, default=default_min, help="smallest size (bytes; K, M, G)")
+    p.add_argument("-e", "--maxbytes", type=size_arg, default=default_max, help="largest size (bytes; K, M, G)")
     p.add_argument("-f", "--stepfactor", type=int, default=2, help="size multiplier between sizes")
 
 
@@ -72,7 +72,7 @@ def add_simulate_command(subparsers, load_plan: Callable) -> argparse.ArgumentPa
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show Python tracebacks")
 
     def cmd(args) -> int:
-        from msc.runner import format_table, sizes
+        from msc.units import format_table, sizes
         from msc.simulate import Simulator
 
         requested = sizes(args.minbytes, args.maxbytes, args.stepfactor)
@@ -129,7 +129,7 @@ def add_tune_command(subparsers, load_plan: Callable | None = None) -> argparse.
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show Python tracebacks")
 
     def cmd(args) -> int:
-        from msc.runner import sizes
+        from msc.units import sizes
         from msc.tune import format_tune, index_entries, per_size, records, tune, write_plans
 
         user = tune_params(args.files, args.param)
@@ -205,7 +205,7 @@ def add_show_command(subparsers, load_plan: Callable) -> argparse.ArgumentParser
     p.add_argument("plan", help="plan file")
     p.add_argument("--png", required=True, metavar="FILE", help="the picture to write")
     add_topology_args(p)
-    p.add_argument("--size", type=_size_arg, help="message size for the timeline (bytes; K, M, G; default 1M)")
+    p.add_argument("--size", type=size_arg, help="message size for the timeline (bytes; K, M, G; default 1M)")
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show Python tracebacks")
 
     def cmd(args) -> int:

@@ -28,7 +28,7 @@ from msc.collectives import get_collective
 from msc.errors import UsageError
 from msc.ir import Plan
 from msc.limits import MAX_TILES
-from msc.runner import BUSBW_FACTOR, parse_dtype
+from msc.units import BUSBW_FACTOR, parse_dtype
 from msc.sim_events import EventSim
 from msc.sim_fast import JUMP_MIN, evaluate, layers, prepare
 from msc.simplan import SimPlan, compile_plan

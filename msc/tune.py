@@ -29,7 +29,7 @@ from pathlib import Path
 
 from msc.errors import AlgorithmError, LoweringError, MscError, UsageError
 from msc.ops import DEFAULT_PROTOCOL, PROTOCOL_NAMES
-from msc.runner import BUSBW_FACTOR, format_size
+from msc.units import BUSBW_FACTOR, format_size
 from msc.simulate import Simulator
 
 MAX_VARIANTS = 12

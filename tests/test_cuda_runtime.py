@@ -548,7 +548,7 @@ def test_synchronize_reads_the_error_word_with_a_fake_driver(fake_gpu):
 
 def test_bench_tables_reuse_the_runner_columns():
     from msc.cuda.bench import format_baselines
-    from msc.runner import format_table
+    from msc.units import format_table
 
     rec = {"size": 1 << 20, "count": 1 << 18, "type": "float", "redop": "sum", "root": -1, "time": 50.0,
            "algbw": 20.97, "busbw": 31.46, "wrong": 0, "wrong_per_rank": [0] * 4, "inplace": True,

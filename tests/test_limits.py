@@ -53,7 +53,7 @@ def test_plan_files_with_absurd_values_are_refused(field, value, limit, tmp_path
 
 
 def test_sizes_are_bounded_where_they_are_parsed():
-    from msc.runner import parse_size
+    from msc.units import parse_size
 
     assert parse_size("1T") == MAX_BYTES
     with pytest.raises(UsageError, match=f"size 8192G is 8796093022208, over msc's limit of {MAX_BYTES}"):

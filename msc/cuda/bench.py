@@ -8,7 +8,7 @@ with two baselines measured in the same run on the same per-rank tensors.
   (``torch_collective``: stack + reduce + copy back for allreduce, ...);
 - ``copy``: device-to-device copy bandwidth of the size (the ceiling).
 
-Flags and columns follow nccl-tests and ``msc run`` (msc.runner: sizes,
+Flags and columns follow nccl-tests and ``msc run`` (msc.units: sizes,
 dtype names, the table): -b -e -f sizes, -n timed iterations, -w warm-up
 iterations, -G graph replays, -d dtype, -o op, -c check; columns size
 count type redop root time algbw busbw #wrong, then the baselines. #wrong
@@ -148,24 +148,25 @@ def _from_numpy(a, device):
 def bench(plan, *, min_bytes, max_bytes, factor: int = 2, iters: int = 20, warmup: int = 5, graphs: int = 0,
           dtype: str = "float", op: str = "sum", placement: str = "virtual", device: int | None = None,
           check: bool = True, seed: int = 0, baselines: bool = True) -> dict:
-    """Records per size (msc.runner's fields plus the baselines)."""
+    """Records per size (msc run's fields plus the baselines)."""
     import numpy as np
     import torch
 
-    from msc import reference, runner
+    from msc import reference
     from msc.collectives import get_collective
     from msc.cuda import device as cu
     from msc.cuda.runtime import Communicator
     from msc.cuda.validate import units
+    from msc.units import BUSBW_FACTOR, TYPES, parse_dtype, parse_size, sizes
 
     cu.require_driver()
     if placement != "virtual":
         raise UsageError("msc bench runs the virtual placement (every rank on one GPU)")
     if iters < 1 or warmup < 0 or graphs < 0:
         raise UsageError(f"need -n >= 1, -w >= 0, -G >= 0; got {iters}, {warmup}, {graphs}")
-    tname, dt = runner.parse_dtype(dtype)
+    tname, dt = parse_dtype(dtype)
     tdtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-              "float64": torch.float64, "int32": torch.int32}.get(runner.TYPES[tname])
+              "float64": torch.float64, "int32": torch.int32}.get(TYPES[tname])
     if tdtype is None:
         raise UsageError(f"the CUDA kernels have no {tname}")
     coll = get_collective(plan.collective)
@@ -175,10 +176,10 @@ def bench(plan, *, min_bytes, max_bytes, factor: int = 2, iters: int = 20, warmu
     n = plan.num_ranks
     in_units, out_units = units(plan)
     reducing = coll.name in reference.REDUCING
-    busbw = runner.BUSBW_FACTOR[coll.name](n)
+    busbw = BUSBW_FACTOR[coll.name](n)
     rng = np.random.default_rng(seed)
     records = []
-    for requested in runner.sizes(runner.parse_size(min_bytes), runner.parse_size(max_bytes), factor):
+    for requested in sizes(parse_size(min_bytes), parse_size(max_bytes), factor):
         count = requested // (dt.itemsize * max(in_units, out_units))
         size = count * max(in_units, out_units) * dt.itemsize
         # logical per-rank tensors, and the physical ones the plan runs on
@@ -279,7 +280,7 @@ def run_numpy(comm, inputs: list, count: int, op: str, dev: int | None = None, *
 
 def format_baselines(records: list[dict]) -> str:
     """The baselines beside msc: PyTorch on one GPU, and the copy ceiling."""
-    from msc.runner import _time
+    from msc.units import time_text
 
     lines = ["# baselines on the same GPU and tensors: torch = one-GPU PyTorch collective, copy = device copy",
              f"#{'size':>11}  {'msc':>7}  {'torch':>7}  {'speedup':>7}  {'copy':>7}  {'copy bw':>7}  {'msc/copy':>8}",
@@ -288,22 +289,23 @@ def format_baselines(records: list[dict]) -> str:
         if "torch_time" not in r:
             continue
         frac = r["busbw"] / r["copy_bw"] if r["copy_bw"] else 0.0
-        lines.append(f"{r['size']:12d}  {_time(r['time'])}  {_time(r['torch_time'])}  {r['speedup']:7.2f}  "
-                     f"{_time(r['copy_time'])}  {r['copy_bw']:7.1f}  {frac:8.2f}")
+        lines.append(f"{r['size']:12d}  {time_text(r['time'])}  {time_text(r['torch_time'])}  {r['speedup']:7.2f}  "
+                     f"{time_text(r['copy_time'])}  {r['copy_bw']:7.1f}  {frac:8.2f}")
     return "\n".join(lines)
 
 
 def add_bench_command(subparsers, load_plan) -> argparse.ArgumentParser:
     """Register ``msc bench PLAN --backend cuda ...`` (exit 1 when any
     element is wrong, 2 without a GPU)."""
-    from msc.runner import OPS, TYPES, _size_arg
+    from msc.ops import REDUCE_OP_NAMES as OPS
+    from msc.units import TYPES, size_arg
 
     p = subparsers.add_parser("bench", help="time a plan on a GPU against PyTorch and copy baselines "
                                             "(nccl-tests columns)")
     p.add_argument("plan", help="plan file")
     p.add_argument("--backend", choices=("cuda",), default="cuda", help="cuda: the msc CUDA runtime")
-    p.add_argument("-b", "--minbytes", type=_size_arg, default=8, help="smallest size (bytes; K, M, G)")
-    p.add_argument("-e", "--maxbytes", type=_size_arg, default=64 * 1024 ** 2, help="largest size (bytes; K, M, G)")
+    p.add_argument("-b", "--minbytes", type=size_arg, default=8, help="smallest size (bytes; K, M, G)")
+    p.add_argument("-e", "--maxbytes", type=size_arg, default=64 * 1024 ** 2, help="largest size (bytes; K, M, G)")
     p.add_argument("-f", "--stepfactor", type=int, default=2, help="size multiplier between runs")
     p.add_argument("-n", "--iters", type=int, default=20, help="timed iterations per size")
     p.add_argument("-w", "--warmup_iters", type=int, default=5, help="untimed iterations first")
@@ -320,7 +322,7 @@ def add_bench_command(subparsers, load_plan) -> argparse.ArgumentParser:
 
     def cmd_bench(args) -> int:
         from msc.cuda import device as cu
-        from msc.runner import format_table
+        from msc.units import format_table
 
         cu.require_driver()                     # exit 2 with the reason, before reading anything else
         plan = load_plan(args.plan)

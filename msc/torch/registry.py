@@ -42,7 +42,7 @@ from pathlib import Path
 
 from msc.errors import PlanError, UsageError
 from msc.ir import Plan
-from msc.runner import format_size
+from msc.units import format_size
 
 INDEX = "plans.json"
 _ROOTED = ("broadcast", "reduce")
@@ -72,7 +72,7 @@ def parse_bytes(value, what: str) -> int | None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise UsageError(f"{what} must be a byte count or a size such as \"1M\", got {value!r}")
-    from msc.runner import parse_size
+    from msc.units import parse_size
 
     n = parse_size(value) if isinstance(value, str) else value
     if n < 0:
