@@ -529,7 +529,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="msc", description="compiler for GPU collective-communication schedules")
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
-                                help="verify, compile, run, bench, simulate, tune, show, export, import, diff, list")
+                                help="verify, compile, run, bench, simulate, tune, show, bound, export, import, diff, "
+                                     "list")
 
     def algorithm_args(p):
         p.add_argument("file", help="algorithm file (or library name such as allreduce/ring)")
@@ -626,6 +627,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_command(sub, load_plan_arg)           # msc bench PLAN --backend cuda
     add_simulation_commands(sub, load_plan_arg)      # simulate, tune, show
+    from msc.bound_cli import add_bound_command
+
+    add_bound_command(sub)                           # msc bound COLLECTIVE --topology T
 
     p = sub.add_parser("list", help="list the algorithms in files (default: the library)")
     p.add_argument("files", nargs="*", metavar="FILE", help="algorithm files or library names (default: the library)")

@@ -72,8 +72,9 @@ def add_simulate_command(subparsers, load_plan: Callable) -> argparse.ArgumentPa
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show Python tracebacks")
 
     def cmd(args) -> int:
-        from msc.units import format_table, sizes
+        from msc.bound_cli import add_bound, bound_column
         from msc.simulate import Simulator
+        from msc.units import format_table, sizes
 
         requested = sizes(args.minbytes, args.maxbytes, args.stepfactor)
         everything, series, topo = [], [], None
@@ -82,12 +83,14 @@ def add_simulate_command(subparsers, load_plan: Callable) -> argparse.ArgumentPa
             topo = topology_from_args(args, plan.num_ranks)
             records = Simulator(plan, topo, tile=args.tile, dtype=args.dtype).records(
                 requested, engine=args.engine)
+            add_bound(records, plan.collective, plan.root, topo)         # bound_time, bound_pct
             everything += records
             series.append((f"{plan.name} ({plan.protocol}, x{plan.instances})", records))
             if not args.json:
-                print(format_table(records, title=f"msc simulate {path}: {plan.collective}, {plan.num_ranks} ranks, "
-                                                  f"{plan.protocol}, x{plan.instances}, on {topo.summary()} "
-                                                  f"(predicted: nothing run)"))
+                print(bound_column(format_table(records, title=f"msc simulate {path}: {plan.collective}, "
+                                                               f"{plan.num_ranks} ranks, {plan.protocol}, "
+                                                               f"x{plan.instances}, on {topo.summary()} "
+                                                               f"(predicted: nothing run)"), records))
         if args.json:
             print(json.dumps(everything))
         if args.plot:

@@ -315,10 +315,11 @@ def torus(rows: int, cols: int, **kw) -> Torus:
 PRESETS = ("nvswitch", "pcie", "ib[:NODES]", "ring[:N]", "torus[:RxC]", "uniform[:N]")
 
 
-def get_topology(spec: str | None, num_ranks: int, *, alpha_us: float | None = None,
+def get_topology(spec: str | None, num_ranks: int | None, *, alpha_us: float | None = None,
                  bandwidth_gbps: float | None = None) -> Topology:
     """A topology for ``num_ranks`` ranks from a preset name, a TOML file, or
-    (no spec) the uniform model of ``alpha_us`` and ``bandwidth_gbps``."""
+    (no spec) the uniform model of ``alpha_us`` and ``bandwidth_gbps``.
+    ``num_ranks`` None: as many as the spec names (msc bound)."""
     uniform_args = alpha_us is not None or bandwidth_gbps is not None
     if spec is None or spec.split(":")[0] == "uniform":
         if alpha_us is None or bandwidth_gbps is None:
@@ -326,6 +327,8 @@ def get_topology(spec: str | None, num_ranks: int, *, alpha_us: float | None = N
         n = num_ranks
         if spec and ":" in spec:
             n = _int_arg(spec, spec.split(":", 1)[1])
+        if n is None:
+            raise UsageError("the uniform model needs a rank count: give --ranks N (or --topology uniform:N)")
         topo = Uniform(n, alpha_us, bandwidth_gbps)
     elif uniform_args:
         raise UsageError("--alpha-us/--bandwidth-gbps describe the uniform model; leave them out with --topology "
@@ -334,7 +337,7 @@ def get_topology(spec: str | None, num_ranks: int, *, alpha_us: float | None = N
         topo = load_topology(spec)
     else:
         topo = _preset(spec, num_ranks)
-    if topo.num_ranks != num_ranks:
+    if num_ranks is not None and topo.num_ranks != num_ranks:
         raise UsageError(f"topology {topo.name!r} has {topo.num_ranks} ranks, the plan {num_ranks}")
     return topo
 
@@ -345,8 +348,11 @@ def _int_arg(spec, text):
     return int(text)
 
 
-def _preset(spec: str, n: int) -> Topology:
+def _preset(spec: str, n: int | None) -> Topology:
     name, _, arg = spec.partition(":")
+    if n is None and not arg and name in ("ib", "ring", "torus"):
+        raise UsageError(f"topology {spec!r} takes its size from the rank count: give --ranks N "
+                         f"(or {name}:{dict(ib='NODES', ring='N', torus='RxC')[name]})")
     if name in ("nvswitch", "h100") and not arg:
         return nvswitch()
     if name == "pcie" and not arg:

@@ -85,6 +85,7 @@ class TuneResult:
     ranges: list             # (min_bytes, max_bytes or None, candidate index)
     baseline: Candidate | None
     skipped: list            # human-readable notes
+    bounds: list = field(default_factory=list)   # per size: msc bound's time (s); empty: no bound
 
 
 def variants(alg, topology, user: dict) -> list[dict]:
@@ -170,7 +171,18 @@ def tune(files: list[str], ranks: int, topology, requested: list[int], *, protoc
     _simulate(cands, baseline, requested)
     winners = [min(range(len(cands)), key=lambda i: (cands[i].times[j], i)) for j in range(len(requested))]
     ranges = _ranges(requested, winners, cands, refine)
-    return TuneResult(collective, ranks, topology.name, list(requested), cands, winners, ranges, baseline, skipped)
+    return TuneResult(collective, ranks, topology.name, list(requested), cands, winners, ranges, baseline, skipped,
+                      _bounds(collective, topology, cands, winners, requested))
+
+
+def _bounds(collective, topology, cands, winners, requested) -> list:
+    """msc bound's time per size (s), at the size the winner simulates (rounded down to its chunks)."""
+    from msc.bound import COLLECTIVES, lower_bound
+
+    if collective not in COLLECTIVES:
+        return []
+    at = [cands[w].sim.chunk_geometry(s)[0] for w, s in zip(winners, requested)]
+    return [b.seconds for b in lower_bound(collective, topology, at, root=cands[0].plan.root)]
 
 
 def _simulate(cands, baseline, requested):
@@ -287,7 +299,9 @@ def per_size(result: TuneResult) -> list[dict]:
                      "busbw": size / t / 1e9 * factor if t > 0 else 0.0,
                      "runner_up": nxt.label if nxt else None,
                      "vs_runner_up": nxt.times[j] / t if nxt and t > 0 else None,
-                     "vs_ring": base.times[j] / t if base and t > 0 else None})
+                     "vs_ring": base.times[j] / t if base and t > 0 else None,
+                     "bound_us": result.bounds[j] * 1e6 if result.bounds else None,
+                     "bound_pct": 100 * result.bounds[j] / t if result.bounds and t > 0 else None})
     return rows
 
 
@@ -296,13 +310,14 @@ def format_tune(result: TuneResult, outdir: str | None = None) -> str:
     w = max([len(c.label) for c in result.candidates] + [9])
     lines = [f"# msc tune: {result.collective}, {result.ranks} ranks, topology {result.topology}, "
              f"{len(result.candidates)} candidates (predicted times)",
-             f"#{'size':>10}  {'winner':<{w}} {'time(us)':>9} {'busbw':>7}  {'runner-up':<{w}} {'x':>6}  "
-             f"{'vs ring':>7}"]
+             f"#{'size':>10}  {'winner':<{w}} {'time(us)':>9} {'busbw':>7} {'%bound':>6}  {'runner-up':<{w}} "
+             f"{'x':>6}  {'vs ring':>7}"]
     for row in rows:
         x = f"{row['vs_runner_up']:.2f}x" if row["vs_runner_up"] else "-"
         ring = f"{row['vs_ring']:.2f}x" if row["vs_ring"] else "-"
-        lines.append(f"{format_size(row['size']):>11}  {row['winner']:<{w}} {row['time_us']:9.2f} {row['busbw']:7.2f}  "
-                     f"{row['runner_up'] or '-':<{w}} {x:>6}  {ring:>7}")
+        pct = f"{row['bound_pct']:.1f}" if row["bound_pct"] is not None else "-"
+        lines.append(f"{format_size(row['size']):>11}  {row['winner']:<{w}} {row['time_us']:9.2f} {row['busbw']:7.2f} "
+                     f"{pct:>6}  {row['runner_up'] or '-':<{w}} {x:>6}  {ring:>7}")
     lines.append("# chosen (min_bytes <= size < max_bytes)" + (f", written to {outdir}/plans.json:" if outdir else ":"))
     for entry, (lo, hi, i) in zip(index_entries(result), result.ranges):
         span = f"[{format_size(lo)}, {format_size(hi)})"
@@ -311,6 +326,7 @@ def format_tune(result: TuneResult, outdir: str | None = None) -> str:
         lines.append("# vs ring: no ring baseline for this collective")
     else:
         lines.append(f"# vs ring: {result.baseline.label} (time of the ring / time of the winner)")
+    lines.append("# %bound: msc bound's least time as a percent of the winner's (100: no plan can be faster)")
     for note in result.skipped:
         lines.append(f"# skipped: {note}")
     return "\n".join(lines)

@@ -269,8 +269,8 @@ def test_simulate_command(tmp_path, capsys):
     assert [int(r[0]) for r in rows] == [8192, 16384, 32768]
     t = 2 * 7 * (A + 8192 / (8 * B)) * 1e6
     assert float(rows[0][5]) == pytest.approx(t, abs=0.01)
-    # predicted: nothing is checked, so no #wrong column and no "Out of bounds" verdict
-    assert all(len(r) == 8 for r in rows) and "#wrong" not in out and "Out of bounds" not in out
+    # predicted: nothing is checked, so no #wrong column and no "Out of bounds" verdict; msc bound's %bound last
+    assert all(len(r) == 9 for r in rows) and "#wrong" not in out and "Out of bounds" not in out and "%bound" in out
     rc, out, err = run_cli(["simulate", path, "-t", "nvswitch", "-b", "1M", "-e", "1M", "--json"], capsys)
     assert rc == 0
     [record] = json.loads(out)
