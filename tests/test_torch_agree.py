@@ -4,7 +4,7 @@ until the process group's timeout), a rank that does not come is named
 within the timeout, and repeated calls build their signature once.
 
 Two gloo worker processes over a TCP store, as torchrun's (tests/torchdist.py
-TcpPool), started once for the module; the other msc.torch tests run every
+Pool(tcp=True)), started once for the module; the other msc.torch tests run every
 call through the same check over a FileStore.
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ PATIENT = 30.0         # where none should be waited for: the cases must end lon
 def pool():
     saved = os.environ.pop("MSC_DEVICE", None)
     try:
-        p = torchdist.TcpPool(2, timeout=60)        # a TCP store, as under torchrun
+        p = torchdist.Pool(2, timeout=60, tcp=True)        # a TCP store, as under torchrun
     finally:
         if saved is not None:
             os.environ["MSC_DEVICE"] = saved

@@ -15,12 +15,12 @@ import tempfile
 import traceback
 
 
-def _worker(rank: int, n: int, init_file: str, jobs, results) -> None:
+def _worker(rank: int, n: int, init_method: str, jobs, results) -> None:
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)           # n processes share the machine's cores
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=n)
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=n)
     while True:
         job = jobs.get()
         if job is None:
@@ -34,17 +34,30 @@ def _worker(rank: int, n: int, init_file: str, jobs, results) -> None:
 
 
 class Pool:
-    def __init__(self, n: int, timeout: float = 60.0):
+    """n gloo worker processes meeting through a FileStore, or (``tcp``) a
+    TCPStore that rank 0 hosts, as under torchrun (a FileStore polls, and
+    counts its timeouts in whole seconds)."""
+
+    def __init__(self, n: int, timeout: float = 60.0, *, tcp: bool = False):
         import torch.multiprocessing as mp
 
         self.n, self.timeout = n, timeout
         ctx = mp.get_context("spawn")
-        fd, self._init_file = tempfile.mkstemp(prefix="msc-gloo-")
-        os.close(fd)
-        os.unlink(self._init_file)      # the file store creates it
+        self._init_file = None
+        if tcp:
+            import socket
+
+            with socket.socket() as s:              # a free port (rank 0's store binds it a moment later)
+                s.bind(("127.0.0.1", 0))
+                init_method = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+        else:
+            fd, self._init_file = tempfile.mkstemp(prefix="msc-gloo-")
+            os.close(fd)
+            os.unlink(self._init_file)      # the file store creates it
+            init_method = f"file://{self._init_file}"
         self.jobs = [ctx.Queue() for _ in range(n)]
         self.results = ctx.Queue()
-        self.procs = [ctx.Process(target=_worker, args=(r, n, self._init_file, self.jobs[r], self.results),
+        self.procs = [ctx.Process(target=_worker, args=(r, n, init_method, self.jobs[r], self.results),
                                   daemon=True) for r in range(n)]
         for p in self.procs:
             p.start()
@@ -82,10 +95,11 @@ class Pool:
             p.join(timeout=5)
             if p.is_alive():
                 p.kill()
-        try:
-            os.unlink(self._init_file)
-        except OSError:
-            pass
+        if self._init_file is not None:
+            try:
+                os.unlink(self._init_file)
+            except OSError:
+                pass
 
 
 # -- cases, run in the workers (module-level so spawn can find them) ---------------------------------
@@ -514,52 +528,6 @@ def cuda_error_cases(rank: int, n: int) -> list[str]:
     return out
 
 
-
-# -- a pool over a TCP store (what torchrun gives: store waits to the millisecond, a request in microseconds) --
-
-def _tcp_worker(rank: int, n: int, address: str, jobs, results) -> None:
-    """As ``_worker``, meeting through ``tcp://address`` instead of a file."""
-    import torch
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://{address}", rank=rank, world_size=n)
-    while True:
-        job = jobs.get()
-        if job is None:
-            break
-        fn, args = job
-        try:
-            results.put((rank, True, fn(rank, n, *args)))
-        except BaseException:
-            results.put((rank, False, traceback.format_exc()))
-    dist.destroy_process_group()
-
-
-class TcpPool(Pool):
-    """A Pool whose workers' default store is a TCPStore (rank 0 hosts it),
-    as under torchrun, rather than a FileStore (which polls, and counts its
-    timeouts in whole seconds)."""
-
-    def __init__(self, n: int, timeout: float = 60.0):
-        import socket
-
-        import torch.multiprocessing as mp
-
-        self.n, self.timeout = n, timeout
-        with socket.socket() as s:                  # a free port (rank 0's store binds it a moment later)
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        ctx = mp.get_context("spawn")
-        fd, self._init_file = tempfile.mkstemp(prefix="msc-tcp-")   # unused: Pool.close removes it
-        os.close(fd)
-        self.jobs = [ctx.Queue() for _ in range(n)]
-        self.results = ctx.Queue()
-        self.procs = [ctx.Process(target=_tcp_worker, args=(r, n, f"127.0.0.1:{port}", self.jobs[r], self.results),
-                                  daemon=True) for r in range(n)]
-        for p in self.procs:
-            p.start()
-        self.broken = None
 
 # -- ranks that disagree (msc.torch.agree) ---------------------------------------------------------
 
