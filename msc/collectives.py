@@ -49,7 +49,7 @@ def describe_multiset(counts: dict[tuple[int, int], int], limit: int = 6) -> str
     parts = []
     for (index, count), ranks in sorted(groups.items()):
         ranks.sort()
-        who = _ranges(ranks)
+        who = compact_ranges(ranks)
         text = f"input[{index}] of rank{'s' if len(ranks) > 1 else ''} {who}"
         parts.append(text + (f" (x{count})" if count > 1 else ""))
     if len(parts) > limit:
@@ -57,7 +57,8 @@ def describe_multiset(counts: dict[tuple[int, int], int], limit: int = 6) -> str
     return ", ".join(parts)
 
 
-def _ranges(values: list[int]) -> str:
+def compact_ranges(values: list[int], sep: str = ",") -> str:
+    """Sorted ints as runs: [0, 1, 2, 5] -> "0-2,5" (``sep`` between runs)."""
     out, i = [], 0
     while i < len(values):
         j = i
@@ -65,7 +66,7 @@ def _ranges(values: list[int]) -> str:
             j += 1
         out.append(str(values[i]) if i == j else f"{values[i]}-{values[j]}")
         i = j + 1
-    return ",".join(out)
+    return sep.join(out)
 
 class Collective:
     """Base of every collective. Subclasses say how big the buffers are,

@@ -109,6 +109,7 @@ import weakref
 from dataclasses import dataclass, replace
 from datetime import timedelta
 
+from msc.collectives import compact_ranges
 from msc.errors import UsageError
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -488,14 +489,7 @@ def _underlying(store, kind: str) -> bool:
 
 def _ranges(ranks: list[int]) -> str:
     """[0, 1, 2, 5] -> "0-2, 5"."""
-    out, i = [], 0
-    while i < len(ranks):
-        j = i
-        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
-            j += 1
-        out.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
-        i = j + 1
-    return ", ".join(out)
+    return compact_ranges(ranks, ", ")
 
 
 _GATES: dict[int, Gate] = {}
