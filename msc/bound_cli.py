@@ -122,19 +122,13 @@ def add_bound(records: list[dict], collective: str, root: int, topology) -> list
     return records
 
 
-def bound_column(table: str, records: list[dict]) -> str:
-    """An nccl-tests table (msc.units.format_table) with a ``%bound`` column
-    appended to its header and rows (rows are the lines without '#', in the
-    order of ``records``)."""
+def bound_columns(records: list[dict]) -> tuple:
+    """The ``%bound`` column for msc.units.format_table, where ``add_bound``
+    gave the records one."""
     if not records or "bound_time" not in records[0]:
-        return table
-    lines, rows = table.split("\n"), iter(records)
-    for i, line in enumerate(lines):
-        if not line.startswith("#"):
-            pct = next(rows)["bound_pct"]
-            lines[i] += f"  {pct:6.1f}" if pct is not None else f"  {'-':>6}"
-        elif "count" in line and "size" in line:
-            lines[i] += f"  {'%bound':>6}"
-    lines.append("# %bound: msc bound's least time for this size as a percent of the predicted time "
-                 "(100: no plan can be faster)")
-    return "\n".join(lines)
+        return ()
+    return (("%bound", "", lambda r: f"{r['bound_pct']:6.1f}" if r["bound_pct"] is not None else "-"),)
+
+
+BOUND_NOTE = ("# %bound: msc bound's least time for this size as a percent of the predicted time "
+              "(100: no plan can be faster)")

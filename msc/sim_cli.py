@@ -72,7 +72,7 @@ def add_simulate_command(subparsers, load_plan: Callable) -> argparse.ArgumentPa
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show Python tracebacks")
 
     def cmd(args) -> int:
-        from msc.bound_cli import add_bound, bound_column
+        from msc.bound_cli import BOUND_NOTE, add_bound, bound_columns
         from msc.simulate import Simulator
         from msc.units import format_table, sizes
 
@@ -87,10 +87,11 @@ def add_simulate_command(subparsers, load_plan: Callable) -> argparse.ArgumentPa
             everything += records
             series.append((f"{plan.name} ({plan.protocol}, x{plan.instances})", records))
             if not args.json:
-                print(bound_column(format_table(records, title=f"msc simulate {path}: {plan.collective}, "
-                                                               f"{plan.num_ranks} ranks, {plan.protocol}, "
-                                                               f"x{plan.instances}, on {topo.summary()} "
-                                                               f"(predicted: nothing run)"), records))
+                columns = bound_columns(records)
+                print(format_table(records, columns=columns,
+                                   title=f"msc simulate {path}: {plan.collective}, {plan.num_ranks} ranks, "
+                                         f"{plan.protocol}, x{plan.instances}, on {topo.summary()} "
+                                         f"(predicted: nothing run)") + ("\n" + BOUND_NOTE if columns else ""))
         if args.json:
             print(json.dumps(everything))
         if args.plot:

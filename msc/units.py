@@ -76,11 +76,12 @@ def time_text(us: float) -> str:
     return f"{us:7.0f}" if us >= 1e4 else f"{us:7.1f}" if us >= 100 else f"{us:7.2f}"
 
 
-def format_table(records: list[dict], *, title: str | None = None) -> str:
+def format_table(records: list[dict], *, title: str | None = None, columns=()) -> str:
     """The nccl-tests table: one column group, in-place or out-of-place as the
     plan is. Records timed on a device (msc bench) show time, algbw and busbw;
     records of a host backend (msc run) show the host time per call instead,
-    and no bandwidth, which would mean nothing."""
+    and no bandwidth, which would mean nothing. ``columns``: more columns
+    after those, each (heading, unit, cell: record -> text of 6 characters)."""
     form = "in-place" if records and records[0]["inplace"] else "out-of-place"
     device = not records or "time" in records[0]
     checked = not records or "wrong" in records[0]           # simulated records check nothing
@@ -99,13 +100,16 @@ def format_table(records: list[dict], *, title: str | None = None) -> str:
             f"#{'size':>11}  {'count':>12}  {'type':>8}  {'redop':>6}  {'root':>6}  {'host':>7}  {'#wrong':>6}",
             f"#{'(B)':>11}  {'(elements)':>12}  {'':>8}  {'':>6}  {'':>6}  {'(us)':>7}  {'':>6}",
         ]
+    for heading, unit, _ in columns:
+        lines[-2] += f"  {heading:>6}"
+        lines[-1] = (lines[-1] + f"  {unit:>6}").rstrip()
     for r in records:
         row = f"{r['size']:12d}  {r['count']:12d}  {r['type']:>8}  {r['redop']:>6}  {r['root']:6d}  "
         if device:
             row += f"{time_text(r['time'])}  {r['algbw']:6.2f}  {r['busbw']:6.2f}" + (f"  {r['wrong']:6d}" if checked else "")
         else:
             row += f"{time_text(r['host_time'])}  {r['wrong']:6d}"
-        lines.append(row)
+        lines.append(row + "".join(f"  {cell(r):>6}" for _, _, cell in columns))
     if checked:
         wrong = sum(r["wrong"] for r in records)
         lines.append(f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}")
