@@ -18,7 +18,7 @@ from pathlib import Path
 import msc
 from msc.cuda.codegen import STRAIGHT_LINE_MAX_STEPS, render
 from msc.cuda.compiler import nvrtc_compile, nvrtc_version
-from msc.lower import lower
+from msc.lower.pipeline import lower
 
 ROOT = Path(__file__).resolve().parent.parent
 

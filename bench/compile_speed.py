@@ -54,7 +54,7 @@ def _verify(state: dict) -> None:
 
 
 def _lower(state: dict) -> None:
-    from msc.lower import lower
+    from msc.lower.pipeline import lower
 
     state["plan"] = lower(state["program"])
     state["steps"] = state["plan"].num_steps()
@@ -63,7 +63,7 @@ def _lower(state: dict) -> None:
 def _reload(state: dict) -> None:
     """What a training process pays to read the plan file (text out and back
     in, values checked; the plan verifier is the lower stage's)."""
-    from msc.plan_text import dump_plan, parse_plan
+    from msc.formats.plan_text import dump_plan, parse_plan
 
     assert parse_plan(dump_plan(state.pop("plan"))).num_steps() == state["steps"]
 

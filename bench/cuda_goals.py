@@ -41,7 +41,7 @@ def main(argv=None) -> int:
     from msc.cuda import device as cu
     from msc.cuda.bench import bench, format_baselines
     from msc.errors import MscError
-    from msc.lower import LowerOptions, lower
+    from msc.lower.pipeline import LowerOptions, lower
     from msc.units import format_table
 
     if not cu.driver_available():

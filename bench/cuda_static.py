@@ -111,7 +111,7 @@ def runtime_plan_for(key: str, n: int, protocol: str):
     """The plan as the Communicator compiles it (msc.cuda.runtime.runtime_plan: 8 slots)."""
     import msc
     from msc.cuda.runtime import runtime_plan
-    from msc.lower import LowerOptions, lower
+    from msc.lower.pipeline import LowerOptions, lower
 
     return runtime_plan(lower(msc.trace(_algorithm(key), n), LowerOptions(protocol=protocol)))
 

@@ -134,7 +134,7 @@ def tiles_count(alg: str, ranks: int, params: tuple, dtype: str, protocol: str, 
 
 def make_plan(case: Case):
     import msc
-    from msc.lower import LowerOptions, lower
+    from msc.lower.pipeline import LowerOptions, lower
 
     program = msc.trace(library()[case.alg], case.ranks, inplace=case.inplace, **dict(case.params))
     return lower(program, LowerOptions(protocol=case.protocol, tile=case.tile))
@@ -153,7 +153,8 @@ def run_case(case: Case, plan, timeout_s: float, seed: int) -> dict:
     """Run ``case`` once; {"result": ok | wrong | timeout | error, ...}."""
     import numpy as np
 
-    from msc import reference, runner
+    from msc.verification import reference
+    from msc.cli import run as runner
     from msc.cuda import Communicator, DeviceTimeoutError
     from msc.cuda.validate import units
     from msc.executor import run_collective
@@ -171,7 +172,7 @@ def run_case(case: Case, plan, timeout_s: float, seed: int) -> dict:
         for count in case.counts:
             pending = []
             for _ in range(case.calls):
-                inputs = runner.random_inputs(rng, dt, case.op, n, in_units * count)
+                inputs = reference.random_inputs(rng, dt, case.op, n, in_units * count)
                 pending.append((inputs, launch_numpy(comm, inputs, count, case.op)))
                 calls += 1
                 if case.probe:                 # a host-side race on purpose: ThreadSanitizer must see it
@@ -281,8 +282,8 @@ def serve_main(spec_path: str, results_path: str) -> int:
             warmed.add(key)
             Communicator(plan, case.placement, device="emu", form=case.form, dtypes=(case.dtype,), ops=(case.op,),
                          timeout_s=spec["timeout_s"]).close()
-    import msc.reference  # noqa: F401
-    import msc.collectives  # noqa: F401
+    import msc.verification.reference  # noqa: F401
+    import msc.dsl.collectives  # noqa: F401
     if len(os.listdir("/proc/self/task")) != 1:
         print(f"emu_faults: the server has {len(os.listdir('/proc/self/task'))} threads before forking",
               file=sys.stderr)

@@ -42,15 +42,15 @@ def ring_plan(n: int) -> Plan:
 
 
 def lowered(name: str, n: int) -> Plan:
-    from msc.lower import lower
+    from msc.lower.pipeline import lower
 
     [alg] = msc.load_algorithms(f"allreduce/{name}")
     return lower(msc.trace(alg, n, inplace=False))
 
 
 def bench(plan: Plan, topology, sizes) -> dict:
-    from msc.simplan import compile_plan
-    from msc.simulate import Simulator
+    from msc.sim.arrays import compile_plan
+    from msc.sim.simulate import Simulator
 
     t0 = time.perf_counter()
     sp = compile_plan(plan)
@@ -68,7 +68,7 @@ def bench(plan: Plan, topology, sizes) -> dict:
 
 
 def main() -> None:
-    from msc.topology import Uniform, infiniband
+    from msc.sim.topology import Uniform, infiniband
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", type=int, default=1024)

@@ -55,7 +55,7 @@ def hand_ring(pg, x, rank: int, n: int, stage) -> None:
 
 def _plans(n: int, instances: int):
     import msc
-    from msc.lower import LowerOptions, lower
+    from msc.lower.pipeline import LowerOptions, lower
 
     plans = {}
     for name in ("ring", "allpairs", "halving_doubling"):

@@ -15,7 +15,7 @@ CPU runs it in seconds (gloo; NCCL when CUDA is available).
     --check-stock      after the msc run, train again with stock DDP and fail unless the
                        per-step losses agree (to --tolerance)
     --compile-missing  cover sizes DIR has no allreduce plan for with the library ring
-                       allreduce, compiled here (msc.lower); without it such sizes are an error
+                       allreduce, compiled here (msc.lower.pipeline); without it such sizes are an error
     --steps N, --losses FILE (JSON list of per-step losses, written by rank 0), --quiet
 
 Losses are the mean over ranks of each rank's batch loss (an all_reduce that
@@ -100,7 +100,7 @@ def plans_for(args, world: int):
         raise SystemExit(2)
     if gaps:
         import msc
-        from msc.lower import LowerOptions, lower
+        from msc.lower.pipeline import LowerOptions, lower
 
         [ring] = msc.load_algorithms("allreduce/ring")          # the library's, wherever msc is installed
         program = msc.trace(ring, world, inplace=True)

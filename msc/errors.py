@@ -122,7 +122,7 @@ class PlanError(MscError):
 
 class RuntimeLimitError(PlanError):
     """A plan exceeds a limit of the runtime it is exported or lowered for
-    (msc.runtimes). ``limit`` names it (the runtime's constant), ``value``
+    (msc.lower.runtimes). ``limit`` names it (the runtime's constant), ``value``
     is the plan's value, ``maximum`` the most the runtime takes and
     ``runtime`` its name."""
 

@@ -2,7 +2,7 @@
 arrays. It is the definition of what a plan computes; every backend is
 tested against it.
 
-Execution follows the plan verifier (plan_verify._Execution) with real data:
+Execution follows the plan verifier (msc.verification.plan._Execution) with real data:
 each threadblock runs its steps in order; a step waits for its dependencies
 (steps of other threadblocks of its rank), for a message when it receives
 and for a free slot when it sends; a connection (sender, receiver, channel)
@@ -45,12 +45,12 @@ from collections import deque
 import numpy as np
 import ml_dtypes
 
-from msc.collectives import get_collective
+from msc.dsl.collectives import get_collective
 from msc.errors import ExecutionError, UsageError
 from msc.ir import Plan, StepOp
-from msc.ops import REDUCE_OP_NAMES, REDUCE_OPS
-from msc.plan_check import check_plan
-from msc.worklist import drive
+from msc.ir.ops import REDUCE_OP_NAMES, REDUCE_OPS
+from msc.verification.plan_values import check_plan
+from msc.ir.worklist import drive
 
 DTYPES = {np.dtype(t) for t in (np.float64, np.float32, np.float16, ml_dtypes.bfloat16,
                                  np.int32, np.int64, np.uint8)}

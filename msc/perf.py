@@ -1,13 +1,8 @@
-"""Speed helpers for the allocation-heavy stages (trace, verify, lower)."""
+"""The garbage-collector pause for the allocation-heavy stages (trace, verify, lower)."""
 from __future__ import annotations
 
 import functools
 import gc
-import os
-
-# MSC_CHECK=1 (the tests, tests/conftest.py): every fast path's verdict is
-# checked against the slow path it stands for, and lowered plans' values too.
-SELF_CHECK = os.environ.get("MSC_CHECK") == "1"
 
 
 def pause_gc(fn):

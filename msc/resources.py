@@ -6,7 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-_PACKAGE = Path(__file__).resolve().parent
+PACKAGE_DIR = Path(__file__).resolve().parent    # msc/ itself
+_PACKAGE = PACKAGE_DIR
 
 
 def data_dir(name: str) -> Path:

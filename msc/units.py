@@ -28,8 +28,8 @@ BUSBW_FACTOR = {"allreduce": lambda n: 2 * (n - 1) / n, "reducescatter": lambda 
 
 
 def parse_size(text) -> int:
-    """Bytes from "8", "1K", "64M", "2G" (powers of 1024, as nccl-tests), at most msc.limits.MAX_BYTES."""
-    from msc.limits import MAX_BYTES, check
+    """Bytes from "8", "1K", "64M", "2G" (powers of 1024, as nccl-tests), at most msc.ir.limits.MAX_BYTES."""
+    from msc.ir.limits import MAX_BYTES, check
 
     shown = str(text) if len(str(text)) <= 40 else str(text)[:40] + "..."
     m = re.fullmatch(r"\s*(\d{1,30})\s*([kKmMgGtT]?)\s*", str(text))

@@ -22,7 +22,7 @@ def runtime_layout(key: str, n: int, protocol: str = "Simple"):
     import msc
     from msc.cuda.codegen import kernel_layout
     from msc.cuda.runtime import runtime_plan
-    from msc.lower import LowerOptions, lower
+    from msc.lower.pipeline import LowerOptions, lower
     from library import algorithms
 
     plan = runtime_plan(lower(msc.trace(algorithms()[key], n), LowerOptions(protocol=protocol)))
@@ -379,13 +379,13 @@ def check_run(comm, count: int, dtype: str, op: str, seed: int, what: str = "") 
     outputs: bit-exact against msc.executor (avg: to AVG_RTOL)."""
     import numpy as np
 
-    from msc import reference, runner
+    from msc.verification import reference
     from msc.cuda.bench import run_numpy
     from msc.cuda.validate import units
     from msc.executor import run_collective
 
     plan = comm.plan
-    inputs = runner.random_inputs(np.random.default_rng(seed), np_dtype(dtype), op, plan.num_ranks,
+    inputs = reference.random_inputs(np.random.default_rng(seed), np_dtype(dtype), op, plan.num_ranks,
                                   units(plan)[0] * count)
     got = run_numpy(comm, inputs, count, op, comm.devices[0])
     want = run_collective(plan, [x.copy() for x in inputs], op, count=count)
@@ -409,7 +409,7 @@ def check_run(comm, count: int, dtype: str, op: str, seed: int, what: str = "") 
 # -- the emulated device under torchrun (gloo processes, /dev/shm arenas) ----------------------
 def _emu_plan(key: str, n: int, protocol: str):
     import msc
-    from msc.lower import LowerOptions, lower
+    from msc.lower.pipeline import LowerOptions, lower
     from library import algorithms
 
     return lower(msc.trace(algorithms()[key], n), LowerOptions(protocol=protocol, tile=4096))
@@ -420,7 +420,7 @@ def emu_torchrun_case(rank: int, n: int, key: str, protocol: str, counts) -> str
     result must be msc.executor's, bit for bit."""
     import numpy as np
 
-    from msc import reference, runner
+    from msc.verification import reference
     from msc.cuda import Communicator
     from msc.cuda.validate import units
     from msc.executor import run_collective
@@ -429,7 +429,7 @@ def emu_torchrun_case(rank: int, n: int, key: str, protocol: str, counts) -> str
     comm = Communicator(plan, "torchrun", device="emu", timeout_s=60)
     try:
         for i, count in enumerate(counts):
-            inputs = runner.random_inputs(np.random.default_rng(i), np.dtype("float32"), "sum", n,
+            inputs = reference.random_inputs(np.random.default_rng(i), np.dtype("float32"), "sum", n,
                                           units(plan)[0] * count)
             want = run_collective(plan, [x.copy() for x in inputs], "sum", count=count)
             spec = reference.expected_outputs(plan.collective, inputs, op="sum", root=plan.root)

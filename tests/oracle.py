@@ -9,7 +9,7 @@ negligible.
 The physical layout of the built-in collectives (which logical chunk lives
 where in the in-place forms) and what their outputs must hold are written
 out here again on purpose, from the collective's definition, rather than
-taken from ``msc.collectives``: the oracle must not share the code it
+taken from ``msc.dsl.collectives``: the oracle must not share the code it
 checks. Custom collectives are described by the user's own pre- and
 postcondition, which the oracle calls.
 """

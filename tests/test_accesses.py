@@ -1,10 +1,10 @@
-"""msc.accesses against a plain Python walk over random sorted accesses."""
+"""msc.ir.accesses against a plain Python walk over random sorted accesses."""
 import random
 
 import numpy as np
 import pytest
 
-from msc.accesses import last_of_each, writes_around
+from msc.ir.accesses import last_of_each, writes_around
 
 
 @pytest.mark.parametrize("seed", range(20))

@@ -1,4 +1,4 @@
-"""msc.bound (``msc bound``): the formulas on cases worked by hand, the
+"""msc.sim.bound (``msc bound``): the formulas on cases worked by hand, the
 built-in topologies' cuts against every cut, the bound against the
 simulator (never above a simulated time: the library on the built-in
 topologies and on random TOML graphs; ``-m slow`` sweeps all of it), its
@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 
 import msc
-from msc.bound import (ALL_CUTS, COLLECTIVES, _route_cut, _routes_model, cut_model, demand, lower_bound,
+from msc.sim.bound import (ALL_CUTS, COLLECTIVES, _route_cut, _routes_model, cut_model, demand, lower_bound,
                        nccl_size)
-from msc.bound_cli import COLLECTIVE_NAMES
+from msc.cli.bound import COLLECTIVE_NAMES
 from msc.errors import MscError, UsageError
-from msc.lower import LowerOptions, lower
-from msc.simulate import Simulator
-from msc.topology import GB, US, Nodes, Uniform, infiniband, nvswitch, pcie, ring, topology_from_dict, torus
+from msc.lower.pipeline import LowerOptions, lower
+from msc.sim.simulate import Simulator
+from msc.sim.topology import GB, US, Nodes, Uniform, infiniband, nvswitch, pcie, ring, topology_from_dict, torus
 
 from library import algorithms
 from test_readme import blocks, run_block
@@ -331,7 +331,7 @@ def test_allpairs_reaches_the_bound_on_nvswitch():
 
 # -- the command -------------------------------------------------------------------
 def cli(argv, capsys):
-    from msc.cli import main
+    from msc.cli.main import main
 
     code = main(argv)
     out = capsys.readouterr()

@@ -1,4 +1,4 @@
-"""Bulk lowering (msc/bulk.py) builds the plans the pass-by-pass pipeline
+"""Bulk lowering (msc/lower/bulk.py) builds the plans the pass-by-pass pipeline
 builds: compared as plan text over the library, where it applies, and it
 declines (None) where it does not."""
 from __future__ import annotations
@@ -8,12 +8,12 @@ from collections import Counter
 import pytest
 
 import msc
-from msc.dag import allocate_scratch, replicate
+from msc.lower.dag import allocate_scratch, replicate
 from msc.errors import MscError
 from msc.ir import OpKind, StepOp
-from msc.lower import LowerOptions, _pipeline_plans, lower
-from msc.plan_text import dump_plan
-from msc.bulk import bulk_plans, fits
+from msc.lower.pipeline import LowerOptions, _pipeline_plans, lower
+from msc.formats.plan_text import dump_plan
+from msc.lower.bulk import bulk_plans, fits
 from library import algorithms
 
 OPTIONS = (LowerOptions(), LowerOptions(instances=2), LowerOptions(instances=3, protocol="LL", tile=4096))

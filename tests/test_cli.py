@@ -264,8 +264,8 @@ HEAVY = "sorted(m for m in sys.modules if m.split('.')[0] in ('numpy', 'torch', 
 
 
 def test_cli_imports_no_numpy_torch_or_cuda():
-    for code in ("import sys, msc.cli",
-                 f"import sys, msc.cli; msc.cli.main(['verify', {str(RING)!r}, '-n', '4'])"):
+    for code in ("import sys, msc.cli.main",
+                 f"import sys, msc.cli.main; msc.cli.main.main(['verify', {str(RING)!r}, '-n', '4'])"):
         done = subprocess.run([sys.executable, "-c", f"{code}; print({HEAVY})"], cwd=REPO,
                               capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr
@@ -284,10 +284,10 @@ def test_import_names_the_size_range_a_plan_file_does_not_keep(tmp_path):
         assert ("plans.json" in done.stderr) is note
 
 
-# -- issue 15 (a new user's first hour) and issue 14 (hardening): in-process runs of msc.cli.main ----
+# -- issue 15 (a new user's first hour) and issue 14 (hardening): in-process runs of msc.cli.main.main ----
 def run_main(capsys, *args) -> tuple[int, str, str]:
     """(exit status, stdout, stderr) of ``msc ARGS`` run in this process."""
-    from msc.cli import main
+    from msc.cli.main import main
 
     code = main([str(a) for a in args])
     out, err = capsys.readouterr()
@@ -372,15 +372,15 @@ def test_compile_emit_cuda_times_the_cuda_step_apart_from_verification(capsys, t
     """Issue 15, item 6: NVRTC's time was labelled as verification time."""
     import time
 
-    import msc.cli
+    import msc.cli.main
 
-    real = msc.cli.emit_cuda
+    real = msc.cli.main.emit_cuda
 
     def slow_emit(plan, path, args):
         time.sleep(0.5)
         return real(plan, path, args)
 
-    monkeypatch.setattr(msc.cli, "emit_cuda", slow_emit)
+    monkeypatch.setattr(msc.cli.main, "emit_cuda", slow_emit)
     plan = tmp_path / "ring.plan"
     code, out, err = run_main(capsys, "compile", "allreduce/ring", "-n", 4, "-o", plan, "--emit", "cuda")
     assert code == 0, err
@@ -414,7 +414,7 @@ def test_every_flag_of_every_subcommand_has_help():
     import's options and compile --protocol had none."""
     import argparse
 
-    from msc.cli import build_parser
+    from msc.cli.main import build_parser
 
     missing, seen = [], set()
 

@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def run_main(capsys, *args) -> tuple[int, str, str]:
-    from msc.cli import main
+    from msc.cli.main import main
 
     code = main([str(a) for a in args])
     out, err = capsys.readouterr()
@@ -163,12 +163,12 @@ def test_ctrl_c_is_one_line_and_exit_130(tmp_path):
 
 
 def test_ctrl_c_in_process_returns_130(capsys, tmp_path, monkeypatch):
-    import msc.cli
+    import msc.cli.main
 
     def interrupted(args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(msc.cli, "cmd_list", interrupted)
+    monkeypatch.setattr(msc.cli.main, "cmd_list", interrupted)
     assert run_main(capsys, "list") == (130, "", "msc: interrupted\n")
 
 

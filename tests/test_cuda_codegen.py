@@ -22,7 +22,7 @@ from msc.cuda import compile as compile_cuda
 from msc.cuda import nvrtc_compile, render
 from msc.cuda.codegen import STRAIGHT_LINE_MAX_STEPS, choose_form
 from msc.errors import CompileError, UsageError
-from msc.lower import LowerOptions, lower
+from msc.lower.pipeline import LowerOptions, lower
 from library import algorithms
 
 pytest.importorskip("cuda.core")
@@ -193,7 +193,7 @@ def test_ll128_is_refused_clearly(tmp_path):
 
 
 def test_cli_emits_cuda_and_cubin(tmp_path, monkeypatch):
-    from msc.cli import main
+    from msc.cli.main import main
 
     monkeypatch.setenv("MSC_CACHE_DIR", str(tmp_path / "cache"))
     out = tmp_path / "ring.plan"
@@ -271,7 +271,7 @@ def test_waits_use_the_global_timer_and_dependency_counters_gpu_scope():
 def test_the_cache_key_covers_the_collective_and_msc_sources(monkeypatch):
     """Two custom collectives with one name but different postconditions
     must not share a kernel; nor may two versions of msc's verifier."""
-    from msc.collectives import AllGather, Expected
+    from msc.dsl.collectives import AllGather, Expected
     from msc.cuda import compiler
 
     plan = plan_for("allgather/ring:ring", 2)

@@ -49,7 +49,7 @@ from msc.cuda.hostbuild import find_compiler
 from msc.cuda.runtime import runtime_plan
 from msc.cuda.validate import check_op
 from msc.errors import UsageError
-from msc.lower import LowerOptions, lower
+from msc.lower.pipeline import LowerOptions, lower
 
 try:
     find_compiler()
@@ -448,7 +448,7 @@ def test_msc_run_on_the_emulated_device(tmp_path):
     import subprocess
     import sys
 
-    from msc.plan_text import save_plan
+    from msc.formats.plan_text import save_plan
 
     save_plan(plan_for("reducescatter/allpairs:allpairs", 4, "LL"), tmp_path / "rs.plan")
     done = subprocess.run([sys.executable, "-m", "msc.cli", "run", str(tmp_path / "rs.plan"), "--backend", "emu",

@@ -70,7 +70,7 @@ LARGE = (1 << 20) + 5
 
 @lru_cache(maxsize=None)
 def plan_for(key: str, n: int, protocol: str):
-    from msc.lower import LowerOptions, lower
+    from msc.lower.pipeline import LowerOptions, lower
 
     return lower(msc.trace(ALGORITHMS[key], n), LowerOptions(protocol=protocol))
 
@@ -217,7 +217,7 @@ def test_a_side_stream_and_out_of_place_outputs_allocated():
     import torch
 
     from msc.cuda import Communicator
-    from msc.lower import LowerOptions, lower
+    from msc.lower.pipeline import LowerOptions, lower
 
     plan = lower(msc.trace(ALGORITHMS["allgather/ring:ring"], 4, inplace=False), LowerOptions())
     comm = Communicator(plan, "virtual", 0)
@@ -294,7 +294,7 @@ def test_torchrun_bootstrap_exchanges_real_ipc_handles_on_one_gpu():
 
 
 def test_msc_bench_runs(tmp_path):
-    from msc.plan_text import save_plan
+    from msc.formats.plan_text import save_plan
 
     plan = tmp_path / "ring.plan"
     save_plan(plan_for("allreduce/ring:ring", 4, "LL"), plan)

@@ -14,7 +14,7 @@ import msc
 from msc.cuda import render
 from msc.cuda.launch import MscConn, MscRank, args_struct, footprint, launch_params, pack_args
 from msc.errors import UsageError
-from msc.lower import LowerOptions, lower
+from msc.lower.pipeline import LowerOptions, lower
 from library import algorithms
 
 

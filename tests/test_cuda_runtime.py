@@ -30,7 +30,7 @@ from msc.cuda.tables import (UserBuffers, arena_layout, error_pointer, grow, pee
                              total_bytes)
 from msc.cuda.validate import TensorDesc, check_call, check_collective, check_op, describe
 from msc.errors import ExecutionError, UsageError
-from msc.lower import LowerOptions, lower
+from msc.lower.pipeline import LowerOptions, lower
 from cudaboot import runtime_layout
 from library import algorithms
 
@@ -414,7 +414,7 @@ def test_communicator_without_a_gpu_is_a_clear_usage_error():
 @pytest.mark.skipif(driver_available(), reason="checks the no-driver path")
 def test_bench_without_a_gpu_exits_2(tmp_path):
     plan = tmp_path / "ring.plan"
-    from msc.plan_text import save_plan
+    from msc.formats.plan_text import save_plan
 
     save_plan(_plan("allreduce/ring:ring", 4), plan)
     done = subprocess.run([sys.executable, "-m", "msc.cli", "bench", str(plan), "--backend", "cuda", "-e", "1M"],
@@ -430,11 +430,11 @@ def test_bench_without_a_gpu_exits_2(tmp_path):
                                              ("alltoall", "alltoall/allpairs:allpairs"),
                                              ("broadcast", "broadcast/chain:chain"), ("reduce", "reduce/tree:tree")])
 def test_pytorch_baseline_is_the_collective(collective, key):
-    """The bench's one-GPU PyTorch baseline, on CPU tensors, against msc.reference."""
+    """The bench's one-GPU PyTorch baseline, on CPU tensors, against msc.verification.reference."""
     torch = pytest.importorskip("torch")
     import numpy as np
 
-    from msc import reference
+    from msc.verification import reference
     from msc.cuda.bench import torch_collective
 
     n, count = 4, 6

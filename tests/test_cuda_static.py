@@ -41,7 +41,7 @@ import msc  # noqa: E402
 from msc.cuda import compile as compile_cuda  # noqa: E402
 from msc.cuda.compiler import rendered  # noqa: E402
 from msc.cuda.runtime import runtime_plan  # noqa: E402
-from msc.lower import LowerOptions, lower  # noqa: E402
+from msc.lower.pipeline import LowerOptions, lower  # noqa: E402
 
 ARCH = "sm_90"
 RING = ROOT / "algorithms" / "allreduce" / "ring.py"

@@ -1,4 +1,4 @@
-"""``msc diff`` (msc.diff): exact comparison names the first differing
+"""``msc diff`` (msc.formats.diff): exact comparison names the first differing
 header field, rank, threadblock or step; equivalence compares each rank's
 operations and happens-before order, so nops, implied waits, threadblock
 numbering and MSCCL's spelling of a reduce do not count, and every library
@@ -12,13 +12,13 @@ from dataclasses import replace
 import pytest
 
 import msc
-from msc.diff import diff_plans
+from msc.formats.diff import diff_plans
 from msc.errors import PlanError
 from msc.ir import Plan, RankPlan, Slice, Step, StepOp, Threadblock
-from msc.lower import LowerOptions, lower
-from msc.plan_text import dump_plan, save_plan
-from msc.xml_export import plan_to_xml
-from msc.xml_import import xml_to_plan
+from msc.lower.pipeline import LowerOptions, lower
+from msc.formats.plan_text import dump_plan, save_plan
+from msc.formats.xml_export import plan_to_xml
+from msc.formats.xml_import import xml_to_plan
 from library import algorithms
 
 ALGORITHMS = algorithms()
@@ -93,7 +93,7 @@ def where(d):
 
 # -- equal ---------------------------------------------------------------------------------------
 def test_a_plan_equals_itself_and_its_text(base):
-    from msc.plan_text import parse_plan
+    from msc.formats.plan_text import parse_plan
 
     assert diff_plans(base, base) is None
     assert diff_plans(base, parse_plan(dump_plan(base))) is None
@@ -297,7 +297,7 @@ def test_a_dependency_cycle_is_bad_input_when_equivalent(base):
 
 # -- the command --------------------------------------------------------------------------------------
 def run(capsys, *args) -> tuple[int, str, str]:
-    from msc.cli import main
+    from msc.cli.main import main
 
     code = main(["diff", *map(str, args)])
     out, err = capsys.readouterr()

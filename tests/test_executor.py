@@ -1,4 +1,4 @@
-"""The reference executor runs every library plan to the numbers msc.reference
+"""The reference executor runs every library plan to the numbers msc.verification.reference
 computes directly; its errors; the reference itself; and msc run's sweep."""
 from __future__ import annotations
 
@@ -13,12 +13,13 @@ import numpy as np
 import pytest
 
 import msc
-from msc import reference, runner
+from msc.verification import reference
+from msc.cli import run as runner
 from msc.errors import UsageError
 from msc.executor import (ExecutionError, Executor, chunk_bounds, load_inputs, poison, read_outputs,
                           run_collective, run_plan)
 from msc.ir import Plan, RankPlan, Slice, Step, StepOp, Threadblock
-from msc.lower import LowerOptions, lower
+from msc.lower.pipeline import LowerOptions, lower
 
 LIBRARY = Path(__file__).resolve().parent.parent / "algorithms"
 ALL_DTYPES = (np.float64, np.float32, np.float16, ml_dtypes.bfloat16, np.int32, np.int64, np.uint8)
@@ -37,7 +38,7 @@ def plan_for(key: str, n: int, inplace: bool, instances: int = 1, root: int = 0)
 
 def inputs_for(plan: Plan, dtype, op: str, count: int, seed: int = 0) -> list[np.ndarray]:
     length = plan.input_chunks // plan.chunk_factor * count
-    return runner.random_inputs(np.random.default_rng(seed), np.dtype(dtype), op, plan.num_ranks, length)
+    return reference.random_inputs(np.random.default_rng(seed), np.dtype(dtype), op, plan.num_ranks, length)
 
 
 def assert_runs_right(plan: Plan, dtype, op: str, count: int, seed: int = 0) -> None:
@@ -373,7 +374,7 @@ def _corrupt_allgather():
     plan = plan_for("allgather/ring:ring", 4, False)
     bad, _ = _corrupt(plan, lambda st: replace(st, srcs=(replace(st.srcs[0], buffer="output", index=3),))
                       if st.op is StepOp.SEND else None)
-    from msc.plan_verify import verify_plan
+    from msc.verification.plan import verify_plan
     with pytest.raises(msc.VerificationError):
         verify_plan(bad)
     return bad

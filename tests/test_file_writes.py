@@ -18,10 +18,11 @@ from pathlib import Path
 import pytest
 
 import msc
-from msc.files import same_file, write_output
-from msc.lower import lower
-from msc.plan_text import dump_plan, load_plan, parse_plan, save_plan
-from msc.xml_export import plan_to_xml
+from msc.formats.files import same_file, write_output
+from msc.lower.pipeline import lower
+from msc.formats.plan_text import dump_plan, parse_plan, save_plan
+from msc.formats.load import load_plan
+from msc.formats.xml_export import plan_to_xml
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -201,7 +202,7 @@ def test_concurrent_readers_never_see_a_torn_output(tmp_path, what):
 def test_tune_writes_plans_json_through_write_output(tmp_path, monkeypatch):
     import inspect
 
-    from msc import tune
+    from msc.sim import tune
 
     source = inspect.getsource(tune.write_plans)
     assert "write_output(" in source and ".write_text(" not in source

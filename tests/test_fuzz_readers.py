@@ -3,7 +3,7 @@ in time: every mutant is read and, where it parses, verified. Nothing may end
 in anything but an msc error (no traceback), nothing may run past its time
 budget (no hang), and every mutant the verifier accepts must compute the
 collective right on the reference executor (random inputs, never zero,
-against msc.reference): a reader that accepted a wrong plan would fail here.
+against msc.verification.reference): a reader that accepted a wrong plan would fail here.
 
 The counts (mutants tried, refused by the reader, refused by the verifier,
 accepted and checked) are printed for the record (`pytest -s`).
@@ -20,13 +20,14 @@ import numpy as np
 import pytest
 
 import msc
-from msc import reference, runner
+from msc.verification import reference
+
 from msc.executor import run_collective
-from msc.lower import LowerOptions, lower
-from msc.plan_text import dump_plan, parse_plan
-from msc.plan_verify import verify_plan
-from msc.xml_export import plan_to_xml
-from msc.xml_import import xml_to_plan
+from msc.lower.pipeline import LowerOptions, lower
+from msc.formats.plan_text import dump_plan, parse_plan
+from msc.verification.plan import verify_plan
+from msc.formats.xml_export import plan_to_xml
+from msc.formats.xml_import import xml_to_plan
 from library import algorithms
 
 MUTANTS = 4000              # per reader
@@ -88,14 +89,14 @@ def mutate(text: str, rng: random.Random) -> str:
 
 
 def computes_right(plan) -> bool:
-    """The plan on the reference executor with random inputs equals msc.reference (2 counts)."""
+    """The plan on the reference executor with random inputs equals msc.verification.reference (2 counts)."""
     from msc.cuda.validate import units
 
     if plan.collective not in reference.COLLECTIVES:
         return True                       # a custom collective named by a mutant: nothing to compare
     for count in (1, 7):
         in_units = units(plan)[0]
-        inputs = runner.random_inputs(np.random.default_rng(count), np.dtype("float32"), "sum", plan.num_ranks,
+        inputs = reference.random_inputs(np.random.default_rng(count), np.dtype("float32"), "sum", plan.num_ranks,
                                       in_units * count)
         got = run_collective(plan, [x.copy() for x in inputs], "sum", count=count)
         want = reference.expected_outputs(plan.collective, inputs, op="sum", root=plan.root)

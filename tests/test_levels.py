@@ -1,11 +1,11 @@
-"""msc.levels: longest-path levels of a DAG from edge arrays, against a
+"""msc.ir.levels: longest-path levels of a DAG from edge arrays, against a
 plain Python walk on random DAGs (nodes shuffled so ids say nothing)."""
 import random
 
 import numpy as np
 import pytest
 
-from msc.levels import levels
+from msc.ir.levels import levels
 
 
 def _reference(n, edges):
@@ -58,3 +58,11 @@ def test_levels_of_no_edges_and_a_chain():
     assert levels(0, [], []).tolist() == []
     n = 1000
     assert levels(n, np.arange(n - 1)[::-1], np.arange(1, n)[::-1]).tolist() == list(range(n))
+
+
+def test_partial_levels_mark_what_a_cycle_holds_back():
+    # 0 -> 1 -> 2 -> 1 (a cycle), 2 -> 3; 4 free, 4 -> 5
+    src, dst = [0, 1, 2, 2, 4], [1, 2, 1, 3, 5]
+    assert levels(6, src, dst) is None
+    assert levels(6, src, dst, partial=True).tolist() == [0, -1, -1, -1, 0, 1]
+    assert levels(3, [0, 1], [1, 2], partial=True).tolist() == [0, 1, 2]   # no cycle: the same as without

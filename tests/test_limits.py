@@ -1,4 +1,4 @@
-"""Upper bounds on sizes, counts and rank numbers (msc.limits): an absurd
+"""Upper bounds on sizes, counts and rank numbers (msc.ir.limits): an absurd
 value is a one-line error naming the value and the limit, raised where it
 enters msc, never a hang, a MemoryError traceback or an overflow later."""
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 
 import msc
 from msc.errors import PlanError, UsageError
-from msc.limits import MAX_BYTES, MAX_INSTANCES, MAX_RANKS, MAX_SLOTS, MAX_TILE_BYTES
-from msc.lower import LowerOptions, lower
-from msc.plan_text import parse_plan, save_plan
+from msc.ir.limits import MAX_BYTES, MAX_INSTANCES, MAX_RANKS, MAX_SLOTS, MAX_TILE_BYTES
+from msc.lower.pipeline import LowerOptions, lower
+from msc.formats.plan_text import parse_plan, save_plan
 from library import algorithms
 
 RING = algorithms()["allreduce/ring:ring"]

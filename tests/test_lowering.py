@@ -1,4 +1,4 @@
-"""Lowering (msc.lower): golden structure of the IR after every pass, on
+"""Lowering (msc.lower.pipeline): golden structure of the IR after every pass, on
 tiny programs written here, and the whole pipeline on the library.
 
 Passes, in lower()'s order (``stages`` below runs them one by one):
@@ -18,16 +18,16 @@ import numpy as np
 import pytest
 
 import msc
-from msc.dag import allocate_scratch, build_dag, compact_scratch, replicate
+from msc.lower.dag import allocate_scratch, build_dag, compact_scratch, replicate
 from msc.errors import DeadlockError, LoweringError, UsageError
-from msc.diff import step_text
-from msc.fusion import drop_dead_stores, forwarding_pairs, fuse_forwarding, fuse_local
+from msc.formats.diff import step_text
+from msc.lower.fusion import drop_dead_stores, forwarding_pairs, fuse_forwarding, fuse_local
 from msc.ir import Plan, StepOp
-from msc.lower import LowerOptions, lower
-from msc.placement import assign, place_auto, place_manual, spread_channels
-from msc.plan_check import check_plan
-from msc.plan_verify import verify_plan
-from msc.schedule import build_plan, order
+from msc.lower.pipeline import LowerOptions, lower
+from msc.lower.placement import assign, place_auto, place_manual, spread_channels
+from msc.verification.plan_values import check_plan
+from msc.verification.plan import verify_plan
+from msc.lower.schedule import build_plan, order
 from library import LIBRARY, algorithms
 
 from algfile import assert_at, load_one
@@ -566,7 +566,7 @@ def test_manual_placement_needs_hints_on_every_transfer():
 
 
 def test_msccl_example_with_manual_policy_uses_its_channels():
-    from msc.loader import run_script
+    from msc.dsl.loader import run_script
 
     example = LIBRARY.parent / "examples" / "msccl_allreduce_ring.py"
     [program] = run_script(example, ["4", "1", "Simple", "--channels", "2"])
@@ -749,7 +749,7 @@ def test_trees_and_chains_need_one_slot(key, n):
 # -- the library ----------------------------------------------------------------------
 try:
     from msc import executor as _executor
-    from msc import reference as _reference
+    from msc.verification import reference as _reference
 except Exception:                  # another engineer is finishing the executor
     _executor = _reference = None
 
@@ -894,8 +894,8 @@ def test_many_peers_spread_over_channels_within_the_msccl_limit():
     """All-pairs alltoall at 40 ranks: 39 peers per rank would put 39 sending
     threadblocks on channel 0, beyond the MSCCL runtimes' 32; spread, the
     plan exports. Up to 33 ranks nothing moves."""
-    from msc.placement import MAX_PEERS_PER_CHANNEL
-    from msc.xml_export import plan_to_xml
+    from msc.lower.placement import MAX_PEERS_PER_CHANNEL
+    from msc.formats.xml_export import plan_to_xml
 
     alg = ALGORITHMS["alltoall/allpairs:allpairs"]
     small = lower(msc.trace(alg, 33, inplace=False))

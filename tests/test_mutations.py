@@ -21,7 +21,7 @@ import pytest
 
 import msc
 from msc.ir import OpKind
-from msc.loader import is_msccl_script
+from msc.dsl.loader import is_msccl_script
 
 import oracle
 

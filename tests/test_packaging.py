@@ -25,16 +25,17 @@ def test_library_algorithm_by_name_keeps_its_source_lines():
 
 
 def test_verified_plan_digest_is_the_same_installed_and_in_the_checkout():
-    """msc.verified keys its cache by a digest of msc's sources: a wheel (the
+    """msc.verification.cache keys its cache by a digest of msc's sources: a wheel (the
     library inside the package) and a checkout (beside it) must agree, or a
     plan `msc compile` recorded from one is verified again by the other."""
     import subprocess
     import sys
 
-    from msc.verified import msc_digest
+    from msc.verification.cache import msc_digest
 
     checkout = Path(__file__).resolve().parent.parent
-    other = subprocess.run([sys.executable, "-c", "import msc.verified as v; print(v.__file__); print(v.msc_digest())"],
+    show = "import msc.verification.cache as v; print(v.__file__); print(v.msc_digest())"
+    other = subprocess.run([sys.executable, "-c", show],
                            cwd=checkout, capture_output=True, text=True)
     assert other.returncode == 0, other.stderr
     assert other.stdout.split()[1] == msc_digest()

@@ -1,4 +1,4 @@
-"""The pictures (msc.pictures): a schedule's phases, lanes, arrows and
+"""The pictures (msc.cli.pictures): a schedule's phases, lanes, arrows and
 labels; the busbw plots' log axes; the timeline's lanes. Each picture is
 drawn once into tmp_path and its (closed) matplotlib figure inspected."""
 from __future__ import annotations
@@ -13,8 +13,8 @@ pytest.importorskip("matplotlib")
 
 from matplotlib.patches import FancyArrowPatch  # noqa: E402
 
-from msc.pictures import draw_schedule, draw_timeline, plot_busbw  # noqa: E402
-from msc.simplan import compile_plan  # noqa: E402
+from msc.cli.pictures import draw_schedule, draw_timeline, plot_busbw  # noqa: E402
+from msc.sim.arrays import compile_plan  # noqa: E402
 
 
 def arrow_patches(ax) -> list[FancyArrowPatch]:
@@ -107,8 +107,8 @@ def test_many_ranks_are_summarized(tmp_path):
 
 
 def test_timeline_has_a_lane_per_threadblock(tmp_path):
-    from msc.simulate import Simulator
-    from msc.topology import Uniform
+    from msc.sim.simulate import Simulator
+    from msc.sim.topology import Uniform
 
     plan = plan_of("allreduce/halving_doubling", 4)
     sim = Simulator(plan, Uniform(4, 2.0, 50.0))
@@ -132,17 +132,17 @@ def test_busbw_axes_are_logarithmic_with_plain_labels(tmp_path):
 
 
 def test_simulate_and_tune_plot_log_busbw(tmp_path, capsys, monkeypatch):
-    import msc.pictures
+    import msc.cli.pictures
 
     figures = []
-    original = msc.pictures.plot_busbw
+    original = msc.cli.pictures.plot_busbw
 
     def keep(*args, **kw):
         figures.append(original(*args, **kw))
         return figures[-1]
 
-    monkeypatch.setattr(msc.pictures, "plot_busbw", keep)
-    from msc.plan_text import save_plan
+    monkeypatch.setattr(msc.cli.pictures, "plot_busbw", keep)
+    from msc.formats.plan_text import save_plan
 
     plan = save_plan(plan_of("allreduce/ring", 4), tmp_path / "ring.plan")
     rc, out, err = run_cli(["simulate", plan, "--alpha-us", 1, "--bandwidth-gbps", 10, "-e", "1M",

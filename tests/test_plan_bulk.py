@@ -1,4 +1,4 @@
-"""The plan verifier's fast path (msc.plan_bulk.accepts) against its executor.
+"""The plan verifier's fast path (msc.verification.plan_fast.accepts) against its executor.
 
 accepts() may only say True where the executor (execute, then check_outputs)
 succeeds, at the capacity asked. On library plans (every algorithm, several
@@ -24,12 +24,13 @@ from library import algorithms
 from test_plan_verify import KINDS, S, allgather2, mutants
 
 import msc
-from msc.collectives import BUILTIN, AllReduce, get_collective
+from msc.dsl.collectives import BUILTIN, AllReduce, get_collective
 from msc.errors import DeadlockError, MscError, PlanError, RaceError, VerificationError
-from msc.lower import MAX_SLOTS, LowerOptions, lower
-from msc.plan_bulk import accepts, fewest_slots, prepare
-from msc.plan_check import check_plan
-from msc.plan_verify import _Execution, check_races, plan_collective, verify_plan
+from msc.lower.pipeline import MAX_SLOTS, LowerOptions, lower
+from msc.verification.plan_fast import accepts, fewest_slots, prepare
+from msc.verification import crosscheck
+from msc.verification.plan_values import check_plan
+from msc.verification.plan import _Execution, check_races, plan_collective, verify_plan
 
 ALGORITHMS = algorithms()
 RANKS = (3, 4, 8)
@@ -164,15 +165,31 @@ def test_verify_plan_takes_only_its_own_prepared_plan():
 
 def test_lowering_takes_the_fewest_slots_without_the_executor(monkeypatch):
     """The bulk path finds the capacity: the executor never runs (outside
-    MSC_CHECK's double check of accepted plans)."""
-    import msc.plan_bulk
-    import msc.plan_verify
+    the cross_checks fixture's double check of accepted plans)."""
+    import msc.verification.plan_fast
+    import msc.verification.plan
 
     ran = []
-    monkeypatch.setattr(msc.plan_verify, "SELF_CHECK", False)
-    monkeypatch.setattr(msc.plan_verify._Execution, "execute", lambda self: ran.append(self.capacity))
+    monkeypatch.setattr(crosscheck, "ENABLED", False)
+    monkeypatch.setattr(msc.verification.plan._Execution, "execute", lambda self: ran.append(self.capacity))
     plan = lower(msc.trace(ALGORITHMS["allreduce/ring:ring"], 8))
     assert plan.slots == 2 and ran == []
+
+
+def test_the_cross_check_catches_a_fast_path_that_accepts_a_wrong_plan(monkeypatch):
+    """The cross_checks fixture (tests/conftest.py) is on, and it is what
+    would expose a fast path vouching for a plan the executor rejects."""
+    import msc.verification.plan
+
+    assert crosscheck.ENABLED
+    # each rank sends its input but keeps its own output unwritten: wrong results, no deadlock
+    wrong = allgather2({r: [(1 - r, 1 - r, [S("send", [("input", 0)]), S("recv", dst=("output", 1 - r))])]
+                        for r in range(2)})
+    monkeypatch.setattr(type(prepare(wrong)), "accepts", lambda self, plan, layout, capacity: True)
+    with pytest.raises(AssertionError, match="accepted a plan the executor rejects"):
+        verify_plan(wrong)
+    monkeypatch.setattr(crosscheck, "ENABLED", False)
+    assert verify_plan(wrong).steps == 4          # without it, the lie is believed: why tests turn it on
 
 
 # -- expectations in bulk --------------------------------------------------------------

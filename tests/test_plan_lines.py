@@ -1,4 +1,4 @@
-"""The fast line reader (msc.plan_lines) against the grammar: wherever the
+"""The fast line reader (msc.formats.plan_lines) against the grammar: wherever the
 fast path takes a text, lark must read the same plan with the same line
 numbers; everything else falls back to lark."""
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from msc.errors import PlanError
-from msc.plan_lines import read_plan_lines
-from msc.plan_text import _parse_with_grammar, dump_plan, parse_plan
+from msc.formats.plan_lines import read_plan_lines
+from msc.formats.plan_text import _parse_with_grammar, dump_plan, parse_plan
 from test_plan_text import ALGORITHMS, RING, assert_same, library_plan, mutated_text
 
 

@@ -1,4 +1,4 @@
-"""The plan text format (msc.plan_text): dump -> parse gives the plan back,
+"""The plan text format (msc.formats.plan_text): dump -> parse gives the plan back,
 parse errors say line:column, what was found and what was expected, value
 errors name the line of their rank, threadblock or step, and no text at all
 makes the parser fail with anything but PlanError."""
@@ -14,9 +14,10 @@ from hypothesis import strategies as st
 import msc
 from msc.errors import PlanError, SourceLine
 from msc.ir import Plan, RankPlan, Slice, Step, StepOp, Threadblock
-from msc.lower import LowerOptions, lower
-from msc.plan_check import check_plan
-from msc.plan_text import dump_plan, load_plan, parse_plan, save_plan
+from msc.lower.pipeline import LowerOptions, lower
+from msc.verification.plan_values import check_plan
+from msc.formats.plan_text import dump_plan, parse_plan, save_plan
+from msc.formats.load import load_plan
 from library import algorithms
 
 
@@ -341,7 +342,7 @@ def test_fuzzed_text_raises_plan_error_or_parses_to_a_valid_plan(text):
 def test_fuzzed_plans_that_parse_verify_or_fail_with_an_msc_error(text):
     """What parses goes on to the verifier, which may only raise msc errors
     (UsageError: a collective name the fuzzer misspelt)."""
-    from msc.plan_verify import verify_plan
+    from msc.verification.plan import verify_plan
 
     try:
         plan = parse_plan(text)
@@ -413,7 +414,7 @@ def test_a_huge_token_is_not_echoed_whole(edit):
 
 
 def test_shown_bounds_any_value():
-    from msc.plan_text import clipped, shown
+    from msc.formats.plan_text import clipped, shown
 
     assert shown("abc") == "abc" and shown("x" * 81) == "x" * 80 + "..."
     assert clipped("unknown protocol '" + "P" * 200 + "' (expected ...)") == \

@@ -1,4 +1,4 @@
-"""The plan verifier (msc.plan_verify.verify_plan) against independent checks.
+"""The plan verifier (msc.verification.plan.verify_plan) against independent checks.
 
 Library plans at 4 ranks are mutated (dataclasses.replace on the plan IR):
 steps deleted (with the steps they exchange messages with, so connections
@@ -7,7 +7,7 @@ two receives of a threadblock reordered, two steps swapped, a peer changed,
 and an unordered write added on another threadblock. Each mutant is judged
 here without the verifier:
 
-- malformed: msc.plan_check.check_plan raises PlanError;
+- malformed: msc.verification.plan_values.check_plan raises PlanError;
 - deadlock: ``Simulator`` below (FIFO connections of ``plan.slots``
   messages, every threadblock stepped round-robin) gets stuck;
 - bad data: the simulator reads a chunk nothing wrote, or mixes chunk
@@ -16,7 +16,7 @@ here without the verifier:
   writing, not ordered by program order, dependencies and messages;
 - wrong: the reference executor (msc.executor) on random integers, in
   several threadblock orders and element counts, disagrees with
-  msc.reference (or stops with an ExecutionError);
+  msc.verification.reference (or stops with an ExecutionError);
 - equivalent: none of these.
 
 The verifier must reject the first five with the right error class and
@@ -35,16 +35,16 @@ import numpy as np
 import pytest
 
 import msc
-from msc.collectives import get_collective
+from msc.dsl.collectives import get_collective
 from msc.errors import DeadlockError, PlanError, RaceError, VerificationError
 from msc.ir import Plan, RankPlan, Slice, Step, StepOp, Threadblock
-from msc.lower import LowerOptions, lower
-from msc.plan_check import check_plan
-from msc.plan_verify import verify_plan
+from msc.lower.pipeline import LowerOptions, lower
+from msc.verification.plan_values import check_plan
+from msc.verification.plan import verify_plan
 
 try:
     from msc.executor import ExecutionError, run_collective
-    from msc.reference import check as reference_check
+    from msc.verification.reference import check as reference_check
 except ImportError:                      # another engineer is finishing the executor
     run_collective = None
 
@@ -717,7 +717,7 @@ if __name__ == "__main__":
 def test_step_facts_of_a_deadlocking_plan_raise_unless_partial():
     """A plan that deadlocks: step_facts raises DeadlockError; partial=True
     gives the facts of the steps reached before it sticks, and no others."""
-    from msc.plan_verify import step_facts
+    from msc.verification.plan import step_facts
 
     plan = allgather2({r: [(1 - r, 1 - r, [S("recv", dst=("output", 1 - r)), S("send", [("input", 0)])]),
                            _local(r)] for r in range(2)})

@@ -192,7 +192,7 @@ def random_programs(draw):
     name = collective if isinstance(collective, str) else collective.name
     n, k, inplace = draw(st.integers(2, 4)), draw(st.integers(1, 2)), draw(st.booleans())
     root = draw(st.integers(0, n - 1)) if name in ("broadcast", "reduce") else 0
-    spec = oracle.Spec(msc.collectives.get_collective(collective), n, k, inplace, root)
+    spec = oracle.Spec(msc.dsl.collectives.get_collective(collective), n, k, inplace, root)
     ops = correct_program(name, n, k, root) if draw(st.integers(0, 3)) else []
     for _ in range(draw(st.integers(0 if ops else 1, 3 if ops else 12))):
         edit = draw(st.sampled_from(["insert", "delete", "duplicate", "swap"] if ops else ["insert"]))

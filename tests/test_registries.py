@@ -1,5 +1,5 @@
 """The registries of step ops (msc.ir.StepOp), reduce ops and protocols
-(msc.ops) are the only lists of them: what cannot import them (the grammar,
+(msc.ir.ops) are the only lists of them: what cannot import them (the grammar,
 MSCCL's XML names, the rendered CUDA) is checked against them here, and
 every table built from them agrees."""
 from __future__ import annotations
@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 import msc
-from msc.cli import build_parser
+from msc.cli.main import build_parser
 from msc.cuda.codegen import render
 from msc.errors import UsageError
 from msc.ir import StepOp
-from msc.lower import LowerOptions, lower
-from msc.ops import PROTOCOL_NAMES, PROTOCOLS, REDUCE_OP_NAMES, REDUCE_OPS
+from msc.lower.pipeline import LowerOptions, lower
+from msc.ir.ops import PROTOCOL_NAMES, PROTOCOLS, REDUCE_OP_NAMES, REDUCE_OPS
 from msc.resources import data_dir
 from library import algorithms
 
@@ -34,13 +34,13 @@ def test_the_grammar_spells_the_step_ops_of_the_registry():
 
 
 def test_pictures_colour_every_step_op():
-    from msc.pictures import OP_COLORS
+    from msc.cli.pictures import OP_COLORS
 
     assert set(OP_COLORS) == {op.value for op in StepOp}
 
 
 def test_xml_step_types_are_the_registry_s_and_msccl_s():
-    from msc.xml_import import TYPES
+    from msc.formats.xml_import import TYPES
 
     assert {op.xml for op in StepOp} == MSCCL_STEP_TYPES and len(MSCCL_STEP_TYPES) == len(StepOp)
     assert TYPES == {op.xml: op for op in StepOp}
@@ -70,7 +70,9 @@ def test_a_protocol_without_a_transport_is_refused_by_the_cuda_backend():
 
 
 def test_reduce_ops_name_real_functions_and_every_table_is_the_registry_s():
-    from msc import executor, reference, runner
+    from msc import executor
+    from msc.verification import reference
+    from msc.cli import run as runner
     from msc.cuda import codegen
 
     for op in REDUCE_OPS.values():
@@ -88,8 +90,8 @@ def test_reduce_ops_name_real_functions_and_every_table_is_the_registry_s():
 
 def test_protocol_tables_are_the_registry_s():
     from msc.cuda.launch import DEFAULT_TILE_BYTES
-    from msc.runtimes import PROTOCOL_SLOTS
-    from msc.topology import DEFAULT_PROTOCOLS
+    from msc.lower.runtimes import PROTOCOL_SLOTS
+    from msc.sim.topology import DEFAULT_PROTOCOLS
 
     assert PROTOCOL_SLOTS == PROTOCOL_NAMES == tuple(DEFAULT_PROTOCOLS) == tuple(DEFAULT_TILE_BYTES)
     for p in PROTOCOLS.values():

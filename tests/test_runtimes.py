@@ -1,4 +1,4 @@
-"""The runtimes' limits (msc.runtimes): foreign MSCCL XML is verified with
+"""The runtimes' limits (msc.lower.runtimes): foreign MSCCL XML is verified with
 the capacity its protocol has on the runtimes, --slots and --runtime set it
 at load, export names the limit a plan exceeds, and lowering for a runtime
 gives a plan that fits it or names the limit. The XML here is our own,
@@ -11,15 +11,15 @@ import numpy as np
 import pytest
 
 import msc
-from msc.cli import main
+from msc.cli.main import main
 from msc.errors import DeadlockError, RuntimeLimitError, UsageError
 from msc.ir import Plan, RankPlan, Slice, Step, StepOp, Threadblock
-from msc.lower import LowerOptions, lower
-from msc.plan_text import load_plan
-from msc.plan_verify import verify_plan
-from msc.runtimes import RUNTIMES, CapacityWarning, xml_capacity
-from msc.xml_export import plan_to_xml
-from msc.xml_import import xml_to_plan
+from msc.lower.pipeline import LowerOptions, lower
+from msc.formats.load import load_plan
+from msc.verification.plan import verify_plan
+from msc.lower.runtimes import RUNTIMES, CapacityWarning, xml_capacity
+from msc.formats.xml_export import plan_to_xml
+from msc.formats.xml_import import xml_to_plan
 from library import algorithms
 from test_readme import blocks, run_block
 
@@ -142,7 +142,7 @@ def test_a_plan_that_needs_more_than_the_runtime_gives_says_so(tmp_path):
     plan = lower(msc.trace(burst_ring, 4, inplace=False), LowerOptions(threadblocks="manual"))
     assert plan.slots == 8
     path = tmp_path / "burst.plan"
-    from msc.plan_text import save_plan
+    from msc.formats.plan_text import save_plan
 
     save_plan(plan, path)
     with pytest.raises(DeadlockError, match="needs 8 slots per connection.*it can hang there"):

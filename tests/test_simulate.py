@@ -15,10 +15,10 @@ import pytest
 
 import msc
 from msc.errors import DeadlockError, UsageError
-from msc.lower import LowerOptions, lower
-from msc.sim_events import _Flow, maxmin
-from msc.simulate import Simulator
-from msc.topology import Nodes, Uniform, nvswitch
+from msc.lower.pipeline import LowerOptions, lower
+from msc.sim.events import _Flow, maxmin
+from msc.sim.simulate import Simulator
+from msc.sim.topology import Nodes, Uniform, nvswitch
 
 REPO = Path(__file__).resolve().parent.parent
 A_US, B_GBPS = 2.0, 100.0
@@ -183,7 +183,7 @@ def test_engines_agree(name, alg, params):
 
 
 def test_periodic_jumps_are_exact():
-    from msc import sim_fast
+    from msc.sim import fast as sim_fast
 
     plan = lower(msc.trace(msc.load_algorithms("allreduce/tree")[0], 8), LowerOptions(protocol="LL"))
     sizes = (1 << 24, 5 << 22)
@@ -236,9 +236,9 @@ def test_topology_must_match_the_plan():
 
 # -- the command ------------------------------------------------------------
 def run_cli(argv, capsys):
-    """msc.cli.main with the simulator's commands registered (whether or not cli.py wires them yet)."""
-    from msc import cli
-    from msc.sim_cli import add_commands
+    """msc.cli.main.main with the simulator's commands registered."""
+    from msc.cli import main as cli
+    from msc.cli.sim import add_commands
 
     orig = cli.build_parser
 
@@ -259,7 +259,7 @@ def run_cli(argv, capsys):
 
 
 def test_simulate_command(tmp_path, capsys):
-    from msc.plan_text import save_plan
+    from msc.formats.plan_text import save_plan
 
     path = save_plan(plan_of("allreduce/ring", 8), tmp_path / "ring.plan")
     rc, out, err = run_cli(["simulate", path, "--alpha-us", A_US, "--bandwidth-gbps", B_GBPS, "-b", "8K", "-e", "32K",

@@ -6,7 +6,7 @@ import pytest
 
 import msc
 from msc.executor import run_collective
-from msc.lower import lower
+from msc.lower.pipeline import lower
 
 SWAPPED = msc.CustomCollective(
     "swapped", input_chunks=2, output_chunks=2,

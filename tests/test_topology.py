@@ -6,7 +6,7 @@ import math
 import pytest
 
 from msc.errors import UsageError
-from msc.topology import GB, US, get_topology, infiniband, load_topology, nvswitch, pcie, torus
+from msc.sim.topology import GB, US, get_topology, infiniband, load_topology, nvswitch, pcie, torus
 
 
 def names(topo, route):

@@ -25,7 +25,7 @@ from torchdist import library_plan  # noqa: E402
 
 import msc.torch as mt  # noqa: E402
 from msc.errors import UsageError  # noqa: E402
-from msc.plan_text import save_plan  # noqa: E402
+from msc.formats.plan_text import save_plan  # noqa: E402
 from msc.torch import backends  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

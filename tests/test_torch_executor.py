@@ -24,9 +24,9 @@ import torchdist  # noqa: E402  (tests/ helper: the worker pool and the cases it
 from torchdist import COMBOS, algorithms, library_plan, np_dtype, to_numpy, to_torch  # noqa: E402
 
 import msc.torch as mt  # noqa: E402
-from msc import runner  # noqa: E402
+from msc.verification import reference  # noqa: E402
 from msc.executor import Executor, load_inputs  # noqa: E402
-from msc.plan_text import save_plan  # noqa: E402
+from msc.formats.plan_text import save_plan  # noqa: E402
 from msc.torch.execute import OPS, prepare  # noqa: E402
 from msc.torch.program import TRANSPORTS, comm_conflicts  # noqa: E402
 
@@ -48,7 +48,7 @@ def counts(k: int) -> list[int]:
 def run_both(plan, dtype: str, op: str, count: int, seed: int = 0, transport: str = "p2p"):
     """msc.executor and msc.torch.run_local on the same inputs: physical buffers of both."""
     ex = Executor(plan)
-    inputs = runner.random_inputs(np.random.default_rng(seed), np_dtype(dtype), op, plan.num_ranks,
+    inputs = reference.random_inputs(np.random.default_rng(seed), np_dtype(dtype), op, plan.num_ranks,
                                   plan.input_chunks // plan.chunk_factor * count)
     buffers, _ = load_inputs(ex, inputs, count)
     tensors = [{k: to_torch(v) for k, v in b.items()} for b in buffers]

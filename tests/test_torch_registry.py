@@ -11,8 +11,8 @@ import pytest
 
 import msc
 from msc.errors import PlanError, UsageError
-from msc.lower import LowerOptions, lower
-from msc.plan_text import save_plan
+from msc.lower.pipeline import LowerOptions, lower
+from msc.formats.plan_text import save_plan
 from msc.resources import data_dir
 from msc.torch import NoPlanError, PlanRegistry
 
@@ -147,7 +147,7 @@ def test_empty_directory_says_how_to_make_plans(tmp_path):
 
 
 def xml_for(plan_, **byte_range) -> str:
-    from msc.xml_export import plan_to_xml
+    from msc.formats.xml_export import plan_to_xml
 
     return plan_to_xml(plan_, **byte_range)
 
@@ -184,7 +184,7 @@ def test_two_xml_files_for_the_same_sizes_is_an_error(tmp_path):
     ('minBytes="7" maxBytes="9223372036854775807"', (7, None)),     # msccl's int64 max
 ])
 def test_xml_byte_range(attrs, expected):
-    from msc.xml_import import xml_byte_range
+    from msc.formats.xml_import import xml_byte_range
 
     assert xml_byte_range(f'<algo name="x" {attrs}><gpu id="0"/></algo>') == expected
 
@@ -197,14 +197,14 @@ def test_xml_byte_range(attrs, expected):
     ('<algo', "not well-formed"),
 ])
 def test_xml_byte_range_errors(text, message):
-    from msc.xml_import import xml_byte_range
+    from msc.formats.xml_import import xml_byte_range
 
     with pytest.raises(PlanError, match=message):
         xml_byte_range(text)
 
 
 def test_xml_byte_range_refuses_a_dtd_as_the_importer_does():
-    from msc.xml_import import xml_byte_range
+    from msc.formats.xml_import import xml_byte_range
 
     with pytest.raises(PlanError, match="must not contain a DTD"):
         xml_byte_range('<!DOCTYPE algo [<!ENTITY x "y">]><algo minBytes="1"/>')

@@ -7,9 +7,9 @@ import json
 import pytest
 
 from msc.errors import UsageError
-from msc.plan_text import load_plan
-from msc.topology import Uniform, nvswitch
-from msc.tune import format_tune, index_entries, tune, variants, write_plans
+from msc.formats.load import load_plan
+from msc.sim.topology import Uniform, nvswitch
+from msc.sim.tune import format_tune, index_entries, tune, variants, write_plans
 
 from test_simulate import plan_of, run_cli
 
@@ -97,7 +97,7 @@ def test_tune_command(tmp_path, capsys):
 
 def test_pictures(tmp_path, capsys):
     pytest.importorskip("matplotlib")
-    from msc.plan_text import save_plan
+    from msc.formats.plan_text import save_plan
 
     small = save_plan(plan_of("allreduce/halving_doubling", 8), tmp_path / "hd.plan")
     big = save_plan(plan_of("allreduce/ring", 24), tmp_path / "ring24.plan")

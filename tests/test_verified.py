@@ -1,4 +1,4 @@
-"""msc.verified: a plan text this msc verified before is not verified again
+"""msc.verification.cache: a plan text this msc verified before is not verified again
 on load; any change to the text, to msc, or to the collective verifies.
 
 An entry vouches only for what it names (this text, this msc, this
@@ -20,24 +20,25 @@ from pathlib import Path
 import pytest
 
 import msc
-import msc.collectives
-import msc.lower
-import msc.plan_verify
-from msc import verified
+import msc.dsl.collectives
+import msc.lower.pipeline
+import msc.verification.plan
+from msc.verification import cache as verified
 from msc.errors import VerificationError
-from msc.lower import lower
-from msc.plan_text import dump_plan, load_plan, save_plan
+from msc.lower.pipeline import lower
+from msc.formats.plan_text import dump_plan, save_plan
+from msc.formats.load import load_plan
 
 REPO = Path(__file__).resolve().parent.parent
-VERIFY_CODE = getattr(msc.plan_verify.verify_plan, "__wrapped__", msc.plan_verify.verify_plan).__code__
+VERIFY_CODE = getattr(msc.verification.plan.verify_plan, "__wrapped__", msc.verification.plan.verify_plan).__code__
 
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     """(tmp folder, the names of the plans loading verified: verify_plan
-    called from msc.plan_text). The calls are counted by a profile hook, not
+    called from msc.formats.load). The calls are counted by a profile hook, not
     by replacing verify_plan: a replaced verifier is exactly what
-    msc.verified refuses to record for."""
+    msc.verification.cache refuses to record for."""
     monkeypatch.setenv("MSC_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("MSC_VERIFY_CACHE", raising=False)
     monkeypatch.setattr(verified._STATE, "warned", set())       # each test sees its warnings
@@ -49,7 +50,7 @@ def cache(tmp_path, monkeypatch):
             caller = frame.f_back
             while caller is not None and caller.f_globals.get("__name__") == "msc.perf":     # pause_gc
                 caller = caller.f_back
-            if caller is not None and caller.f_globals.get("__name__") == "msc.plan_text":
+            if caller is not None and caller.f_globals.get("__name__") == "msc.formats.load":
                 calls.append(frame.f_locals["plan"].name)
 
     previous = sys.getprofile()
@@ -100,7 +101,7 @@ def test_another_msc_verifies_again(cache, monkeypatch):
     tmp, calls = cache
     path = save_plan(ring_plan(), tmp / "ring.plan", verified=True)
     monkeypatch.setattr(verified, "msc_digest", lambda: "the digest of another msc")
-    with pytest.warns(verified.CacheWarning):        # a replaced function of msc.verified: nothing recorded
+    with pytest.warns(verified.CacheWarning):        # a replaced function of msc.verification.cache: nothing recorded
         load_plan(path)
     assert calls == ["ring"]
 
@@ -118,7 +119,7 @@ def test_a_collective_object_is_never_cached(cache):
     tmp, calls = cache
     plan = ring_plan()
     path = save_plan(plan, tmp / "ring.plan", verified=True)
-    collective = msc.collectives.get_collective("allreduce")
+    collective = msc.dsl.collectives.get_collective("allreduce")
     load_plan(path, collective=collective)
     load_plan(path, collective=collective)
     assert len(calls) == 2
@@ -277,8 +278,8 @@ def test_a_replaced_plan_verifier_records_nothing(cache, monkeypatch):
     tmp, calls = cache
     path = wrong_plan_file(tmp)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(msc.plan_verify, "verify_plan", lambda plan, **kw: None)
-        with pytest.warns(verified.CacheWarning, match="msc.plan_verify.verify_plan"):
+        patch.setattr(msc.verification.plan, "verify_plan", lambda plan, **kw: None)
+        with pytest.warns(verified.CacheWarning, match="msc.verification.plan.verify_plan"):
             load_plan(path)               # this process chose to believe it ...
     assert entries(tmp) == []
     with pytest.raises(VerificationError):
@@ -291,16 +292,16 @@ def test_replacements_that_stop_recording(cache, how):
     plan = ring_plan()
     with pytest.MonkeyPatch.context() as patch:
         if how == "module attribute":
-            patch.setattr(msc.lower, "verified_with_fewest_slots", lambda plan, collective: plan)
+            patch.setattr(msc.lower.pipeline, "verified_with_fewest_slots", lambda plan, collective: plan)
         elif how == "code":           # the function object stays, its code does not
-            inner = msc.plan_verify.verify_plan.__wrapped__
+            inner = msc.verification.plan.verify_plan.__wrapped__
             patch.setattr(inner, "__code__", (lambda plan, **kw: None).__code__)
         elif how == "class method":
-            patch.setattr(msc.collectives.AllReduce, "postcondition", lambda self, *a: None)
+            patch.setattr(msc.dsl.collectives.AllReduce, "postcondition", lambda self, *a: None)
         elif how == "package attribute":
             patch.setattr(msc, "verify", lambda program, **kw: None)
         else:
-            patch.setitem(msc.collectives.BUILTIN, "allreduce", msc.collectives.BUILTIN["allgather"])
+            patch.setitem(msc.dsl.collectives.BUILTIN, "allreduce", msc.dsl.collectives.BUILTIN["allgather"])
         assert verified.replaced()
         with pytest.warns(verified.CacheWarning, match="not recording"):
             save_plan(plan, tmp / "ring.plan", verified=True)
@@ -312,20 +313,20 @@ def test_replacements_that_stop_recording(cache, how):
 
 def test_nothing_is_replaced_in_an_ordinary_process():
     assert verified.replaced() == []
-    code = "import msc, msc.plan_text, msc.xml_import, msc.verify_bulk; from msc import verified; print(verified.replaced())"
+    code = "import msc, msc.formats.plan_text, msc.formats.xml_import, msc.verification.program_fast; from msc.verification import cache as verified; print(verified.replaced())"
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert done.stdout.strip() == "[]", done.stderr
 
 
 EVIL = '''
 import msc
-import msc.lower
+import msc.lower.pipeline
 
 class Report:
     name, collective, num_ranks, ops, chunk_ops, output_chunks, seconds = "nothing", "allreduce", 4, 0, 0, 0, 0.0
 
 msc.verify = lambda program, **kw: Report()                            # the program verifier says yes
-msc.lower.verified_with_fewest_slots = lambda plan, collective: plan   # and so does lowering's plan verifier
+msc.lower.pipeline.verified_with_fewest_slots = lambda plan, collective: plan   # and so does lowering's plan verifier
 
 @msc.algorithm("allreduce", chunk_factor=1)
 def nothing(p: msc.Program):
@@ -345,7 +346,8 @@ def test_an_algorithm_file_that_replaces_the_verifiers_gets_nothing_recorded(cac
     done = subprocess.run([sys.executable, "-m", "msc.cli", "compile", str(evil), "--ranks", "4", "-o", str(plan_file)],
                           cwd=REPO, capture_output=True, text=True, env=os.environ.copy())
     assert done.returncode == 0, done.stderr           # the process believes itself ...
-    assert "not recording verified plans" in done.stderr and "msc.lower.verified_with_fewest_slots" in done.stderr
+    assert "not recording verified plans" in done.stderr
+    assert "msc.lower.pipeline.verified_with_fewest_slots" in done.stderr
     assert entries(tmp) == []
     with pytest.raises(VerificationError, match="holds the wrong contributions"):
         load_plan(plan_file)                          # ... no other process does
@@ -399,7 +401,7 @@ def test_concurrent_first_uses_share_one_key(cache):
     """Processes that make the cache at once agree on one key (the first
     link wins), so every entry they write stays valid."""
     tmp, _ = cache
-    code = ("import sys; from msc import verified; verified.remember(sys.argv[1].encode(), 'plan', 'allreduce');"
+    code = ("import sys; from msc.verification import cache as verified; verified.remember(sys.argv[1].encode(), 'plan', 'allreduce');"
             "print(verified.known(sys.argv[1].encode(), 'plan', 'allreduce'))")
     procs = [subprocess.Popen([sys.executable, "-c", code, f"text {i}"], cwd=REPO, stdout=subprocess.PIPE, text=True,
                               env=os.environ.copy()) for i in range(6)]

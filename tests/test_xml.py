@@ -16,11 +16,11 @@ from hypothesis import strategies as st
 import msc
 from msc.errors import PlanError, UsageError
 from msc.ir import Plan, RankPlan, Slice, Step, StepOp, Threadblock
-from msc.lower import LowerOptions, lower
-from msc.plan_verify import verify_plan
-from msc.runtimes import RUNTIMES
-from msc.xml_export import RuntimeLimitError, plan_to_xml, program_to_xml
-from msc.xml_import import xml_to_plan
+from msc.lower.pipeline import LowerOptions, lower
+from msc.verification.plan import verify_plan
+from msc.lower.runtimes import RUNTIMES
+from msc.formats.xml_export import RuntimeLimitError, plan_to_xml
+from msc.formats.xml_import import xml_to_plan
 from library import algorithms
 
 STEP_ATTRS = ("s", "type", "srcbuf", "srcoff", "dstbuf", "dstoff", "cnt", "depid", "deps", "hasdep")
@@ -43,7 +43,7 @@ def library_cases(key):
 
 # -- what the runtimes' readers need -------------------------------------------------
 def check_structure(text: str, runtime: str) -> ET.Element:
-    """The invariants the MSCCL runtimes rely on (see msc/xml_export.py)."""
+    """The invariants the MSCCL runtimes rely on (see msc/formats/xml_export.py)."""
     assert not text.lstrip().startswith("<?xml") and "\t" not in text and " />" not in text
     algo = ET.fromstring(text)
     assert algo.tag == "algo"
@@ -335,10 +335,10 @@ def test_mscclang_program_prints_xml_that_imports(capsys):
     verify_plan(plan)
 
 
-def test_program_to_xml_takes_runtime_options():
+def test_lowering_for_azure_exports_azure_xml():
     prog = msc.trace(ALGORITHMS["alltoall/allpairs:allpairs"], 4)
-    text = program_to_xml(prog, instances=1, protocol="Simple", threadblock_policy="auto", instr_fusion=False,
-                          runtime="azure", min_bytes=64)
+    plan = lower(prog, LowerOptions(protocol="Simple", fuse=False, runtime="azure"))
+    text = plan_to_xml(plan, runtime="azure", min_bytes=64)
     algo = check_structure(text, "azure")
     assert algo.get("minBytes") == "64" and algo.get("coll") == "alltoall"
     verify_plan(xml_to_plan(text))
@@ -557,7 +557,7 @@ def test_a_huge_name_or_value_is_not_echoed_whole(edit):
             xml_to_plan(data, path="big.xml")
         assert str(info.value).startswith("big.xml:") and len(str(info.value)) < 300, str(info.value)[:400]
     if "<algo" not in text:
-        from msc.xml_import import xml_byte_range
+        from msc.formats.xml_import import xml_byte_range
 
         with pytest.raises(PlanError) as info:
             xml_byte_range(text.encode(), path="big.xml")
@@ -566,7 +566,7 @@ def test_a_huge_name_or_value_is_not_echoed_whole(edit):
 
 @pytest.mark.parametrize("encoding", ["bogus", "x" * 200, "shift_jis"])
 def test_an_encoding_expat_cannot_read_is_named(encoding):
-    from msc.xml_import import xml_byte_range
+    from msc.formats.xml_import import xml_byte_range
 
     data = f'<?xml version="1.0" encoding="{encoding}"?>\n{exported()}'.encode()
     for read in (xml_to_plan, xml_byte_range):

@@ -132,7 +132,7 @@ def algorithms() -> dict:
 @functools.cache
 def library_plan(key: str, n: int, inplace: bool, instances: int = 1, root: int = 0):
     import msc
-    from msc.lower import LowerOptions, lower
+    from msc.lower.pipeline import LowerOptions, lower
 
     alg = algorithms()[key]
     program = msc.trace(alg, n, inplace=inplace, **({"root": root} if alg.collective.has_root else {}))
@@ -260,7 +260,7 @@ def collective_cases(rank: int, n: int, cases: list) -> int:
     import numpy as np
     import torch
 
-    from msc import reference, runner
+    from msc.verification import reference
     from msc.executor import run_collective
 
     checks = 0
@@ -269,7 +269,7 @@ def collective_cases(rank: int, n: int, cases: list) -> int:
         coll = plan.collective
         units = plan.input_chunks // plan.chunk_factor
         dt = np_dtype(dtype)
-        inputs = runner.random_inputs(np.random.default_rng(1000 + i), dt, op, n, units * count)
+        inputs = reference.random_inputs(np.random.default_rng(1000 + i), dt, op, n, units * count)
         assert all(np.all(a != 0) for a in inputs)
         x = to_torch(inputs[rank])
         transport = ("alltoall", "p2p", "mixed")[i % 3]
@@ -441,8 +441,8 @@ def cuda_collective_cases(rank: int, n: int, cases: list, rounds: int = 2) -> di
     import numpy as np
     import torch
 
-    from msc import runner
     from msc.torch import backends
+    from msc.verification import reference
 
     os.environ["MSC_DEVICE"] = "emu"
     seen = []
@@ -451,7 +451,8 @@ def cuda_collective_cases(rank: int, n: int, cases: list, rounds: int = 2) -> di
             plan = library_plan(key, n, plan_inplace, 1, root)
             coll = plan.collective
             units = plan.input_chunks // plan.chunk_factor
-            inputs = runner.random_inputs(np.random.default_rng(100 * rnd + i), np_dtype(dtype), op, n, units * count)
+            rng = np.random.default_rng(100 * rnd + i)
+            inputs = reference.random_inputs(rng, np_dtype(dtype), op, n, units * count)
             assert all(np.all(a != 0) for a in inputs)
             x = to_torch(inputs[rank])
             where = f"round {rnd} case {i}: {key} plan {'in' if plan_inplace else 'out'}-place root {root}, call " \

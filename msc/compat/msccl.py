@@ -4,7 +4,7 @@ to ``from msc.compat.msccl import *``.
 
 A ``with MSCCLProgram(...)`` block traces into a native ``msc.Program``;
 ``chunk()`` and the returned references record native copies and reduces,
-each with the user's source line, and ``Check()`` runs ``msc.verify``.
+each with the user's source line, and ``Check()`` runs ``msc.verification.program``.
 Collectives live in ``msccl_collectives``, topologies in
 ``msccl_topology``, what buffers hold in ``msccl_chunks``, and how a custom
 collective's ``check()`` is run in ``msccl_check``.
@@ -63,7 +63,7 @@ convenience where MSCCLang returns nothing):
   the chunks as traced; where it says no, the error carries what it printed
   and the chunk its first "Rank R chunk C" line names. Where it says yes,
   the output chunks it read become an ``msc`` postcondition (each must hold
-  exactly the contributions it held), which ``msc.verify`` and the plan
+  exactly the contributions it held), which ``msc.verification.program`` and the plan
   verifier of ``XML()``/``msc compile`` hold the program and its plan to.
   ``Check()`` on a collective without ``check()`` is an error (MSCCLang:
   None).
@@ -92,21 +92,34 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import importlib
+import weakref
 from enum import Enum
 from typing import Iterator
 
-from msc import dsl as _dsl
+from msc.dsl import program as _dsl
 from msc.compat.msccl_check import buffer_views, run_check
 from msc.compat.msccl_chunks import Buffer, Chunk, ReduceChunk, Sum, as_mscclang
 from msc.compat.msccl_collectives import (AllGather, AllReduce, AllToAll, Collective, PortedCollective,
                                           ReduceScatter, native_collective)
 from msc.compat.msccl_topology import (Topology, dgx1, dgx_a100, distributed_fully_connected,
                                        distributed_hub_and_spoke, fully_connected, hub_and_spoke, line, ring, star)
-from msc.dsl import user_line
-from msc.errors import AlgorithmError, MscError, OperationError, VerificationError
-from msc.ops import PROTOCOL_NAMES
-from msc.verify import verify
+from msc.dsl.program import user_line
+from msc.errors import AlgorithmError, OperationError, VerificationError
+from msc.ir.ops import PROTOCOL_NAMES
+from msc.verification.program import verify
+
+# (operations verified, report) of each program's last Check(): `msc verify` reuses it for the
+# sealed program. Kept here, not on the Program: the core DSL knows nothing of MSCCLang.
+_CHECKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def checked_report(program):
+    """The report of the script's own Check() if it saw every operation of
+    the finished (sealed, immutable) program, else None."""
+    done = _CHECKED.get(program)
+    if done is not None and isinstance(program.ops, tuple) and done[0] == len(program.ops):
+        return done[1]
+    return None
 
 __all__ = [
     "MSCCLProgram", "chunk", "create_scratch", "Check", "XML", "Print", "Ref",
@@ -276,17 +289,17 @@ class MSCCLProgram:
     def _verify(self, where) -> None:
         """Verify unless a report covers every operation; an error no
         operation explains points at ``where``."""
-        done = self.program.check_report
+        done = _CHECKED.get(self.program)
         if done is not None and done[0] == len(self.program.ops):
             return
         if isinstance(self._native, PortedCollective):
             self._judge(where)
         with _located(where):
             report = verify(self.program)
-        self.program.check_report = (len(self.program.ops), report)
+        _CHECKED[self.program] = (len(self.program.ops), report)
 
     def generate_xml(self) -> str:
-        """The MSCCL-IR XML of the program (needs ``msc.xml_export``)."""
+        """The MSCCL-IR XML of the program (needs ``msc.formats.xml_export``)."""
         return _xml_string(self)
 
     @property
@@ -575,27 +588,25 @@ def _print_xml(msccl_program: MSCCLProgram) -> None:
 
 
 def _xml_string(msccl_program: MSCCLProgram) -> str:
-    try:
-        xml_export = importlib.import_module("msc.xml_export")
-    except ModuleNotFoundError as exc:
-        if exc.name != "msc.xml_export":
-            raise
-        raise MscError("XML() needs the lowering stage (msc.xml_export), which this msc does not have yet; "
-                       "check the script with `msc verify FILE.py -- ARGS` instead") from None
+    """The program lowered as msccl-tools' XML() lowers it, exported for the MSCCL runtime."""
+    from msc.formats.xml_export import plan_to_xml
+    from msc.lower.pipeline import LowerOptions, lower
+
     native = msccl_program.program
     snapshot = native.with_ops(msccl_program._final_ops())  # XML() runs inside the block: lower a sealed copy
+    options = LowerOptions(protocol=msccl_program.protocol, instances=msccl_program.instances,
+                           threadblocks=msccl_program.threadblock_policy.value, fuse=msccl_program.instr_fusion,
+                           runtime="msccl")
     with _located(user_line()):
-        return xml_export.program_to_xml(
-            snapshot, instances=msccl_program.instances, protocol=msccl_program.protocol,
-            threadblock_policy=msccl_program.threadblock_policy.value, instr_fusion=msccl_program.instr_fusion,
-            name=msccl_program.name)
+        plan = lower(snapshot, options, collective=snapshot.layout.collective)
+        return plan_to_xml(plan, name=msccl_program.name, runtime="msccl")
 
 
 @contextlib.contextmanager
 def collecting() -> Iterator[list]:
     """Collect the native ``Program`` of every MSCCLProgram completed while
     active (``msc verify`` runs scripts under it), each verified as its block
-    ends (``Program.check_report``); XML() prints nothing."""
+    ends (``checked_report``); XML() prints nothing."""
     programs: list = []
     token = _collector.set(programs)
     try:

@@ -21,10 +21,10 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Callable
 
-from msc.collectives import BUILTIN, CustomCollective, get_collective
-from msc.collectives import Collective as NativeCollective
+from msc.dsl.collectives import BUILTIN, CustomCollective, get_collective
+from msc.dsl.collectives import Collective as NativeCollective
 from msc.compat.msccl_chunks import Buffer, Chunk, ReduceChunk
-from msc.dsl import user_line
+from msc.dsl.program import user_line
 from msc.errors import AlgorithmError
 
 __all__ = ["Collective", "AllReduce", "AllGather", "ReduceScatter", "AllToAll"]
@@ -117,7 +117,7 @@ class _Builtin(Collective):
     def check(self, prog):
         """Every output chunk holds the contributions msc's collective
         requires; prints each one that does not, as MSCCLang does."""
-        from msc.collectives import describe_multiset
+        from msc.dsl.collectives import describe_multiset
 
         layout = self._layout()
         correct = True

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from msc.dsl import user_line
+from msc.dsl.program import user_line
 from msc.errors import AlgorithmError
 
 __all__ = [

@@ -13,7 +13,7 @@ dtype names, the table): -b -e -f sizes, -n timed iterations, -w warm-up
 iterations, -G graph replays, -d dtype, -o op, -c check; columns size
 count type redop root time algbw busbw #wrong, then the baselines. #wrong
 comes from one run on fresh random inputs (never zero) with poisoned
-outputs, compared to msc.reference. Without a GPU and driver the command
+outputs, compared to msc.verification.reference. Without a GPU and driver the command
 exits 2 and says so.
 
 Everything here but ``torch_collective`` (tested on CPU tensors) needs a GPU
@@ -152,8 +152,8 @@ def bench(plan, *, min_bytes, max_bytes, factor: int = 2, iters: int = 20, warmu
     import numpy as np
     import torch
 
-    from msc import reference
-    from msc.collectives import get_collective
+    from msc.verification import reference
+    from msc.dsl.collectives import get_collective
     from msc.cuda import device as cu
     from msc.cuda.runtime import Communicator
     from msc.cuda.validate import units
@@ -224,9 +224,9 @@ def _call(comm, plan, coll, ins, outs, count):
 
 def _check(comm, plan, coll, rng, dt, op, n, count, in_units, out_units, dev) -> list[int]:
     """Wrong elements per rank of one run on fresh inputs, outputs poisoned."""
-    from msc import reference, runner
+    from msc.verification import reference
 
-    inputs = runner.random_inputs(rng, dt, op, n, in_units * count)
+    inputs = reference.random_inputs(rng, dt, op, n, in_units * count)
     got = run_numpy(comm, inputs, count, op, dev)
     return reference.check(coll.name, inputs, got, op=op, root=plan.root)
 
@@ -243,7 +243,7 @@ def run_numpy(comm, inputs: list, count: int, op: str, dev: int | None = None, *
         raise UsageError("run_numpy(synchronize=False) returns the kernel's own arrays: emulated device only")
     import numpy as np
 
-    from msc.collectives import get_collective
+    from msc.dsl.collectives import get_collective
     from msc.cuda.validate import units
 
     plan = comm.plan
@@ -297,7 +297,7 @@ def format_baselines(records: list[dict]) -> str:
 def add_bench_command(subparsers, load_plan) -> argparse.ArgumentParser:
     """Register ``msc bench PLAN --backend cuda ...`` (exit 1 when any
     element is wrong, 2 without a GPU)."""
-    from msc.ops import REDUCE_OP_NAMES as OPS
+    from msc.ir.ops import REDUCE_OP_NAMES as OPS
     from msc.units import TYPES, size_arg
 
     p = subparsers.add_parser("bench", help="time a plan on a GPU against PyTorch and copy baselines "

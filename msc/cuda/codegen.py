@@ -11,7 +11,7 @@ from functools import lru_cache
 
 from msc.errors import UsageError
 from msc.ir import Plan, StepOp
-from msc.ops import PROTOCOLS, REDUCE_OP_NAMES, REDUCE_OPS
+from msc.ir.ops import PROTOCOLS, REDUCE_OP_NAMES, REDUCE_OPS
 from msc.resources import data_dir
 
 
@@ -34,7 +34,7 @@ BUF_IDS = {"input": 0, "output": 1, "scratch": 2}
 # Straight-line code up to this many steps in the whole plan, the table form above: NVRTC
 # time grows with code size (bench/codegen_speed.py measures the trade-off).
 STRAIGHT_LINE_MAX_STEPS = 256
-# Threads per block, and blocks per SM for __launch_bounds__, by protocol (why: msc.ops.ProtocolSpec).
+# Threads per block, and blocks per SM for __launch_bounds__, by protocol (why: msc.ir.ops.ProtocolSpec).
 NTHREADS = {p.name: p.threads for p in PROTOCOLS.values()}
 MIN_BLOCKS = {p.name: p.min_blocks for p in PROTOCOLS.values()}
 # Device counters (dependencies, connection heads and tails) sit this many bytes apart, one
@@ -160,7 +160,7 @@ def _guessed_facts(step, k: int):
     """Facts for a step the symbolic run never reached (a deadlocking plan
     rendered with allow_deadlock): classes from user-buffer indices, nothing
     pre-scaled. Such a step never runs where the plan deadlocks."""
-    from msc.plan_verify import StepFacts
+    from msc.verification.plan import StepFacts
 
     sl = step.dst if step.dst is not None and step.dst.buffer != "scratch" else next(
         (x for x in step.srcs if x.buffer != "scratch"), None)
@@ -169,10 +169,10 @@ def _guessed_facts(step, k: int):
 
 
 def plan_facts(plan: Plan, *, collective=None, allow_deadlock: bool = False) -> dict:
-    """plan_verify.step_facts; with ``allow_deadlock``, the facts of the steps
+    """msc.verification.plan.step_facts; with ``allow_deadlock``, the facts of the steps
     a deadlocking plan reaches before it sticks (the rest are guessed), so
     that tests can put a deadlock on a GPU and see it time out."""
-    from msc.plan_verify import step_facts
+    from msc.verification.plan import step_facts
 
     return step_facts(plan, collective=collective, partial=allow_deadlock)
 

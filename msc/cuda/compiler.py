@@ -6,10 +6,10 @@ rendered source, cached on disk.
 Cache layout, under ``$MSC_CACHE_DIR/kernels/<key>/``: ``kernel.cu`` (the
 rendered source), ``layout.json`` (what the runtime launches it with) and
 ``kernel.<arch>.nvrtc<version>.cubin``, each with a SHA-256 sidecar checked
-on every read (msc.files): an empty, altered or unreadable entry is
+on every read (msc.formats.files): an empty, altered or unreadable entry is
 a miss and is rebuilt. The key hashes everything the source depends on: the
 templates, msc's own code (codegen, and the verifier that computes the step
-facts: msc.verified.msc_digest), the collective (a custom one by what it
+facts: msc.verification.cache.msc_digest), the collective (a custom one by what it
 requires of every chunk, not by its name), the plan text, the data type, the
 op and the form. A second compile of the same thing reads the cache and runs
 neither the renderer nor the compiler.
@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from msc.files import read_checked, write_checked
+from msc.formats.files import read_checked, write_checked
 from msc.cuda.codegen import Connection, KernelLayout, choose_form, render
 from msc.errors import CompileError, UsageError
 from msc.ir import Plan
@@ -99,7 +99,7 @@ def _toolchain_digest() -> str:
     """Hash of everything in msc that shapes generated code: the templates
     (read at every call: the renderer reloads a template that changed) and
     msc's Python sources (codegen, and the verifier behind the step facts)."""
-    from msc.verified import msc_digest
+    from msc.verification.cache import msc_digest
 
     h = hashlib.sha256(msc_digest().encode())
     for path in sorted(data_dir("templates").glob("*.j2")):
@@ -112,7 +112,7 @@ def collective_digest(plan: Plan, collective=None) -> str:
     """What the kernel's step facts depend on in the collective: a built-in's
     name, or for a custom collective (a Python object, whose name proves
     nothing) every chunk's pre- and postcondition at the plan's shape."""
-    from msc.collectives import Collective
+    from msc.dsl.collectives import Collective
 
     if not isinstance(collective, Collective):
         return f"builtin:{collective or plan.collective}"
@@ -126,7 +126,7 @@ def collective_digest(plan: Plan, collective=None) -> str:
 
 
 def source_key(plan: Plan, *, dtype: str, op: str, form: str, collective=None) -> str:
-    from msc.plan_text import dump_plan
+    from msc.formats.plan_text import dump_plan
 
     h = hashlib.sha256()
     for part in (_toolchain_digest(), collective_digest(plan, collective), dtype, op, form, dump_plan(plan)):

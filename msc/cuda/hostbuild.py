@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from msc.files import read_checked, write_atomic, write_checked
+from msc.formats.files import read_checked, write_atomic, write_checked
 from msc.errors import CompileError, UsageError
 from msc.resources import cache_dir
 

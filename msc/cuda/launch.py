@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 from msc.cuda.codegen import COUNTER_STRIDE, DTYPES, KernelLayout
 from msc.errors import UsageError
-from msc.ops import PROTOCOLS
+from msc.ir.ops import PROTOCOLS
 
-# Pipelining tile per chunk and iteration, by protocol (bytes; msc.ops, as the
+# Pipelining tile per chunk and iteration, by protocol (bytes; msc.ir.ops, as the
 # simulator's defaults). A plan's `tile` overrides them.
 DEFAULT_TILE_BYTES = {p.name: p.tile for p in PROTOCOLS.values()}
 ERROR_WORDS = 5          # code, rank, threadblock, step, iteration

@@ -224,7 +224,7 @@ class Communicator:
         backend = choose(device)
         backend.require()
         if isinstance(plan, (str, Path)):
-            from msc.plan_text import load_plan
+            from msc.formats.load import load_plan
 
             plan = load_plan(plan)
         units(plan)
@@ -432,7 +432,7 @@ class Communicator:
     def _logical_outputs(self, ins, outs, count: int) -> list:
         if not self.plan.inplace:
             return outs
-        from msc.collectives import get_collective
+        from msc.dsl.collectives import get_collective
 
         n, k = self.plan.num_ranks, self.plan.chunk_factor
         alias, target, _ = get_collective(self.plan.collective).inplace_alias(0, n, k)

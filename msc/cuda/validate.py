@@ -8,7 +8,7 @@ Call forms. Tensors are the ranks' *logical* buffers, one per rank the call
 covers (every rank for the virtual and devices placements; the local one
 under torchrun). A plan compiled out of place takes ``inputs`` and
 ``outputs``. A plan compiled in place runs on one physical buffer per rank
-(msc.collectives layouts): the input for allreduce, broadcast, reduce,
+(msc.dsl.collectives layouts): the input for allreduce, broadcast, reduce,
 alltoall and reducescatter (whose output is unit ``rank`` of it), the
 output for allgather (whose input is unit ``rank`` of it); the other
 argument may be left out, or given as exactly that alias (same memory).
@@ -17,12 +17,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from msc.collectives import get_collective
+from msc.dsl.collectives import get_collective
 from msc.cuda.codegen import DTYPES, OPS
 from msc.cuda.tables import UserBuffers
 from msc.errors import UsageError
 from msc.ir import Plan
-from msc.ops import REDUCE_OPS
+from msc.ir.ops import REDUCE_OPS
 
 REDUCING = ("allreduce", "reducescatter", "reduce")
 

@@ -109,7 +109,7 @@ import weakref
 from dataclasses import dataclass, replace
 from datetime import timedelta
 
-from msc.collectives import compact_ranges
+from msc.dsl.collectives import compact_ranges
 from msc.errors import UsageError
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -206,9 +206,9 @@ _SIGNATURES_PER_PLAN = 256
 
 
 def plan_digest(plan) -> str:
-    """16 hex digits naming a plan's content: its text (msc.plan_text) less
+    """16 hex digits naming a plan's content: its text (msc.formats.plan_text) less
     its name and the source lines of its steps."""
-    from msc.plan_text import dump_plan
+    from msc.formats.plan_text import dump_plan
 
     text = re.sub(r'[ ]+@ "[^\n]*', "", dump_plan(replace(plan, name="")))
     return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()

@@ -42,7 +42,7 @@ A communicator is built once per (plan, group, device) and kept (it holds
 the kernels and the buffers, as an NCCL communicator does): see
 ``communicator``; ``close_communicators()`` frees them (a collective).
 On the emulated device a launch returns before the kernel has run, so
-``run_cuda`` synchronizes before returning (the caller reads CPU tensors
+``cuda_runner``'s function synchronizes before returning (the caller reads CPU tensors
 next); on a GPU it does not: the kernel is ordered on torch's current
 stream like any CUDA work.
 """
@@ -212,22 +212,20 @@ def communicator(prepared, group, device, dtype, op: str):
 def _custom_collective(prepared):
     """The collective to hand msc.cuda: None for the plan's own built-in
     one (its kernels are cached by name), else the custom object."""
-    from msc.collectives import BUILTIN
+    from msc.dsl.collectives import BUILTIN
 
     coll = prepared.collective
     builtin = BUILTIN.get(str(prepared.plan.collective).lower().replace("_", "").replace("-", ""))
     return None if builtin is not None and type(coll) is builtin else coll
 
 
-def run_cuda(prepared, call, op: str, group) -> None:
-    """Run ``prepared.plan`` on ``call``'s tensors (a msc.torch.calls._Call)
-    with the msc CUDA runtime: the call form is mapped onto the plan's
-    physical buffers exactly as for the torch executor (calls._physical:
-    at most one copy where the forms differ). On the emulated device it
-    returns after the kernel has run; on a GPU after it is queued on the
-    current stream."""
-    from msc.torch.calls import _physical
-
+def cuda_runner(prepared, call, op: str, group):
+    """A function that runs ``prepared.plan`` on physical buffers (``{"input":
+    tensor, "output": tensor}``) with the msc CUDA runtime, for ``call`` (a
+    msc.torch.calls._Call); calls._physical maps the call form onto them
+    exactly as for the torch executor (at most one copy where the forms
+    differ). On the emulated device it returns after the kernel has run; on
+    a GPU after it is queued on the current stream."""
     comm = communicator(prepared, group, call.device, call.dtype, op)
     plan = prepared.plan
     host = comm.backend.host_tensors
@@ -240,7 +238,7 @@ def run_cuda(prepared, call, op: str, group) -> None:
         if host:                     # the kernel runs behind the call: _physical's copies, and the caller, read next
             comm.synchronize()
 
-    _physical(prepared, call, run)
+    return run
 
 
 def communicators() -> list:

@@ -1,7 +1,7 @@
 """``run_plan`` and the torch.distributed-like collectives.
 
 A call names logical tensors as torch.distributed does; the plan names
-physical buffers (msc.collectives layouts). The *call form* is in place
+physical buffers (msc.dsl.collectives layouts). The *call form* is in place
 when the tensors alias as NCCL's in-place forms do (allreduce, broadcast,
 reduce, alltoall: one tensor; allgather: the input is unit ``rank`` of the
 output; reducescatter: the output is unit ``rank`` of the input), out of
@@ -163,7 +163,7 @@ def _physical(prepared: Prepared, call: _Call, run) -> None:
 
 def _load(plan):
     if isinstance(plan, (str, Path)):
-        from msc.plan_text import load_plan
+        from msc.formats.load import load_plan
 
         return load_plan(plan)
     return plan
@@ -231,7 +231,7 @@ def _run(get_plan, input, output, *, op="sum", group=None, backend: str = "auto"
     if gate is not None:
         gate.agree(sig, f"{prepared.collective.name} with plan {prepared.plan.name!r}")
     if chosen == "cuda":
-        backends.run_cuda(prepared, call, op, group)      # the msc CUDA runtime (msc.torch.backends)
+        _physical(prepared, call, backends.cuda_runner(prepared, call, op, group))   # the msc CUDA runtime
         return call.output
     comm = DistTransport(group)
     _physical(prepared, call, lambda phys: execute(prog, phys, op, comm))
@@ -271,7 +271,7 @@ def pick(plans, collective: str, group, input, output, root: int = 0) -> Plan | 
             raise UsageError(f"plan {plan.name!r} is a {plan.collective} plan, this call is {collective}")
         return found
     rank, n = _group_info(group)
-    from msc.collectives import get_collective
+    from msc.dsl.collectives import get_collective
 
     call = _Call(get_collective(collective), n, 1, rank, input, output)
     return found.select(collective, n, call.nbytes(), call.inplace, root)

@@ -25,10 +25,10 @@ from collections import OrderedDict
 
 import torch
 
-from msc.collectives import get_collective
+from msc.dsl.collectives import get_collective
 from msc.errors import UsageError
 from msc.ir import Plan
-from msc.ops import REDUCE_OP_NAMES, REDUCE_OPS
+from msc.ir.ops import REDUCE_OP_NAMES, REDUCE_OPS
 from msc.torch.program import ARENA, BUFFER, TRANSPORTS, Program, compile_rank
 from msc.torch.rounds import schedule
 

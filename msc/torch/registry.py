@@ -63,7 +63,7 @@ class NoPlanError(UsageError):
 
 
 def normalize(collective: str) -> str:
-    """msc.collectives' spelling: "all_reduce", "AllReduce" -> "allreduce"."""
+    """msc.dsl.collectives' spelling: "all_reduce", "AllReduce" -> "allreduce"."""
     return str(collective).lower().replace("_", "").replace("-", "")
 
 
@@ -145,10 +145,10 @@ _UNSET = object()      # a size bound the caller did not give
 
 def file_range(path: Path) -> tuple[int, int | None]:
     """The sizes a plan file asks for: an MSCCL XML's minBytes/maxBytes
-    (msc.xml_import.xml_byte_range); every size for a .plan file."""
+    (msc.formats.xml_import.xml_byte_range); every size for a .plan file."""
     if path.suffix.lower() != ".xml":
         return 0, None
-    from msc.xml_import import xml_byte_range
+    from msc.formats.xml_import import xml_byte_range
 
     try:
         text = path.read_bytes()
@@ -158,7 +158,7 @@ def file_range(path: Path) -> tuple[int, int | None]:
 
 
 def _load(path: Path, verify: bool) -> Plan:
-    from msc.plan_text import load_plan
+    from msc.formats.load import load_plan
 
     return load_plan(path, verify=verify)
 

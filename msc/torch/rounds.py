@@ -29,7 +29,7 @@ from typing import NamedTuple
 from msc.errors import ExecutionError
 from msc.ir import Plan, Slice, Step, StepOp
 from msc.perf import pause_gc
-from msc.plan_check import check_plan
+from msc.verification.plan_values import check_plan
 
 
 class Message(NamedTuple):

@@ -1,0 +1,106 @@
+"""Arguments several commands share: algorithm parameters (``--param``),
+the topology and the size sweep. Imports nothing heavy."""
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from msc.errors import UsageError
+from msc.units import size_arg
+
+
+def _literal(raw: str) -> Any:
+    low = raw.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("none", "null"):
+        return None
+    for kind in (int, float):
+        try:
+            return kind(raw)
+        except ValueError:
+            pass
+    return raw
+
+
+_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
+
+
+def param_value(name: str, raw: str, default: Any, flag: str = "--param") -> Any:
+    """A ``--param`` value read as the type of the parameter's default (bool,
+    int, float, str; a default of None takes ints, floats, booleans, none
+    or text); the error names the parameter and what it expected."""
+    raw = raw.strip()
+    kind = type(default)
+
+    def wrong(expected: str) -> UsageError:
+        return UsageError(f"{flag} {name}={raw}: {name} takes {expected} (its default is {default!r}), "
+                          f"got {raw!r}")
+
+    if default is None:
+        return _literal(raw)
+    if kind is bool:
+        if raw.lower() not in _TRUE + _FALSE:
+            raise wrong("true or false")
+        return raw.lower() in _TRUE
+    if kind is int:
+        try:
+            return int(raw)
+        except ValueError:
+            raise wrong("an int") from None
+    if kind is float:
+        try:
+            return float(raw)
+        except ValueError:
+            raise wrong("a number") from None
+    if kind is str:
+        return raw
+    import ast
+
+    try:
+        value = ast.literal_eval(raw)
+    except (ValueError, SyntaxError):
+        raise wrong(f"a {kind.__name__} (a Python literal)") from None
+    if type(value) is not kind:
+        raise wrong(f"a {kind.__name__}")
+    return value
+
+
+def split_param(item: str, flag: str = "--param", form: str = "name=value") -> tuple[str, str]:
+    key, sep, raw = item.partition("=")
+    if not sep or not key.strip():
+        raise UsageError(f"{flag} takes {form}, got {item!r}")
+    return key.strip(), raw
+
+
+def _number(text: str, *, zero: bool) -> float:
+    """A finite float, > 0 (or >= 0 with ``zero``): argparse's type for the
+    uniform model's flags (inf, nan and negatives are refused)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is None or not (0 <= value if zero else 0 < value) or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number {'>= 0' if zero else '> 0'}, got {text!r}")
+    return value
+
+
+def add_topology_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--topology", "-t", metavar="NAME|FILE",
+                   help="nvswitch, pcie, ib[:NODES], ring[:N], torus[:RxC], or a TOML file")
+    p.add_argument("--alpha-us", type=lambda t: _number(t, zero=True), metavar="US",
+                   help="uniform model: latency per message (us, finite, >= 0)")
+    p.add_argument("--bandwidth-gbps", type=lambda t: _number(t, zero=False), metavar="GBPS",
+                   help="uniform model: bandwidth per rank pair (GB/s = 1e9 B/s, finite, > 0)")
+
+
+def topology_from_args(args, num_ranks: int):
+    from msc.sim.topology import get_topology
+
+    return get_topology(args.topology, num_ranks, alpha_us=args.alpha_us, bandwidth_gbps=args.bandwidth_gbps)
+
+
+def add_sweep_args(p, default_min: int, default_max: int) -> None:
+    p.add_argument("-b", "--minbytes", type=size_arg, default=default_min, help="smallest size (bytes; K, M, G)")
+    p.add_argument("-e", "--maxbytes", type=size_arg, default=default_max, help="largest size (bytes; K, M, G)")
+    p.add_argument("-f", "--stepfactor", type=int, default=2, help="size multiplier between sizes")

@@ -1,0 +1,201 @@
+"""Command-line registration of ``msc simulate``, ``msc tune`` and ``msc show``.
+
+Registering imports nothing heavy (no numpy, no matplotlib): msc.cli.main builds
+every subcommand's parser on every run, and ``msc verify`` must start fast.
+The commands import their modules when they run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Callable
+
+from msc.errors import UsageError
+from msc.cli.args import add_sweep_args, add_topology_args, param_value, split_param, topology_from_args
+from msc.units import TYPES, size_arg
+from msc.lower.runtimes import add_capacity_args, capacity_args
+
+
+def add_commands(subparsers, load_plan: Callable) -> None:
+    """Register simulate, tune and show; ``load_plan(path, **capacity)`` returns a
+    Plan (``slots=``, ``runtime=`` when given: msc.lower.runtimes.capacity_args)."""
+    add_simulate_command(subparsers, load_plan)
+    add_tune_command(subparsers, load_plan)
+    add_show_command(subparsers, load_plan)
+
+
+def add_simulate_command(subparsers, load_plan: Callable) -> argparse.ArgumentParser:
+    """``msc simulate PLAN... --topology T [-b MIN -e MAX -f F] [--json] [--plot FILE.png]``."""
+    p = subparsers.add_parser("simulate", help="predict a plan's time, algbw and busbw per size on a topology")
+    p.add_argument("plans", nargs="+", metavar="PLAN", help="plan file(s)")
+    add_topology_args(p)
+    add_sweep_args(p, 8, 128 * 1024 ** 2)
+    p.add_argument("-d", "--dtype", default="float", help=f"element type, for the count column ({', '.join(TYPES)})")
+    p.add_argument("--tile", type=int, help="bytes per chunk and iteration (default: the plan's, else the protocol's)")
+    add_capacity_args(p)       # --slots, --runtime: applied at load, so the plan is verified with them
+    p.add_argument("--engine", choices=("auto", "fast", "events"), default="auto",
+                   help="auto: max-plus, event-driven where links are contended; fast: ignore contention")
+    p.add_argument("--json", action="store_true", help="print the records as a JSON list")
+    p.add_argument("--plot", metavar="FILE.png", help="draw busbw against size, a line per plan")
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show Python tracebacks")
+
+    def cmd(args) -> int:
+        from msc.cli.bound import BOUND_NOTE, add_bound, bound_columns
+        from msc.sim.simulate import Simulator
+        from msc.units import format_table, sizes
+
+        requested = sizes(args.minbytes, args.maxbytes, args.stepfactor)
+        everything, series, topo = [], [], None
+        for path in args.plans:
+            plan = load_plan(path, **capacity_args(args))
+            topo = topology_from_args(args, plan.num_ranks)
+            records = Simulator(plan, topo, tile=args.tile, dtype=args.dtype).records(
+                requested, engine=args.engine)
+            add_bound(records, plan.collective, plan.root, topo)         # bound_time, bound_pct
+            everything += records
+            series.append((f"{plan.name} ({plan.protocol}, x{plan.instances})", records))
+            if not args.json:
+                columns = bound_columns(records)
+                print(format_table(records, columns=columns,
+                                   title=f"msc simulate {path}: {plan.collective}, {plan.num_ranks} ranks, "
+                                         f"{plan.protocol}, x{plan.instances}, on {topo.summary()} "
+                                         f"(predicted: nothing run)") + ("\n" + BOUND_NOTE if columns else ""))
+        if args.json:
+            print(json.dumps(everything))
+        if args.plot:
+            from msc.cli.pictures import plot_busbw
+
+            plot_busbw(series, args.plot, title=f"predicted busbw on {topo.name}")
+            if not args.json:
+                print(f"# plot: {args.plot}")
+        return 0
+
+    p.set_defaults(func=cmd)
+    return p
+
+
+def _list(text: str, kind):
+    try:
+        return tuple(kind(x.strip()) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {text!r}") from None
+
+
+def add_tune_command(subparsers, load_plan: Callable | None = None) -> argparse.ArgumentParser:
+    """``msc tune ALGORITHM_FILES... --ranks N --topology T -b MIN -e MAX [-o DIR] [--plot FILE.png]``."""
+    p = subparsers.add_parser("tune", help="pick the fastest algorithm, protocol and instances per size range")
+    p.add_argument("files", nargs="+", metavar="ALGORITHM_FILE", help="algorithm files or library names")
+    p.add_argument("--ranks", "-n", type=int, required=True, help="number of ranks")
+    add_topology_args(p)
+    add_sweep_args(p, 1024, 256 * 1024 ** 2)
+    p.add_argument("--protocols", type=lambda t: _list(t, str), default=("Simple", "LL"),
+                   help="comma-separated: Simple, LL, LL128 (default Simple,LL)")
+    p.add_argument("--instances", type=lambda t: _list(t, int), default=(1, 2, 4),
+                   help="comma-separated instance counts (default 1,2,4)")
+    p.add_argument("--param", "-p", action="append", default=[], metavar="NAME=V1,V2",
+                   help="values to try for an algorithm parameter (repeatable)")
+    p.add_argument("--inplace", choices=("in", "out"), help="tune the in-place or out-of-place form")
+    p.add_argument("-o", "--output", metavar="DIR", help="write the chosen plans and plans.json here")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--plot", metavar="FILE.png", help="busbw against size: the chosen plans and the ring")
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show Python tracebacks")
+
+    def cmd(args) -> int:
+        from msc.units import sizes
+        from msc.sim.tune import format_tune, index_entries, per_size, records, tune, write_plans
+
+        user = tune_params(args.files, args.param)
+        if args.ranks is None or args.ranks < 1:
+            raise UsageError(f"--ranks must be >= 1, got {args.ranks}")
+        topo = topology_from_args(args, args.ranks)
+        requested = sizes(args.minbytes, args.maxbytes, args.stepfactor)
+        inplace = None if args.inplace is None else args.inplace == "in"
+        result = tune(args.files, args.ranks, topo, requested, protocols=args.protocols, instances=args.instances,
+                      user_params=user, inplace=inplace)
+        if args.output:
+            write_plans(result, args.output)
+        if args.json:
+            print(json.dumps({"collective": result.collective, "ranks": result.ranks, "topology": result.topology,
+                              "per_size": per_size(result), "chosen": index_entries(result),
+                              "candidates": [{"label": c.label, "algorithm": c.algorithm, "params": c.params,
+                                              "protocol": c.protocol, "instances": c.instances,
+                                              "time_us": [t * 1e6 for t in c.times], "exact": c.known}
+                                             for c in result.candidates],
+                              "skipped": result.skipped}))
+        else:
+            print(format_tune(result, args.output))
+        if args.plot:
+            from msc.cli.pictures import plot_busbw
+
+            chosen = list(dict.fromkeys(i for _, _, i in result.ranges))
+            for i in chosen:                  # exact at every size (the table has them where they won or came 2nd)
+                c = result.candidates[i]
+                c.times = [c.exact(j, s) for j, s in enumerate(result.sizes)]
+            series = [(result.candidates[i].label, records(result, result.candidates[i])) for i in chosen]
+            base = result.baseline
+            if base is not None and all(base is not result.candidates[i] for i in chosen):
+                series.append((base.label + " (ring baseline)", records(result, base)))
+            plot_busbw(series, args.plot, title=f"{result.collective}, {result.ranks} ranks on {result.topology}: "
+                                                 f"the chosen plans")
+        return 0
+
+    p.set_defaults(func=cmd)
+    return p
+
+
+def tune_params(files: list[str], items: list[str]) -> dict[str, list]:
+    """``--param name=v1,v2`` for ``msc tune``: each name a parameter of some
+    algorithm in ``files``, its values read as the type of its default."""
+
+    raw = {}
+    for item in items:
+        key, values = split_param(item, form="name=v1,v2")
+        if key in raw:
+            raise UsageError(f"--param {key} is given twice (list its values once: {key}=v1,v2)")
+        raw[key] = values.split(",")
+    if not raw:
+        return {}
+    from msc.dsl.loader import load_algorithms
+
+    defaults: dict[str, object] = {}
+    for path in files:
+        for alg in load_algorithms(path):
+            for key, value in alg.params.items():
+                defaults.setdefault(key, value)
+    for key in raw:
+        if key not in defaults:
+            known = ", ".join(sorted(defaults))
+            raise UsageError(f"--param {key}: no algorithm in {', '.join(files)} has a parameter {key} "
+                             + (f"(their parameters: {known})" if known else "(they take no parameters)"))
+    return {key: [param_value(key, v, defaults[key]) for v in values] for key, values in raw.items()}
+
+
+def add_show_command(subparsers, load_plan: Callable) -> argparse.ArgumentParser:
+    """``msc show PLAN --png FILE [--topology T --size S]``."""
+    p = subparsers.add_parser("show", help="draw a plan's schedule, or its simulated timeline on a topology")
+    p.add_argument("plan", help="plan file")
+    p.add_argument("--png", required=True, metavar="FILE", help="the picture to write")
+    add_topology_args(p)
+    p.add_argument("--size", type=size_arg, help="message size for the timeline (bytes; K, M, G; default 1M)")
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show Python tracebacks")
+
+    def cmd(args) -> int:
+        from msc.cli.pictures import draw_schedule, draw_timeline
+
+        plan = load_plan(args.plan)
+        timed = args.topology is not None or args.alpha_us is not None or args.bandwidth_gbps is not None
+        if args.size is not None and not timed:
+            raise UsageError("--size draws a simulated timeline: give --topology (or --alpha-us and --bandwidth-gbps)")
+        if timed:
+            from msc.sim.simulate import Simulator
+
+            sim = Simulator(plan, topology_from_args(args, plan.num_ranks))
+            draw_timeline(sim, args.size if args.size is not None else 1024 ** 2, args.png)
+            print(f"timeline of {args.plan} on {sim.topology.name} -> {args.png}")
+        else:
+            draw_schedule(plan, args.png)
+            print(f"schedule of {args.plan} -> {args.png}")
+        return 0
+
+    p.set_defaults(func=cmd)
+    return p

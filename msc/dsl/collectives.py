@@ -1,0 +1,456 @@
+"""Collectives as a precondition (which chunk starts where) and a
+postcondition (which contributions must end where).
+
+A chunk's identity is a *label* ``(origin_rank, origin_index)``: the input
+chunk it started as. A collective is described per rank in *logical*
+buffers ("input" and "output", indices as the user sees them); ``Layout``
+maps those onto the physical buffers of a rank, which differ only for the
+in-place forms (e.g. in-place allgather: input i of rank r *is* output
+chunk r*k+i).
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Callable, Iterable
+
+from msc.errors import UsageError
+
+Label = tuple[int, int]
+
+
+class Expected:
+    """The multiset of contributions one output chunk must hold.
+
+    Shared between chunks that must hold the same thing, so the verifier can
+    remember verdicts per (value, expectation) pair.
+    """
+
+    __slots__ = ("counts", "single")
+
+    def __init__(self, labels: Iterable[Label]):
+        self.counts: dict[Label, int] = dict(Counter(labels))
+        only = next(iter(self.counts)) if len(self.counts) == 1 else None
+        self.single: Label | None = only if only and self.counts[only] == 1 else None
+
+    def __repr__(self) -> str:
+        return f"Expected({describe_multiset(self.counts)})"
+
+
+def describe_multiset(counts: dict[tuple[int, int], int], limit: int = 6) -> str:
+    """Compact text for a multiset of labels: 'input[3] of ranks 0-7',
+    'input[1] of rank 2 (x2)'. Labels are grouped by index and count."""
+    if not counts:
+        return "nothing"
+    groups: dict[tuple[int, int], list[int]] = {}
+    for (rank, index), count in counts.items():
+        groups.setdefault((index, count), []).append(rank)
+    parts = []
+    for (index, count), ranks in sorted(groups.items()):
+        ranks.sort()
+        who = compact_ranges(ranks)
+        text = f"input[{index}] of rank{'s' if len(ranks) > 1 else ''} {who}"
+        parts.append(text + (f" (x{count})" if count > 1 else ""))
+    if len(parts) > limit:
+        parts = parts[:limit] + [f"... {len(parts) - limit} more groups"]
+    return ", ".join(parts)
+
+
+def compact_ranges(values: list[int], sep: str = ",") -> str:
+    """Sorted ints as runs: [0, 1, 2, 5] -> "0-2,5" (``sep`` between runs)."""
+    out, i = [], 0
+    while i < len(values):
+        j = i
+        while j + 1 < len(values) and values[j + 1] == values[j] + 1:
+            j += 1
+        out.append(str(values[i]) if i == j else f"{values[i]}-{values[j]}")
+        i = j + 1
+    return sep.join(out)
+
+class Collective:
+    """Base of every collective. Subclasses say how big the buffers are,
+    what they start with and what they must end with.
+
+    ``k`` is the chunk factor, ``n`` the number of ranks.
+    """
+
+    name: str = "custom"
+    has_root: bool = False
+
+    def input_chunks(self, n: int, k: int) -> int:
+        raise NotImplementedError
+
+    def output_chunks(self, n: int, k: int) -> int:
+        raise NotImplementedError
+
+    def inplace_alias(self, rank: int, n: int, k: int) -> tuple[str, str, int]:
+        """In-place form: ``(alias, target, offset)`` says logical buffer
+        ``alias`` is ``target`` starting at chunk ``offset``. Default: the
+        output is the input."""
+        return ("output", "input", 0)
+
+    def precondition(self, rank: int, index: int, n: int, k: int, root: int) -> Label | None:
+        """The label input chunk ``index`` of ``rank`` starts with."""
+        return (rank, index)
+
+    def postcondition(self, rank: int, index: int, n: int, k: int, root: int) -> Expected | None:
+        """What output chunk ``index`` of ``rank`` must hold; None: anything."""
+        raise NotImplementedError
+
+    def postconditions(self, rank: int, n: int, k: int, root: int) -> tuple[Expected | None, ...]:
+        """postcondition() of every output chunk of ``rank``, in bulk. A
+        collective whose expectations repeat between ranks may return one
+        tuple for all of them (verifiers then read it once)."""
+        post = self.postcondition
+        return tuple([post(rank, i, n, k, root) for i in range(self.output_chunks(n, k))])
+
+    @property
+    def labels_are_positions(self) -> bool:
+        """Whether input chunk i of rank r starts as label (r, i) everywhere
+        (the default precondition), which verifiers may use without asking."""
+        return type(self).precondition is Collective.precondition
+
+    def layout(self, num_ranks: int, chunk_factor: int, inplace: bool, root: int = 0) -> Layout:
+        layout = Layout(self, num_ranks, chunk_factor, inplace, root)
+        layout.validate()
+        return layout
+
+
+class _Cached(Collective):
+    """Built-ins share one Expected per distinct multiset."""
+
+    def __init__(self):
+        self._cache: dict[tuple, Expected] = {}
+        self._rows: dict[tuple, tuple] = {}
+
+    def _expect(self, key: tuple, make: Callable[[], Iterable[Label]]) -> Expected:
+        found = self._cache.get(key)
+        if found is None:
+            found = self._cache[key] = Expected(make())
+        return found
+
+    def _row_key(self, rank: int, n: int, k: int, root: int) -> tuple | None:
+        """Ranks with the same key have the same expectations (None: none share)."""
+        return None
+
+    def postconditions(self, rank, n, k, root):
+        key = self._row_key(rank, n, k, root)
+        if key is None or not self._rows_shared():
+            return Collective.postconditions(self, rank, n, k, root)
+        row = self._rows.get(key)
+        if row is None:
+            row = self._rows[key] = Collective.postconditions(self, rank, n, k, root)
+        return row
+
+    def _rows_shared(self) -> bool:
+        """Whether the postcondition is the one the row key was written for
+        (a subclass may change one without the other)."""
+        cls = type(self)
+        owner = next(c for c in cls.__mro__ if "_row_key" in c.__dict__)
+        return cls.postcondition is owner.postcondition
+
+
+class AllReduce(_Cached):
+    name = "allreduce"
+
+    def input_chunks(self, n, k):
+        return k
+
+    def output_chunks(self, n, k):
+        return k
+
+    def postcondition(self, rank, index, n, k, root):
+        return self._expect((n, index), lambda: ((r, index) for r in range(n)))
+
+    def _row_key(self, rank, n, k, root):
+        return (n, k)
+
+
+class AllGather(_Cached):
+    name = "allgather"
+
+    def input_chunks(self, n, k):
+        return k
+
+    def output_chunks(self, n, k):
+        return n * k
+
+    def inplace_alias(self, rank, n, k):
+        return ("input", "output", rank * k)
+
+    def postcondition(self, rank, index, n, k, root):
+        src = (index // k, index % k)
+        return self._expect(src, lambda: (src,))
+
+    def _row_key(self, rank, n, k, root):
+        return (n, k)
+
+
+class ReduceScatter(_Cached):
+    name = "reducescatter"
+
+    def input_chunks(self, n, k):
+        return n * k
+
+    def output_chunks(self, n, k):
+        return k
+
+    def inplace_alias(self, rank, n, k):
+        return ("output", "input", rank * k)
+
+    def postcondition(self, rank, index, n, k, root):
+        at = rank * k + index
+        return self._expect((n, at), lambda: ((r, at) for r in range(n)))
+
+
+class AllToAll(_Cached):
+    name = "alltoall"
+
+    def input_chunks(self, n, k):
+        return n * k
+
+    def output_chunks(self, n, k):
+        return n * k
+
+    def postcondition(self, rank, index, n, k, root):
+        src = (index // k, rank * k + index % k)
+        return self._expect(src, lambda: (src,))
+
+
+class Broadcast(_Cached):
+    name = "broadcast"
+    has_root = True
+
+    def input_chunks(self, n, k):
+        return k
+
+    def output_chunks(self, n, k):
+        return k
+
+    def postcondition(self, rank, index, n, k, root):
+        src = (root, index)
+        return self._expect(src, lambda: (src,))
+
+    def _row_key(self, rank, n, k, root):
+        return (n, k, root)
+
+
+class Reduce(_Cached):
+    name = "reduce"
+    has_root = True
+
+    def input_chunks(self, n, k):
+        return k
+
+    def output_chunks(self, n, k):
+        return k
+
+    def postcondition(self, rank, index, n, k, root):
+        if rank != root:
+            return None
+        return self._expect((n, index), lambda: ((r, index) for r in range(n)))
+
+    def _row_key(self, rank, n, k, root):
+        return (n, k, root, rank == root)
+
+
+class CustomCollective(Collective):
+    """A collective stated by the user.
+
+    ``input_chunks``/``output_chunks``: an int or ``f(n, k) -> int``.
+    ``postcondition(rank, index, n, k)``: the labels ``(origin_rank,
+    origin_index)`` output chunk ``index`` of ``rank`` must hold (a label
+    twice means it must be reduced in twice), or None for "anything".
+    ``precondition(rank, index, n, k)``: the label input chunk ``index`` of
+    ``rank`` starts with, or None for "starts empty"; default ``(rank, index)``.
+
+    Example, each rank sends its input to the next rank (pipeline parallelism)::
+
+        send_next = msc.CustomCollective(
+            "send_next", input_chunks=lambda n, k: k, output_chunks=lambda n, k: k,
+            postcondition=lambda r, i, n, k: [((r - 1) % n, i)])
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        input_chunks: int | Callable[[int, int], int],
+        output_chunks: int | Callable[[int, int], int],
+        postcondition: Callable[[int, int, int, int], Iterable[Label] | None],
+        precondition: Callable[[int, int, int, int], Label | None] | None = None,
+    ):
+        self.name = name
+        self._input = input_chunks
+        self._output = output_chunks
+        self._post = postcondition
+        self._pre = precondition
+        self._cache: dict[tuple, Expected] = {}
+
+    @staticmethod
+    def _size(spec, n, k) -> int:
+        return spec(n, k) if callable(spec) else spec
+
+    def input_chunks(self, n, k):
+        return self._size(self._input, n, k)
+
+    def output_chunks(self, n, k):
+        return self._size(self._output, n, k)
+
+    @property
+    def labels_are_positions(self) -> bool:
+        return self._pre is None
+
+    def precondition(self, rank, index, n, k, root):
+        if self._pre is None:
+            return (rank, index)
+        label = self._pre(rank, index, n, k)
+        return None if label is None else _as_label(label, f"precondition({rank}, {index})")
+
+    def postcondition(self, rank, index, n, k, root):
+        labels = self._post(rank, index, n, k)
+        if labels is None:
+            return None
+        key = tuple(sorted(_as_label(x, f"postcondition({rank}, {index})") for x in labels))
+        found = self._cache.get(key)
+        if found is None:
+            found = self._cache[key] = Expected(key)
+        return found
+
+
+def _as_label(value, context: str) -> Label:
+    try:
+        rank, index = value
+        return (int(rank), int(index))
+    except (TypeError, ValueError):
+        raise UsageError(f"{context} must give (origin_rank, origin_index) pairs, got {value!r}") from None
+
+
+BUILTIN: dict[str, type[Collective]] = {
+    c.name: c for c in (AllReduce, AllGather, ReduceScatter, AllToAll, Broadcast, Reduce)
+}
+
+
+def get_collective(spec: str | Collective) -> Collective:
+    if isinstance(spec, Collective):
+        return spec
+    key = str(spec).lower().replace("_", "").replace("-", "")
+    if key not in BUILTIN:
+        raise UsageError(f"unknown collective {spec!r}; expected one of {', '.join(BUILTIN)} or a Collective object")
+    return BUILTIN[key]()
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A collective bound to a rank count, chunk factor, in-place flag and
+    root: the physical buffers of every rank and how logical buffers map to
+    them."""
+
+    collective: Collective
+    num_ranks: int
+    chunk_factor: int
+    inplace: bool
+    root: int = 0
+    _aliases: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.collective.name
+
+    @cached_property
+    def logical_sizes(self) -> dict[str, int]:
+        n, k = self.num_ranks, self.chunk_factor
+        return {"input": self.collective.input_chunks(n, k), "output": self.collective.output_chunks(n, k)}
+
+    @cached_property
+    def physical_sizes(self) -> dict[str, int]:
+        """Chunks per rank of each physical buffer (same on every rank)."""
+        sizes = dict(self.logical_sizes)
+        if self.inplace:
+            alias, target, _ = self.collective.inplace_alias(0, self.num_ranks, self.chunk_factor)
+            del sizes[alias]
+        return sizes
+
+    def validate(self) -> None:
+        """Ranks and chunks within msc's limits, buffer sizes are counts, and an
+        in-place alias fits in its target on every rank."""
+        from msc.ir.limits import MAX_BUFFER_CHUNKS, MAX_CHUNK_FACTOR, MAX_RANKS, check
+
+        check(self.num_ranks, MAX_RANKS, f"{self.name}: the number of ranks")
+        check(self.chunk_factor, MAX_CHUNK_FACTOR, f"{self.name}: chunk_factor")
+        for name, size in self.logical_sizes.items():
+            if type(size) is not int or size < 0:
+                raise UsageError(f"{self.name}: {name} size must be an int >= 0 chunks, got {size!r}")
+            check(size, MAX_BUFFER_CHUNKS, f"{self.name}: the {name} buffer's chunks")
+        if not self.inplace:
+            return
+        n, k = self.num_ranks, self.chunk_factor
+        for rank in range(n):
+            alias, target, offset = self.collective.inplace_alias(rank, n, k)
+            need, have = self.logical_sizes[alias], self.logical_sizes[target]
+            if offset < 0 or offset + need > have:
+                raise UsageError(
+                    f"in-place {self.name}: {alias} ({need} chunks) does not fit in {target} ({have} chunks) "
+                    f"at chunk {offset} on rank {rank}; use inplace=False")
+
+    @cached_property
+    def alias_table(self) -> tuple[str, str, tuple[int, ...]] | None:
+        """In-place form: (aliased logical buffer, target buffer, offset per rank)."""
+        if not self.inplace:
+            return None
+        n, k = self.num_ranks, self.chunk_factor
+        alias, target, _ = self.collective.inplace_alias(0, n, k)
+        return alias, target, tuple(self.collective.inplace_alias(r, n, k)[2] for r in range(n))
+
+    def alias(self, rank: int, buffer: str) -> tuple[str, int]:
+        """Physical buffer and chunk offset of logical ``buffer`` on ``rank``."""
+        if not self.inplace or buffer not in ("input", "output"):
+            return buffer, 0
+        key = (rank, buffer)
+        hit = self._aliases.get(key)
+        if hit is None:
+            alias, target, offset = self.collective.inplace_alias(rank, self.num_ranks, self.chunk_factor)
+            hit = (target, offset) if buffer == alias else (buffer, 0)
+            self._aliases[key] = hit
+        return hit
+
+    def initial(self, rank: int) -> Iterable[tuple[str, int, Label]]:
+        """(physical buffer, index, label) for every input chunk that starts full."""
+        n, k = self.num_ranks, self.chunk_factor
+        pre = self.collective.precondition
+        buf, off = self.alias(rank, "input")
+        for i in range(self.logical_sizes["input"]):
+            label = pre(rank, i, n, k, self.root)
+            if label is not None:
+                yield buf, off + i, label
+
+    def initial_labels(self, rank: int) -> tuple[str, int, list]:
+        """initial() in bulk: (physical buffer, offset, label or None per logical input chunk)."""
+        n, k, root, pre = self.num_ranks, self.chunk_factor, self.root, self.collective.precondition
+        buf, off = self.alias(rank, "input")
+        return buf, off, [pre(rank, i, n, k, root) for i in range(self.logical_sizes["input"])]
+
+    def expected_list(self, rank: int) -> tuple[str, int, list]:
+        """expected() in bulk: (physical buffer, offset, Expected or None per logical output chunk)."""
+        buf, off, row = self.expected_row(rank)
+        return buf, off, list(row)
+
+    def expected_row(self, rank: int) -> tuple[str, int, tuple]:
+        """expected_list() as a tuple, the same object for ranks whose
+        expectations are the same where the collective shares them (built-ins
+        do): a bulk reader can then read each distinct row once."""
+        buf, off = self.alias(rank, "output")
+        row = self.collective.postconditions(rank, self.num_ranks, self.chunk_factor, self.root)
+        if len(row) != self.logical_sizes["output"]:
+            raise UsageError(f"{self.name}: postconditions({rank}) gave {len(row)} expectations for "
+                             f"{self.logical_sizes['output']} output chunks")
+        return buf, off, row
+
+    def expected(self, rank: int) -> Iterable[tuple[int, str, int, Expected | None]]:
+        """(logical index, physical buffer, physical index, expectation) per output chunk."""
+        n, k = self.num_ranks, self.chunk_factor
+        post = self.collective.postcondition
+        buf, off = self.alias(rank, "output")
+        for i in range(self.logical_sizes["output"]):
+            yield i, buf, off + i, post(rank, i, n, k, self.root)

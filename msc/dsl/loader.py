@@ -1,0 +1,141 @@
+"""Loading algorithm files: native ``@msc.algorithm`` files and MSCCLang
+scripts (which run as scripts and define programs as they go)."""
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib.util
+import io
+import sys
+from pathlib import Path
+
+from msc.dsl.program import PASS_THROUGH, Algorithm, describe
+from msc.errors import AlgorithmError, MscError, SourceLine, UsageError
+from msc.resources import data_dir
+
+
+def resolve(path: str) -> Path:
+    """A file path, or a library name such as ``allreduce/ring``."""
+    p = Path(path)
+    if p.is_file():
+        return p
+    name = path[:-3] if path.endswith(".py") else path
+    name = name.removeprefix("algorithms/")
+    try:
+        lib = data_dir("algorithms") / f"{name}.py"
+    except FileNotFoundError:
+        lib = None
+    if lib is not None and lib.is_file():
+        return lib
+    raise UsageError(f"no such algorithm file: {path}")
+
+
+def read_source(path: Path) -> str:
+    """A Python file's text, decoded as Python does (UTF-8 unless a coding
+    line says otherwise); a file that does not decode is an error naming the
+    file and line."""
+    import tokenize
+
+    data = path.read_bytes()
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+    except SyntaxError as exc:           # an unknown coding, or a BOM that contradicts it
+        raise AlgorithmError(f"cannot read {path}: {exc.msg}",
+                             where=SourceLine(str(path), exc.lineno or 1)) from None
+    try:
+        return data.decode(encoding)
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise AlgorithmError(f"not {encoding} text: byte 0x{data[exc.start]:02x} on this line cannot be decoded "
+                             f"({exc.reason})", where=SourceLine(str(path), line)) from None
+
+
+def _import_file(path: Path, module_name: str, as_main: bool = False):
+    """Run the file as a module. What its code raises becomes an
+    AlgorithmError at its line; ``sys.exit`` too, except in a script
+    (``as_main``), where the caller decides; ``KeyboardInterrupt`` and
+    ``TimeLimitExceeded`` pass."""
+    source = read_source(path)
+    try:
+        code = compile(source, str(path), "exec")
+    except SyntaxError as exc:
+        raise AlgorithmError(f"syntax error: {exc.msg}", where=SourceLine(str(path), exc.lineno or 0)) from None
+    except ValueError as exc:            # source with a NUL byte
+        raise AlgorithmError(f"cannot compile {path}: {exc}", where=SourceLine(str(path), 1)) from None
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    if as_main:
+        module.__name__ = "__main__"
+    sys.modules[module_name] = module
+    try:
+        exec(code, module.__dict__)
+    except (MscError, *PASS_THROUGH):
+        raise
+    except SystemExit as exc:
+        if as_main:
+            raise
+        raise AlgorithmError(describe(exc, f"while loading {path}") + " (an algorithm file must not end the process)",
+                             where=_file_line(exc, path)) from None
+    except BaseException as exc:
+        raise AlgorithmError(describe(exc, f"while loading {path}"), where=_file_line(exc, path)) from exc
+    return module
+
+
+def _file_line(exc: BaseException, path: Path) -> SourceLine | None:
+    tb, line = exc.__traceback__, None
+    target = str(path)
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == target:
+            line = SourceLine(target, tb.tb_lineno)
+        tb = tb.tb_next
+    return line
+
+
+def load_algorithms(path: str | Path) -> list[Algorithm]:
+    """The algorithms a file defines, in the order it defines them."""
+    p = resolve(str(path))
+    digest = hashlib.sha1(str(p.resolve()).encode()).hexdigest()[:12]
+    module = _import_file(p, f"_msc_algorithms_{p.stem}_{digest}")
+    found, seen = [], set()
+    for value in vars(module).values():
+        if isinstance(value, Algorithm) and id(value) not in seen:
+            seen.add(id(value))
+            found.append(value)
+    return found
+
+
+def is_msccl_script(path: str | Path) -> bool:
+    """Whether a file uses the MSCCLang compatibility layer (it then runs as
+    a script and its programs are collected as it defines them)."""
+    p = resolve(str(path))
+    try:
+        tree = ast.parse(read_source(p), str(p))
+    except (SyntaxError, ValueError):    # loading it says what is wrong
+        return False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("msc.compat"):
+            return True
+        if isinstance(node, ast.Import) and any(a.name.startswith("msc.compat") for a in node.names):
+            return True
+    return False
+
+
+def run_script(path: str | Path, argv: list[str]):
+    """Run an MSCCLang-style script as ``__main__`` with ``argv`` as its
+    arguments; return the programs it defined."""
+    from msc.compat import msccl
+
+    p = resolve(str(path))
+    saved = sys.argv
+    sys.argv = [str(p), *argv]
+    try:
+        with msccl.collecting() as programs:
+            try:
+                _import_file(p, "__msc_script__", as_main=True)
+            except SystemExit as exc:
+                if exc.code not in (0, None):
+                    raise AlgorithmError(f"{p} exited with status {exc.code!r} (its arguments: {argv})",
+                                         where=_file_line(exc, p)) from None
+    finally:
+        sys.argv = saved
+    return programs

@@ -1,0 +1,682 @@
+"""The user-facing DSL: ``@msc.algorithm``, ``Program``, ``Ref``, ``group``.
+
+Tracing runs the user's function once against a ``Program`` that records
+every copy and reduce as an ``ir.Op`` with the user's source line. Static
+mistakes (a rank that does not exist, an index out of range, mismatched
+sizes) raise ``OperationError`` at once, at the user's line; what chunks
+end up holding is the verifier's business (``msc.verification.program``).
+
+Tracing runs the user's Python as it is, with no time limit (``msc verify``
+and ``msc compile`` take ``--timeout``). Whatever the user's code raises or
+does to leave (``sys.exit``, any ``BaseException`` but ``KeyboardInterrupt``)
+becomes an ``AlgorithmError`` at the user's line; ``KeyboardInterrupt`` and
+``TimeLimitExceeded`` pass through untouched.
+"""
+from __future__ import annotations
+
+import inspect
+import operator
+import os
+import sys
+from dataclasses import dataclass
+from operator import attrgetter
+from typing import Any, Callable, Iterable
+
+from msc.dsl.collectives import Collective, Layout, get_collective
+from msc.errors import AlgorithmError, MscError, OperationError, SourceLine, UsageError
+from msc.ir import Op, OpKind
+from msc.ir.limits import MAX_BUFFER_CHUNKS
+from msc.perf import pause_gc
+from msc.resources import PACKAGE_DIR
+
+_PACKAGE_DIR = str(PACKAGE_DIR) + os.sep
+_LIBRARY_DIR = _PACKAGE_DIR + "algorithms" + os.sep   # where a wheel puts the algorithm library
+
+
+def _internal(filename: str) -> bool:
+    """Frames of msc itself (not the algorithm library a wheel ships inside it)."""
+    return filename.startswith(_PACKAGE_DIR) and not filename.startswith(_LIBRARY_DIR)
+_lines: dict[tuple[str, int], SourceLine] = {}
+
+
+def user_line(depth: int = 2) -> SourceLine | None:
+    """The first frame outside the msc package: the user's line."""
+    frame = sys._getframe(depth)
+    while frame is not None and _internal(frame.f_code.co_filename):
+        frame = frame.f_back
+    if frame is None:
+        return None
+    key = (frame.f_code.co_filename, frame.f_lineno)
+    hit = _lines.get(key)
+    if hit is None:
+        hit = _lines[key] = SourceLine(_display_path(key[0]), key[1])
+    return hit
+
+
+def _display_path(path: str) -> str:
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return path
+    return path if rel.startswith(".." + os.sep + "..") else rel
+
+
+def _integer(value):
+    """``value`` as an int where it is an integer of another type (a numpy
+    integer: ``operator.index``); anything else (bools included) unchanged,
+    for the caller's check to reject with its own words."""
+    if type(value) is int or isinstance(value, bool) or type(value).__name__ in ("bool", "bool_"):
+        return value
+    try:
+        return operator.index(value)
+    except TypeError:
+        return value
+
+
+def _not_int(value) -> str:
+    """How a value that should be an int is not one: for error messages."""
+    return f" (a {type(value).__name__}, not an int)" if type(value) is not int else ""
+
+
+class Program:
+    """The program being traced: ranks, buffers and the operations so far.
+
+    ``num_ranks``, ``chunk_factor``, ``root`` and ``params`` describe the
+    instance; ``ops`` is the trace (a tuple once tracing has finished).
+    """
+
+    def __init__(self, name: str, layout: Layout, params: dict[str, Any] | None = None):
+        self.name = name
+        self.layout = layout
+        self.params = dict(params or {})
+        self.ops: list[Op] | tuple[Op, ...] = []
+        self.scratch_sizes: dict[tuple[int, str], int] = {}
+        self._sealed = False
+        self._columns = None              # (ops, OpColumns): the sealed ops as arrays, read once
+        self._physical = layout.physical_sizes
+        self._logical = layout.logical_sizes
+        self._alias = layout.alias_table
+
+    # -- description ------------------------------------------------------
+    @property
+    def num_ranks(self) -> int:
+        return self.layout.num_ranks
+
+    @property
+    def chunk_factor(self) -> int:
+        return self.layout.chunk_factor
+
+    @property
+    def collective(self) -> str:
+        return self.layout.name
+
+    @property
+    def inplace(self) -> bool:
+        return self.layout.inplace
+
+    @property
+    def root(self) -> int:
+        return self.layout.root
+
+    def buffer_size(self, buffer: str) -> int | None:
+        """Chunks in logical ``buffer`` (None for a scratch buffer: it grows)."""
+        return self.layout.logical_sizes.get(buffer)
+
+    def chunk_ops(self) -> int:
+        return sum(map(attrgetter("size"), self.ops))      # in C: millions of ops at scale
+
+    def columns(self):
+        """The operations as numpy columns (msc.ir.columns.OpColumns), for the
+        bulk passes; a sealed program reads them once for the verifier and
+        lowering both."""
+        from msc.ir.columns import OpColumns      # numpy: only where a pass runs in bulk
+
+        if self._columns is not None and self._columns[0] is self.ops:
+            return self._columns[1]
+        columns = OpColumns(self.ops)
+        if self._sealed:
+            self._columns = (self.ops, columns)
+        return columns
+
+    def __repr__(self) -> str:
+        return (f"Program({self.name!r}, {self.collective}, ranks={self.num_ranks}, "
+                f"chunk_factor={self.chunk_factor}, inplace={self.inplace}, ops={len(self.ops)})")
+
+    # -- the DSL ----------------------------------------------------------
+    def chunk(self, rank: int, buffer: str, index: int, size: int = 1) -> Ref:
+        """A reference to ``size`` chunks of ``buffer`` on ``rank`` from ``index``.
+
+        Ranks, indices and sizes are ints or other integers (numpy's), never
+        bools or floats; so are the hints and ``split``'s parts below."""
+        if type(rank) is not int or type(index) is not int or type(size) is not int:
+            rank, index, size = _integer(rank), _integer(index), _integer(size)
+        self._check_location(rank, buffer, index, size, "chunk")
+        return Ref(self, rank, buffer, index, size)
+
+    def _check_location(self, rank, buffer, index, size, what) -> None:
+        if self._sealed:
+            raise OperationError(f"{what}: program {self.name!r} has finished tracing; it can no longer change",
+                                 where=user_line(3))
+        n = self.layout.num_ranks
+        if type(rank) is not int or not 0 <= rank < n:
+            problem = f"is a {type(rank).__name__}, not an int" if type(rank) is not int else "does not exist"
+            raise OperationError(f"{what}: rank {rank!r} {problem} (ranks are 0..{n - 1})",
+                                 rank=rank if type(rank) is int else None, buffer=buffer,
+                                 index=index if type(index) is int else None, where=user_line(3))
+        if type(buffer) is not str or not buffer:
+            buffer = getattr(buffer, "value", buffer)  # MSCCLang-style Buffer enums
+            if type(buffer) is not str or not buffer:
+                raise OperationError(f"{what}: buffer must be a name, got {buffer!r}", rank=rank, where=user_line(3))
+        if type(index) is not int or index < 0:
+            raise OperationError(f"{what}: index {index!r}{_not_int(index)} on rank {rank} {buffer} must be an "
+                                 f"int >= 0", rank=rank, buffer=buffer, where=user_line(3))
+        if type(size) is not int or size < 1:
+            raise OperationError(f"{what}: size {size!r}{_not_int(size)} must be an int >= 1",
+                                 rank=rank, buffer=buffer, index=index, where=user_line(3))
+        limit = self._logical.get(buffer)
+        if limit is None and index + size > MAX_BUFFER_CHUNKS:      # a scratch buffer grows to what is named
+            raise AlgorithmError(f"{what}: rank {rank} {buffer}[{index}:{index + size}] would grow scratch buffer "
+                                 f"{buffer!r} past msc's limit of {MAX_BUFFER_CHUNKS} chunks", where=user_line(3))
+        if limit is not None and index + size > limit:
+            span = f"[{index}]" if size == 1 else f"[{index}:{index + size}]"
+            raise OperationError(f"{what}: index out of range: rank {rank} {buffer}{span}, "
+                                 f"but {buffer} has {limit} chunks", rank=rank, buffer=buffer, index=index,
+                                 where=user_line(3))
+
+    def _record(self, kind: OpKind, src: Ref, dst: Ref, channel, sendtb, recvtb) -> None:
+        if channel is not None or sendtb is not None or recvtb is not None:
+            channel, sendtb, recvtb = _integer(channel), _integer(sendtb), _integer(recvtb)
+            for hint, value in (("channel", channel), ("sendtb", sendtb), ("recvtb", recvtb)):
+                if value is not None and (type(value) is not int or value < 0):
+                    raise OperationError(f"{kind.value}: hint {hint}={value!r}{_not_int(value)} must be an int "
+                                         f">= 0 or None", rank=dst.rank, buffer=dst.buffer, index=dst.index,
+                                         where=user_line(3))
+        sbuf, soff, dbuf, doff = src.buffer, 0, dst.buffer, 0
+        if self._alias is not None:
+            alias, target, offsets = self._alias
+            if sbuf == alias:
+                sbuf, soff = target, offsets[src.rank]
+            if dbuf == alias:
+                dbuf, doff = target, offsets[dst.rank]
+        si, di, size = src.index + soff, dst.index + doff, src.size
+        if dbuf == "input" and self._alias is None:
+            raise OperationError(f"{kind.value}: writes rank {dst.rank} input[{dst.index}], but the input buffer is "
+                                 f"read-only in the out-of-place form (write to 'output' or a scratch buffer)",
+                                 rank=dst.rank, buffer="input", index=dst.index, where=user_line(3))
+        if src.rank == dst.rank and sbuf == dbuf and si < di + size and di < si + size:
+            if kind is OpKind.COPY and si == di:
+                return  # copying a chunk onto itself (in-place aliasing): nothing to do
+            raise OperationError(f"{kind.value}: source rank {src.rank} {src.buffer}[{src.index}] and destination "
+                                 f"{dst.buffer}[{dst.index}] (size {size}) overlap", rank=dst.rank,
+                                 buffer=dst.buffer, index=dst.index, where=user_line(3))
+        if dbuf not in self._physical:
+            key = (dst.rank, dbuf)
+            if self.scratch_sizes.get(key, 0) < di + size:
+                self.scratch_sizes[key] = di + size
+        self.ops.append(Op(kind, src.rank, sbuf, si, dst.rank, dbuf, di, size,
+                           channel, sendtb, recvtb, user_line(3)))
+
+    def seal(self) -> None:
+        self.ops = tuple(self.ops)
+        self._sealed = True
+
+    def with_ops(self, ops) -> Program:
+        """A sealed copy of this program with other operations (for tests and tools)."""
+        other = Program(self.name, self.layout, self.params)
+        other.ops = tuple(ops)
+        for op in other.ops:
+            if op.dst_buffer not in self.layout.physical_sizes:
+                key = (op.dst_rank, op.dst_buffer)
+                other.scratch_sizes[key] = max(other.scratch_sizes.get(key, 0), op.dst_index + op.size)
+        other._sealed = True
+        return other
+
+
+class Ref:
+    """A reference to ``size`` consecutive chunks of a buffer on a rank.
+
+    Treat it as immutable (a plain slots class: tracing builds millions).
+    """
+
+    __slots__ = ("program", "rank", "buffer", "index", "size")
+
+    def __init__(self, program: Program, rank: int, buffer: str, index: int, size: int = 1):
+        self.program = program
+        self.rank = rank
+        self.buffer = buffer
+        self.index = index
+        self.size = size
+
+    def __repr__(self) -> str:
+        return f"Ref(rank={self.rank}, buffer={self.buffer!r}, index={self.index}, size={self.size})"
+
+    def __eq__(self, other) -> bool:
+        return (isinstance(other, Ref) and self.program is other.program and self.rank == other.rank
+                and self.buffer == other.buffer and self.index == other.index and self.size == other.size)
+
+    def __hash__(self) -> int:
+        return hash((id(self.program), self.rank, self.buffer, self.index, self.size))
+
+    def copy(self, dst_rank: int, buffer: str | None = None, index: int | None = None, *,
+             channel: int | None = None, sendtb: int | None = None, recvtb: int | None = None) -> Ref:
+        """Copy these chunks to ``dst_rank``'s ``buffer`` at ``index`` (default:
+        same buffer and index): a send and a receive across ranks, a local copy
+        on the same rank. Returns the reference to the copy."""
+        p = self.program
+        buffer = self.buffer if buffer is None else buffer
+        index = self.index if index is None else index
+        if type(dst_rank) is not int or type(index) is not int:
+            dst_rank, index = _integer(dst_rank), _integer(index)
+        p._check_location(dst_rank, buffer, index, self.size, "copy")
+        dst = Ref(p, dst_rank, getattr(buffer, "value", buffer), index, self.size)
+        p._record(OpKind.COPY, self, dst, channel, sendtb, recvtb)
+        return dst
+
+    def reduce(self, src: Ref, *, channel: int | None = None, sendtb: int | None = None,
+               recvtb: int | None = None) -> Ref:
+        """Accumulate ``src`` into these chunks; returns this reference."""
+        p = self.program
+        if not isinstance(src, Ref) or src.program is not p:
+            raise OperationError(f"reduce: source must be a chunk reference of the same program, got {src!r}",
+                                 rank=self.rank, buffer=self.buffer, index=self.index, where=user_line(2))
+        if src.size != self.size:
+            raise OperationError(f"reduce: sizes differ: rank {self.rank} {self.buffer}[{self.index}] has size "
+                                 f"{self.size}, source rank {src.rank} {src.buffer}[{src.index}] has size {src.size}",
+                                 rank=self.rank, buffer=self.buffer, index=self.index, where=user_line(2))
+        if p._sealed:
+            p._check_location(self.rank, self.buffer, self.index, self.size, "reduce")
+        p._record(OpKind.REDUCE, src, self, channel, sendtb, recvtb)
+        return self
+
+    def split(self, parts: int) -> list[Ref]:
+        """``parts`` references of equal size that together cover this one."""
+        parts = _integer(parts)
+        if type(parts) is not int or parts < 1 or self.size % parts:
+            raise OperationError(f"split: cannot split {self.size} chunks into {parts!r}{_not_int(parts)} equal parts",
+                                 rank=self.rank, buffer=self.buffer, index=self.index, where=user_line(2))
+        step = self.size // parts
+        return [Ref(self.program, self.rank, self.buffer, self.index + j * step, step) for j in range(parts)]
+
+    def group(self, other: Ref) -> Ref:
+        """This reference joined with the one right after it."""
+        return group([self, other])
+
+
+def group(refs) -> Ref:
+    """Join references to contiguous chunks of one buffer on one rank."""
+    refs = sorted(refs, key=lambda r: r.index)
+    if not refs:
+        raise OperationError("group: needs at least one reference", where=user_line(2))
+    first = refs[0]
+    end = first.index + first.size
+    for ref in refs[1:]:
+        if (ref.program is not first.program or ref.rank != first.rank or ref.buffer != first.buffer
+                or ref.index != end):
+            raise OperationError(f"group: rank {ref.rank} {ref.buffer}[{ref.index}] does not continue rank "
+                                 f"{first.rank} {first.buffer}[{first.index}:{end}]",
+                                 rank=ref.rank, buffer=ref.buffer, index=ref.index, where=user_line(2))
+        end += ref.size
+    return Ref(first.program, first.rank, first.buffer, first.index, end - first.index)
+
+
+# -- algorithms -----------------------------------------------------------
+class TimeLimitExceeded(BaseException):
+    """Raised wherever the running code stood when ``--timeout`` expired.
+
+    A ``BaseException``, so that a user's ``except Exception`` does not
+    swallow it; tracing and loading pass it through untouched."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        super().__init__(f"did not finish in {seconds:g} s")
+
+
+# What the user's code may raise that is not the user's error: passed on as it is.
+PASS_THROUGH = (KeyboardInterrupt, TimeLimitExceeded)
+
+
+def describe(exc: BaseException, context: str) -> str:
+    """``TypeName CONTEXT: message`` for an exception from user code (context:
+    ``"in algorithm 'ring'"``, ``"while loading ring.py"``); says
+    ``sys.exit(...)`` as such, and survives a ``__str__`` that raises."""
+    name = type(exc).__name__
+    try:
+        if isinstance(exc, SystemExit):
+            text = f"it called sys.exit({exc.code!r})"
+        else:
+            text = str(exc)
+    except PASS_THROUGH:
+        raise
+    except BaseException:
+        text = f"(the {name} could not be shown: its __str__ raised)"
+    return f"{name} {context}: {text}" if text else f"{name} {context}"
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """A collective algorithm: a function of a ``Program`` plus how to size it.
+
+    ``params`` are the function's extra keyword parameters with their
+    defaults; ``chunk_factor`` an int or a function (see ``algorithm``);
+    ``ranks`` which rank counts it supports: None (all), a predicate, or the
+    rank counts (a frozenset or range). ``where`` is the line of the
+    ``@msc.algorithm`` decorator, where errors of the sizing functions are
+    reported.
+    """
+
+    fn: Callable
+    name: str
+    collective: Collective
+    chunk_factor: int | Callable
+    inplace: bool
+    params: dict[str, Any]
+    ranks: Callable | frozenset | range | None = None
+    doc: str = ""
+    where: SourceLine | None = None
+
+    def __call__(self, program: Program, **params):
+        return self.fn(program, **params)
+
+    def bind(self, overrides: dict[str, Any]) -> dict[str, Any]:
+        unknown = set(overrides) - set(self.params)
+        if unknown:
+            known = ", ".join(sorted(self.params)) or "none"
+            raise UsageError(f"algorithm {self.name!r} has no parameter {', '.join(sorted(unknown))} (parameters: {known})")
+        return {**self.params, **overrides}
+
+    def supports(self, num_ranks: int, **params) -> bool:
+        """Whether this algorithm works at ``num_ranks`` with these parameters."""
+        if num_ranks < 1:
+            return False
+        allowed = self.ranks
+        if allowed is None:
+            return True
+        if not callable(allowed):
+            return num_ranks in allowed
+        bound = self.bind(params)
+        verdict = self._call(allowed, "ranks= predicate", num_ranks, bound)
+        if isinstance(verdict, bool) or type(verdict).__name__ in ("bool", "bool_"):
+            return bool(verdict)
+        if type(_integer(verdict)) is int:       # lambda n: n % 2 (truth as an int)
+            return bool(verdict)
+        raise AlgorithmError(f"algorithm {self.name!r}: its ranks= predicate must return True or False, but "
+                             f"{_shown_call('ranks', allowed, num_ranks, bound)} returned {_safe_repr(verdict)} "
+                             f"(a {type(verdict).__name__})", where=self.where)
+
+    def chunks(self, num_ranks: int, **params) -> int:
+        """Chunks per rank at ``num_ranks`` with these parameters (an int >= 1)."""
+        k = self.chunk_factor
+        if not callable(k):
+            return k
+        bound = self.bind(params)
+        got = self._call(k, "chunk_factor", num_ranks, bound)
+        value = _integer(got)
+        if type(value) is not int or value < 1:
+            raise AlgorithmError(f"algorithm {self.name!r}: chunk_factor must be an int >= 1, but "
+                                 f"{_shown_call('chunk_factor', k, num_ranks, bound)} gave {_safe_repr(got)}",
+                                 where=self.where)
+        return value
+
+    def _call(self, fn: Callable, what: str, num_ranks: int, bound: dict[str, Any]):
+        """Call one of the user's sizing functions; what it raises becomes an
+        AlgorithmError at its line in the algorithm's file, else at the
+        decorator."""
+        try:
+            return _call_with(fn, num_ranks, bound)
+        except (MscError, *PASS_THROUGH):
+            raise
+        except BaseException as exc:
+            where = _innermost_user_line(exc, self.fn.__code__.co_filename, only_preferred=True)
+            raise AlgorithmError(describe(exc, f"in the {what} of algorithm {self.name!r}"),
+                                 where=where or self.where) from exc
+
+
+def _signature(fn: Callable) -> inspect.Signature | None:
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):      # builtins without one
+        return None
+
+
+def _call_with(fn: Callable, n: int, params: dict[str, Any]):
+    """Call ``fn(n, **the params it names)``."""
+    sig = _signature(fn)
+    if sig is None:
+        return fn(n)
+    if any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
+        return fn(n, **params)
+    return fn(n, **{k: v for k, v in params.items() if k in sig.parameters})
+
+
+def _shown_call(label: str, fn: Callable, n: int, params: dict[str, Any]) -> str:
+    """``chunk_factor(n=8, pieces=-1)``: the call, with the parameter values
+    the function reads, for messages."""
+    sig = _signature(fn)
+    named = {} if sig is None else {k: v for k, v in params.items() if k in sig.parameters or any(
+        p.kind is p.VAR_KEYWORD for p in sig.parameters.values())}
+    return f"{label}(" + ", ".join([f"n={n}", *(f"{k}={_safe_repr(v)}" for k, v in named.items())]) + ")"
+
+
+def _safe_repr(value) -> str:
+    try:
+        return repr(value)
+    except PASS_THROUGH:
+        raise
+    except BaseException:
+        return f"<{type(value).__name__}>"
+
+
+def _rank_counts(ranks) -> Callable | frozenset | range | None:
+    """``ranks=`` as the decorator keeps it: a predicate, or the rank counts
+    (a range, or a frozenset of ints >= 1); raises ValueError saying why not."""
+    if ranks is None or callable(ranks):
+        return ranks
+    if isinstance(ranks, range):
+        if len(ranks) == 0 or min(ranks) < 1:
+            raise ValueError(f"ranks={ranks!r} must hold rank counts >= 1 (and at least one)")
+        return ranks
+    if isinstance(ranks, (str, bytes, dict)):
+        raise ValueError(f"ranks= must be a predicate of the rank count (lambda n: ...), the rank counts "
+                         f"(a list, tuple, set or range of ints) or one int; got {ranks!r}")
+    one = _integer(ranks)
+    if type(one) is int:
+        values = [one]
+    else:
+        try:
+            values = list(ranks)
+        except TypeError:
+            raise ValueError(f"ranks= must be a predicate of the rank count (lambda n: ...), the rank counts "
+                             f"(a list, tuple, set or range of ints) or one int; got {_safe_repr(ranks)} "
+                             f"(a {type(ranks).__name__})") from None
+    counts = [_integer(v) for v in values]
+    for value, count in zip(values, counts):
+        if type(count) is not int or count < 1:
+            raise ValueError(f"ranks= lists rank counts, each an int >= 1; {value!r}{_not_int(count)} is not one")
+    if not counts:
+        raise ValueError("ranks= lists no rank count: the algorithm would support none")
+    return frozenset(counts)
+
+
+def _check_sizing_function(fn, what: str, params: dict[str, Any], name: str) -> None:
+    """A chunk_factor or ranks= function must take the rank count first and
+    name only the algorithm's parameters after it (or give them defaults)."""
+    sig = _signature(fn)
+    if sig is None:
+        return
+    ps = list(sig.parameters.values())
+    if not ps or ps[0].kind not in (ps[0].POSITIONAL_ONLY, ps[0].POSITIONAL_OR_KEYWORD, ps[0].VAR_POSITIONAL):
+        raise ValueError(f"{what} must take the rank count as its first parameter (lambda n: ...)")
+    for p in ps[1:]:
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or p.name in params or p.default is not p.empty:
+            continue
+        known = ", ".join(sorted(params)) or "none"
+        raise ValueError(f"{what} takes a parameter {p.name!r} that algorithm {name!r} does not have "
+                         f"(its parameters: {known})")
+
+
+def algorithm(collective: str | Collective, chunk_factor: int | Callable = 1, inplace: bool = True,
+              ranks: Callable | Iterable[int] | int | None = None, **defaults):
+    """Declare a collective algorithm (a decorator of ``fn(program, **params)``).
+
+    ``collective``: a name (``"allreduce"``, ``"allgather"``, ``"reducescatter"``,
+    ``"alltoall"``, ``"broadcast"``, ``"reduce"``) or a ``Collective`` object.
+
+    The function's keyword parameters after the program are the algorithm's
+    parameters (``--param name=value`` on the command line, where a value is
+    read as the type of the parameter's default); other keywords given here
+    override their defaults. Rooted collectives get a ``root`` parameter.
+
+    ``chunk_factor``: chunks per rank (per buffer for allreduce, per input for
+    allgather, per output for reduce-scatter): an int >= 1, or a function
+    called as ``chunk_factor(n, **params)`` with the rank count and those of
+    the algorithm's parameters its signature names, e.g. ``lambda n: n`` or
+    ``lambda n, pieces: 2 * pieces`` (a default there, ``lambda n, pieces=4:``,
+    is only used where the algorithm has no such parameter). It must return
+    an int >= 1.
+
+    ``ranks``: which rank counts the algorithm supports (default: every one):
+    a predicate called like ``chunk_factor`` that returns True or False
+    (``lambda n: n % 2 == 0``, ``lambda n, rows: n % rows == 0``), or the rank
+    counts themselves: a list, tuple, set or range (``[8, 64]``,
+    ``range(2, 65, 2)``), or one int.
+
+    Mistakes in these arguments are reported at the decorator's line; an
+    exception raised inside these functions, or a return value of the wrong
+    kind, when they run, at the line of this file where it was raised, else
+    at the decorator's line. The functions (and the algorithm) run as plain
+    Python with no time limit (``msc verify --timeout`` sets one).
+    """
+    where = user_line(2)
+
+    def bad(message: str) -> UsageError:
+        return UsageError(f"{where}: {message}" if where else message)
+
+    try:
+        coll = get_collective(collective)
+        rank_counts = _rank_counts(ranks)
+    except (UsageError, ValueError) as exc:
+        raise bad(str(exc)) from None
+    if not callable(chunk_factor):
+        k = _integer(chunk_factor)
+        if type(k) is not int or k < 1:
+            raise bad(f"chunk_factor must be an int >= 1 or a function of the rank count, got "
+                      f"{chunk_factor!r}{_not_int(k)}")
+        chunk_factor = k
+
+    def wrap(fn: Callable) -> Algorithm:
+        sig = inspect.signature(fn)
+        names = list(sig.parameters)
+        if not names:
+            raise bad(f"algorithm {fn.__name__!r} must take the program as its first parameter")
+        params = {}
+        for p in list(sig.parameters.values())[1:]:
+            params[p.name] = p.default if p.default is not p.empty else None
+        unknown = set(defaults) - set(params)
+        if unknown:
+            raise bad(f"algorithm {fn.__name__!r}: defaults for unknown parameters {sorted(unknown)}")
+        params.update(defaults)
+        if coll.has_root:
+            params.setdefault("root", 0)
+        try:
+            if callable(chunk_factor):
+                _check_sizing_function(chunk_factor, "chunk_factor", params, fn.__name__)
+            if callable(rank_counts):
+                _check_sizing_function(rank_counts, "ranks=", params, fn.__name__)
+        except ValueError as exc:
+            raise bad(str(exc)) from None
+        return Algorithm(fn, fn.__name__, coll, chunk_factor, bool(inplace), params, rank_counts,
+                         inspect.getdoc(fn) or "", where)
+
+    return wrap
+
+
+@pause_gc
+def trace(alg: Algorithm, num_ranks: int, *, inplace: bool | None = None, **params) -> Program:
+    """Run ``alg`` at ``num_ranks`` ranks and return the traced ``Program``.
+
+    The user's function runs as plain Python, with no time limit. What it
+    raises (any exception, ``sys.exit``) becomes an ``AlgorithmError`` at the
+    innermost line of the algorithm's file; ``KeyboardInterrupt`` and
+    ``TimeLimitExceeded`` pass through."""
+    if not isinstance(alg, Algorithm):
+        raise UsageError(f"trace needs an @msc.algorithm, got {alg!r}")
+    num_ranks = _integer(num_ranks)
+    if type(num_ranks) is not int or num_ranks < 1:
+        raise UsageError(f"num_ranks must be an int >= 1, got {num_ranks!r}{_not_int(num_ranks)}")
+    bound = alg.bind(params)
+    shown = " with " + ", ".join(f"{k}={_safe_repr(v)}" for k, v in params.items()) if params else ""
+    if not alg.supports(num_ranks, **params):
+        raise AlgorithmError(f"algorithm {alg.name!r} does not support {num_ranks} ranks{shown} "
+                             f"({_supported(alg, params)})")
+    root = bound.get("root", 0) if alg.collective.has_root else 0
+    if alg.collective.has_root and (type(root) is not int or not 0 <= root < num_ranks):
+        raise AlgorithmError(f"algorithm {alg.name!r}: root {root!r} is not a rank (0..{num_ranks - 1})")
+    k = alg.chunks(num_ranks, **params)
+    layout = alg.collective.layout(num_ranks, k, alg.inplace if inplace is None else bool(inplace), root)
+    program = Program(alg.name, layout, bound)
+    call_params = {k: v for k, v in bound.items() if k in inspect.signature(alg.fn).parameters}
+    try:
+        alg.fn(program, **call_params)
+    except (MscError, *PASS_THROUGH):
+        raise
+    except BaseException as exc:
+        raise AlgorithmError(describe(exc, f"in algorithm {alg.name!r}"),
+                             where=_innermost_user_line(exc, alg.fn.__code__.co_filename)) from exc
+    program.seal()
+    return program
+
+
+def _supported(alg: Algorithm, params: dict[str, Any]) -> str:
+    """The rank counts an algorithm supports, for a message: all of them
+    where ``ranks=`` lists them, else those from 1 to 64."""
+    allowed = alg.ranks
+    if allowed is not None and not callable(allowed):
+        if isinstance(allowed, range) and len(allowed) > 4096:
+            return f"supported rank counts: {allowed.start} to {allowed[-1]} in steps of {allowed.step}"
+        return f"supported rank counts: {_counts(sorted(allowed))}"
+    sample = [n for n in range(1, 65) if _quiet(lambda n=n: alg.supports(n, **params))]
+    if not sample:
+        return "it supports no rank count from 1 to 64"
+    return f"supported rank counts from 1 to 64: {_counts(sample)}"
+
+
+def _quiet(fn) -> bool:
+    try:
+        return bool(fn())
+    except PASS_THROUGH:
+        raise
+    except BaseException:
+        return False
+
+
+def _counts(values: list[int]) -> str:
+    """``8, 64``; ``2-9``; ``2, 4, ..., 64``: a list of rank counts that
+    cannot be misread as a range where it is not one."""
+    if len(values) >= 4:
+        step = values[1] - values[0]
+        if all(b - a == step for a, b in zip(values, values[1:])):
+            return f"{values[0]}-{values[-1]}" if step == 1 else f"{values[0]}, {values[1]}, ..., {values[-1]}"
+    out, i = [], 0
+    while i < len(values):
+        j = i
+        while j + 1 < len(values) and values[j + 1] == values[j] + 1:
+            j += 1
+        out += [f"{values[i]}-{values[j]}"] if j - i >= 2 else [str(v) for v in values[i:j + 1]]
+        i = j + 1
+    return ", ".join(out)
+
+
+def _innermost_user_line(exc: BaseException, prefer: str | None = None,
+                         only_preferred: bool = False) -> SourceLine | None:
+    """The innermost traceback line in the file ``prefer`` (the algorithm's
+    own file) if any, else (unless ``only_preferred``) the innermost line
+    outside msc."""
+    tb, last, preferred = exc.__traceback__, None, None
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename
+        if not _internal(name):
+            last = SourceLine(_display_path(name), tb.tb_lineno)
+            if name == prefer:
+                preferred = last
+        tb = tb.tb_next
+    return preferred if only_preferred else preferred or last

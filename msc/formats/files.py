@@ -1,0 +1,95 @@
+"""Files msc writes: whole or not at all.
+
+``write_atomic`` writes a temporary file in the same folder and renames it
+over the target, so a concurrent reader sees the old file or the new one,
+never part of one, and a failed write leaves the old file as it was. Every
+file msc writes for its user (plans, MSCCL XML, plans.json) goes through
+``write_output``; the caches use ``write_atomic`` and, for the kernel caches
+(NVRTC cubins, rendered sources, emulated device libraries), ``write_checked``
+and ``read_checked``: each cached file has a sidecar ``NAME.sha256`` holding
+the SHA-256 of its bytes, written after it, and a reader gets the bytes only
+when both exist and agree; an empty, truncated, altered or half-written entry
+is a miss (and the caller rebuilds it).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from contextlib import suppress
+from pathlib import Path
+
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def write_atomic(path: str | Path, data: bytes, *, mode: int | None = None, dir_fd: int | None = None) -> None:
+    """``data`` into ``path`` through a temporary file beside it and a rename.
+    ``mode``: the new file's permission bits (default: 0o666 less the umask).
+    ``dir_fd``: ``path`` is a name in that open folder (msc.verification.cache's cache
+    reaches its files without following links)."""
+    head, base = os.path.split(os.fspath(path))
+    tmp = os.path.join(head, f".{base[:120]}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    fd = os.open(tmp, _CREATE, 0o600 if mode is not None else 0o666, dir_fd=dir_fd)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            if mode is not None and hasattr(os, "fchmod"):
+                os.fchmod(out.fileno(), mode)
+            out.write(data)
+        os.replace(tmp, os.fspath(path), src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        with suppress(OSError):
+            os.unlink(tmp, dir_fd=dir_fd)
+        raise
+
+
+def write_output(path: str | Path, data: str | bytes) -> Path:
+    """A file the user named (``-o``), written atomically. A symbolic link is
+    written through (its target is replaced, the link stays); a file that
+    exists keeps its permission bits; a target that is not a regular file
+    (``/dev/stdout``, a pipe) is written in place, as it cannot be renamed over."""
+    path = Path(path)
+    data = data.encode() if isinstance(data, str) else data
+    target = Path(os.path.realpath(path)) if path.is_symlink() else path
+    try:
+        st = os.stat(target)
+    except FileNotFoundError:
+        st = None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        with open(target, "wb") as out:
+            out.write(data)
+        return path
+    try:
+        write_atomic(target, data, mode=None if st is None else stat.S_IMODE(st.st_mode))
+    except OSError as exc:       # name the file asked for, not the temporary beside it
+        if exc.errno is None:
+            raise
+        raise type(exc)(exc.errno, exc.strerror, os.fspath(path)) from None
+    return path
+
+
+def same_file(a: str | Path, b: str | Path) -> bool:
+    """Whether ``b`` names the file ``a`` (the same path, or a symbolic or
+    hard link to it): writing ``b`` would overwrite ``a``."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:              # one of them does not exist (yet): compare where they would be
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _sidecar(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
+def write_checked(path: Path, data: bytes) -> None:
+    """``path`` and its digest (the digest last: a reader never trusts a file before its digest exists)."""
+    write_atomic(path, data)
+    write_atomic(_sidecar(path), hashlib.sha256(data).hexdigest().encode())
+
+
+def read_checked(path: Path) -> bytes | None:
+    """The bytes of ``path`` if it is non-empty and matches its digest, else None."""
+    try:
+        data, want = path.read_bytes(), _sidecar(path).read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return data if data and hashlib.sha256(data).hexdigest() == want else None

@@ -1,0 +1,81 @@
+"""Reading a plan file, text or MSCCL XML, verified: the one way msc loads a
+plan (``msc run``, ``msc simulate``, the runtimes, msc.torch). It sits above
+both readers and the verifier, so neither reader needs the other."""
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from pathlib import Path
+
+from msc.errors import DeadlockError, PlanError, UsageError, VerificationError
+from msc.formats.plan_text import decode_utf8, parse_plan
+from msc.formats.xml_import import xml_to_plan
+from msc.ir import Plan
+from msc.ir.limits import MAX_SLOTS
+from msc.lower.runtimes import slots_note, xml_runtime
+from msc.verification import cache as verified_texts
+from msc.verification import plan as plan_verifier     # looked up at each call, as a replacement would be
+
+_XML_START = re.compile(rb"\s*(?:\xef\xbb\xbf)?\s*<|\xff\xfe|\xfe\xff")    # "<", after blanks or a BOM
+
+
+def load_plan(path: str | Path, *, verify: bool = True, collective=None, slots: int | None = None,
+              runtime: str | None = None) -> Plan:
+    """A plan from a .plan file or MSCCL XML; verified unless ``verify=False``
+    or this msc verified the same text before (msc.verification.cache). ``slots``,
+    ``runtime``: see read_plan_file."""
+    return read_plan_file(path, verify=verify, collective=collective, slots=slots, runtime=runtime)[0]
+
+
+def read_plan_file(path: str | Path, *, verify: bool = True, collective=None, slots: int | None = None,
+                   runtime: str | None = None) -> tuple[Plan, bytes, str]:
+    """``load_plan``'s plan, with the bytes it was read from (read once) and
+    the reader that read them ("plan" or "xml").
+
+    Connection capacity, before verifying: ``slots`` per connection if
+    given; else, with ``runtime`` ("msccl" or "azure"), what a connection of
+    the plan's protocol holds there (verify the plan as it would run there);
+    else the file's own (a plan's ``slots``, XML's ``msc_slots``), and for
+    XML that records none what the MSCCL runtimes give (msc.lower.runtimes)."""
+    if slots is not None and runtime is not None:
+        raise UsageError(f"give the slots per connection (--slots {slots}) or the runtime whose capacity to "
+                         f"verify with (--runtime {runtime}), not both")
+    if slots is not None and (type(slots) is not int or not 1 <= slots <= MAX_SLOTS):
+        raise UsageError(f"slots must be an int in 1..{MAX_SLOTS}, got {slots!r}")
+    rt = None if runtime is None else xml_runtime(runtime)
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise PlanError(f"cannot read {path}: {exc.strerror or exc}") from None
+    reader = "xml" if path.suffix.lower() == ".xml" or _XML_START.match(data) else "plan"
+    if reader == "xml":
+        plan = xml_to_plan(data, path=str(path), slots=slots, runtime=runtime)   # bytes: expat reads the encoding
+    else:
+        plan = parse_plan(decode_utf8(data, str(path)), path=str(path))
+    if rt is not None:
+        slots = rt.connection_slots(plan.protocol)
+    if slots is not None and slots != plan.slots:
+        plan = replace(plan, slots=slots)
+    # what the text means depends on the capacity it is read with, where the text does not fix it
+    key = reader if reader == "plan" and slots is None else f"{reader} slots {plan.slots}"
+    if verify and not verified_texts.known(data, key, plan.collective, collective):
+        verify_at_capacity(plan, collective=collective)
+        verified_texts.remember(data, key, plan.collective, collective)
+    return plan, data, reader
+
+
+def verify_at_capacity(plan: Plan, *, collective=None):
+    """verify_plan's report; where the plan deadlocks with the slots per
+    connection it has, the DeadlockError also says how many it needs and
+    what the MSCCL runtimes give (a plan can need more than they hold)."""
+    from msc.lower.pipeline import verified_with_fewest_slots   # the lowering passes: only when needed
+
+    try:
+        return plan_verifier.verify_plan(plan, collective=collective)
+    except DeadlockError as exc:
+        try:
+            found = verified_with_fewest_slots(replace(plan, slots=1), collective)
+        except VerificationError:       # it races too: that, not the slots, is its problem
+            raise exc from None
+        raise DeadlockError(f"{exc.detail}\n{slots_note(plan, found and found.slots)}", exc.cycle) from None

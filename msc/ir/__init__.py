@@ -1,0 +1,207 @@
+"""The intermediate representations of msc, as frozen dataclasses.
+
+Stage 1, the trace: what a DSL program did, one ``Op`` per copy or reduce,
+with buffers already resolved to the physical buffers of a rank (in-place
+aliases applied). Later stages (the plan) add their records here too.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import NamedTuple
+
+from msc.errors import SourceLine
+from msc.ir.ops import DEFAULT_PROTOCOL
+
+
+class OpKind(Enum):
+    COPY = "copy"      # dst <- src
+    REDUCE = "reduce"  # dst <- dst (+) src
+
+
+class Op(NamedTuple):
+    """One chunk operation of a traced program (immutable).
+
+    A NamedTuple rather than a frozen dataclass: a 1024-rank ring traces two
+    million of these, and a tuple is built five times faster.
+
+    ``size`` chunks starting at ``src_index`` of ``src_buffer`` on
+    ``src_rank`` are copied to, or reduced into, ``size`` chunks starting at
+    ``dst_index`` of ``dst_buffer`` on ``dst_rank``. When the ranks differ the
+    operation is a send and a receive. ``channel``, ``sendtb`` and ``recvtb``
+    are the user's optional placement hints.
+    """
+
+    kind: OpKind
+    src_rank: int
+    src_buffer: str
+    src_index: int
+    dst_rank: int
+    dst_buffer: str
+    dst_index: int
+    size: int
+    channel: int | None = None
+    sendtb: int | None = None
+    recvtb: int | None = None
+    where: SourceLine | None = None
+
+    def describe(self) -> str:
+        src = f"rank {self.src_rank} {self.src_buffer}[{_span(self.src_index, self.size)}]"
+        dst = f"rank {self.dst_rank} {self.dst_buffer}[{_span(self.dst_index, self.size)}]"
+        if self.kind is OpKind.COPY:
+            return f"copy {src} -> {dst}"
+        return f"reduce {src} into {dst}"
+
+
+def _span(index: int, size: int) -> str:
+    return str(index) if size == 1 else f"{index}:{index + size}"
+
+
+# -- Stage 2: the plan ---------------------------------------------------------
+# A plan is what backends execute: per rank, threadblocks; per threadblock, an
+# ordered list of steps. Offsets and counts are in chunks; a chunk's byte size
+# is only known at run time, so one plan serves every data type and size.
+
+
+class StepOp(Enum):
+    """What a step does. ``srcs`` are local operands, ``dst`` the local chunks
+    written; the threadblock's ``recv``/``send`` peers are the remote ends.
+
+    send   SRC           send SRC to the send peer
+    recv   -> DST        receive into DST
+    rcs    -> DST        receive into DST and forward it to the send peer
+    rrs    SRC           receive x, send SRC + x (nothing stored)
+    rrc    SRC -> DST    receive x, DST = SRC + x
+    rrcs   SRC -> DST    receive x, DST = SRC + x, send DST
+    copy   SRC -> DST    local copy
+    reduce S1, S2.. -> DST   DST = S1 + S2 + ... (DST may be one of the sources)
+    nop                  only waits for its dependencies
+    """
+
+    SEND = "send"
+    RECV = "recv"
+    RCS = "rcs"
+    RRS = "rrs"
+    RRC = "rrc"
+    RRCS = "rrcs"
+    COPY = "copy"
+    REDUCE = "reduce"
+    NOP = "nop"
+
+    # Set from _STEP_OPS below, as plain attributes: hashing an Enum member is slow in hot loops.
+    receives: bool   # takes a message from the receive peer
+    sends: bool      # gives one to the send peer
+    reduces: bool    # combines values with the reduce op
+    nsrc: str        # local sources it takes: "0", "1" or "2+"
+    has_dst: bool    # writes a local destination
+    xml: str         # its MSCCL-IR <step> type
+
+
+# The step ops' registry: every other list of them derives from this table (plan_lines' reader,
+# the CUDA enum and masks, the XML types) or is tested against it (grammars/plan.lark's OP).
+#            receives sends  reduces nsrc  has_dst xml
+_STEP_OPS = {
+    "SEND":   (False,   True,  False,  "1",  False,  "s"),
+    "RECV":   (True,    False, False,  "0",  True,   "r"),
+    "RCS":    (True,    True,  False,  "0",  True,   "rcs"),
+    "RRS":    (True,    True,  True,   "1",  False,  "rrs"),
+    "RRC":    (True,    False, True,   "1",  True,   "rrc"),
+    "RRCS":   (True,    True,  True,   "1",  True,   "rrcs"),
+    "COPY":   (False,   False, False,  "1",  True,   "cpy"),
+    "REDUCE": (False,   False, True,   "2+", True,   "re"),   # XML re: one source at a time (xml_export)
+    "NOP":    (False,   False, False,  "0",  False,  "nop"),
+}
+for _op in StepOp:
+    _op.receives, _op.sends, _op.reduces, _op.nsrc, _op.has_dst, _op.xml = _STEP_OPS[_op.name]
+
+# Which operands each op takes: (number of sources, has a destination).
+STEP_SHAPE = {op: (op.nsrc, op.has_dst) for op in StepOp}
+
+
+@dataclass(frozen=True, slots=True)   # slots: plans hold millions of these
+class Slice:
+    """``count`` chunks of a rank's ``buffer`` (input, output, scratch) from ``index``."""
+
+    buffer: str
+    index: int
+    count: int
+
+    def __str__(self) -> str:
+        if self.count == 1:
+            return f"{self.buffer}[{self.index}]"
+        return f"{self.buffer}[{self.index}:{self.index + self.count}]"
+
+
+@dataclass(frozen=True, slots=True)   # slots: plans hold millions of these
+class Step:
+    """One step of a threadblock. ``deps`` are (threadblock, step) pairs of the
+    same rank that must finish first; ``where`` is the user's line it came from."""
+
+    op: StepOp
+    srcs: tuple[Slice, ...]
+    dst: Slice | None
+    count: int
+    deps: tuple[tuple[int, int], ...] = ()
+    where: SourceLine | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class Threadblock:
+    """A sequence of steps on one channel with at most one send peer and one
+    receive peer (the MSCCL rule: a connection (sender, receiver, channel)
+    belongs to exactly one threadblock at each end)."""
+
+    id: int
+    send: int | None
+    recv: int | None
+    channel: int
+    steps: tuple[Step, ...]
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    rank: int
+    scratch: int                      # scratch chunks this rank uses
+    threadblocks: tuple[Threadblock, ...]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A lowered schedule for every rank.
+
+    ``chunk_factor`` is chunks per data unit (the count a collective call
+    passes: allreduce count, allgather sendcount, ...); the logical input and
+    output buffers hold ``input_chunks``/``output_chunks`` chunks.
+    ``slots`` is the connection capacity (messages in flight per connection)
+    the plan was verified deadlock-free with; a runtime must provide at least
+    that many. ``tile`` is the pipelining tile in bytes per chunk and
+    iteration (0: the runtime's default).
+    """
+
+    name: str
+    collective: str
+    num_ranks: int
+    chunk_factor: int
+    inplace: bool
+    input_chunks: int
+    output_chunks: int
+    ranks: tuple[RankPlan, ...]
+    root: int = 0
+    protocol: str = DEFAULT_PROTOCOL
+    instances: int = 1
+    slots: int = 1
+    tile: int = 0
+
+    @property
+    def scratch_chunks(self) -> int:
+        return max((r.scratch for r in self.ranks), default=0)
+
+    def steps(self):
+        """Every (rank, threadblock, step index, step)."""
+        for rp in self.ranks:
+            for tb in rp.threadblocks:
+                for i, step in enumerate(tb.steps):
+                    yield rp.rank, tb, i, step
+
+    def num_steps(self) -> int:
+        return sum(len(tb.steps) for rp in self.ranks for tb in rp.threadblocks)

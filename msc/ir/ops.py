@@ -1,0 +1,74 @@
+"""The registries of reduce ops and protocols: one record each, holding every
+fact of it that a module or template needs. The executors, the reference,
+the CLI's choices, the CUDA renderer, the launch defaults and the
+simulator's cost model read them here. (Step ops are IR: their registry is
+msc.ir.StepOp, each op with its properties.)
+
+No numpy or torch here: the CLI builds its parser from these names, and
+starts without them. The executors look their functions up by name.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+KIB = 1024
+
+
+@dataclass(frozen=True)
+class ReduceOp:
+    """A reduction a collective call may ask for."""
+
+    name: str                      # as users, the CLI and the kernels spell it
+    numpy: str                     # the numpy ufunc that combines two values (executor, reference)
+    torch: str                     # the torch function that does (msc.torch.execute)
+    torch_op: str                  # its torch.distributed.ReduceOp member
+    combine: str                   # the combine the CUDA templates render (common.cuh.j2): add, mul, max, min
+    average: bool = False          # then divide by the ranks (the CUDA kernels pre-scale inputs by 1/n instead)
+    exact: bool = False            # the result is one of the inputs: exact in any order, no rounding tolerance
+    aliases: tuple[str, ...] = ()  # further names msc.torch takes
+
+
+REDUCE_OPS: dict[str, ReduceOp] = {op.name: op for op in (
+    ReduceOp("sum", "add", "add", "SUM", "add"),
+    ReduceOp("prod", "multiply", "mul", "PRODUCT", "mul", aliases=("product",)),
+    ReduceOp("max", "maximum", "maximum", "MAX", "max", exact=True),
+    ReduceOp("min", "minimum", "minimum", "MIN", "min", exact=True),
+    ReduceOp("avg", "add", "add", "AVG", "add", average=True, aliases=("mean",)),
+)}
+REDUCE_OP_NAMES = tuple(REDUCE_OPS)
+
+
+@dataclass(frozen=True)
+class ProtocolSpec:
+    """A transport protocol, after NCCL's. How many messages a connection of
+    it holds depends on the runtime: msc.lower.runtimes (Runtime.connection_slots).
+
+    Simple: bulk copies, then a flag behind a memory fence: full bandwidth,
+    the highest latency. LL: 8-byte lines of 4 data bytes and a 4-byte flag,
+    no fence: half the bandwidth, a fraction of the latency (NCCL's ring
+    hardware latencies on NVLink are 0.47 us for LL and 3.4 us for Simple,
+    src/graph/tuning.cc). LL128: 128-byte lines with 8 flag bytes (120/128 of
+    the bandwidth) and about half Simple's latency.
+    """
+
+    name: str
+    tile: int                  # default pipelining tile: bytes per chunk and iteration where a plan says 0
+    alpha_factor: float        # simulated latency, as a fraction of Simple's
+    bandwidth_factor: float    # the fraction of link bandwidth that carries data
+    transport: str | None      # the CUDA templates' transport_<name>.cuh.j2; None: the CUDA backend lacks it
+    # CUDA threads per block, and blocks per SM the register budget must leave room for
+    # (__launch_bounds__): a virtual launch of every rank's blocks must fit the GPU at once. At
+    # 512 threads and 2 blocks, registers were capped at 64 and the Simple step interpreter
+    # spilled; 256 threads leave 128, and no kernel spills or touches local memory
+    # (bench/cuda_static.py).
+    threads: int = 256
+    min_blocks: int = 2
+
+
+PROTOCOLS: dict[str, ProtocolSpec] = {p.name: p for p in (
+    ProtocolSpec("Simple", 512 * KIB, 1.0, 1.0, "simple"),     # NCCL: a 4 MiB buffer in 8 steps
+    ProtocolSpec("LL", 32 * KIB, 0.25, 0.5, "ll"),             # NCCL: 64 KiB of lines per step, half of it data
+    ProtocolSpec("LL128", 256 * KIB, 0.5, 120 / 128, None),
+)}
+PROTOCOL_NAMES = tuple(PROTOCOLS)
+DEFAULT_PROTOCOL = "Simple"

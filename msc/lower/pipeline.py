@@ -1,0 +1,256 @@
+"""Lowering a verified program to a plan: the pipeline, one pass a line.
+
+    trace ops --replicate--> instances --allocate_scratch--> one scratch buffer per rank
+      --build_dag--> instructions --spread_channels--> --fuse_local--> --place--> threadblocks
+      --fuse_forwarding--> --drop_dead_stores--> --compact_scratch-->
+      --assign--> --order--> --build_plan--> Plan
+      --choose_slots--> the smallest connection capacity the plan is deadlock-free with
+
+Every pass is a pure function of its inputs (see dag.py, fusion.py,
+placement.py, schedule.py). Programs of single-chunk transfers between ranks
+take bulk.py, the same passes over numpy arrays, which builds the same plan.
+
+The plan fits the runtime it is lowered for (``LowerOptions.runtime``,
+msc.lower.runtimes). msc's own runtime gives a connection as many slots as the
+plan needs. An MSCCL runtime gives a Simple connection 2 and has limits on
+steps and threadblocks; where the plan as asked exceeds them, lowering tries
+what it can change, in this order, and takes the first plan that fits:
+
+    as asked            every step order
+    spread_flows(w)     each channel's flows over w = 2, 4, ... channels (as
+                        MSCCLang assigns channels): fewer messages share a
+                        connection, fewer steps share a threadblock
+    no fusion           a receive no longer waits for room to send on
+
+and otherwise fails with RuntimeLimitError naming the limit, the runtime and
+both values (those of the plan as asked), and what each attempt ran into.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from msc.lower.bulk import bulk_plans, fits
+from msc.lower.dag import allocate_scratch, build_dag, compact_scratch, replicate
+from msc.errors import DeadlockError, LoweringError, RuntimeLimitError, UsageError
+from msc.lower.fusion import drop_dead_stores, forwarding_pairs, fuse_forwarding, fuse_local
+from msc.ir import Plan
+from msc.ir.limits import MAX_INSTANCES, MAX_TILE_BYTES, check
+from msc.ir.ops import DEFAULT_PROTOCOL, PROTOCOL_NAMES
+from msc.perf import pause_gc
+from msc.verification import crosscheck
+from msc.lower.placement import assign, place_auto, place_manual, spread_channels, spread_flows
+from msc.verification.plan_fast import prepare
+from msc.verification.plan_values import check_plan
+from msc.verification.plan import check_races, verify_plan
+from msc.lower.runtimes import DEFAULT_TARGET, Runtime, get_runtime
+from msc.lower.schedule import PRIORITIES, build_plan, order
+
+MAX_SLOTS = 8    # the most slots per connection lowering tries: the MSCCL runtimes' NCCL_STEPS
+
+
+@dataclass(frozen=True)
+class LowerOptions:
+    """How to lower. ``threadblocks``: "auto" or "manual" (honour the DSL's
+    sendtb/recvtb hints). ``tile``: pipelining tile in bytes per chunk and
+    iteration, 0 for the runtime's default. ``runtime``: the runtime the
+    plan must fit (msc.lower.runtimes: "msc", "msccl", "azure")."""
+
+    protocol: str = DEFAULT_PROTOCOL
+    instances: int = 1
+    threadblocks: str = "auto"
+    fuse: bool = True
+    tile: int = 0
+    runtime: str = DEFAULT_TARGET
+
+    def __post_init__(self):
+        if self.protocol not in PROTOCOL_NAMES:
+            raise UsageError(f"protocol must be one of {', '.join(PROTOCOL_NAMES)}, got {self.protocol!r}")
+        if type(self.instances) is not int or self.instances < 1:
+            raise UsageError(f"instances must be an int >= 1, got {self.instances!r}")
+        check(self.instances, MAX_INSTANCES, "instances")
+        if self.threadblocks not in ("auto", "manual"):
+            raise UsageError(f"threadblocks must be 'auto' or 'manual', got {self.threadblocks!r}")
+        if type(self.tile) is not int or self.tile < 0:
+            raise UsageError(f"tile must be an int >= 0 (bytes), got {self.tile!r}")
+        check(self.tile, MAX_TILE_BYTES, "tile (bytes)")
+        get_runtime(self.runtime)
+
+
+@pause_gc
+def lower(program, options: LowerOptions = LowerOptions(), *, collective=None, bulk: bool = True) -> Plan:
+    """The plan for a traced program (verify the program first: ``msc.verification.program``),
+    fitting ``options.runtime`` (see the module docstring; RuntimeLimitError
+    where nothing fits). ``bulk=False`` takes the pass-by-pass pipeline
+    where bulk lowering would apply (the tests compare the two)."""
+    layout = program.layout
+    n = layout.num_ranks
+    physical = set(layout.physical_sizes)
+    ops, scratch_sizes = replicate(program.ops, options.instances, program.scratch_sizes)
+    ops, scratch = allocate_scratch(ops, physical, scratch_sizes, n)
+    fields = dict(name=program.name, collective=layout.name, chunk_factor=layout.chunk_factor * options.instances,
+                  inplace=layout.inplace, input_chunks=layout.logical_sizes["input"] * options.instances,
+                  output_chunks=layout.logical_sizes["output"] * options.instances, root=layout.root,
+                  protocol=options.protocol, instances=options.instances, slots=1, tile=options.tile)
+    collective = collective or layout.collective
+    target = get_runtime(options.runtime)
+    room = min(target.connection_slots(options.protocol) or MAX_SLOTS, MAX_SLOTS)
+    # the program's own columns where replicate and allocate_scratch changed nothing
+    columns = program.columns if options.instances == 1 and not program.scratch_sizes else None
+    outcomes = []   # per attempt: (what, [(order, LoweringError | RuntimeLimitError | slots it needs | None)])
+    for what, opts, ways in _attempts(options, target, ops):
+        tried = []
+        outcomes.append((what, tried))
+        use_bulk = bulk and ways == 1 and fits(opts)
+        # the first order that fits wins, with the fewest slots it runs with
+        for priority, plan in _plans(ops, scratch, n, opts, fields, use_bulk, columns if ways == 1 else None, ways):
+            if isinstance(plan, LoweringError):
+                tried.append((priority, plan))
+                continue
+            if crosscheck.ENABLED:     # lowering builds valid plans by construction: tests check
+                check_plan(plan)
+            problem = _exceeds(plan, target)
+            if problem is not None:
+                tried.append((priority, problem))
+                continue
+            verified = verified_with_fewest_slots(plan, collective)
+            if verified is not None and verified.slots <= room:
+                return verified
+            tried.append((priority, None if verified is None else verified.slots))
+    raise _no_fit(outcomes, target, room, options.protocol)
+
+
+def _plans(ops, scratch, n, options: LowerOptions, fields: dict, use_bulk: bool, columns=None, ways: int = 1):
+    """(priority, plan) for each of PRIORITIES in turn, or (priority,
+    LoweringError) where no step order of that priority exists. Bulk
+    lowering first where it applies; from the first order it leaves to the
+    pipeline (None), the pipeline does the rest. ``ways``: spread_flows."""
+    remaining = list(PRIORITIES)
+    if use_bulk:
+        for priority, plan in bulk_plans(ops, scratch, n, PRIORITIES, fields, columns):
+            if plan is None:
+                break
+            remaining.remove(priority)
+            yield priority, plan
+        else:
+            return
+    yield from _pipeline_plans(ops, scratch, n, options, fields, remaining, ways)
+
+
+def _pipeline_plans(ops, scratch, n, options: LowerOptions, fields: dict, priorities, ways: int = 1):
+    """The lowering pipeline, pass by pass (see the module docstring)."""
+    dag = build_dag(ops)
+    if options.threadblocks == "auto":
+        dag = spread_channels(dag, n)
+    if options.fuse:
+        dag = fuse_local(dag)
+    if ways > 1:
+        dag = spread_flows(dag, forwarding_pairs(dag), ways)
+    pairs = forwarding_pairs(dag) if options.fuse else []
+    if options.threadblocks == "manual":
+        placement = place_manual(dag, n)
+    else:
+        placement = place_auto(dag, pairs, n)
+    if options.fuse:
+        dag = fuse_forwarding(dag, placement.allows, pairs)
+        dag = drop_dead_stores(dag, final=lambda instr: instr.dst.buffer != "scratch")
+    dag, scratch = compact_scratch(dag, scratch)
+    del pairs                        # they keep the pre-fusion instructions alive
+    tb_of, placement = assign(dag, placement, n)
+    for priority in priorities:
+        try:
+            steps = order(dag, priority)
+        except LoweringError as exc:
+            yield priority, exc
+            continue
+        yield priority, build_plan(dag, steps, tb_of, placement, num_ranks=n, scratch=scratch, **fields)
+
+
+def _attempts(options: LowerOptions, target: Runtime, ops):
+    """(what, options, ways) to lower with, in turn: as asked; for an MSCCL
+    runtime, then flows spread over more channels (auto placement only) and
+    no fusion."""
+    yield "as asked", options, 1
+    if not target.xml:
+        return
+    if options.threadblocks == "auto":
+        channels = 1 + max((op.channel or 0 for op in ops), default=0)
+        ways = 2
+        while channels * ways <= target.max_channels:
+            yield f"flows over {ways} channels", options, ways
+            ways *= 2
+    if options.fuse:
+        yield "no fusion", replace(options, fuse=False), 1
+
+
+def _exceeds(plan: Plan, target: Runtime) -> RuntimeLimitError | None:
+    """The first limit of ``target`` other than connection slots the plan exceeds."""
+    if not target.xml:
+        return None
+    from msc.formats.xml_export import check_limits
+
+    try:
+        check_limits(plan, target)
+    except RuntimeLimitError as exc:
+        return exc
+    return None
+
+
+def _no_fit(outcomes, target: Runtime, room: int, protocol: str) -> Exception:
+    """The error when no attempt gave a plan. msc's runtime (one attempt):
+    no step order works. An MSCCL runtime: RuntimeLimitError for the first
+    limit the plan as asked exceeds, then what each attempt ran into (one
+    line for attempts that ran into the same)."""
+    if not target.xml:
+        return LoweringError("no step order works:\n  " + "\n  ".join(
+            f"{priority} order: {outcome or f'deadlocks even with {MAX_SLOTS} slots per connection'}"
+            for priority, outcome in outcomes[0][1]))
+    limit, lines = None, []
+    for what, tried in outcomes:
+        texts = []
+        for priority, outcome in tried:
+            if outcome is None:
+                text = f"deadlocks even with {MAX_SLOTS} slots per connection"
+            elif isinstance(outcome, int):          # more slots than the runtime gives
+                limit = limit or RuntimeLimitError(
+                    "NCCL_STEPS / MSCCL_CHUNKSTEPS (messages per connection)", outcome, room,
+                    f"the plan needs {outcome} slots per connection, and a {protocol} connection of the "
+                    f"{target.name} runtime holds {room} ({target.slots_reason(protocol)})", runtime=target.name)
+                text = f"needs {outcome} slots per connection"
+            elif isinstance(outcome, RuntimeLimitError):
+                limit = limit or outcome
+                at = ", ".join(f"{name} {value}" for name, value in
+                               (("rank", outcome.rank), ("threadblock", outcome.tb)) if value is not None)
+                text = f"{outcome.limit} {outcome.value} > {outcome.maximum}" + (f" ({at})" if at else "")
+            else:                                   # LoweringError: no such step order
+                text = str(outcome)
+            texts.append(text)
+        text = texts[0] if len(set(texts)) == 1 else "; ".join(f"{p} order: {t}" for (p, _), t in zip(tried, texts))
+        if lines and lines[-1][1] == text:
+            lines[-1] = (f"{lines[-1][0]}, {what}", text)
+        else:
+            lines.append((what, text))
+    body = "\n  ".join(f"{what}: {text}" for what, text in lines)
+    if limit is None:
+        return LoweringError(f"no step order works for the {target.name} runtime:\n  {body}")
+    return RuntimeLimitError(limit.limit, limit.value, limit.maximum,
+                             f"no plan fits the {target.name} runtime ({target.title}): {limit.args[0]}; "
+                             f"tried (each in the depth and trace step orders):\n  {body}", runtime=target.name)
+
+
+def verified_with_fewest_slots(plan: Plan, collective) -> Plan | None:
+    """The plan verified with the fewest connection slots (1, 2, 4, 8) it runs
+    without deadlock at; None if even MAX_SLOTS deadlocks. The bulk path reads
+    the plan once and finds that capacity without running it (exact: deadlock
+    freedom depends on neither data nor order); where it cannot tell, each
+    capacity is tried in turn from 1, as a deadlock shows early."""
+    check_races(plan, collective=collective)      # races do not depend on the capacity: once
+    prepared = prepare(plan)
+    slots = prepared.fewest_slots(MAX_SLOTS) or 1
+    while slots <= MAX_SLOTS:
+        candidate = replace(plan, slots=slots)
+        try:
+            verify_plan(candidate, collective=collective, checked=True, check_races=False, prepared=prepared)
+            return candidate
+        except DeadlockError:
+            slots *= 2
+    return None

@@ -1,0 +1,552 @@
+"""Lower bounds on a collective's time from the topology alone (``msc
+bound``): no plan, in msc's own cost model (msc.sim.simulate), is faster.
+
+Sizes S are nccl-tests sizes (msc.units): the per-rank buffer for
+allreduce, broadcast and reduce; the whole gathered array for allgather,
+reducescatter and alltoall, whose shards are S/n. For a protocol p with
+latency factor a_p and bandwidth factor b_p (msc.sim.topology.Protocol):
+
+    bound_p(S) = max( max over cuts A|T:   D(A) / (b_p C(A)) + a_p alpha(T->A),
+                      [allreduce] max over partitions P:  2(|P|-1) S / (b_p C(P)) + a_p alpha(P),
+                      a_p L )
+
+and the topology's bound is the smallest bound_p over its protocols (a
+plan uses one of them).
+
+Cuts. A cut splits the ranks into a receiving side A of k ranks and the
+rest T. D(A) is what must cross from T to A whatever the algorithm does:
+    allgather      (n-k) S/n   the shards A lacks (once each: inside A they may be forwarded)
+    reducescatter      k S/n   A's shards of the result depend on T's inputs (T may pre-reduce)
+    alltoall     k (n-k) S/n   every pair's own data
+    allreduce              S   every element of A's result depends on T's inputs
+    broadcast              S   if the root is in T (else 0)
+    reduce                 S   if the root is in A (else 0)
+C(A) is the capacity of a set of shared links that every route from T to A
+crosses. Max-min sharing never gives a link more than its capacity (times
+b_p), and every byte into A passes one of them, so the transmissions into A
+take D/(b_p C) at least; the last one then arrives a route latency later,
+at least alpha(T->A), the smallest latency of a route into A. A link that is
+not shared (TOML ``shared = false``) caps each transfer, not their sum: a
+route over such links alone makes C(A) infinite (the term is one latency).
+
+Partitions (allreduce only; for the other collectives the demand of a
+partition is the sum of its parts' own cuts, never more than their max).
+Take the parts as persons and the messages between parts as calls: every
+part must learn every element's sum, and one-way gossip among m persons
+takes 2(m-1) calls (a timed schedule serializes into calls in order of
+sending without anyone learning less). So 2(m-1) S bytes cross between
+parts, through links of capacity C(P) in all (a set every route between
+parts crosses: their first, or last, shared links, or the union of each
+part's own min cut). On n ranks with a port of bandwidth B each this is
+the classic 2(n-1)/n S/B.
+
+Latency. L is the longest shortest path in route latencies (a rank may
+relay): between any two ranks for allgather, reducescatter, allreduce and
+alltoall, from the root for broadcast, to the root for reduce. A rank may
+send to all its peers at once, so log2(n) rounds is no bound in this model:
+every rank sending its data to every other is one hop.
+
+Which cuts, per topology (msc.sim.topology):
+- uniform: C = k(n-k) B for any k ranks; all k. Exact.
+- nvswitch, pcie, ib:N (Nodes): a node's switch(es) and the NIC fabric are
+  hubs; C depends only on how many ranks of each switch A holds, a concave
+  function of those counts, so for each k its least value is at an extreme
+  point: whole switches and one part of a switch, the first k ranks. Exact
+  for one node or one switch per node (every preset); with several of
+  both, whole switches may also spread over nodes, so it is certified.
+- ring, torus: C = the links from T to A. A torus is as edge-connected as
+  its degree, so one rank in (or out) is a smallest cut, which settles
+  every collective but alltoall; alltoall's are bisection bands (the first
+  k ranks by rows, or by columns). Exact; alltoall checked against every
+  cut up to 16 ranks (tests/test_bound.py).
+- a TOML graph, or any other topology: C(A) is the min cut between T's and
+  A's ends of the routes from T to A in a graph of their shared links
+  (max-flow; exact where routes cross at most two shared links), over every
+  cut up to ALL_CUTS ranks, beyond that over single ranks, their complements,
+  nodes (gpus_per_node) and aligned blocks of 2^j ranks: any cut gives a
+  valid bound, so this is a certified bound, not always the best.
+The exactness is of the data/capacity part: a cut with a slightly larger
+capacity but a longer latency into it may add a little (at most alpha).
+
+Not counted, so the bound stays valid and only gets looser: reductions and
+copies (gamma, delta), the threadblock's rate, slots, tiles.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from msc.errors import UsageError
+from msc.sim.topology import GB, Nodes, Topology, Torus, Uniform
+
+COLLECTIVES = ("allgather", "reducescatter", "allreduce", "broadcast", "reduce", "alltoall")
+ROOTED = ("broadcast", "reduce")
+ALL_CUTS = 12          # TOML topologies up to this many ranks: every cut (2^n - 2 max-flows)
+
+
+@dataclass(frozen=True)
+class Cut:
+    """A receiving side A of ``k`` ranks; ``root_in``: where the root may be
+    (both, on a symmetric topology: some cut of equal capacity has it on
+    either side); ``capacity``: bytes/s of the links every route into A
+    crosses (inf: none shared); ``alpha``: the least route latency into A (s)."""
+
+    k: int
+    root_in: tuple[bool, ...]
+    capacity: float
+    alpha: float
+    label: str
+
+
+@dataclass(frozen=True)
+class Partition:
+    """Ranks in ``parts`` parts; ``capacity``: links every route between
+    parts crosses; ``alpha``: the least latency of such a route."""
+
+    parts: int
+    capacity: float
+    alpha: float
+    label: str
+
+
+@dataclass(frozen=True)
+class CutModel:
+    """What the bound needs of a topology. ``latency``: the longest shortest
+    path (s) between any two ranks, from the root, to the root; with labels."""
+
+    num_ranks: int
+    cuts: tuple[Cut, ...]
+    partitions: tuple[Partition, ...]
+    latency: tuple[float, float, float]
+    latency_labels: tuple[str, str, str]
+    exact: bool
+
+
+@dataclass(frozen=True)
+class Bound:
+    size: int                # bytes (nccl-tests)
+    seconds: float
+    bandwidth: float         # the cut (or partition) term, s
+    latency: float           # the latency term, s
+    term: str                # "bandwidth", "latency" or "none" (nothing to move)
+    limit: str               # the cut, or the path, that sets it
+    protocol: str            # the protocol whose bound is the smallest
+
+
+def collective_name(spec: str) -> str:
+    """The collective's name as msc.dsl.collectives spells it ("reduce-scatter": reducescatter)."""
+    name = str(spec).lower().replace("_", "").replace("-", "")
+    if name not in COLLECTIVES:
+        raise UsageError(f"no bound for collective {spec!r}: expected one of {', '.join(COLLECTIVES)}")
+    return name
+
+
+def demand(collective: str, n: int, k: int, root_in: bool) -> float:
+    """Bytes that must cross into a side of k ranks, per byte of size."""
+    if collective == "allgather":
+        return (n - k) / n
+    if collective == "reducescatter":
+        return k / n
+    if collective == "alltoall":
+        return k * (n - k) / n
+    if collective == "broadcast":
+        return 0.0 if root_in else 1.0
+    if collective == "reduce":
+        return 1.0 if root_in else 0.0
+    return 1.0                                            # allreduce
+
+
+def nccl_size(collective: str, n: int, size: int, itemsize: int) -> tuple[int, int]:
+    """(size rounded down to whole elements per rank, count) as nccl-tests."""
+    per = n * itemsize if collective in ("allgather", "reducescatter", "alltoall") else itemsize
+    count = size // per
+    return count * per, count
+
+
+def lower_bound(collective: str, topology: Topology, sizes: list[int], *, root: int = 0,
+                protocols: tuple[str, ...] | None = None, model: CutModel | None = None) -> list[Bound]:
+    """The bound at each size (bytes, nccl-tests; not rounded here)."""
+    collective = collective_name(collective)
+    n = topology.num_ranks
+    if collective in ROOTED and not (type(root) is int and 0 <= root < n):
+        raise UsageError(f"root {root!r} is not a rank of topology {topology.name!r} (0..{n - 1})")
+    names = tuple(topology.protocols) if protocols is None else tuple(protocols)
+    protos = [(p, topology.protocol(p)) for p in names]
+    protos = [(p, pr) for p, pr in protos if pr.bandwidth_factor > 0]
+    if not protos:
+        raise UsageError(f"topology {topology.name!r}: no protocol among {', '.join(names)} moves data "
+                         "(bandwidth_factor > 0)")
+    for s in sizes:
+        if type(s) is not int or s < 0:
+            raise UsageError(f"sizes must be ints >= 0, got {s!r}")
+    model = model or cut_model(topology, root if collective in ROOTED else 0)
+    coef, cap, alpha, labels = _constraints(collective, model)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        per_byte = np.where(np.isinf(cap), 0.0, coef / cap)          # s per byte of size at b_p = 1
+    if np.any(cap <= 0):
+        bad = labels[int(np.argmax(cap <= 0))]
+        raise UsageError(f"topology {topology.name!r}: no route into one side of the cut {bad}: "
+                         f"no {collective} can complete")
+    L = model.latency[{"broadcast": 1, "reduce": 2}.get(collective, 0)]
+    L_label = model.latency_labels[{"broadcast": 1, "reduce": 2}.get(collective, 0)]
+    if math.isinf(L):
+        raise UsageError(f"topology {topology.name!r}: some rank cannot reach another ({L_label}): "
+                         f"no {collective} can complete")
+    out = []
+    for size in sizes:
+        if size == 0 or n == 1:
+            out.append(Bound(size, 0.0, 0.0, 0.0, "none", "-", protos[0][0]))
+            continue
+        best = None
+        for name, pr in protos:
+            af = max(pr.alpha_factor, 0.0)
+            data = per_byte * size / pr.bandwidth_factor
+            terms = data + alpha * af
+            i = int(np.argmax(terms)) if len(terms) else -1
+            bw = float(terms[i]) if i >= 0 else 0.0
+            lat = L * af
+            if bw > lat:        # the cut's term; "latency" where its one hop outweighs its data
+                term, limit = ("bandwidth" if data[i] >= alpha[i] * af else "latency"), labels[i]
+            else:
+                term, limit = "latency", L_label
+            b = Bound(size, max(bw, lat), bw, lat, term, limit, name)
+            if best is None or b.seconds < best.seconds:
+                best = b
+        out.append(best)
+    return out
+
+
+def _constraints(collective: str, model: CutModel):
+    """Per cut (and root side) and partition: bytes per byte of size, capacity, latency, label."""
+    n = model.num_ranks
+    rows = []
+    for c in model.cuts:
+        d = max(demand(collective, n, c.k, r) for r in c.root_in)
+        if d > 0:
+            rows.append((d, c.capacity, c.alpha, c.label))
+    if collective == "allreduce":
+        rows += [(2.0 * (p.parts - 1), p.capacity, p.alpha, p.label) for p in model.partitions if p.parts > 1]
+    coef = np.array([r[0] for r in rows], dtype=float)
+    cap = np.array([r[1] for r in rows], dtype=float)
+    alpha = np.array([r[2] for r in rows], dtype=float)
+    return coef, cap, alpha, [r[3] for r in rows]
+
+
+# -- cut models ----------------------------------------------------------------
+def cut_model(topology: Topology, root: int = 0) -> CutModel:
+    """The cuts to try and the latencies of ``topology`` (root: for a
+    topology that is not symmetric, where the root's side matters)."""
+    kind = type(topology)
+    if kind is Uniform:
+        return _uniform(topology)
+    if kind is Nodes and topology.g % topology.switches == 0:
+        return _nodes(topology)
+    if kind is Torus:
+        return _torus(topology)
+    return _routes_model(topology, root)
+
+
+def _links_text(counts: dict[str, int], capacity: float) -> str:
+    parts = [f"{c} {kind}{'s' if c > 1 else ''}" for kind, c in counts.items() if c]
+    return f"{' + '.join(parts) or 'no shared link'}: {capacity / GB:g} GB/s"
+
+
+def _side_text(k: int, n: int, unit: str = "rank", per: int = 1) -> str:
+    """A symmetric topology's cut by its sizes (any k ranks will do)."""
+    if k == 1:
+        return "1 rank in"
+    if k == n - 1:
+        return "1 rank out"
+    if per > 1 and k % per == 0:
+        a, b = k // per, (n - k) // per
+        return f"{a} {unit}{'s' if a > 1 else ''} | {b}"
+    return f"{k} ranks | {n - k}"
+
+
+def _uniform(t: Uniform) -> CutModel:
+    n, bw, a = t.num_ranks, t.bandwidth, t.alpha
+    cuts = tuple(Cut(k, (False, True), k * (n - k) * bw, a,
+                     f"{_side_text(k, n)} ({_links_text({'link': k * (n - k)}, k * (n - k) * bw)})")
+                 for k in range(1, n))
+    every = n * (n - 1)
+    parts = (Partition(n, every * bw, a, f"every rank out ({_links_text({'link': every}, every * bw)})"),)
+    lat = a if n > 1 else 0.0
+    label = f"one hop of {a * 1e6:g} us"
+    return CutModel(n, cuts, parts if n > 1 else (), (lat, lat, lat), (label,) * 3, True)
+
+
+def _nodes(t: Nodes) -> CutModel:
+    """Nodes of g GPUs: per node a switch (or G PCIe switches under a CPU),
+    and a fabric of NICs across nodes. The min cut of each hub is taken on
+    the side that costs less (per node, the CPU's side is tried both ways)."""
+    n, g = t.num_ranks, t.g
+    N = n // g
+    per = g // t.switches
+    G = g // per
+    port, up, nic = t.port, t.uplink, t.nic
+    pa, ua, na = t.port_alpha, t.uplink_alpha, t.nic_alpha
+    cuts = []
+    for k in range(1, n):
+        a = k % g
+        counts = {"port": 0, "uplink": 0, "NIC": min(k, n - k) if N > 1 else 0}
+        alphas = [na] if N > 1 else []
+        if a:
+            inside = [min(max(a - j * per, 0), per) for j in range(G)]
+            outside = [per - x for x in inside]
+            if G == 1:
+                counts["port"] = min(a, g - a)
+            else:
+                best = None
+                for cpu_in_a in (False, True):
+                    ports = ups = 0
+                    for x, y in zip(inside, outside):
+                        # switch on T's side: its ports into A (and its uplink, if the CPU is in A);
+                        # on A's side: the ports from T into it (and its downlink, if the CPU is in T)
+                        to_a, to_t = x * port + cpu_in_a * up, y * port + (not cpu_in_a) * up
+                        ports += x if to_a <= to_t else y
+                        ups += (cpu_in_a if to_a <= to_t else not cpu_in_a)
+                    if best is None or ports * port + ups * up < best[0] * port + best[1] * up:
+                        best = (ports, ups)
+                counts["port"], counts["uplink"] = best
+            if any(x and y for x, y in zip(inside, outside)):
+                alphas.append(pa)
+            if any(x and y for i, x in enumerate(inside) for j, y in enumerate(outside) if i != j):
+                alphas.append(pa + ua)
+        cap = counts["port"] * port + counts["uplink"] * up + counts["NIC"] * nic
+        label = f"{_side_text(k, n, 'node', g)} ({_links_text(counts, cap)})"
+        cuts.append(Cut(k, (False, True), cap, min(alphas), label))
+    parts = []
+    if n > 1:
+        counts = {"port": n if g > 1 else 0, "NIC": n if N > 1 else 0}
+        cap = counts["port"] * port + counts["NIC"] * nic
+        alpha = min(([pa] if per > 1 else []) + ([pa + ua] if G > 1 else []) + ([na] if N > 1 else []))
+        parts.append(Partition(n, cap, alpha, f"every rank out ({_links_text(counts, cap)})"))
+    if N > 1 and g > 1:
+        parts.append(Partition(N, n * nic, na, f"every node out ({_links_text({'NIC': n}, n * nic)})"))
+    if G > 1 and per > 1:
+        counts = {"port": N * g if g * port <= G * up else 0, "uplink": 0 if g * port <= G * up else N * G,
+                  "NIC": n if N > 1 else 0}
+        cap = counts["port"] * port + counts["uplink"] * up + counts["NIC"] * nic
+        parts.append(Partition(N * G, cap, min([pa + ua] + ([na] if N > 1 else [])),
+                               f"every switch out ({_links_text(counts, cap)})"))
+    # latencies: a representative of up to 3 nodes has every kind of path a longer one has
+    m = min(N, 3) * g
+    exact = N == 1 or G == 1        # else whole switches may also spread over nodes: not all such cuts are tried
+    r = np.arange(m)
+    node, grp = r // g, r % g // per
+    lat = np.where(node[:, None] != node[None, :], na, np.where(grp[:, None] != grp[None, :], pa + ua, pa))
+    np.fill_diagonal(lat, 0.0)
+    far = float(_shortest(lat).max()) if m > 1 else 0.0
+    label = f"farthest ranks: {far * 1e6:g} us"
+    return CutModel(n, tuple(cuts), tuple(parts), (far, far, far), (label,) * 3, exact)
+
+
+def _torus(t: Torus) -> CutModel:
+    R, C, n, bw = t.rows, t.cols, t.num_ranks, t.bandwidth
+    links = set()
+    for u in range(n):
+        r, c = divmod(u, C)
+        if C > 1:
+            links |= {(u, r * C + (c + 1) % C), (u, r * C + (c - 1) % C)}
+        if R > 1:
+            links |= {(u, (r + 1) % R * C + c), (u, (r - 1) % R * C + c)}
+    U = np.array([u for u, _ in sorted(links)], dtype=np.int64)
+    V = np.array([v for _, v in sorted(links)], dtype=np.int64)
+    orders = [("row", np.arange(n))]
+    if R > 1 and C > 1:
+        orders.append(("column", np.array([r * C + c for c in range(C) for r in range(R)])))
+    cuts = []
+    for name, order in orders:
+        pos = np.empty(n, dtype=np.int64)
+        pos[order] = np.arange(n)
+        ks = np.arange(1, n)
+        inside = pos[None, :] < ks[:, None]                        # cut k-1: the first k ranks in this order
+        count = (~inside[:, U] & inside[:, V]).sum(axis=1) if len(U) else np.zeros(n - 1, dtype=np.int64)
+        line = C if name == "row" else R
+        for k, c in zip(ks.tolist(), count.tolist()):
+            cap = c * bw if c else math.inf
+            side = _side_text(k, n, name, line) if R > 1 and C > 1 else _side_text(k, n)
+            cuts.append(Cut(k, (False, True), cap, t.alpha, f"{side} ({_links_text({'link': c}, c * bw)})"))
+    every = len(links)
+    parts = (Partition(n, every * bw, t.alpha, f"every rank out ({_links_text({'link': every}, every * bw)})"),) \
+        if links else ()
+    hops = R // 2 + C // 2
+    far = hops * t.alpha
+    label = f"farthest ranks: {hops} hop{'s' if hops != 1 else ''}, {far * 1e6:g} us"
+    return CutModel(n, tuple(cuts), parts, (far, far, far), (label,) * 3, True)
+
+
+# -- any topology, by its routes -------------------------------------------------------
+def _routes_model(t: Topology, root: int) -> CutModel:
+    n = t.num_ranks
+    routes = {}
+    for s in range(n):
+        for d in range(n):
+            if s != d:
+                try:
+                    routes[s, d] = t.route(s, d)
+                except UsageError:                   # no path: no message can go that way
+                    pass
+    lat = np.full((n, n), math.inf)
+    np.fill_diagonal(lat, 0.0)
+    for (s, d), r in routes.items():
+        lat[s, d] = r.alpha
+    dist = _shortest(lat)
+    i, j = np.unravel_index(int(np.argmax(dist)), dist.shape)
+    pairs = ((int(i), int(j)), (root, int(np.argmax(dist[root]))), (int(np.argmax(dist[:, root])), root))
+    far = tuple(float(dist[p]) for p in pairs)
+    labels = tuple(f"rank {a} -> rank {b}: {v * 1e6:g} us" if math.isfinite(v) else f"no path from rank {a} to rank {b}"
+                   for (a, b), v in zip(pairs, far))
+    cuts = tuple(_route_cut(t, routes, side, root) for side in _sides(n, t.gpus_per_node))
+    parts = []
+    if n > 1:
+        parts.append(_route_partition(t, routes, list(range(n)), n, "every rank out"))
+    g = t.gpus_per_node
+    if g and 1 < g < n:
+        parts.append(_route_partition(t, routes, [r // g for r in range(n)], n // g, "every node out"))
+    return CutModel(n, cuts, tuple(p for p in parts if p is not None), far, labels, n <= ALL_CUTS)
+
+
+def _sides(n: int, g: int | None) -> list[frozenset]:
+    """Receiving sides: all of them up to ALL_CUTS ranks, else single ranks,
+    their complements, nodes, and aligned blocks of 2^j ranks (with their
+    complements): a certified subset."""
+    if n <= ALL_CUTS:
+        return [frozenset(r for r in range(n) if m >> r & 1) for m in range(1, (1 << n) - 1)]
+    found = set()
+    sizes = {1 << j for j in range(n.bit_length()) if 1 << j < n} | ({g} if g and g < n else set())
+    for size in sizes:
+        for start in range(0, n - size + 1, size):
+            block = frozenset(range(start, start + size))
+            found |= {block, frozenset(range(n)) - block}
+    return sorted(found, key=lambda s: (len(s), sorted(s)))
+
+
+def _ranks_text(ranks) -> str:
+    """"0-3,6" for ranks 0, 1, 2, 3 and 6."""
+    out, run = [], []
+    for r in sorted(ranks):
+        if run and r != run[-1] + 1:
+            out.append(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}")
+            run = []
+        run.append(r)
+    out.append(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}")
+    return ",".join(out)
+
+
+def _route_cut(t: Topology, routes: dict, side: frozenset, root: int) -> Cut:
+    n = t.num_ranks
+    crossing = [(s, d) for (s, d) in routes if s not in side and d in side]
+    rest = n - len(side)
+    where = (f"rank {next(iter(side))} in" if len(side) == 1 else
+             f"rank {next(iter(set(range(n)) - side))} out" if rest == 1 else
+             f"ranks {_ranks_text(side)} | {_ranks_text(set(range(n)) - side)}")
+    if not crossing:
+        return Cut(len(side), (root in side,), 0.0, math.inf, f"{where} (no route)")
+    alpha = min(routes[p].alpha for p in crossing)
+    paths = [routes[p].resources for p in crossing]
+    if any(not p for p in paths):
+        return Cut(len(side), (root in side,), math.inf, alpha, f"{where} (a route with no shared link)")
+    cap, links = _min_cut(paths, t.capacity)
+    return Cut(len(side), (root in side,), cap, alpha, f"{where} ({_links_text({'link': len(links)}, cap)})")
+
+
+def _route_partition(t: Topology, routes: dict, part: list[int], m: int, what: str) -> Partition | None:
+    """Links every route between parts crosses, the cheapest of: the routes'
+    first shared links, their last ones, and the union over parts of each
+    part's min cut in (or out)."""
+    between = {(s, d): r for (s, d), r in routes.items() if part[s] != part[d]}
+    if not between or any(not r.resources for r in between.values()):
+        return None
+    sets = [{r.resources[0] for r in between.values()}, {r.resources[-1] for r in between.values()}]
+    for into in (True, False):
+        links = set()
+        for p in set(part):
+            paths = [r.resources for (s, d), r in between.items() if (part[d] if into else part[s]) == p]
+            links |= set(_min_cut(paths, t.capacity)[1])
+        sets.append(links)
+    cap, links = min(((sum(t.capacity[x] for x in links), links) for links in sets), key=lambda c: c[0])
+    alpha = min(r.alpha for r in between.values())
+    return Partition(m, cap, alpha, f"{what} ({_links_text({'link': len(links)}, cap)})")
+
+
+def _shortest(lat: np.ndarray) -> np.ndarray:
+    """All-pairs shortest paths (Floyd-Warshall, a row of numpy per rank)."""
+    d = lat.copy()
+    for k in range(len(d)):
+        np.minimum(d, d[:, k:k + 1] + d[k:k + 1, :], out=d)
+    return d
+
+
+def _min_cut(paths: list[tuple[int, ...]], capacity: list[float]) -> tuple[float, list[int]]:
+    """The cheapest set of links meeting every path (each a sequence of link
+    ids), as a min cut: each link an edge in -> out of its capacity, a path
+    source -> first in, out -> next in, ..., last out -> sink (unbounded).
+    Every path is then a source-sink path, so a cut meets each; paths made of
+    pieces of several only add constraints (exact for paths of <= 2 links)."""
+    node = {}
+
+    def vertex(key):
+        if key not in node:
+            node[key] = len(node)
+        return node[key]
+
+    src, snk = vertex("s"), vertex("t")
+    edges = {}
+    for p in paths:
+        prev = src
+        for x in p:
+            i, o = vertex(("in", x)), vertex(("out", x))
+            edges.setdefault((i, o), capacity[x])
+            edges.setdefault((prev, i), math.inf)
+            prev = o
+        edges.setdefault((prev, snk), math.inf)
+    flow, reach = _max_flow(len(node), edges, src, snk)
+    links = sorted(x for key, v in node.items() if key[0] == "in"
+                   for x in [key[1]] if reach[v] and not reach[node[("out", x)]])
+    return flow, links
+
+
+def _max_flow(nv: int, edges: dict, s: int, t: int) -> tuple[float, list[bool]]:
+    """Edmonds-Karp: (max flow value, the source side of a min cut)."""
+    to, cap, adj = [], [], [[] for _ in range(nv)]
+    for (u, v), c in edges.items():          # edge e and its reverse e ^ 1
+        adj[u].append(len(to))
+        to.append(v)
+        cap.append(c)
+        adj[v].append(len(to))
+        to.append(u)
+        cap.append(0.0)
+    # what rounding leaves of a saturated edge is no capacity
+    eps = 1e-12 * max([c for c in cap if math.isfinite(c)] + [1.0])
+    total = 0.0
+    while True:
+        back = [-1] * nv
+        seen = [False] * nv
+        seen[s] = True
+        queue = deque([s])
+        while queue and not seen[t]:
+            u = queue.popleft()
+            for e in adj[u]:
+                v = to[e]
+                if not seen[v] and cap[e] > eps:
+                    seen[v] = True
+                    back[v] = e
+                    queue.append(v)
+        if not seen[t]:
+            return total, seen
+        push, v = math.inf, t
+        while v != s:
+            e = back[v]
+            push = min(push, cap[e])
+            v = to[e ^ 1]
+        v = t
+        while v != s:
+            e = back[v]
+            cap[e] -= push
+            cap[e ^ 1] += push
+            v = to[e ^ 1]
+        total += push

@@ -1,0 +1,281 @@
+"""``msc simulate``: how long a plan takes on a topology, per message size,
+from the cost model (msc.sim.topology) rather than a run.
+
+The model, per step of a threadblock and tile iteration: wait for the
+threadblock's previous step, the step's dependencies, its message and (if
+it sends) a free slot on its connection; compute (gamma per reduced byte,
+the copy rate per locally copied byte); transmit at the route's rate (a
+threadblock's rate, unshared links, shared links split max-min fairly); the
+message arrives one route latency (alpha) later, and a consumed slot is
+back at the sender one latency after the receiving step ends. Protocols
+scale latency and bandwidth (msc.sim.topology.Protocol). Chunks are taken as
+q = ceil(count / k) elements each; a chunk streams in ceil(q bytes / tile)
+iterations, as the runtime loops over tiles.
+
+Two engines compute it: msc.sim.fast (max-plus, numpy, all sizes at once) and,
+for the sizes where concurrent transfers did share a link, msc.sim.events
+(event-driven, max-min fair sharing). Both give the same times whenever no
+link is shared by overlapping transfers (tests/test_simulate.py).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from msc.dsl.collectives import get_collective
+from msc.errors import UsageError
+from msc.ir import Plan
+from msc.ir.limits import MAX_TILES
+from msc.units import BUSBW_FACTOR, parse_dtype
+from msc.sim.events import EventSim
+from msc.sim.fast import JUMP_MIN, evaluate, layers, prepare
+from msc.sim.arrays import SimPlan, compile_plan
+from msc.sim.topology import Topology
+
+ENGINES = ("auto", "fast", "events")
+# Floats of kept times (iterations x steps x sizes) per fast evaluation: bounds memory near 200 MB.
+FAST_BUDGET = 24_000_000
+
+
+@dataclass(frozen=True)
+class SimResult:
+    size: int               # bytes, nccl-tests' size (rounded down to whole elements per unit)
+    count: int              # elements per data unit (the NCCL count)
+    seconds: float
+    iterations: int         # tile iterations
+    engine: str             # "fast" or "events"
+    contended: bool         # whether overlapping transfers shared a link
+
+
+class Simulator:
+    """A plan bound to a topology: ``run(sizes)`` gives a SimResult per size.
+
+    ``tile``: bytes per chunk and iteration (default: the plan's, else the
+    protocol's); ``slots``: messages in flight per connection (default: the
+    plan's). The plan's arrays and layers are built once and reused."""
+
+    def __init__(self, plan: Plan | SimPlan, topology: Topology, *, tile: int | None = None,
+                 slots: int | None = None, dtype: str = "float"):
+        sp = plan if isinstance(plan, SimPlan) else compile_plan(plan)
+        plan = sp.plan
+        if topology.num_ranks != plan.num_ranks:
+            raise UsageError(f"topology {topology.name!r} has {topology.num_ranks} ranks, plan {plan.name!r} "
+                             f"{plan.num_ranks}")
+        for what, v in (("tile", tile), ("slots", slots)):
+            if v is not None and (type(v) is not int or v < 1):
+                raise UsageError(f"{what} must be an int >= 1, got {v!r}")
+        self.sp, self.plan, self.topology = sp, plan, topology
+        proto = topology.protocol(plan.protocol)
+        self.tile = tile or plan.tile or proto.tile
+        self.slots = slots or plan.slots
+        self.type_name, dt = parse_dtype(dtype)
+        self.itemsize = dt.itemsize
+        routes = [topology.route(int(s), int(d)) for s, d in zip(sp.conn_src, sp.conn_dst)]
+        bw = proto.bandwidth_factor
+        self.alpha = np.array([r.alpha for r in routes]) * proto.alpha_factor
+        self.capacity = [c * bw for c in topology.capacity]
+        self.cap = [min(r.bandwidth, topology.threadblock_bandwidth) * bw for r in routes]
+        self.res = [r.resources for r in routes]
+        self.rate = rate = np.array([min([c] + [self.capacity[x] for x in res]) for c, res in zip(self.cap, self.res)])
+        if len(rate) and not (rate > 0).all():
+            raise UsageError(f"topology {topology.name!r} gives a connection no bandwidth")
+        send_conn = np.full(sp.num_steps, -1, dtype=np.int64)
+        send_conn[sp.msg_send] = np.repeat(np.arange(len(routes)), np.diff(sp.conn_ptr))
+        self.send_conn = send_conn
+        self.comp = sp.count * (topology.gamma * sp.nred + topology.delta * sp.ncopy)
+        self.tx = np.where(send_conn >= 0, sp.count / (rate[np.maximum(send_conn, 0)] if len(rate) else 1.0), 0.0)
+        self._watch_setup()
+        self._layers = None
+        self._events = None
+
+    def _watch_setup(self):
+        """Shared links that more than one connection crosses, if together
+        they could want more than the link has: only there can sharing slow a
+        transfer (a threadblock transmits one message at a time)."""
+        users: dict[int, set] = {}
+        for c, res in enumerate(self.res):
+            for r in res:
+                users.setdefault(r, set()).add(c)
+        contested = {r for r, cs in users.items()
+                     if len(cs) > 1 and sum(self.rate[c] for c in cs) > self.capacity[r] * (1 + 1e-9)}
+        self.conn_watch = [tuple(r for r in res if r in contested) for res in self.res]
+        watched = np.array([bool(w) for w in self.conn_watch] + [False])
+        self.watch = watched[self.send_conn] if contested else None
+
+    def chunk_geometry(self, size: int) -> tuple[int, int, float]:
+        """(rounded size, count, chunk bytes) for a requested nccl-tests size."""
+        from msc.executor import buffer_elements
+
+        k, big = self.plan.chunk_factor, self.sp.chunks_big
+        count = size * k // (self.itemsize * big) if big else 0
+        q = -(-count // k)
+        return buffer_elements(big, count, k) * self.itemsize, count, float(q * self.itemsize)
+
+    def run(self, requested: list[int], *, engine: str = "auto") -> list[SimResult]:
+        if engine not in ENGINES:
+            raise UsageError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+        geo = [self.chunk_geometry(s) for s in requested]
+        iters = [math.ceil(q / self.tile) for _, _, q in geo]
+        for (size, _, _), n in zip(geo, iters):
+            if n > MAX_TILES:
+                raise UsageError(f"a size of {size} bytes is {n} tiles of {self.tile} bytes per chunk, over msc's "
+                                 f"limit of {MAX_TILES} simulated tile iterations: use a larger --tile or a smaller size")
+        out: list = [None] * len(geo)
+        todo = [i for i, n in enumerate(iters) if n > 0]
+        for i, n in enumerate(iters):
+            if n == 0:
+                out[i] = SimResult(geo[i][0], geo[i][1], 0.0, 0, "none", False)
+        if engine == "events":
+            for i in todo:
+                out[i] = SimResult(geo[i][0], geo[i][1], self._events_time(geo[i][2]), iters[i], "events", False)
+            return out
+        if self._layers is None:
+            self._layers = layers(self.sp, self.slots)
+            self._levels = prepare(self._layers, self.alpha, self.comp, self.tx, self.watch)
+        for batch in self._batches(todo, iters):
+            imax = max(iters[i] for i in batch)
+            tlen = np.array([[self._tlen(geo[i][2], it) for i in batch] for it in range(imax)])
+            res = evaluate(self._layers, self._levels, tlen, watching=self.watch is not None)
+            clash = self._contended(res.sends, len(batch))
+            for j, i in enumerate(batch):
+                if clash[j] and engine == "auto":
+                    out[i] = SimResult(geo[i][0], geo[i][1], self._events_time(geo[i][2]), iters[i], "events", True)
+                else:
+                    out[i] = SimResult(geo[i][0], geo[i][1], float(res.seconds[j]), iters[i], "fast", bool(clash[j]))
+        return out
+
+    def _batches(self, todo, iters):
+        G = max(self.sp.num_steps, 1)
+        window = self._layers.max_delta + 1
+        batch, out = [], []
+        for i in sorted(todo, key=lambda i: iters[i]):
+            if iters[i] > JUMP_MIN:               # alone: a single size can skip periodic iterations
+                out.append([i])
+                continue
+            if batch and min(max(iters[i], 1), window) * G * (len(batch) + 1) > FAST_BUDGET:
+                out.append(batch)
+                batch = []
+            batch.append(i)
+        if batch:
+            out.append(batch)
+        return out
+
+    def _tlen(self, q: float, it: int) -> float:
+        return min(self.tile, max(q - it * self.tile, 0.0))
+
+    def _contended(self, sends, nsz: int) -> np.ndarray:
+        """Per size: whether, at some moment, the transmissions on a shared
+        link wanted more than its capacity. If never, every flow ran at its
+        solo rate under max-min sharing too, so the fast schedule is exact.
+        A sweep over start (+rate) and end (-rate) events sorted by (link,
+        time, ends first) gives each link's load as a running sum (the sum
+        over a link's events is zero, so one cumsum serves all links)."""
+        clash = np.zeros(nsz, dtype=bool)
+        if sends is None or not len(sends[1]):
+            return clash
+        _, g, t0, t1 = sends
+        conns = self.send_conn[g]
+        nres = np.array([len(self.conn_watch[c]) for c in conns])
+        res = np.array([r for c in conns for r in self.conn_watch[c]], dtype=np.int64)
+        rate = np.repeat(self.rate[conns], nres)
+        t0, t1 = np.repeat(t0, nres, axis=0), np.repeat(t1, nres, axis=0)
+        cap = np.asarray(self.capacity)
+        for s in range(nsz):
+            live = t1[:, s] > t0[:, s]
+            if live.sum() < 2:
+                continue
+            r, rt = res[live], rate[live]
+            when = np.concatenate([t0[live, s], t1[live, s]])
+            step = np.concatenate([rt, -rt])
+            link = np.concatenate([r, r])
+            order = np.lexsort((step, when, link))
+            load = np.cumsum(step[order])
+            clash[s] = bool(np.any(load > cap[link[order]] * (1 + 1e-9)))
+        return clash
+
+    # -- the event engine ----------------------------------------------------
+    def event_sim(self) -> EventSim:
+        if self._events is None:
+            sp = self.sp
+            per_iter = np.diff(sp.conn_ptr)
+            mconn = np.repeat(np.arange(len(per_iter)), per_iter)
+            ordinal = np.arange(len(mconn)) - sp.conn_ptr[mconn]
+            so = np.full(sp.num_steps, -1, dtype=np.int64)
+            ro = np.full(sp.num_steps, -1, dtype=np.int64)
+            rconn = np.full(sp.num_steps, -1, dtype=np.int64)
+            so[sp.msg_send] = ordinal
+            ro[sp.msg_recv] = ordinal
+            rconn[sp.msg_recv] = mconn
+            deps = [[] for _ in range(sp.num_steps)]
+            for s, d in zip(sp.dep_src.tolist(), sp.dep_dst.tolist()):
+                t = int(sp.step_tb[s])
+                deps[d].append((t, s - int(sp.tb_start[t])))
+            rows = list(zip(range(sp.num_steps), self.comp.tolist(), sp.count.tolist(), self.send_conn.tolist(),
+                            rconn.tolist(), so.tolist(), ro.tolist(), deps))
+            steps = [rows[a:b] for a, b in zip(sp.tb_start[:-1].tolist(), sp.tb_start[1:].tolist())]
+            names = list(zip(sp.tb_rank.tolist(), sp.tb_local.tolist()))
+            self._events = EventSim(steps, per_iter.tolist(), self.alpha.tolist(), self.cap, self.res,
+                                    self.capacity, self.slots, names)
+        return self._events
+
+    def _events_time(self, q: float) -> float:
+        n = math.ceil(q / self.tile)
+        return self.event_sim().run([self._tlen(q, it) for it in range(n)])
+
+    def timeline(self, size: int):
+        """(SimResult, arrays) for one size: per step instance its
+        threadblock ``tb`` (global index), ``it``eration, global ``step`` id,
+        ``start``, ``txs`` (transmission start) and ``end`` in seconds."""
+        [res] = self.run([size])
+        rounded, count, q = self.chunk_geometry(size)
+        n = res.iterations
+        if n == 0:
+            empty = np.zeros(0)
+            return res, {"tb": empty.astype(int), "it": empty.astype(int), "step": empty.astype(int),
+                         "start": empty, "txs": empty, "end": empty}
+        tlen = [self._tlen(q, it) for it in range(n)]
+        if res.engine == "fast":
+            fr = evaluate(self._layers, self._levels, np.array(tlen)[:, None], record=True)
+            G = self.sp.num_steps
+            step = np.tile(np.arange(G), n)
+            out = {"tb": self.sp.step_tb[step].astype(np.int64), "it": np.repeat(np.arange(n), G), "step": step,
+                   "start": fr.timeline[0, :, 0, :].ravel(), "txs": fr.timeline[1, :, 0, :].ravel(),
+                   "end": fr.timeline[2, :, 0, :].ravel()}
+        else:
+            _, log = self.event_sim().run(tlen, record=True)
+            arr = np.array(log, dtype=np.float64).reshape(-1, 6)
+            tb = arr[:, 0].astype(np.int64)
+            step = self.sp.tb_start[tb] + arr[:, 2].astype(np.int64)
+            out = {"tb": tb, "it": arr[:, 1].astype(np.int64), "step": step, "start": arr[:, 3], "txs": arr[:, 4],
+                   "end": arr[:, 5]}
+        return res, out
+
+    # -- records ---------------------------------------------------------------
+    def records(self, requested: list[int], *, engine: str = "auto") -> list[dict]:
+        """nccl-tests records (msc.cli.run's fields; nothing is run or checked,
+        so #wrong is 0) plus ``iterations``, ``engine`` and ``contended``."""
+        plan = self.plan
+        try:
+            has_root = get_collective(plan.collective).has_root
+        except UsageError:                 # a custom collective: no nccl-tests bus factor, busbw = algbw
+            has_root = False
+        factor = BUSBW_FACTOR.get(plan.collective, lambda n: 1.0)(plan.num_ranks)
+        out = []
+        for req, r in zip(requested, self.run(requested, engine=engine)):
+            us = r.seconds * 1e6
+            algbw = r.size / us / 1e3 if us > 0 else 0.0
+            out.append({"plan": plan.name, "size": r.size, "count": r.count, "type": self.type_name,
+                        "redop": "sum" if plan.collective in ("allreduce", "reducescatter", "reduce") else "none",
+                        "root": plan.root if has_root else -1, "time": us, "algbw": algbw,
+                        "busbw": algbw * factor, "inplace": plan.inplace, "requested_size": req,
+                        "rounded": r.size != req, "iterations": r.iterations, "engine": r.engine,
+                        "contended": r.contended, "topology": self.topology.name})
+        return out
+
+
+def simulate(plan: Plan, topology: Topology, requested: list[int], **kw) -> list[dict]:
+    """Records for ``requested`` sizes (see Simulator.records)."""
+    engine = kw.pop("engine", "auto")
+    return Simulator(plan, topology, **kw).records(requested, engine=engine)

@@ -1,0 +1,339 @@
+"""``msc tune``: simulate algorithms x parameters x protocols x instance
+counts on a topology, pick the fastest per size range, write the chosen
+plans with their ranges.
+
+Parameter variations (unless ``--param name=v1,v2`` lists them): an int
+parameter with default d tries d, d/2, 2d and 4d (``chunks``: more or fewer
+pipeline pieces); ``gpus_per_node`` also tries the topology's node size;
+a bool tries both; anything else keeps its default. ``root`` is never
+varied. At most MAX_VARIANTS combinations per algorithm, defaults first.
+
+Ranges follow MSCCL: a plan serves min_bytes <= size < max_bytes. The first
+range starts at 0 and the last is open (max_bytes null), so every size has a
+plan; between two swept sizes with different winners the crossover is found
+by bisection (both plans simulated at the midpoint, in log scale).
+
+Cost: every candidate is simulated by the fast engine at every size (exact
+where no link is over-subscribed, else a lower bound: sharing only slows a
+transfer); the event engine then runs only where a bound could still beat
+the best two exact times, so winners and runners-up are exact.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from msc.errors import AlgorithmError, LoweringError, MscError, UsageError
+from msc.ir.ops import DEFAULT_PROTOCOL, PROTOCOL_NAMES
+from msc.units import BUSBW_FACTOR, format_size
+from msc.sim.simulate import Simulator
+
+MAX_VARIANTS = 12
+BISECT_ROUNDS = 6
+# The baseline "vs ring" column compares with: the library's ring (chain for broadcast), Simple, 1 instance.
+BASELINE = {"allreduce": "allreduce/ring", "allgather": "allgather/ring", "reducescatter": "reducescatter/ring",
+            "reduce": "reduce/ring", "broadcast": "broadcast/chain"}
+
+
+@dataclass
+class Candidate:
+    algorithm: str
+    file: str
+    params: dict
+    varied: dict
+    protocol: str
+    instances: int
+    plan: object
+    sim: Simulator
+    times: list = field(default_factory=list)      # seconds per swept size (exact, or a lower bound)
+    known: list = field(default_factory=list)      # whether times[j] is exact
+
+    @property
+    def label(self) -> str:
+        extra = f"[{','.join(f'{k}={v}' for k, v in self.varied.items())}]" if self.varied else ""
+        return f"{self.algorithm}{extra} {self.protocol} x{self.instances}"
+
+    def filename(self, ranks: int) -> str:
+        extra = "".join(f"-{k}{v}" for k, v in self.varied.items())
+        name = f"{self.plan.collective}-{self.algorithm}{extra}-{self.protocol}-i{self.instances}-n{ranks}.plan"
+        return re.sub(r"[^A-Za-z0-9_.=-]", "_", name)
+
+    def time_at(self, size: int) -> float:
+        return self.sim.run([size])[0].seconds
+
+    def exact(self, j: int, size: int) -> float:
+        """The time at swept size j, simulating contention if the fast
+        engine's was only a bound."""
+        if not self.known[j]:
+            self.times[j] = self.time_at(size)
+            self.known[j] = True
+        return self.times[j]
+
+
+@dataclass
+class TuneResult:
+    collective: str
+    ranks: int
+    topology: str
+    sizes: list
+    candidates: list
+    winners: list            # per size: candidate index
+    ranges: list             # (min_bytes, max_bytes or None, candidate index)
+    baseline: Candidate | None
+    skipped: list            # human-readable notes
+    bounds: list = field(default_factory=list)   # per size: msc bound's time (s); empty: no bound
+
+
+def variants(alg, topology, user: dict) -> list[dict]:
+    options = {}
+    for key, default in alg.params.items():
+        if key == "root":
+            continue
+        if key in user:
+            options[key] = list(user[key])
+        elif key == "gpus_per_node" and topology.gpus_per_node:
+            options[key] = [default, topology.gpus_per_node]
+        elif type(default) is bool:
+            options[key] = [default, not default]
+        elif type(default) is int and default >= 1:
+            options[key] = [default, max(1, default // 2), 2 * default, 4 * default]
+        else:
+            options[key] = [default]
+        options[key] = list(dict.fromkeys(options[key]))
+    keys = list(options)
+    combos = [dict(zip(keys, values)) for values in itertools.product(*(options[k] for k in keys))]
+    return combos[:MAX_VARIANTS]
+
+
+def _candidates(path, alg, ranks, topology, protocols, instances, user, inplace, skipped, varied_keys=True):
+    import msc
+    from msc.lower.pipeline import LowerOptions, lower
+
+    out = []
+    for params in variants(alg, topology, user):
+        shown = {k: v for k, v in params.items() if v != alg.params.get(k)} if varied_keys else {}
+        try:
+            if not alg.supports(ranks, **params):
+                skipped.append(f"{alg.name} {params}: does not support {ranks} ranks")
+                continue
+            prog = msc.trace(alg, ranks, inplace=inplace, **params)
+            msc.verify(prog)
+        except (AlgorithmError, MscError) as exc:
+            skipped.append(f"{alg.name} {params}: {str(exc).splitlines()[0]}")
+            continue
+        for proto in protocols:
+            for inst in instances:
+                try:
+                    plan = lower(prog, LowerOptions(protocol=proto, instances=inst))
+                except (LoweringError, MscError) as exc:
+                    skipped.append(f"{alg.name} {params} {proto} x{inst}: {str(exc).splitlines()[0]}")
+                    continue
+                out.append(Candidate(alg.name, str(path), params, shown, proto, inst, plan,
+                                     Simulator(plan, topology)))
+    return out
+
+
+def tune(files: list[str], ranks: int, topology, requested: list[int], *, protocols=("Simple", "LL"),
+         instances=(1, 2, 4), user_params: dict | None = None, inplace: bool | None = None,
+         refine: bool = True) -> TuneResult:
+    from msc.dsl.loader import load_algorithms
+
+    if not files:
+        raise UsageError("tune needs at least one algorithm file")
+    if not requested:
+        raise UsageError("no sizes to tune for (check -b, -e)")
+    for p in protocols:
+        if p not in PROTOCOL_NAMES:
+            raise UsageError(f"unknown protocol {p!r} (expected {', '.join(PROTOCOL_NAMES)})")
+    for i in instances:
+        if type(i) is not int or i < 1:
+            raise UsageError(f"instance counts must be ints >= 1, got {i!r}")
+    user = user_params or {}
+    skipped, cands, collective = [], [], None
+    for path in files:
+        algs = load_algorithms(path)
+        if not algs:
+            raise UsageError(f"{path} defines no @msc.algorithm")
+        for alg in algs:
+            if collective is None:
+                collective = alg.collective.name
+            elif alg.collective.name != collective:
+                raise UsageError(f"tune compares algorithms of one collective: {alg.name} in {path} is "
+                                 f"{alg.collective.name}, not {collective}")
+            cands += _candidates(path, alg, ranks, topology, protocols, instances, user, inplace, skipped)
+    if not cands:
+        raise UsageError("no algorithm could be built at these settings:\n  " + "\n  ".join(skipped))
+    baseline = _baseline(collective, ranks, topology, inplace, cands)
+    _simulate(cands, baseline, requested)
+    winners = [min(range(len(cands)), key=lambda i: (cands[i].times[j], i)) for j in range(len(requested))]
+    ranges = _ranges(requested, winners, cands, refine)
+    return TuneResult(collective, ranks, topology.name, list(requested), cands, winners, ranges, baseline, skipped,
+                      _bounds(collective, topology, cands, winners, requested))
+
+
+def _bounds(collective, topology, cands, winners, requested) -> list:
+    """msc bound's time per size (s), at the size the winner simulates (rounded down to its chunks)."""
+    from msc.sim.bound import COLLECTIVES, lower_bound
+
+    if collective not in COLLECTIVES:
+        return []
+    at = [cands[w].sim.chunk_geometry(s)[0] for w, s in zip(winners, requested)]
+    return [b.seconds for b in lower_bound(collective, topology, at, root=cands[0].plan.root)]
+
+
+def _simulate(cands, baseline, requested):
+    """Times per size, exact where it matters. The fast engine gives every
+    candidate's time without contention, a lower bound (sharing a link only
+    slows transfers); only candidates whose bound could still beat the best
+    two exact times get the event-driven simulation, so at each size the
+    winner and the runner-up are exact and the rest are bounds."""
+    everyone = cands + ([baseline] if baseline is not None and baseline not in cands else [])
+    for c in everyone:
+        res = c.sim.run(requested, engine="fast")
+        c.times = [r.seconds for r in res]
+        c.known = [not r.contended for r in res]
+    for j in range(len(requested)):
+        best = []
+        for i in sorted(range(len(cands)), key=lambda i: (cands[i].times[j], i)):
+            c = cands[i]
+            if len(best) >= 2 and c.times[j] >= best[1]:
+                break
+            best = sorted(best + [c.exact(j, requested[j])])
+        if baseline is not None:
+            baseline.exact(j, requested[j])
+
+
+def _baseline(collective, ranks, topology, inplace, cands):
+    from msc.dsl.loader import load_algorithms, resolve
+
+    name = BASELINE.get(collective)
+    if name is None:
+        return None
+    target = resolve(name).resolve()
+    for c in cands:
+        if resolve(c.file).resolve() == target and not c.varied and c.protocol == DEFAULT_PROTOCOL and c.instances == 1:
+            return c
+    try:
+        [alg] = load_algorithms(name)
+        found = _candidates(name, alg, ranks, topology, (DEFAULT_PROTOCOL,), (1,),
+                            {k: [v] for k, v in alg.params.items()}, inplace, [], varied_keys=False)
+    except MscError:
+        return None
+    return found[0] if found else None
+
+
+def _ranges(requested, winners, cands, refine):
+    out = []
+    lo = 0
+    for j in range(len(requested)):
+        if j + 1 < len(requested) and winners[j + 1] == winners[j]:
+            continue
+        if j + 1 == len(requested):
+            out.append((lo, None, winners[j]))
+            break
+        a, b = cands[winners[j]], cands[winners[j + 1]]
+        hi = requested[j + 1]
+        if refine:
+            x, y = requested[j], requested[j + 1]
+            for _ in range(BISECT_ROUNDS):
+                mid = int(round(math.sqrt(max(x, 1) * y)))
+                if mid <= x or mid >= y:
+                    break
+                if a.time_at(mid) <= b.time_at(mid):
+                    x = mid
+                else:
+                    y = mid
+            hi = y
+        out.append((lo, hi, winners[j]))
+        lo = hi
+    return out
+
+
+# -- output -----------------------------------------------------------------
+def index_entries(result: TuneResult) -> list[dict]:
+    out = []
+    for lo, hi, i in result.ranges:
+        c = result.candidates[i]
+        entry = {"file": c.filename(result.ranks), "collective": result.collective, "ranks": result.ranks,
+                 "min_bytes": lo, "max_bytes": hi, "algorithm": c.algorithm, "protocol": c.protocol,
+                 "instances": c.instances, "inplace": c.plan.inplace}
+        if result.collective in ("broadcast", "reduce"):
+            entry["root"] = c.plan.root
+        # "_" keys: the tuner's notes (a registry ignores them)
+        entry.update({"_params": c.params, "_topology": result.topology, "_label": c.label})
+        out.append(entry)
+    return out
+
+
+def write_plans(result: TuneResult, outdir: str | Path) -> list[dict]:
+    """The chosen plans as .plan files and their ranges in plans.json (each
+    file written whole or not at all, plans.json last)."""
+    from msc.formats.files import write_output
+    from msc.formats.plan_text import save_plan
+
+    outdir = Path(outdir)
+    outdir.mkdir(parents=True, exist_ok=True)
+    entries = index_entries(result)
+    for entry, (_, _, i) in zip(entries, result.ranges):
+        save_plan(result.candidates[i].plan, outdir / entry["file"])
+    write_output(outdir / "plans.json", json.dumps(entries, indent=2) + "\n")
+    return entries
+
+
+
+
+def per_size(result: TuneResult) -> list[dict]:
+    factor = BUSBW_FACTOR.get(result.collective, lambda n: 1.0)(result.ranks)
+    rows = []
+    for j, size in enumerate(result.sizes):
+        order = sorted(range(len(result.candidates)), key=lambda i: (result.candidates[i].times[j], i))
+        win = result.candidates[order[0]]
+        t = win.times[j]
+        nxt = result.candidates[order[1]] if len(order) > 1 else None
+        base = result.baseline
+        rows.append({"size": size, "winner": win.label, "time_us": t * 1e6,
+                     "busbw": size / t / 1e9 * factor if t > 0 else 0.0,
+                     "runner_up": nxt.label if nxt else None,
+                     "vs_runner_up": nxt.times[j] / t if nxt and t > 0 else None,
+                     "vs_ring": base.times[j] / t if base and t > 0 else None,
+                     "bound_us": result.bounds[j] * 1e6 if result.bounds else None,
+                     "bound_pct": 100 * result.bounds[j] / t if result.bounds and t > 0 else None})
+    return rows
+
+
+def format_tune(result: TuneResult, outdir: str | None = None) -> str:
+    rows = per_size(result)
+    w = max([len(c.label) for c in result.candidates] + [9])
+    lines = [f"# msc tune: {result.collective}, {result.ranks} ranks, topology {result.topology}, "
+             f"{len(result.candidates)} candidates (predicted times)",
+             f"#{'size':>10}  {'winner':<{w}} {'time(us)':>9} {'busbw':>7} {'%bound':>6}  {'runner-up':<{w}} "
+             f"{'x':>6}  {'vs ring':>7}"]
+    for row in rows:
+        x = f"{row['vs_runner_up']:.2f}x" if row["vs_runner_up"] else "-"
+        ring = f"{row['vs_ring']:.2f}x" if row["vs_ring"] else "-"
+        pct = f"{row['bound_pct']:.1f}" if row["bound_pct"] is not None else "-"
+        lines.append(f"{format_size(row['size']):>11}  {row['winner']:<{w}} {row['time_us']:9.2f} {row['busbw']:7.2f} "
+                     f"{pct:>6}  {row['runner_up'] or '-':<{w}} {x:>6}  {ring:>7}")
+    lines.append("# chosen (min_bytes <= size < max_bytes)" + (f", written to {outdir}/plans.json:" if outdir else ":"))
+    for entry, (lo, hi, i) in zip(index_entries(result), result.ranges):
+        span = f"[{format_size(lo)}, {format_size(hi)})"
+        lines.append(f"#   {span:<22} {result.candidates[i].label:<{w}} {entry['file']}")
+    if result.baseline is None:
+        lines.append("# vs ring: no ring baseline for this collective")
+    else:
+        lines.append(f"# vs ring: {result.baseline.label} (time of the ring / time of the winner)")
+    lines.append("# %bound: msc bound's least time as a percent of the winner's (100: no plan can be faster)")
+    for note in result.skipped:
+        lines.append(f"# skipped: {note}")
+    return "\n".join(lines)
+
+
+def records(result, cand) -> list[dict]:
+    """busbw records of a candidate at the swept sizes (for plots)."""
+    factor = BUSBW_FACTOR.get(result.collective, lambda n: 1.0)(result.ranks)
+    return [{"size": s, "busbw": s / t / 1e9 * factor if t > 0 else 0.0, "time": t * 1e6}
+            for s, t in zip(result.sizes, cand.times)]

@@ -1,0 +1,604 @@
+"""The plan verifier: independent of the DSL verifier, it executes a plan
+abstractly, threadblock by threadblock, with symbolic chunks and FIFO
+connections that hold at most ``slots`` messages.
+
+- Postcondition: every output chunk holds exactly the contributions the
+  collective requires (the DSL verifier's multisets, ``msc.verification.program``).
+- Size independence: a chunk's *class* is its index within its data unit
+  (index mod chunk factor). Data may only land in a user-buffer chunk of its
+  own class and only same-class chunks are reduced together; then any element
+  count works, tail chunks included (each class has one length at run time).
+- Deadlock: when no threadblock can move, the waits (dependency, message,
+  space on a connection) are followed to a cycle, which the error lists.
+- Races: two steps of one rank that touch the same chunk, one writing, must
+  be ordered by happens-before: program order, dependencies and
+  send -> receive. Checked on the happens-before relation, not on the order
+  this executor happened to pick, so the verdict does not depend on it.
+
+Deadlock-freedom and the symbolic result do not depend on the execution
+order either: each threadblock is sequential and connections are FIFO with
+blocking ends (a Kahn network), so every order reaches the same state.
+"""
+from __future__ import annotations
+
+import bisect
+import time
+from dataclasses import dataclass
+
+from msc.verification import plan_fast
+from msc.dsl.collectives import Collective, get_collective
+from msc.errors import DeadlockError, PlanError, RaceError, UsageError, VerificationError
+from msc.ir import Plan, StepOp
+from msc.perf import pause_gc
+from msc.verification import crosscheck
+from msc.verification.plan_values import check_plan
+from msc.verification.program import Sum, contribution_error, contributions
+from msc.ir.worklist import drive
+
+
+@dataclass(frozen=True)
+class PlanReport:
+    name: str
+    collective: str
+    num_ranks: int
+    threadblocks: int
+    steps: int
+    connections: int
+    slots: int
+    seconds: float
+
+    def to_dict(self) -> dict:
+        return {"plan": self.name, "collective": self.collective, "ranks": self.num_ranks,
+                "threadblocks": self.threadblocks, "steps": self.steps, "connections": self.connections,
+                "slots": self.slots, "seconds": round(self.seconds, 6), "verified": True}
+
+
+@pause_gc
+def check_races(plan: Plan, *, collective: Collective | None = None) -> None:
+    """Only the race check of verify_plan (RaceError); the plan must be checked."""
+    coll = collective or plan_collective(plan)
+    if not _may_race(plan):
+        return
+    run = _Execution(plan, coll.layout(plan.num_ranks, plan.chunk_factor, plan.inplace, plan.root), plan.slots)
+    if run.static_order():
+        run.check_races()
+
+
+def _may_race(plan: Plan) -> bool:
+    """Whether some rank has two threadblocks: a rank with one runs its steps
+    in program order, so no two of them can race (a ring's ranks, for one)."""
+    return any(len(rp.threadblocks) > 1 for rp in plan.ranks)
+
+
+def plan_collective(plan: Plan) -> Collective:
+    """The built-in collective a plan names (a custom one must be passed in)."""
+    try:
+        return get_collective(plan.collective)
+    except UsageError:
+        raise PlanError(f"the plan is for collective {plan.collective!r}, which is not built in: verify it from "
+                        f"Python with verify_plan(plan, collective=...) and the CustomCollective it was made for") from None
+
+
+@dataclass(frozen=True)
+class StepFacts:
+    """Per step: ``classes[j]``, the class of its chunk j (position within a
+    data unit, which fixes its length at run time); ``fresh[o][j]``, whether
+    chunk j of source operand o is an input read where it started, never
+    written since (where an average scales inputs by 1/n, exactly once)."""
+
+    classes: tuple[int, ...]
+    fresh: tuple[tuple[bool, ...], ...]
+
+
+@pause_gc
+def step_facts(plan: Plan, *, collective: Collective | None = None,
+               partial: bool = False) -> dict[tuple[int, int, int], StepFacts]:
+    """StepFacts of every (rank, threadblock, step), from one symbolic run
+    (the plan must be valid: verify it first). ``partial``: a plan that
+    deadlocks gives the facts of the steps it reaches before it sticks,
+    instead of DeadlockError (for putting a deadlock on a GPU on purpose)."""
+    coll = collective or plan_collective(plan)
+    run = _Execution(plan, coll.layout(plan.num_ranks, plan.chunk_factor, plan.inplace, plan.root), plan.slots)
+    run.facts = {}
+    try:
+        run.execute()
+    except DeadlockError:
+        if not partial:
+            raise
+    return run.facts
+
+
+def _cls(value, k, start_class):
+    """A chunk's class: where its data started within a unit (a label's
+    physical starting position, which a custom precondition may choose)."""
+    return value.c if type(value) is Sum else start_class.get(value, value[1] % k)
+
+
+@pause_gc
+def verify_plan(plan: Plan, *, collective: Collective | None = None, slots: int | None = None,
+                check_races: bool = True, checked: bool = False,
+                prepared: plan_fast.Prepared | None = None) -> PlanReport:
+    """Verify ``plan``; raise VerificationError (DeadlockError, RaceError) or
+    PlanError. ``slots`` overrides the plan's connection capacity.
+    ``prepared``: ``msc.verification.plan_fast.prepare`` of a plan with the same ranks, so
+    that verifying one plan at several capacities reads it once."""
+    start = time.perf_counter()
+    if not checked:
+        check_plan(plan)
+    coll = collective or plan_collective(plan)
+    layout = coll.layout(plan.num_ranks, plan.chunk_factor, plan.inplace, plan.root)
+    capacity = slots or plan.slots
+    run = None
+    if check_races and _may_race(plan):
+        run = _Execution(plan, layout, capacity)
+        if run.static_order():       # a cycle: a deadlock, execute() reports it
+            run.check_races()
+    # Race-free from here (checked above, or one threadblock per rank, or the
+    # caller checked: lowering), so the bulk path's verdict is the executor's.
+    # When it declines, the executor runs and words the error.
+    if prepared is None:
+        prepared = plan_fast.prepare(plan)
+    accepted = prepared.accepts(plan, layout, capacity)
+    if not accepted or crosscheck.ENABLED:
+        run = run or _Execution(plan, layout, capacity)
+        try:
+            run.execute()
+            run.check_outputs()
+        except VerificationError as err:
+            if accepted:             # cross-checking only: the fast path must never accept a bad plan
+                raise AssertionError(f"msc.verification.plan_fast accepted a plan the executor rejects: {err}") from err
+            raise
+    return PlanReport(plan.name, plan.collective, plan.num_ranks,
+                      sum(len(r.threadblocks) for r in plan.ranks), plan.num_steps(),
+                      plan_fast.connections(plan), capacity, time.perf_counter() - start)
+
+
+class _Fifo:
+    """One connection: its messages in send order, how many were received,
+    and the two reasons to wait on it (built once: they key the waits)."""
+
+    __slots__ = ("items", "head", "msg", "space")
+
+    def __init__(self, conn: tuple):
+        self.items, self.head = [], 0
+        self.msg, self.space = ("msg", conn), ("space", conn)
+
+
+class _Execution:
+    def __init__(self, plan: Plan, layout, capacity: int):
+        self.plan, self.layout, self.capacity = plan, layout, capacity
+        self.k = plan.chunk_factor
+        self.start_class: dict = {}
+        self.facts: dict | None = None
+        self.bufs, self.writer = [], []   # filled by execute(): the race check needs no data
+        # global step ids: base[rank][tb] + step
+        self.base, gid = [], 0
+        for rp in plan.ranks:
+            row = []
+            for tb in rp.threadblocks:
+                row.append(gid)
+                gid += len(tb.steps)
+            self.base.append(row)
+        self.total_steps = gid
+        self.when = [-1] * gid            # execution order of each step
+        self.sender = [None] * gid        # receiving gid -> sending gid
+        self._starts = None               # _reaches: first gid of each threadblock -> (rank, tb), sorted gids
+        self.pcs = [[0] * len(rp.threadblocks) for rp in plan.ranks]
+        self.queues: dict[tuple, _Fifo] = {}
+        # per rank and threadblock, the connection it receives from and sends to (None: none)
+        self.fifo_in = [[None] * len(rp.threadblocks) for rp in plan.ranks]
+        self.fifo_out = [[None] * len(rp.threadblocks) for rp in plan.ranks]
+
+        def fifo(conn):
+            if conn not in self.queues:
+                self.queues[conn] = _Fifo(conn)
+            return self.queues[conn]
+
+        for rp in plan.ranks:
+            for tb in rp.threadblocks:
+                if tb.send is not None:
+                    self.fifo_out[rp.rank][tb.id] = fifo((rp.rank, tb.send, tb.channel))
+                if tb.recv is not None:
+                    self.fifo_in[rp.rank][tb.id] = fifo((tb.recv, rp.rank, tb.channel))
+        self.tb_of_end = {}               # (src, dst, ch, "send"/"recv") -> (rank, tb)
+        for rp in plan.ranks:
+            for tb in rp.threadblocks:
+                if tb.send is not None:
+                    self.tb_of_end[(rp.rank, tb.send, tb.channel, "send")] = (rp.rank, tb.id)
+                if tb.recv is not None:
+                    self.tb_of_end[(tb.recv, rp.rank, tb.channel, "recv")] = (rp.rank, tb.id)
+
+    # -- running ------------------------------------------------------------
+    def _load_inputs(self) -> None:
+        """Every rank's buffers holding the collective's initial labels."""
+        plan, layout = self.plan, self.layout
+        for rank in range(plan.num_ranks):
+            sizes = dict(layout.physical_sizes)
+            sizes["scratch"] = plan.ranks[rank].scratch
+            bufs = {b: [None] * c for b, c in sizes.items()}
+            for buf, index, label in layout.initial(rank):
+                bufs[buf][index] = label
+                self.start_class[label] = index % self.k
+            self.bufs.append(bufs)
+            self.writer.append({b: [None] * c for b, c in sizes.items()})
+
+    def execute(self) -> None:
+        self._load_inputs()
+        self.clock = 0                    # execution order, for ``when``
+        drive(self.plan, self.pcs, self._blocker, self._run)
+        self._check_finished()
+
+    def _blocker(self, rank, tb, step):
+        pcs = self.pcs[rank]
+        for dt, ds in step.deps:
+            if pcs[dt] <= ds:
+                return ("tb", rank, dt)
+        if step.op.receives:
+            fifo = self.fifo_in[rank][tb.id]
+            if fifo.head >= len(fifo.items):
+                return fifo.msg
+        if step.op.sends:
+            fifo = self.fifo_out[rank][tb.id]
+            if len(fifo.items) - fifo.head >= self.capacity:
+                return fifo.space
+        return None
+
+    def _read(self, rank, tb, s, sl):
+        out = self.bufs[rank][sl.buffer][sl.index:sl.index + sl.count]
+        if None in out:               # one scan in C; the error names the first unwritten chunk
+            j = out.index(None)
+            step = self.plan.ranks[rank].threadblocks[tb.id].steps[s]
+            raise VerificationError(
+                f"rank {rank} threadblock {tb.id} step {s} ({step.op.value}) reads rank {rank} "
+                f"{sl.buffer}[{sl.index + j}], which nothing has written",
+                rank=rank, buffer=sl.buffer, index=sl.index + j, where=step.where)
+        return out
+
+    def _add(self, rank, tb, s, a, b):
+        k, start_class = self.k, self.start_class
+        ca = a.c if type(a) is Sum else start_class.get(a, a[1] % k)     # _cls, inlined: once per chunk
+        cb = b.c if type(b) is Sum else start_class.get(b, b[1] % k)
+        if ca != cb:
+            step = self.plan.ranks[rank].threadblocks[tb.id].steps[s]
+            raise VerificationError(
+                f"rank {rank} threadblock {tb.id} step {s} ({step.op.value}) reduces chunks of different "
+                f"classes ({ca} and {cb}: positions within a data unit of {k} chunks); the plan would only be "
+                f"right when the element count is a multiple of {k}", rank=rank, where=step.where)
+        node = Sum(a, b)
+        node.c = ca
+        return node
+
+    def _write(self, rank, tb, s, sl, values):
+        buf = self.bufs[rank][sl.buffer]
+        wr = self.writer[rank][sl.buffer]
+        gid = self.base[rank][tb.id] + s
+        x = sl.index
+        if sl.buffer != "scratch":    # a user buffer: each chunk must land in its own class
+            k, start_class = self.k, self.start_class
+            for j, v in enumerate(values):
+                c = v.c if type(v) is Sum else start_class.get(v, v[1] % k)
+                if c != (x + j) % k:
+                    step = self.plan.ranks[rank].threadblocks[tb.id].steps[s]
+                    raise VerificationError(
+                        f"rank {rank} threadblock {tb.id} step {s} ({step.op.value}) writes a chunk of class "
+                        f"{c} into {sl.buffer}[{x + j}] (class {(x + j) % k}); the plan would only be right "
+                        f"when the element count is a multiple of {k}", rank=rank, buffer=sl.buffer, index=x + j,
+                        where=step.where)
+        buf[x:x + len(values)] = values
+        wr[x:x + len(values)] = [gid] * len(values)
+
+    def _run(self, rank, tb, s, step) -> tuple:
+        op = step.op
+        gid = self.base[rank][tb.id] + s
+        self.when[gid] = self.clock
+        self.clock += 1
+        got = None
+        if op.receives:
+            fifo_in = self.fifo_in[rank][tb.id]
+            sender_gid, got = fifo_in.items[fifo_in.head]
+            fifo_in.items[fifo_in.head] = None
+            fifo_in.head += 1
+            self.sender[gid] = sender_gid
+        srcs = [self._read(rank, tb, s, sl) for sl in step.srcs]
+        if self.facts is not None:
+            self._record(rank, tb, s, step, srcs, got)
+        out = None
+        if op is StepOp.SEND:
+            out = srcs[0]
+        elif op is StepOp.RECV or op is StepOp.RCS:
+            out = got
+            self._write(rank, tb, s, step.dst, got)
+        elif op is StepOp.COPY:
+            self._write(rank, tb, s, step.dst, srcs[0])
+        elif op is StepOp.REDUCE:
+            acc = srcs[0]
+            for more in srcs[1:]:
+                acc = [self._add(rank, tb, s, a, b) for a, b in zip(acc, more)]
+            self._write(rank, tb, s, step.dst, acc)
+        elif op is StepOp.RRS or op is StepOp.RRC or op is StepOp.RRCS:
+            out = [self._add(rank, tb, s, a, b) for a, b in zip(srcs[0], got)]
+            if step.dst is not None:
+                self._write(rank, tb, s, step.dst, out)
+        # every ``out`` is a list of its own (a slice, a message, new sums): it is sent as is
+        if op.sends:
+            fifo_out = self.fifo_out[rank][tb.id]
+            fifo_out.items.append((gid, out))
+            if op.receives:
+                return fifo_in.space, fifo_out.msg
+            return (fifo_out.msg,)
+        if op.receives:
+            return (fifo_in.space,)
+        return ()
+
+    def _record(self, rank, tb, s, step, srcs, got) -> None:
+        """What a backend needs to know about a step that the plan does not
+        say: the class of each chunk it moves, and which source chunks are
+        inputs read where they started (never written since)."""
+        values = srcs[0] if srcs else got or ()
+        classes = tuple(_cls(v, self.k, self.start_class) for v in values)
+        fresh = tuple(tuple(type(v) is not Sum and self.writer[rank][sl.buffer][sl.index + j] is None
+                            for j, v in enumerate(vals)) for sl, vals in zip(step.srcs, srcs))
+        self.facts[(rank, tb.id, s)] = StepFacts(classes, fresh)
+
+    # -- deadlock -----------------------------------------------------------
+    def _check_finished(self) -> None:
+        plan = self.plan
+        stuck = {}
+        for rp in plan.ranks:
+            for tb in rp.threadblocks:
+                s = self.pcs[rp.rank][tb.id]
+                if s < len(tb.steps):
+                    stuck[(rp.rank, tb.id)] = (s, self._blocker(rp.rank, tb, tb.steps[s]))
+        if not stuck:
+            return
+        start = min(stuck)
+        chain, seen, node = [], {}, start
+        while node in stuck and node not in seen:
+            seen[node] = len(chain)
+            s, why = stuck[node]
+            nxt, text = self._waits_on(node, s, why)
+            chain.append((node[0], node[1], s, text))
+            node = nxt
+        if node in seen:
+            cycle = chain[seen[node]:]
+            head = "deadlock: every threadblock in this cycle waits for the next"
+        else:
+            cycle = chain
+            rank, t = node
+            head = (f"deadlock: the wait ends at rank {rank} threadblock {t}, which has finished "
+                    f"(a message or step that never comes)")
+        lines = [f"  rank {r} threadblock {t} step {s}: {text}" for r, t, s, text in cycle]
+        where = plan.ranks[cycle[0][0]].threadblocks[cycle[0][1]].steps[cycle[0][2]].where
+        err = DeadlockError(head + f" ({len(stuck)} threadblocks stuck)\n" + "\n".join(lines), cycle)
+        err.where = where
+        raise err
+
+    def _waits_on(self, node, s, why):
+        kind = why[0]
+        if kind == "tb":
+            _, rank, dt = why
+            step = self.plan.ranks[node[0]].threadblocks[node[1]].steps[s]
+            ds = max(d for t, d in step.deps if t == dt)
+            return (rank, dt), f"waits for threadblock {dt} step {ds} of its rank"
+        conn = why[1]
+        src, dst, ch = conn
+        if kind == "msg":
+            return self.tb_of_end.get((src, dst, ch, "send"), (src, -1)), \
+                f"waits for a message from rank {src} (channel {ch})"
+        return self.tb_of_end.get((src, dst, ch, "recv"), (dst, -1)), \
+            f"waits for space to send to rank {dst} (channel {ch}, {self.capacity} slot(s) full)"
+
+    # -- races ----------------------------------------------------------------
+    def static_order(self) -> bool:
+        """A happens-before order of all steps that needs no execution:
+        program order, dependencies, and the k-th send of a connection before
+        its k-th receive. Sets ``when`` and ``sender`` for the race check, so
+        its verdict cannot depend on the order an execution picks. False when
+        the relation has a cycle (then the plan deadlocks at any capacity)."""
+        plan = self.plan
+        sends: dict[tuple, list[int]] = {}
+        recvs: dict[tuple, list[int]] = {}
+        for rp in plan.ranks:
+            base = self.base[rp.rank]
+            for tb in rp.threadblocks:
+                g = base[tb.id]
+                sent = sends.setdefault((rp.rank, tb.send, tb.channel), []) if tb.send is not None else None
+                received = recvs.setdefault((tb.recv, rp.rank, tb.channel), []) if tb.recv is not None else None
+                for step in tb.steps:
+                    if step.op.sends:
+                        sent.append(g)
+                    if step.op.receives:
+                        received.append(g)
+                    g += 1
+        self.sender = sender = [None] * self.total_steps
+        for conn, receivers in recvs.items():
+            for g_send, g_recv in zip(sends.get(conn, ()), receivers):
+                sender[g_recv] = g_send
+        # Successors in increasing step id, each step's predecessors in the
+        # order previous step, dependencies, sender (the order of ``when``,
+        # and so which race is reported first, follows from it).
+        succs: list[list[int]] = [[] for _ in range(self.total_steps)]
+        indeg = [0] * self.total_steps
+        for rp in plan.ranks:
+            base = self.base[rp.rank]
+            for tb in rp.threadblocks:
+                g = base[tb.id]
+                for s, step in enumerate(tb.steps):
+                    n_in = 0
+                    if s:
+                        succs[g - 1].append(g)
+                        n_in = 1
+                    for dt, ds in step.deps:
+                        succs[base[dt] + ds].append(g)
+                        n_in += 1
+                    p = sender[g]
+                    if p is not None:
+                        succs[p].append(g)
+                        n_in += 1
+                    indeg[g] = n_in
+                    g += 1
+        ready = [g for g, d in enumerate(indeg) if d == 0]
+        clock = 0
+        when = self.when
+        while ready:
+            g = ready.pop()
+            when[g] = clock
+            clock += 1
+            for t in succs[g]:
+                indeg[t] -= 1
+                if indeg[t] == 0:
+                    ready.append(t)
+        return clock == self.total_steps
+
+    def check_races(self) -> None:
+        """FastTrack over the observed order with a static happens-before:
+        each access must follow the chunk's last write, and a write must also
+        follow every read since. Local vector clocks (one entry per
+        threadblock of the rank) answer most questions; the rest search the
+        happens-before graph backwards, pruned by execution time."""
+        plan, when = self.plan, self.when
+        for rp in plan.ranks:
+            tbs = rp.threadblocks
+            if len(tbs) < 2:          # program order orders all its steps: nothing can race
+                continue
+            nt = len(tbs)
+            # this rank's steps by execution time (``when`` is a total order, so no ties)
+            first = self.base[rp.rank][0]
+            t_of = [tb.id for tb in tbs for _ in tb.steps]
+            s_of = [s for tb in tbs for s in range(len(tb.steps))]
+            order = sorted(range(first, first + len(t_of)), key=when.__getitem__)
+            vcs = [[None] * len(tb.steps) for tb in tbs]
+            # per buffer, chunk index -> last write / reads since: small int keys, no tuple per access
+            last_write = {sl.buffer: {} for tb in tbs for step in tb.steps
+                          for sl in step.srcs + ((step.dst,) if step.dst is not None else ())}
+            reads = {buf: {} for buf in last_write}
+            for g in order:
+                t, s = t_of[g - first], s_of[g - first]
+                step = tbs[t].steps[s]
+                vc = list(vcs[t][s - 1]) if s else [0] * nt
+                for dt, ds in step.deps:
+                    dv = vcs[dt][ds]
+                    for i in range(nt):
+                        if dv[i] > vc[i]:
+                            vc[i] = dv[i]
+                    if ds + 1 > vc[dt]:
+                        vc[dt] = ds + 1
+                vc[t] = s
+                vcs[t][s] = vc
+                here = (t, s)
+                for sl in step.srcs:
+                    writes, since = last_write[sl.buffer], reads[sl.buffer]
+                    for x in range(sl.index, sl.index + sl.count):
+                        w = writes.get(x)
+                        if w is not None and not self._before(rp.rank, w, here, vc):
+                            self._race(rp.rank, w, here, (sl.buffer, x), "writes", "reads")
+                        r = since.get(x)
+                        if r is None:
+                            since[x] = [here]
+                        else:
+                            r.append(here)
+                if step.dst is not None:
+                    sl = step.dst
+                    writes, since = last_write[sl.buffer], reads[sl.buffer]
+                    for x in range(sl.index, sl.index + sl.count):
+                        w = writes.get(x)
+                        if w is not None and not self._before(rp.rank, w, here, vc):
+                            self._race(rp.rank, w, here, (sl.buffer, x), "writes", "writes")
+                        for r in since.pop(x, ()):
+                            if r != here and not self._before(rp.rank, r, here, vc):
+                                self._race(rp.rank, r, here, (sl.buffer, x), "reads", "writes")
+                        writes[x] = here
+
+    def _before(self, rank, a, b, vc_b) -> bool:
+        ta, sa = a
+        tb, sb = b
+        if ta == tb:
+            return sa < sb
+        if vc_b[ta] > sa:
+            return True
+        return self._reaches(rank, a, b)
+
+    def _reaches(self, rank, a, b) -> bool:
+        """Is there a happens-before path from step a to step b (both on
+        ``rank``)? Searched backwards from b over steps that ran after a."""
+        plan = self.plan
+        target = self.base[rank][a[0]] + a[1]
+        floor = self.when[target]
+        start = self.base[rank][b[0]] + b[1]
+        if self._starts is None:      # built once: a plan can need many searches
+            loc = {}
+            for r, row in enumerate(self.base):
+                for t, g in enumerate(row):
+                    loc[g] = (r, t)
+            self._starts = (loc, sorted(loc))
+        loc, bases = self._starts
+
+        def where(g):
+            g0 = bases[bisect.bisect_right(bases, g) - 1]
+            r, t = loc[g0]
+            return r, t, g - g0
+
+        stack, seen = [start], {start}
+        while stack:
+            g = stack.pop()
+            if g == target:
+                return True
+            r, t, s = where(g)
+            step = plan.ranks[r].threadblocks[t].steps[s]
+            preds = []
+            if s:
+                preds.append(g - 1)
+            preds.extend(self.base[r][dt] + ds for dt, ds in step.deps)
+            if self.sender[g] is not None:
+                preds.append(self.sender[g])
+            for p in preds:
+                if p not in seen and self.when[p] >= floor:
+                    seen.add(p)
+                    stack.append(p)
+        return False
+
+    def _race(self, rank, a, b, key, how_a, how_b):
+        tbs = self.plan.ranks[rank].threadblocks
+        sa, sb = tbs[a[0]].steps[a[1]], tbs[b[0]].steps[b[1]]
+        buf, x = key
+        def origin(st):
+            return f", from {st.where}" if st.where is not None else ""
+
+        raise RaceError(
+            f"race on rank {rank} {buf}[{x}]: threadblock {a[0]} step {a[1]} ({sa.op.value}{origin(sa)}) "
+            f"{how_a} it and threadblock {b[0]} step {b[1]} ({sb.op.value}{origin(sb)}) {how_b} it, "
+            f"and nothing orders the two (add a dependency)",
+            ((rank, a[0], a[1]), (rank, b[0], b[1])), rank=rank, buffer=buf, index=x, where=sb.where)
+
+    # -- postcondition --------------------------------------------------------
+    def check_outputs(self) -> None:
+        checked = set()
+        for rank in range(self.plan.num_ranks):
+            for index, buf, pidx, expected in self.layout.expected(rank):
+                if expected is None:
+                    continue
+                value = self.bufs[rank][buf][pidx]
+                if value is None:
+                    raise VerificationError(f"rank {rank} output[{index}] is never written by the plan",
+                                            rank=rank, buffer="output", index=index)
+                key = (id(value), id(expected))
+                if key in checked:
+                    continue
+                found = contributions(value)
+                if found != expected.counts:
+                    gid = self.writer[rank][buf][pidx]
+                    how, where = "it still holds its initial value", None
+                    if gid is not None:
+                        r, t, s = self._locate(gid)
+                        step = self.plan.ranks[r].threadblocks[t].steps[s]
+                        how, where = f"last written by threadblock {t} step {s} ({step.op.value})", step.where
+                    raise contribution_error(rank, index, expected.counts, found, how, where)
+                checked.add(key)
+
+    def _locate(self, gid):
+        for r, row in enumerate(self.base):
+            for t, g in enumerate(row):
+                steps = len(self.plan.ranks[r].threadblocks[t].steps)
+                if g <= gid < g + steps:
+                    return r, t, gid - g
+        raise KeyError(gid)

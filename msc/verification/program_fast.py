@@ -1,0 +1,125 @@
+"""The DSL verifier's fast path: is a traced program certainly right?
+Answered in bulk (numpy), without running the trace one operation at a time.
+
+``checked_outputs(program)`` is the number of output chunks checked when
+``msc.verification.program``'s symbolic run would succeed, None on anything else. It never
+words an error: on None, ``verify`` runs the trace in Python, which finds
+the error and names it.
+
+How. An operation of ``size`` chunks is ``size`` lanes run in order, each
+reading a source chunk (and, for a reduce, its destination) and then writing
+the destination. Sorted by chunk, then lane, every read finds the last write
+before it, or the chunk's initial label: the trace in SSA form. A copy's
+value is the value it read (an alias); a reduce's is a new sum of its two
+reads. Then every output chunk's final value must hold its expected
+multiset of contributions, counted once per distinct (value, expectation),
+as ``verify`` counts them.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from msc.ir.accesses import last_of_each, writes_around
+from msc.verification.multisets import Decline, Leaves, expectations, holds, need, resolve
+
+
+def checked_outputs(program) -> int | None:
+    """The output chunks ``msc.verify(program)`` checks, if it succeeds; None
+    where this cannot vouch for the program (see the module docstring)."""
+    try:
+        return _checked_outputs(program)
+    except Decline:
+        return None
+
+
+def _lookup(keys: np.ndarray, values: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """``values`` at each of ``wanted`` in the sorted ``keys``; -1 where absent."""
+    if not keys.size:
+        return np.full(wanted.size, -1, dtype=np.int64)
+    at = np.minimum(np.searchsorted(keys, wanted), keys.size - 1)
+    return np.where(keys[at] == wanted, values[at], -1)
+
+
+def _checked_outputs(program) -> int:
+    layout, ops = program.layout, program.ops
+    need(ops)                        # nothing to gain
+    c = program.columns()
+    need((c.size >= 1).all())
+    if (c.size == 1).all():
+        lane_op, j = np.arange(c.count, dtype=np.int64), 0
+    else:
+        lane_op = np.repeat(np.arange(c.count, dtype=np.int64), c.size)
+        j = np.arange(lane_op.size, dtype=np.int64) - np.repeat(np.cumsum(c.size) - c.size, c.size)
+    lanes = lane_op.size
+
+    # -- chunks as ints: (rank, buffer, index) ----------------------------------
+    names = c.names + [b for b in layout.physical_sizes if b not in c.names]
+    number = {b: i for i, b in enumerate(names)}
+    s_idx, d_idx = c.sidx[lane_op] + j, c.didx[lane_op] + j
+    need((s_idx >= 0).all() and (d_idx >= 0).all())
+    stride = 1 + max(int(s_idx.max()), int(d_idx.max()), *layout.physical_sizes.values())
+
+    def cell(rank, buf, index):
+        return (rank * len(names) + buf) * stride + index
+
+    src_cell = cell(c.srank[lane_op], c.sbuf[lane_op], s_idx)
+    dst_cell = cell(c.drank[lane_op], c.dbuf[lane_op], d_idx)
+    reduce = c.reduce[lane_op]
+
+    # -- initial labels: one leaf per distinct label ----------------------------
+    def cells_of(rank, buf, off, count, index):      # for Leaves and expectations: a physical buffer by name
+        return cell(rank, number[buf], index)
+
+    leaves = Leaves(layout, 1, cells_of)
+    # a chunk labelled twice keeps the last label, as the Python run does
+    init_cells, last = np.unique(leaves.cells[::-1], return_index=True)
+    init_leaf = leaves.leaf_ids[::-1][last]
+    n_leaves = leaves.count
+
+    # -- every access, by chunk then lane: reads find their write -------------------
+    # order within a lane: read the source, read the destination (a reduce), write it
+    acc_cell = np.concatenate([src_cell, dst_cell[reduce], dst_cell])
+    acc_lane = np.concatenate([np.arange(lanes), np.flatnonzero(reduce), np.arange(lanes)])
+    acc_kind = np.concatenate([np.zeros(lanes, np.int64), np.ones(int(reduce.sum()), np.int64),
+                               np.full(lanes, 2, np.int64)])
+    need(int(acc_cell.max()) < (1 << 62) // (3 * lanes + 3))
+    code = acc_cell * (3 * lanes) + acc_lane * 3 + acc_kind
+    del acc_cell, acc_lane, acc_kind
+    code.sort()                       # distinct ints: by chunk, then lane, then read before write
+    s_cell, rest = np.divmod(code, 3 * lanes)
+    s_lane, s_kind = np.divmod(rest, 3)
+    del code, rest
+    written = s_kind == 2
+    before, _ = writes_around(s_cell, written, following=False)   # the write each access sees
+    initial = _lookup(init_cells, init_leaf, s_cell)   # -1 where a chunk starts empty
+    seen = np.where(before >= 0, n_leaves + s_lane[np.maximum(before, 0)], initial)
+    reads = ~written
+    need((seen[reads] >= 0).all())               # a read of a chunk nothing wrote
+    value_src = np.empty(lanes, dtype=np.int64)
+    value_dst = np.full(lanes, -1, dtype=np.int64)
+    is_src = reads & (s_kind == 0)
+    value_src[s_lane[is_src]] = seen[is_src]
+    is_dst = reads & (s_kind == 1)
+    value_dst[s_lane[is_dst]] = seen[is_dst]
+    # each chunk's final value: its last write, else its initial label
+    last = last_of_each(s_cell)
+    final_cells = s_cell[last]
+    final_write = np.where(written[last], last, before[last])
+    final_value = np.where(final_write >= 0, n_leaves + s_lane[np.maximum(final_write, 0)], initial[last])
+    del s_cell, s_kind, s_lane, written, before
+
+    # -- values: leaves, then per lane an alias (copy) or a sum (reduce) --------------
+    kind = np.concatenate([np.zeros(n_leaves, np.int8), np.where(reduce, 2, 1).astype(np.int8)])
+    a = np.concatenate([np.arange(n_leaves, dtype=np.int64), np.where(reduce, value_dst, value_src)])
+    b = np.concatenate([np.full(n_leaves, -1, np.int64), np.where(reduce, value_src, -1)])
+    rep, ca, cb = resolve(kind, a, b)
+
+    # -- outputs -------------------------------------------------------------------------
+    out_cells, out_exp, exps = expectations(layout, cells_of)
+    if not out_cells.size:
+        return 0
+    value = _lookup(final_cells, final_value, out_cells)
+    value = np.where(value >= 0, value, _lookup(init_cells, init_leaf, out_cells))   # a chunk never touched
+    need((value >= 0).all())                        # else the chunk was never written nor labelled
+    need(holds(rep[value], out_exp, exps, leaves, kind, ca, cb))
+    return out_cells.size

@@ -1,0 +1,108 @@
+"""The package layout the README's Architecture section describes: stage
+packages, no import cycles, the core free of the MSCCLang layer."""
+import ast
+import pkgutil
+from pathlib import Path
+
+import msc
+
+PACKAGE = Path(msc.__file__).parent
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _imports(path: Path, *, lazy: bool) -> set[str]:
+    """msc modules ``path`` imports (all of them, or only at module level).
+    ``from pkg import sub`` where pkg.sub is a module is an edge to the submodule."""
+    tree = ast.parse(path.read_text())
+    nodes = ast.walk(tree) if lazy else tree.body
+    out = set()
+    for node in nodes:
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("msc"):
+            subs = {f"{node.module}.{a.name}" for a in node.names} & MODULES.keys()
+            out |= subs
+            if len(subs) < len(node.names):
+                out.add(node.module)
+        elif isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.startswith("msc")}
+    return out & MODULES.keys()
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of ``graph``, as the modules along it, or None."""
+    state: dict[str, int] = {}         # 1 on the current path, 2 finished
+    path: list[str] = []
+
+    def visit(node):
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_no_import_cycles_even_through_function_level_imports():
+    for lazy in (False, True):
+        graph = {name: _imports(path, lazy=lazy) - {name} for name, path in MODULES.items()}
+        assert _cycle(graph) is None, f"import cycle ({'any' if lazy else 'module-level'} imports): " \
+                                      f"{' -> '.join(_cycle(graph))}"
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_the_top_level_shows_the_stages():
+    """What help(msc) lists: the stage packages and a few shared modules."""
+    top = {m.name for m in pkgutil.iter_modules(msc.__path__)}
+    assert top == {"cli", "compat", "cuda", "dsl", "errors", "executor", "formats", "ir", "lower", "perf",
+                   "resources", "sim", "torch", "units", "verification"}
+
+
+def test_the_core_does_not_import_the_mscclang_layer():
+    """Only the loader reaches msc.compat (for a script that imports it) and the CLI (its Check() reports)."""
+    allowed = {"msc.dsl.loader", "msc.cli.main"}
+    for name, path in MODULES.items():
+        if name.startswith("msc.compat") or name in allowed:
+            continue
+        assert not any(dep.startswith("msc.compat") for dep in _imports(path, lazy=True)), name
+
+
+def test_the_public_api_resolves():
+    for name in msc.__all__:
+        assert getattr(msc, name) is not None, name
+    from msc.lower import LowerOptions, lower   # the README's entry point to lowering
+    assert callable(lower) and LowerOptions().protocol
+
+
+def test_the_readme_module_map_names_every_top_level_module():
+    import re
+
+    readme = (PACKAGE.parent / "README.md").read_text()
+    section = readme[readme.index("\n## Architecture\n"):]
+    section = section[:section.index("\n## ", 1)]
+    first_cells = re.findall(r"^\| ([^|]+) \|", section, flags=re.M)
+    named = {name.split(".", 1)[1] for cell in first_cells for name in re.findall(r"`(msc\.\w+)`", cell)}
+    top = {m.name for m in pkgutil.iter_modules(msc.__path__)}
+    assert named == top, f"README lists {sorted(named - top)} that do not exist, misses {sorted(top - named)}"
