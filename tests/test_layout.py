@@ -6,7 +6,8 @@ from pathlib import Path
 
 import msc
 
-PACKAGE = Path(msc.__file__).parent
+PACKAGE = Path(msc.__file__).parent                       # the msc under test (installed or not)
+README = Path(__file__).resolve().parent.parent / "README.md"
 
 
 def _modules() -> dict[str, Path]:
@@ -99,7 +100,7 @@ def test_the_public_api_resolves():
 def test_the_readme_module_map_names_every_top_level_module():
     import re
 
-    readme = (PACKAGE.parent / "README.md").read_text()
+    readme = README.read_text()
     section = readme[readme.index("\n## Architecture\n"):]
     section = section[:section.index("\n## ", 1)]
     first_cells = re.findall(r"^\| ([^|]+) \|", section, flags=re.M)

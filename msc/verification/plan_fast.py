@@ -45,6 +45,7 @@ from __future__ import annotations
 
 from itertools import chain, compress, repeat
 from operator import attrgetter, is_not, itemgetter
+from typing import NamedTuple
 
 import numpy as np
 
@@ -355,162 +356,226 @@ class Prepared:
         level = self._level(capacity)
         if level is None:
             return False                                                      # a deadlock
-        n, k, N = self.n, plan.chunk_factor, self.N
-        op, count, nsrc = self.op, self.count, self.nsrc
-        src_owner, src_pos, dst_owner = self.src_owner, self.src_pos, self.dst_owner
-        receives, rcv, sender = self.receives, self.rcv, self.sender
-        step_rank = self.step_rank
-
-        # -- buffers: one cell per (rank, buffer, chunk) ---------------------------
-        names = list(dict.fromkeys([*layout.physical_sizes, "scratch"]))
-        nb = len(names)
-        code = {b: i for i, b in enumerate(names)}
-        need(all(b in code for b in self.names))
-        to_layout = np.array([code[b] for b in self.names] or [0], dtype=np.int64)
-        sizes = np.zeros((n, nb), dtype=np.int64)
-        sizes[:, :] = [layout.physical_sizes.get(b, 0) for b in names]
-        sizes[:, code["scratch"]] = self.scratch
-        need((sizes >= 0).all())
-        cellbase = np.zeros(n * nb + 1, dtype=np.int64)
-        np.cumsum(sizes.ravel(), out=cellbase[1:])
-        ncells = int(cellbase[-1])
-        scratch = code["scratch"]
-
-        def slice_cells(buf, index, owner):
-            """Cells of each slice's first chunk, checked to lie in its buffer."""
-            buf = to_layout[buf]
-            need((index >= 0).all() and (index + count[owner] <= sizes[step_rank[owner], buf]).all())
-            return buf, cellbase[step_rank[owner] * nb + buf] + index
-
-        _, src_cell = slice_cells(self.src_buf, self.src_index, src_owner)
-        dst_buf, dst_cell = slice_cells(self.dst_buf, self.dst_index, dst_owner)
-        dst_index = self.dst_index
-
-        # -- initial values: one leaf per distinct label -----------------------------
-        def cells_of(rank, buf, off, width, index):
-            b = code.get(buf)
-            need(b is not None and 0 <= off and off + width <= sizes[rank, b])
-            return cellbase[rank * nb + b] + index
-
-        leaves = Leaves(layout, k, cells_of)
-        L, leaf_class = leaves.count, leaves.leaf_class
-        initial = np.full(ncells, -1, dtype=np.int64)
-        if leaves.cells.size:   # the last label put in a cell stays there, as in the executor
-            uniq, pos = np.unique(leaves.cells[::-1], return_index=True)
-            initial[uniq] = leaves.leaf_ids[::-1][pos]
-
-        # -- lanes, reads and writes -----------------------------------------------
-        lane_start = np.cumsum(count) - count
-        NL = int(count.sum())
-        r_src, r_j, r_cell = expand(src_cell, count[src_owner])
-        r_step = src_owner[r_src]
-        r_lane = lane_start[r_step] + r_j
-        r_pos = src_pos[r_src]
-        w_row, w_j, w_cell = expand(dst_cell, count[dst_owner])
-        w_step = dst_owner[w_row]
-        w_lane = lane_start[w_step] + w_j
-        nr = len(r_cell)
-        ev_cell = np.concatenate([r_cell, w_cell])
-        ev_level = level[np.concatenate([r_step, w_step])]
-        ev_step = np.concatenate([r_step, w_step])
-        ev_write = np.concatenate([np.zeros(nr, bool), np.ones(len(w_cell), bool)])
-        nlev = int(level.max()) + 1 if N else 1
-        if ncells * nlev * 2 < (1 << 62):
-            order = np.argsort((ev_cell * nlev + ev_level) * 2 + ev_write, kind="stable")
-        else:
-            order = np.lexsort((ev_write, ev_level, ev_cell))
-        s_cell, s_level, s_step, s_write = ev_cell[order], ev_level[order], ev_step[order], ev_write[order]
-        ne = len(order)
-        # Same chunk, same level: a write must be the only access there, but for
-        # its own step's reads (a race otherwise, which the order cannot settle).
-        group_start = np.ones(ne, bool)
-        if ne:
-            group_start[1:] = (s_cell[1:] != s_cell[:-1]) | (s_level[1:] != s_level[:-1])
-        gid = np.cumsum(group_start) - 1
-        glast = np.flatnonzero(np.append(group_start[1:], True))[:len(group_start)]   # last event of each group
-        writes_in = np.bincount(gid, weights=s_write, minlength=len(glast))
-        need((writes_in <= 1).all())
-        lw = glast[gid]                                                            # writes sort last in a group
-        need(not (s_write[lw] & (s_step[lw] != s_step)).any())
-        # Each read: the last write to its cell before it, else the cell's initial value.
-        before, _ = writes_around(s_cell, s_write, following=False)
-        w_of_event = np.full(ne, -1, dtype=np.int64)                               # write events: their lane
-        w_of_event[s_write] = (w_lane[order[s_write] - nr]) + L
-        is_read = ~s_write
-        seen = np.where(before >= 0, w_of_event[np.maximum(before, 0)], initial[s_cell])
-        read_ref = np.empty(nr, dtype=np.int64)
-        read_ref[order[is_read]] = seen[is_read]
-        need((read_ref >= 0).all())                                               # a read of an unwritten chunk
-        final = initial.copy()                                                     # each cell's last value
-        cell_last = last_of_each(s_cell)
-        last_write = np.where(s_write[cell_last], cell_last, before[cell_last])
-        final[s_cell[cell_last]] = np.where(last_write >= 0, w_of_event[np.maximum(last_write, 0)],
-                                            initial[s_cell[cell_last]])
-
-        # -- values: leaves, then one entry per lane (an alias or a sum), then sums
-        # of reductions with more than two sources -----------------------------------
-        lane_step = np.repeat(np.arange(N, dtype=np.int64), count)
-        lane_op = op[lane_step]
-        lane_j = np.arange(NL, dtype=np.int64) - lane_start[lane_step]
-        op0 = np.full(NL, -1, dtype=np.int64)
-        op1 = np.full(NL, -1, dtype=np.int64)
-        op0[r_lane[r_pos == 0]] = read_ref[r_pos == 0]
-        op1[r_lane[r_pos == 1]] = read_ref[r_pos == 1]
-        got = np.full(NL, -1, dtype=np.int64)
-        recv_lane_step = lane_step[receives[lane_step]]
-        match = np.full(N, -1, dtype=np.int64)
-        match[rcv] = sender
-        got_l = np.flatnonzero(receives[lane_step])
-        got[got_l] = L + lane_start[match[recv_lane_step]] + lane_j[got_l]
-        kind = np.zeros(L + NL, dtype=np.int8)                                     # 0 leaf, 1 alias, 2 sum
-        A = np.arange(L + NL, dtype=np.int64)
-        B = np.full(L + NL, -1, dtype=np.int64)
-        lanes = np.arange(NL, dtype=np.int64)
-        for ops, a, b in (((_SEND, _COPY), op0, None), ((_RECV, _RCS), got, None),
-                          ((_RRS, _RRC, _RRCS), op0, got), ((_REDUCE,), op0, op1)):
-            sel = np.isin(lane_op, ops)
-            kind[L + lanes[sel]] = 1 if b is None else 2
-            A[L + lanes[sel]] = a[sel]
-            if b is not None:
-                B[L + lanes[sel]] = b[sel]
-        wide = np.flatnonzero((op == _REDUCE) & (nsrc > 2))
-        if wide.size:   # reduce(s0, s1, s2, ..): ((s0 + s1) + s2) + ..: the lane's own entry is the last sum
-            more = r_pos >= 2
-            refs = {(int(ln), int(p)): int(v) for ln, p, v in zip(r_lane[more], r_pos[more], read_ref[more])}
-            extra_a, extra_b = [], []
-            nxt = L + NL
-            for g in wide.tolist():
-                m = int(nsrc[g])
-                for lane in range(int(lane_start[g]), int(lane_start[g] + count[g])):
-                    acc = nxt
-                    extra_a.append(int(A[L + lane]))
-                    extra_b.append(int(B[L + lane]))
-                    nxt += 1
-                    for p in range(2, m - 1):
-                        extra_a.append(acc)
-                        extra_b.append(refs[(lane, p)])
-                        acc = nxt
-                        nxt += 1
-                    A[L + lane], B[L + lane] = acc, refs[(lane, m - 1)]
-            kind = np.concatenate([kind, np.full(len(extra_a), 2, np.int8)])
-            A = np.concatenate([A, np.array(extra_a, dtype=np.int64)])
-            B = np.concatenate([B, np.array(extra_b, dtype=np.int64)])
-        # Aliases point at their value, sums at their left operand's leaf (their class).
-        rep = jump(np.where(kind == 1, A, np.arange(len(A))))
-        ca, cb = rep[A], np.where(B >= 0, rep[np.maximum(B, 0)], -1)
-        left = jump(np.where(kind == 2, ca, np.arange(len(A))))
-        cls = np.full(len(A), -1, dtype=np.int64)
-        cls[:L] = leaf_class
-        cls = cls[left]                                                           # per leaf and sum
-        sums = kind == 2
-        need((cls[ca[sums]] == cls[cb[sums]]).all())                             # one class per reduction
-        user = dst_buf[w_row] != scratch
-        need((cls[rep[L + w_lane[user]]] == (dst_index[w_row[user]] + w_j[user]) % k).all())
-
-        # -- outputs ----------------------------------------------------------------
-        out_cells, out_exp, exps = expectations(layout, cells_of)
+        cells = self._cells(layout)
+        src_cell = self._slice_cells(cells, self.src_buf, self.src_index, self.src_owner)
+        dst_cell = self._slice_cells(cells, self.dst_buf, self.dst_index, self.dst_owner)
+        leaves = Leaves(layout, plan.chunk_factor, cells.at)
+        initial = _initial_values(cells.count, leaves)
+        lanes = self._lanes(src_cell, dst_cell)
+        read_value, final = self._dataflow(level, lanes, src_cell, dst_cell, initial, leaves.count)
+        values = self._value_graph(lanes, read_value, leaves.count)
+        rep = self._one_class_per_sum(values, leaves, lanes, cells, plan.chunk_factor)
+        out_cells, out_exp, exps = expectations(layout, cells.at)
         if not out_cells.size:
             return True
         value = final[out_cells]
         need((value >= 0).all())                                                  # an output never written
-        return holds(rep[value], out_exp, exps, leaves, kind, ca, cb)
+        return holds(rep[value], out_exp, exps, leaves, values.kind, values.left_class, values.right_class)
+
+    def _cells(self, layout) -> _Cells:
+        """One cell per (rank, buffer, chunk), numbered rank by rank."""
+        names = list(dict.fromkeys([*layout.physical_sizes, "scratch"]))
+        column = {b: i for i, b in enumerate(names)}
+        need(all(b in column for b in self.names))
+        sizes = np.zeros((self.n, len(names)), dtype=np.int64)
+        sizes[:, :] = [layout.physical_sizes.get(b, 0) for b in names]
+        sizes[:, column["scratch"]] = self.scratch
+        need((sizes >= 0).all())
+        first = np.zeros(sizes.size + 1, dtype=np.int64)
+        np.cumsum(sizes.ravel(), out=first[1:])
+        to_layout = np.array([column[b] for b in self.names] or [0], dtype=np.int64)
+        return _Cells(column, sizes, first, int(first[-1]), column["scratch"], to_layout)
+
+    def _slice_cells(self, cells: _Cells, buf, index, owner) -> np.ndarray:
+        """Cells of each slice's first chunk, checked to lie in its buffer."""
+        rank = self.step_rank[owner]
+        column = cells.to_layout[buf]
+        need((index >= 0).all() and (index + self.count[owner] <= cells.sizes[rank, column]).all())
+        return cells.first[rank * cells.sizes.shape[1] + column] + index
+
+    def _lanes(self, src_cell, dst_cell) -> _Lanes:
+        """Every read and write of one chunk, with the lane it belongs to."""
+        count = self.count
+        lane_start = np.cumsum(count) - count
+        read_row, read_j, read_cell = expand(src_cell, count[self.src_owner])
+        read_step = self.src_owner[read_row]
+        write_row, write_j, write_cell = expand(dst_cell, count[self.dst_owner])
+        write_step = self.dst_owner[write_row]
+        return _Lanes(lane_start, int(count.sum()), read_cell, read_step, lane_start[read_step] + read_j,
+                      self.src_pos[read_row], write_row, write_j, write_cell, write_step,
+                      lane_start[write_step] + write_j)
+
+    def _dataflow(self, level, lanes: _Lanes, src_cell, dst_cell, initial, num_leaves: int):
+        """What each read reads (a leaf, or the lane that wrote it, numbered
+        after the leaves) and each cell's final value, with accesses ordered
+        by level; declines where one level holds a write and another access
+        of the same chunk (a race the order cannot settle)."""
+        num_reads = len(lanes.read_cell)
+        ev_cell = np.concatenate([lanes.read_cell, lanes.write_cell])
+        ev_step = np.concatenate([lanes.read_step, lanes.write_step])
+        ev_level = level[ev_step]
+        ev_write = np.concatenate([np.zeros(num_reads, bool), np.ones(len(lanes.write_cell), bool)])
+        num_levels = int(level.max()) + 1 if self.N else 1
+        if len(initial) * num_levels * 2 < (1 << 62):
+            order = np.argsort((ev_cell * num_levels + ev_level) * 2 + ev_write, kind="stable")
+        else:
+            order = np.lexsort((ev_write, ev_level, ev_cell))
+        s_cell, s_level, s_step, s_write = ev_cell[order], ev_level[order], ev_step[order], ev_write[order]
+        _no_race_within_a_level(s_cell, s_level, s_step, s_write)
+        # Each read: the last write to its cell before it, else the cell's initial value.
+        before, _ = writes_around(s_cell, s_write, following=False)
+        written = np.full(len(order), -1, dtype=np.int64)                      # write events: their lane
+        written[s_write] = lanes.write_lane[order[s_write] - num_reads] + num_leaves
+        seen = np.where(before >= 0, written[np.maximum(before, 0)], initial[s_cell])
+        read_value = np.empty(num_reads, dtype=np.int64)
+        read_value[order[~s_write]] = seen[~s_write]
+        need((read_value >= 0).all())                                         # a read of an unwritten chunk
+        final = initial.copy()                                                 # each cell's last value
+        cell_last = last_of_each(s_cell)
+        last_write = np.where(s_write[cell_last], cell_last, before[cell_last])
+        final[s_cell[cell_last]] = np.where(last_write >= 0, written[np.maximum(last_write, 0)],
+                                            initial[s_cell[cell_last]])
+        return read_value, final
+
+    def _value_graph(self, lanes: _Lanes, read_value, num_leaves: int) -> _Values:
+        """Values: the leaves, then one entry per lane (an alias of what it
+        copies or receives, or a sum of two), then the partial sums of
+        reductions with more than two sources."""
+        num_lanes, lane_start, count = lanes.count, lanes.lane_start, self.count
+        lane_step = np.repeat(np.arange(self.N, dtype=np.int64), count)
+        lane_op = self.op[lane_step]
+        lane_j = np.arange(num_lanes, dtype=np.int64) - lane_start[lane_step]
+        first_src = np.full(num_lanes, -1, dtype=np.int64)
+        second_src = np.full(num_lanes, -1, dtype=np.int64)
+        first_src[lanes.read_lane[lanes.read_pos == 0]] = read_value[lanes.read_pos == 0]
+        second_src[lanes.read_lane[lanes.read_pos == 1]] = read_value[lanes.read_pos == 1]
+        received = np.full(num_lanes, -1, dtype=np.int64)                     # the sender's lane
+        sender_of = np.full(self.N, -1, dtype=np.int64)
+        sender_of[self.rcv] = self.sender
+        receiving = np.flatnonzero(self.receives[lane_step])
+        received[receiving] = (num_leaves + lane_start[sender_of[lane_step[receiving]]] + lane_j[receiving])
+        total = num_leaves + num_lanes
+        kind = np.zeros(total, dtype=np.int8)                                  # 0 leaf, 1 alias, 2 sum
+        left = np.arange(total, dtype=np.int64)
+        right = np.full(total, -1, dtype=np.int64)
+        lanes_at = np.arange(num_lanes, dtype=np.int64)
+        for ops, a, b in (((_SEND, _COPY), first_src, None), ((_RECV, _RCS), received, None),
+                          ((_RRS, _RRC, _RRCS), first_src, received), ((_REDUCE,), first_src, second_src)):
+            sel = np.isin(lane_op, ops)
+            kind[num_leaves + lanes_at[sel]] = 1 if b is None else 2
+            left[num_leaves + lanes_at[sel]] = a[sel]
+            if b is not None:
+                right[num_leaves + lanes_at[sel]] = b[sel]
+        wide = np.flatnonzero((self.op == _REDUCE) & (self.nsrc > 2))
+        if wide.size:
+            kind, left, right = self._wide_sums(wide, lanes, read_value, num_leaves, kind, left, right)
+        # Aliases point at their value, sums at their left operand's leaf (their class).
+        rep = jump(np.where(kind == 1, left, np.arange(len(left))))
+        left_class = rep[left]
+        right_class = np.where(right >= 0, rep[np.maximum(right, 0)], -1)
+        return _Values(kind, rep, left_class, right_class)
+
+    def _wide_sums(self, wide, lanes: _Lanes, read_value, num_leaves: int, kind, left, right):
+        """reduce(s0, s1, s2, ..) as ((s0 + s1) + s2) + ..: new entries for
+        the partial sums; the lane's own entry becomes the last sum."""
+        more = lanes.read_pos >= 2
+        refs = {(int(ln), int(p)): int(v) for ln, p, v in zip(lanes.read_lane[more], lanes.read_pos[more],
+                                                               read_value[more])}
+        extra_left, extra_right = [], []
+        nxt = len(left)
+        for g in wide.tolist():
+            sources = int(self.nsrc[g])
+            for lane in range(int(lanes.lane_start[g]), int(lanes.lane_start[g] + self.count[g])):
+                acc = nxt
+                extra_left.append(int(left[num_leaves + lane]))
+                extra_right.append(int(right[num_leaves + lane]))
+                nxt += 1
+                for pos in range(2, sources - 1):
+                    extra_left.append(acc)
+                    extra_right.append(refs[(lane, pos)])
+                    acc = nxt
+                    nxt += 1
+                left[num_leaves + lane], right[num_leaves + lane] = acc, refs[(lane, sources - 1)]
+        return (np.concatenate([kind, np.full(len(extra_left), 2, np.int8)]),
+                np.concatenate([left, np.array(extra_left, dtype=np.int64)]),
+                np.concatenate([right, np.array(extra_right, dtype=np.int64)]))
+
+    def _one_class_per_sum(self, values: _Values, leaves, lanes: _Lanes, cells: _Cells, k: int) -> np.ndarray:
+        """Check that only chunks of one class are reduced together and that
+        data lands in a user buffer only at positions of its class; the
+        representative of every value."""
+        kind, rep = values.kind, values.rep
+        num_leaves = leaves.count
+        leftmost = jump(np.where(kind == 2, values.left_class, np.arange(len(kind))))
+        cls = np.full(len(kind), -1, dtype=np.int64)
+        cls[:num_leaves] = leaves.leaf_class
+        cls = cls[leftmost]                                                      # per leaf and sum
+        sums = kind == 2
+        need((cls[values.left_class[sums]] == cls[values.right_class[sums]]).all())
+        dst_column = cells.to_layout[self.dst_buf[lanes.write_row]]
+        user = dst_column != cells.scratch
+        positions = self.dst_index[lanes.write_row[user]] + lanes.write_j[user]
+        need((cls[rep[num_leaves + lanes.write_lane[user]]] == positions % k).all())
+        return rep
+
+
+class _Cells(NamedTuple):
+    """Every (rank, buffer, chunk) of a layout as one cell number."""
+    column: dict            # buffer name -> column of ``sizes``
+    sizes: np.ndarray       # (rank, column) -> chunks
+    first: np.ndarray       # (rank * columns + column) -> its first cell
+    count: int
+    scratch: int            # the scratch buffer's column
+    to_layout: np.ndarray   # the plan's buffer codes -> columns
+
+    def at(self, rank, buf, off, width, index):
+        """Cells ``index`` of ``buf`` on ``rank``, checked: [off, off + width) lies in it."""
+        col = self.column.get(buf)
+        need(col is not None and 0 <= off and off + width <= self.sizes[rank, col])
+        return self.first[rank * self.sizes.shape[1] + col] + index
+
+
+class _Lanes(NamedTuple):
+    """The chunk-level reads and writes of every step (a step moving c chunks has c lanes)."""
+    lane_start: np.ndarray  # per step, its first lane
+    count: int
+    read_cell: np.ndarray
+    read_step: np.ndarray
+    read_lane: np.ndarray
+    read_pos: np.ndarray    # which source of its step (0, 1, ..)
+    write_row: np.ndarray   # per write, its destination slice
+    write_j: np.ndarray     # chunk within the slice
+    write_cell: np.ndarray
+    write_step: np.ndarray
+    write_lane: np.ndarray
+
+
+class _Values(NamedTuple):
+    kind: np.ndarray        # 0 leaf, 1 alias, 2 sum
+    rep: np.ndarray         # per value, the value it stands for (aliases resolved)
+    left_class: np.ndarray  # per value, its left operand's representative
+    right_class: np.ndarray  # per sum, its right operand's representative (-1 elsewhere)
+
+
+def _initial_values(num_cells: int, leaves) -> np.ndarray:
+    """Per cell its initial leaf, -1 where nothing starts."""
+    initial = np.full(num_cells, -1, dtype=np.int64)
+    if leaves.cells.size:   # the last label put in a cell stays there, as in the executor
+        uniq, pos = np.unique(leaves.cells[::-1], return_index=True)
+        initial[uniq] = leaves.leaf_ids[::-1][pos]
+    return initial
+
+
+def _no_race_within_a_level(s_cell, s_level, s_step, s_write) -> None:
+    """Accesses sorted by (cell, level, write last): a write must be the only
+    access of its chunk in its level, but for its own step's reads."""
+    n = len(s_cell)
+    group_start = np.ones(n, bool)
+    if n:
+        group_start[1:] = (s_cell[1:] != s_cell[:-1]) | (s_level[1:] != s_level[:-1])
+    gid = np.cumsum(group_start) - 1
+    glast = np.flatnonzero(np.append(group_start[1:], True))[:len(group_start)]   # last event of each group
+    writes_in = np.bincount(gid, weights=s_write, minlength=len(glast))
+    need((writes_in <= 1).all())
+    last = glast[gid]                                                           # writes sort last in a group
+    need(not (s_write[last] & (s_step[last] != s_step)).any())
