@@ -47,7 +47,7 @@ import ml_dtypes
 
 from msc.dsl.collectives import get_collective
 from msc.errors import ExecutionError, UsageError
-from msc.ir import Plan, StepOp
+from msc.ir import Plan, step_values
 from msc.ir.ops import REDUCE_OP_NAMES, REDUCE_OPS
 from msc.verification.plan_values import check_plan
 from msc.ir.worklist import drive
@@ -247,23 +247,9 @@ class _Run:
             if len(got) != step.count:
                 self._fail(rank, tb, s, f"receives a message of {len(got)} chunks, the step takes {step.count}")
         srcs = [self._read(rank, tb, s, sl) for sl in step.srcs]
-        out = None
-        if op is StepOp.SEND:
-            out = srcs[0]
-        elif op is StepOp.RECV or op is StepOp.RCS:
-            out = got
-            self._write(rank, tb, s, step.dst, got)
-        elif op is StepOp.COPY:
-            self._write(rank, tb, s, step.dst, srcs[0])
-        elif op is StepOp.REDUCE:
-            acc = srcs[0]
-            for more in srcs[1:]:
-                acc = self._reduce(rank, tb, s, acc, more)
-            self._write(rank, tb, s, step.dst, acc)
-        elif op.reduces:                              # rrs, rrc, rrcs
-            out = self._reduce(rank, tb, s, srcs[0], got)
-            if step.dst is not None:
-                self._write(rank, tb, s, step.dst, out)
+        stored, out = step_values(op, srcs, got, lambda xs, ys: self._reduce(rank, tb, s, xs, ys))
+        if step.dst is not None:                      # the ops that have one (check_plan)
+            self._write(rank, tb, s, step.dst, stored)
         if op.sends:
             conn = (rank, tb.send, tb.channel)
             self.queues[conn].append(out)

@@ -118,6 +118,29 @@ for _op in StepOp:
 STEP_SHAPE = {op: (op.nsrc, op.has_dst) for op in StepOp}
 
 
+def step_values(op: StepOp, srcs: list, got, reduce):
+    """What a step computes, in any value domain (numpy chunks in the
+    executor, symbolic sums in the plan verifier): ``(stored, sent)``, the
+    value written to its destination and the message it sends, None where
+    it has none. ``srcs`` are its sources' values, ``got`` the message it
+    received, ``reduce(xs, ys)`` combines two values chunk by chunk."""
+    if op is StepOp.REDUCE:
+        acc = srcs[0]
+        for more in srcs[1:]:
+            acc = reduce(acc, more)
+        return acc, None
+    if op.reduces:                                  # rrs, rrc, rrcs: SRC + the message
+        out = reduce(srcs[0], got)
+        return out, out
+    if op.receives:                                 # recv, rcs: the message itself
+        return got, got
+    if op is StepOp.SEND:
+        return None, srcs[0]
+    if op is StepOp.COPY:
+        return srcs[0], None
+    return None, None                               # nop
+
+
 @dataclass(frozen=True, slots=True)   # slots: plans hold millions of these
 class Slice:
     """``count`` chunks of a rank's ``buffer`` (input, output, scratch) from ``index``."""

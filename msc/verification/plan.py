@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from msc.verification import plan_fast
 from msc.dsl.collectives import Collective, get_collective
 from msc.errors import DeadlockError, PlanError, RaceError, UsageError, VerificationError
-from msc.ir import Plan, StepOp
+from msc.ir import Plan, step_values
 from msc.perf import pause_gc
 from msc.verification import crosscheck
 from msc.verification.plan_values import check_plan
@@ -302,23 +302,10 @@ class _Execution:
         srcs = [self._read(rank, tb, s, sl) for sl in step.srcs]
         if self.facts is not None:
             self._record(rank, tb, s, step, srcs, got)
-        out = None
-        if op is StepOp.SEND:
-            out = srcs[0]
-        elif op is StepOp.RECV or op is StepOp.RCS:
-            out = got
-            self._write(rank, tb, s, step.dst, got)
-        elif op is StepOp.COPY:
-            self._write(rank, tb, s, step.dst, srcs[0])
-        elif op is StepOp.REDUCE:
-            acc = srcs[0]
-            for more in srcs[1:]:
-                acc = [self._add(rank, tb, s, a, b) for a, b in zip(acc, more)]
-            self._write(rank, tb, s, step.dst, acc)
-        elif op is StepOp.RRS or op is StepOp.RRC or op is StepOp.RRCS:
-            out = [self._add(rank, tb, s, a, b) for a, b in zip(srcs[0], got)]
-            if step.dst is not None:
-                self._write(rank, tb, s, step.dst, out)
+        stored, out = step_values(op, srcs, got,
+                                  lambda xs, ys: [self._add(rank, tb, s, a, b) for a, b in zip(xs, ys)])
+        if step.dst is not None:                      # the ops that have one (check_plan)
+            self._write(rank, tb, s, step.dst, stored)
         # every ``out`` is a list of its own (a slice, a message, new sums): it is sent as is
         if op.sends:
             fifo_out = self.fifo_out[rank][tb.id]
