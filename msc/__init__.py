@@ -41,7 +41,5 @@ _LAZY = {"load_plan": "msc.formats.load", "save_plan": "msc.formats.plan_text"}
 
 def __getattr__(name: str):
     if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        return getattr(_importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'msc' has no attribute {name!r}")

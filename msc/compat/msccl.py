@@ -4,7 +4,7 @@ to ``from msc.compat.msccl import *``.
 
 A ``with MSCCLProgram(...)`` block traces into a native ``msc.Program``;
 ``chunk()`` and the returned references record native copies and reduces,
-each with the user's source line, and ``Check()`` runs ``msc.verification.program``.
+each with the user's source line, and ``Check()`` runs ``msc.verify``.
 Collectives live in ``msccl_collectives``, topologies in
 ``msccl_topology``, what buffers hold in ``msccl_chunks``, and how a custom
 collective's ``check()`` is run in ``msccl_check``.
@@ -63,7 +63,7 @@ convenience where MSCCLang returns nothing):
   the chunks as traced; where it says no, the error carries what it printed
   and the chunk its first "Rank R chunk C" line names. Where it says yes,
   the output chunks it read become an ``msc`` postcondition (each must hold
-  exactly the contributions it held), which ``msc.verification.program`` and the plan
+  exactly the contributions it held), which ``msc.verify`` and the plan
   verifier of ``XML()``/``msc compile`` hold the program and its plan to.
   ``Check()`` on a collective without ``check()`` is an error (MSCCLang:
   None).
@@ -299,7 +299,7 @@ class MSCCLProgram:
         _CHECKED[self.program] = (len(self.program.ops), report)
 
     def generate_xml(self) -> str:
-        """The MSCCL-IR XML of the program (needs ``msc.formats.xml_export``)."""
+        """The MSCCL-IR XML of the program (lowered as msc compile lowers it, for the MSCCL runtime)."""
         return _xml_string(self)
 
     @property

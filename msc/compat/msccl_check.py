@@ -5,7 +5,7 @@ A custom collective states its postcondition as Python that reads
 ``prog.buffers`` and prints what is wrong. ``run_check`` runs it on the
 chunks as traced, with buffers that record every read; where it says yes,
 the output chunks it read become the msc collective's postcondition (what
-each holds, by contributions), so ``msc.verification.program`` and the plan verifier hold
+each holds, by contributions), so ``msc.verify`` and the plan verifier hold
 the program, and its lowered plan, to what check() accepted.
 """
 from __future__ import annotations

@@ -78,7 +78,7 @@ class LowerOptions:
 
 @pause_gc
 def lower(program, options: LowerOptions = LowerOptions(), *, collective=None, bulk: bool = True) -> Plan:
-    """The plan for a traced program (verify the program first: ``msc.verification.program``),
+    """The plan for a traced program (verify the program first: ``msc.verify``),
     fitting ``options.runtime`` (see the module docstring; RuntimeLimitError
     where nothing fits). ``bulk=False`` takes the pass-by-pass pipeline
     where bulk lowering would apply (the tests compare the two)."""
