@@ -12,7 +12,7 @@ import pytest
 
 import msc
 from msc.cuda import render
-from msc.cuda.launch import MscConn, MscRank, args_struct, footprint, launch_params, pack_args
+from msc.cuda.launch import MscArgsHeader, MscConn, MscRank, args_struct, footprint, launch_params, pack_args
 from msc.errors import UsageError
 from msc.lower.pipeline import LowerOptions, lower
 from library import algorithms
@@ -23,32 +23,46 @@ def _plan(key="allreduce/ring:ring", n=3, **opts):
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs a C++ compiler")
-def test_packed_layout_matches_the_kernels_struct(tmp_path):
+@pytest.mark.parametrize("form", ["table", "straight"])
+def test_packed_layout_matches_the_kernels_struct(tmp_path, form):
+    """The header's fields where ctypes puts them, and the kernel's own rank_of and
+    conn_of (compiled from the rendered text) finding rank 1 and connection 2 where
+    pack_args wrote them."""
     plan = _plan("allreduce/allpairs:allpairs", 4)
-    source, layout = render(plan, form="table")
+    source, layout = render(plan, form=form)
     structs = source[source.index("struct MscConn {"):source.index("enum { BUF_INPUT")]
-    head = "\n".join(line for line in source.splitlines() if line.startswith(("#define NRANKS", "#define NCONN")))
-    fields = ["count", "chunk", "tile", "iterations", "timeout", "scratch_stride", "slot_room", "inv_n",
-              "first_block", "error", "rank", "conn"]
+    head = "\n".join(line for line in source.splitlines() if line.startswith(("#define NRANKS", "#define NTB",
+                                                                              "#define K ", "#define SLOTS")))
+    fields = [name for name, _ in MscArgsHeader._fields_]
     probe = "\n".join([
-        "#include <stdio.h>", "#include <stddef.h>", head,
+        "#include <stdio.h>", "#include <stddef.h>", "#include <stdlib.h>", head,
+        "#define __device__", "#define __forceinline__ inline",
         "typedef unsigned long long u64; typedef long long i64; typedef unsigned int u32;", structs,
         "int main(void) {",
         '  printf("size %zu\\n", sizeof(struct MscArgs));',
         *[f'  printf("{f} %zu\\n", offsetof(struct MscArgs, {f}));' for f in fields],
-        '  printf("rank1 %zu\\n", offsetof(struct MscArgs, rank[1].scratch));',
-        '  printf("conn2 %zu\\n", offsetof(struct MscArgs, conn[2].head));',
+        "  MscArgs* a = (MscArgs*)calloc(1, 4096); a->nranks = 4;",
+        '  printf("rank1 %zu\\n", (size_t)((const char*)&rank_of(a, 1).scratch - (const char*)a));',
+        '  printf("conn2 %zu\\n", (size_t)((const char*)&conn_of(a, 2).head - (const char*)a));',
+        *[f'  printf("slot_{i} %lld\\n", (long long)slot_of({seq}ULL, {slots}));' for i, (seq, slots) in enumerate(SLOT_CASES)],
         "  return 0; }"])
-    (tmp_path / "probe.c").write_text(probe)
-    subprocess.run(["g++", "-x", "c++", "-o", str(tmp_path / "probe"), str(tmp_path / "probe.c")], check=True)
+    (tmp_path / "probe.cc").write_text(probe)
+    subprocess.run(["g++", "-o", str(tmp_path / "probe"), str(tmp_path / "probe.cc")], check=True)
     out = dict(line.split() for line in subprocess.run([str(tmp_path / "probe")], capture_output=True,
                                                        text=True, check=True).stdout.splitlines())
-    cls = args_struct(layout.num_ranks, len(layout.connections))
-    assert int(out["size"]) == ctypes.sizeof(cls)
+    assert int(out["size"]) == ctypes.sizeof(MscArgsHeader)
+    block = args_struct(layout.num_ranks, len(layout.connections))
     for f in fields:
-        assert int(out[f]) == getattr(cls, f).offset, f
-    assert int(out["rank1"]) == cls.rank.offset + ctypes.sizeof(MscRank) + MscRank.scratch.offset
-    assert int(out["conn2"]) == cls.conn.offset + 2 * ctypes.sizeof(MscConn) + MscConn.head.offset
+        assert int(out[f]) == getattr(MscArgsHeader, f).offset == getattr(block, f).offset, f
+    assert block.rank.offset == ctypes.sizeof(MscArgsHeader)
+    assert int(out["rank1"]) == block.rank.offset + ctypes.sizeof(MscRank) + MscRank.scratch.offset
+    assert int(out["conn2"]) == block.conn.offset + 2 * ctypes.sizeof(MscConn) + MscConn.head.offset
+    # the slot a message takes, in the kernel's 32-bit arithmetic
+    assert [int(out[f"slot_{i}"]) for i in range(len(SLOT_CASES))] == [seq % slots for seq, slots in SLOT_CASES]
+
+
+SLOT_CASES = [(0, 1), (7, 8), (9, 8), ((1 << 32) + 5, 3), ((1 << 64) - 1, 4096), ((1 << 64) - 1, 4095),
+              (123456789012345, 7), ((1 << 40) + 999, 1000), (1 << 63, 12)]
 
 
 def test_pack_args_writes_the_pointers_where_the_struct_says():
@@ -57,14 +71,20 @@ def test_pack_args_writes_the_pointers_where_the_struct_says():
     params = launch_params(layout, 1000, dtype="float32", protocol="Simple")
     ranks = [dict(input=0x1000 * (r + 1), output=0, scratch=0x10, progress=0x20 + r) for r in range(3)]
     conns = [dict(slots=0x5000 + c, tail=0x6000 + c, head=0x7000 + c) for c in range(len(layout.connections))]
-    raw = pack_args(layout, params, ranks=ranks, connections=conns, error=0xE0, first_block=1, slot_room=4160)
+    raw = pack_args(layout, params, ranks=ranks, connections=conns, error=0xE0, first_block=1, slot_room=4160,
+                    tables=(0xA000, 0xA100))
     cls = args_struct(3, len(layout.connections))
     back = cls.from_buffer_copy(raw)
     assert (back.count, back.chunk, back.first_block, back.error, back.slot_room) == (1000, 334, 1, 0xE0, 4160)
+    assert (back.threadblocks, back.steps) == (0xA000, 0xA100)
+    assert (back.nranks, back.nthreadblocks, back.k, back.slots) == (3, len(layout.blocks), plan.chunk_factor,
+                                                                     plan.slots)
     assert back.rank[2].input == 0x3000 and back.conn[1].head == 0x7001
     assert abs(back.inv_n - 1 / 3) < 1e-7
     with pytest.raises(UsageError, match="pointer tables"):
-        pack_args(layout, params, ranks=ranks[:2], connections=conns, error=0, slot_room=4160)
+        pack_args(layout, params, ranks=ranks[:2], connections=conns, error=0, slot_room=4160, tables=(1, 2))
+    with pytest.raises(UsageError, match="needs the plan's tables"):
+        pack_args(layout, params, ranks=ranks, connections=conns, error=0, slot_room=4160)
 
 
 @pytest.mark.parametrize("count, k, expect_chunk", [(0, 3, 0), (1, 3, 1), (7, 3, 3), (3000, 3, 1000)])

@@ -190,13 +190,13 @@ def test_the_kernel_polls_tail_as_receiver_and_head_as_sender():
 
     for protocol in ("Simple", "LL"):
         source, _ = render(runtime_plan(_plan("allreduce/ring:ring", 2, protocol=protocol)), form="table")
-        waits = re.findall(r"wait_counter\(a->conn\[b\.conn_(in|out)\]\.(tail|head)", source)
+        waits = re.findall(r"wait_counter\(conn_of\(a, b\.conn_(in|out)\)\.(tail|head)", source)
         assert set(waits) <= {("in", "tail"), ("out", "head")} and ("out", "head") in waits
         assert ("in", "tail") in waits or protocol == "LL"          # LL receivers poll packet flags in slots
-        assert "st_release(a->conn[b.conn_in].head" in source
+        assert "st_release(conn_of(a, b.conn_in).head" in source
         # Simple posts every message on tail; LL's receivers never read it: its count is stored once, at the end
-        posted = "st_release(a->conn[b.conn_out].tail" in source
-        stored = "st_relaxed(b.a->conn[b.conn_out].tail, b.seq_out)" in source
+        posted = "st_release(conn_of(a, b.conn_out).tail" in source
+        stored = "st_relaxed(conn_of(b.a, b.conn_out).tail, b.seq_out)" in source
         assert (posted, stored) == ((True, False) if protocol == "Simple" else (False, True))
 
 
@@ -531,6 +531,46 @@ def test_communicator_devices_and_out_of_place_with_a_fake_driver(fake_gpu):
     comm.synchronize()                                         # clean error words: no error
     comm.close()
     assert not fake_gpu["mem"].blocks
+
+
+def test_table_form_tables_go_to_each_gpu_once_per_kind_of_op_with_a_fake_driver(fake_gpu, monkeypatch, tmp_path):
+    """The table-form kernel reads the plan from device memory: the tables are copied
+    to every GPU that launches (once, however many calls), a launch's arguments point
+    at its own GPU's copy, an averaging op gets its own tables (which inputs it
+    pre-scales), and a copy that would happen during CUDA graph capture is refused."""
+    from msc.cuda import Communicator
+    from msc.cuda.codegen import plan_tables
+
+    torch = fake_gpu["torch"]
+    plan = _plan("allreduce/ring:ring", 4)
+    tables, averaging = plan_tables(runtime_plan(plan)), plan_tables(runtime_plan(plan), op="avg")
+    want, want_avg = tables.device_image(), averaging.device_image()
+    assert want != want_avg
+
+    def copies(image):
+        return sorted(ptr for ptr, data in fake_gpu["args"].items() if data == image)
+
+    comm = Communicator(plan, "devices", [0, 1, 2, 3], form="table", cache=tmp_path)
+    assert comm.layout.form == "table" and len(copies(want)) == 4 and not copies(want_avg)    # one per GPU
+    xs = [torch.rand(64) for _ in range(4)]
+    for r, x in enumerate(xs):
+        fake_gpu["on"][x.data_ptr()] = f"cuda:{r}"
+    comm.all_reduce(xs)
+    comm.all_reduce(xs, op="max")                                  # max reads the same tables as sum
+    assert len(copies(want)) == 4
+    seen = [_decode_args(comm.layout, raw) for *_, raw in fake_gpu["launches"]]
+    assert sorted({a.threadblocks for a in seen}) == copies(want)   # each launch its own GPU's copy
+    assert all(a.steps - a.threadblocks == tables.steps_offset for a in seen)
+    comm.all_reduce(xs, op="avg")
+    assert len(copies(want_avg)) == 4 and {_decode_args(comm.layout, raw).threadblocks
+                                           for *_, raw in fake_gpu["launches"][-4:]} == set(copies(want_avg))
+    capturing = Communicator(plan, "virtual", 0, form="table", cache=tmp_path)
+    capturing.all_reduce(xs[:1] * 4)
+    from msc.cuda import backend
+
+    monkeypatch.setattr(backend._torch().cuda, "is_current_stream_capturing", lambda: True)    # the fake torch.cuda
+    with pytest.raises(UsageError, match="tables for 'avg' are not on the device yet.*during CUDA graph capture"):
+        capturing.all_reduce(xs[:1] * 4, op="avg")
 
 
 def test_synchronize_reads_the_error_word_with_a_fake_driver(fake_gpu):

@@ -229,26 +229,36 @@ def report_compiled(args, prog, plan, path, seconds, emitted, how, emit_seconds)
 
 
 def emit_cuda(plan, plan_path, args) -> tuple[list, str]:
-    """Write the plan's CUDA source (and, with --arch, its cubin) next to it;
-    returns the files and what was done, for the report."""
+    """Write the plan's CUDA source (and, with --arch, its cubin) next to it,
+    and for the table form the plan's tables as text (the kernel's source
+    holds no plan then); returns the files and what was done, for the report."""
     import shutil
 
     from msc.cuda import compile as compile_cuda
     from msc.cuda import render
+    from msc.cuda.codegen import choose_form, describe_tables
+    from msc.cuda.compiler import tables
 
     stem = plan_path.with_suffix("")
     tag = f"{args.dtype}-{args.op}"
     cu = stem.with_name(f"{stem.name}.{tag}.cu")
+    written = [cu]
     if args.arch is None:
         source, _ = render(plan, dtype=args.dtype, op=args.op, form=args.form)
         cu.write_text(source)
-        return [cu], "source rendered"
-    kernel = compile_cuda(plan, dtype=args.dtype, op=args.op, arch=args.arch, form=args.form)
-    cubin = stem.with_name(f"{stem.name}.{tag}.{args.arch}.cubin")
-    shutil.copyfile(kernel.source_path, cu)
-    cubin.write_bytes(kernel.cubin)
-    how = "taken from the kernel cache" if kernel.cache_hit else f"rendered and compiled with NVRTC for {args.arch}"
-    return [cu, cubin], how
+        how = "source rendered"
+    else:
+        kernel = compile_cuda(plan, dtype=args.dtype, op=args.op, arch=args.arch, form=args.form)
+        cubin = stem.with_name(f"{stem.name}.{tag}.{args.arch}.cubin")
+        shutil.copyfile(kernel.source_path, cu)
+        cubin.write_bytes(kernel.cubin)
+        written.append(cubin)
+        how = "taken from the kernel cache" if kernel.cache_hit else f"rendered and compiled with NVRTC for {args.arch}"
+    if choose_form(plan, args.form) == "table":
+        text = stem.with_name(f"{stem.name}.{tag}.tables.txt")
+        text.write_text(describe_tables(tables(plan, op=args.op)))
+        written.append(text)
+    return written, how
 
 
 def load_plan_arg(path: str, verify: bool = True, *, slots: int | None = None, runtime: str | None = None):

@@ -1,11 +1,20 @@
 """Rendering a plan into CUDA C++ through the Jinja templates in templates/.
 
 Python only gathers data here (which threadblock has which steps, chunk
-classes, connections, the encoded step table); every line of CUDA lives in
-the templates. One translation unit per (plan, data type, op, protocol).
+classes, connections, the encoded tables); every line of CUDA lives in the
+templates. Two forms of one kernel:
+
+- straight-line (small plans): each threadblock's steps as code, with every
+  constant folded; one translation unit per (plan, data type, op);
+- table (large plans): one interpreter reading the plan's threadblock and
+  step tables from device memory (``plan_tables``); its text holds no plan,
+  so one translation unit per (protocol, data type, op, source width) runs
+  every plan of that kind, and a new plan needs tables, not a compile.
 """
 from __future__ import annotations
 
+import sys
+from array import array
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -82,12 +91,17 @@ class KernelLayout:
     max_steps: int = 0                           # steps of the longest threadblock
 
 
-def _check(dtype: str, op: str, plan: Plan) -> DType:
+def _check_kind(dtype: str, op: str) -> DType:
     if dtype not in DTYPES:
         raise UsageError(f"the CUDA backend has no data type {dtype!r} (it has {', '.join(DTYPES)})")
     if op not in OPS:
         raise UsageError(f"unknown reduction {op!r} (expected one of {', '.join(OPS)})")
-    dt = DTYPES[dtype]
+    return DTYPES[dtype]
+
+
+def check_kernel(dtype: str, op: str, plan: Plan) -> DType:
+    """UsageError unless the CUDA backend can run ``plan`` with ``dtype`` and ``op``."""
+    dt = _check_kind(dtype, op)
     if REDUCE_OPS[op].average and not dt.floating:
         raise UsageError(f"{op} on the CUDA backend needs a floating type (it scales inputs by 1/n), not {dtype}")
     if REDUCE_OPS[op].average and plan.collective not in ("allreduce", "reducescatter", "reduce"):
@@ -117,25 +131,113 @@ def kernel_layout(plan: Plan, form: str) -> KernelLayout:
                         max((len(tb.steps) for rp in plan.ranks for tb in rp.threadblocks), default=0))
 
 
-def _context(plan: Plan, dtype: DType, op: str, form: str, facts) -> dict:
-    layout = kernel_layout(plan, form)
+TB_COLUMNS = 8     # a row of the threadblock table (templates/kernel.cu.j2: TB_RANK .. TB_START)
+
+
+@dataclass(frozen=True)
+class PlanTables:
+    """A plan as the table-form kernel reads it from device memory: the
+    threadblock table (TB_COLUMNS ints per global threadblock: rank,
+    threadblock, steps, connection in, connection out, largest message in,
+    out, start of its steps) and the step table (templates/kernel.cu.j2 gives
+    a step's encoding). int32, as the kernel reads them."""
+
+    threadblocks: tuple[int, ...]
+    steps: tuple[int, ...]
+
+    def device_image(self) -> bytes:
+        """Both tables as the device holds them: the threadblock table, then the
+        step table at byte ``steps_offset``."""
+        return _int32_bytes(self.threadblocks + self.steps)
+
+    @property
+    def steps_offset(self) -> int:
+        return 4 * len(self.threadblocks)
+
+    def to_bytes(self) -> bytes:
+        """A self-describing encoding: the threadblock table's length, then the image."""
+        return _int32_bytes((len(self.threadblocks),)) + self.device_image()
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> "PlanTables":
+        ints = _ints(raw) if len(raw) % 4 == 0 else ()
+        if not ints or not 0 <= ints[0] <= len(ints) - 1:
+            raise ValueError("not an encoding of plan tables")
+        return cls(tuple(ints[1:1 + ints[0]]), tuple(ints[1 + ints[0]:]))
+
+
+def describe_tables(tables: PlanTables) -> str:
+    """The tables as text, a row per threadblock and per step, for a reader of the
+    table-form kernel (msc compile --emit cuda writes it beside the source)."""
+    lines = ["# the plan as the table-form kernel reads it (templates/kernel.cu.j2 decodes each row)",
+             "# threadblocks: rank threadblock steps conn_in conn_out max_in max_out start"]
+    rows = [tables.threadblocks[i:i + TB_COLUMNS] for i in range(0, len(tables.threadblocks), TB_COLUMNS)]
+    lines += [" ".join(map(str, row)) for row in rows]
+    lines.append("# steps, per threadblock: op(name) count nsrc ndeps publish | dst buf index | srcs (buf index)... "
+                 "| classes | fresh | deps (threadblock step steps)...")
+    for row in rows:
+        lines.append(f"# rank {row[0]} threadblock {row[1]}")
+        at = row[7]
+        for _ in range(row[2]):
+            op, count, nsrc, ndeps, publish, dbuf, dindex = tables.steps[at:at + 7]
+            at += 7
+            parts = []
+            for width in (2 * nsrc, count, nsrc * count, 3 * ndeps):
+                parts.append(" ".join(map(str, tables.steps[at:at + width])) or "-")
+                at += width
+            lines.append(f"{op}({STEP_OPS[op].name}) {count} {nsrc} {ndeps} {publish} | {dbuf} {dindex} | "
+                         + " | ".join(parts))
+    return "\n".join(lines) + "\n"
+
+
+def _int32_bytes(values) -> bytes:
+    out = array("i", values)
+    if sys.byteorder != "little":
+        out.byteswap()
+    return out.tobytes()
+
+
+def _ints(raw: bytes) -> array:
+    out = array("i")
+    out.frombytes(raw)
+    if sys.byteorder != "little":
+        out.byteswap()
+    return out
+
+
+def table_width(plan: Plan) -> int:
+    """MAX_SRCS of the table-form kernel that runs ``plan``: the smallest power of two
+    that holds its widest step's local sources (every library plan: 1). The width sizes
+    registers, so it is compiled in: one kernel per width that plans need."""
+    return 1 << (_widest_step(plan) - 1).bit_length()
+
+
+def _widest_step(plan: Plan) -> int:
+    """The most local sources a step of ``plan`` reads (at least 1)."""
+    return max([len(s.srcs) for rp in plan.ranks for tb in rp.threadblocks for s in tb.steps] + [1])
+
+
+def _encode(plan: Plan, layout: KernelLayout, facts, average: bool) -> tuple[list[dict], PlanTables]:
+    """The plan's threadblocks and steps: as records for the straight-line form's code,
+    and as the tables the table form reads (the same values). ``average``: mark the
+    inputs the kernel pre-scales by 1/n where first read ("fresh")."""
     conn_id = {(c.sender, c.receiver, c.channel): c for c in layout.connections}
-    published = {(r, t, s) for (r, _, _, step) in
-                 ((rp.rank, tb, i, st) for rp in plan.ranks for tb in rp.threadblocks for i, st in enumerate(tb.steps))
+    published = {(rp.rank, t, s) for rp in plan.ranks for tb in rp.threadblocks for step in tb.steps
                  for (t, s) in step.deps}
-    average = REDUCE_OPS[op].average      # inputs pre-scaled by 1/n where first read: which are ("fresh")
-    tbs, table, starts = [], [], []
+    tbs, rows, table = [], [], []
     for gid, (rank, t) in enumerate(layout.blocks):
         rp = plan.ranks[rank]
         tb = rp.threadblocks[t]
         cin = conn_id.get((tb.recv, rank, tb.channel)) if tb.recv is not None else None
         cout = conn_id.get((rank, tb.send, tb.channel)) if tb.send is not None else None
+        row = [rank, t, len(tb.steps), cin.id if cin else -1, cout.id if cout else -1,
+               cin.max_count if cin else 0, cout.max_count if cout else 0, len(table)]
+        rows.extend(row)
         steps = []
-        starts.append(len(table))
         for i, step in enumerate(tb.steps):
             fact = facts.get((rank, t, i)) or _guessed_facts(step, plan.chunk_factor)
             cls = list(fact.classes) if fact.classes else [0] * step.count
-            fresh = [int(f) for row in fact.fresh for f in row] if average else [0] * (len(step.srcs) * step.count)
+            fresh = [int(f) for row_ in fact.fresh for f in row_] if average else [0] * (len(step.srcs) * step.count)
             deps = [x for (dt, ds) in step.deps for x in (dt, ds, len(rp.threadblocks[dt].steps))]
             srcs = [(BUF_IDS[sl.buffer], sl.index) for sl in step.srcs]
             dst = (BUF_IDS[step.dst.buffer], step.dst.index) if step.dst is not None else (0, 0)
@@ -145,15 +247,23 @@ def _context(plan: Plan, dtype: DType, op: str, form: str, facts) -> dict:
             table.extend([STEP_OPS.index(step.op), step.count, len(srcs), len(deps) // 3, int(publish),
                           dst[0], dst[1], *[x for o in srcs for x in o], *cls, *fresh, *deps])
         tbs.append(dict(gid=gid, rank=rank, tb=t, send=_peer(tb.send), recv=_peer(tb.recv), channel=tb.channel,
-                        conn_in=cin.id if cin else -1, conn_out=cout.id if cout else -1,
-                        max_in=cin.max_count if cin else 0, max_out=cout.max_count if cout else 0, steps=steps))
+                        row=row, steps=steps))
+    return tbs, PlanTables(tuple(rows), tuple(table))
+
+
+def plan_tables(plan: Plan, *, op: str = "sum", collective=None, allow_deadlock: bool = False) -> PlanTables:
+    """The tables the table-form kernel runs ``plan`` from, for reductions with ``op``
+    (only whether it averages matters)."""
+    facts = plan_facts(plan, collective=collective, allow_deadlock=allow_deadlock)
+    return _encode(plan, kernel_layout(plan, "table"), facts, REDUCE_OPS[op].average)[1]
+
+
+def _kernel_context(protocol: str, dtype: DType, op: str, form: str, max_srcs: int) -> dict:
+    """What every kernel's text needs, whatever the form."""
     step_ops, op_masks = step_op_table()
-    return dict(plan=plan, dtype=dtype, op=op, redop=REDUCE_OPS[op], protocol=plan.protocol,
-                transport=PROTOCOLS[plan.protocol].transport, form=form, nthreads=layout.nthreads,
-                min_blocks=MIN_BLOCKS[plan.protocol], counter_words=COUNTER_STRIDE // 8, step_ops=step_ops,
-                max_srcs=max([len(s.srcs) for rp in plan.ranks for tb in rp.threadblocks for s in tb.steps] + [1]),
-                op_masks=op_masks, conns=layout.connections, tbs=tbs, table=table or [0],
-                starts=starts or [0]), layout
+    return dict(dtype=dtype, op=op, redop=REDUCE_OPS[op], protocol=protocol, transport=PROTOCOLS[protocol].transport,
+                form=form, nthreads=NTHREADS[protocol], min_blocks=MIN_BLOCKS[protocol],
+                counter_words=COUNTER_STRIDE // 8, step_ops=step_ops, op_masks=op_masks, max_srcs=max_srcs)
 
 
 def _guessed_facts(step, k: int):
@@ -213,9 +323,23 @@ def choose_form(plan: Plan, form: str | None) -> str:
 def render(plan: Plan, *, dtype: str = "float32", op: str = "sum", form: str | None = None,
            collective=None, allow_deadlock: bool = False) -> tuple[str, KernelLayout]:
     """CUDA source for the plan and the layout the runtime launches it with.
-    ``allow_deadlock``: render a plan that deadlocks (for timeout tests)."""
-    dt = _check(dtype, op, plan)
+    The table form's source is the plan's kind's (render_table_kernel), its
+    tables are data (plan_tables). ``allow_deadlock``: render a plan that
+    deadlocks (for timeout tests)."""
+    dt = check_kernel(dtype, op, plan)
     form = choose_form(plan, form)
+    layout = kernel_layout(plan, form)
+    if form == "table":
+        return render_table_kernel(plan.protocol, dtype=dtype, op=op, max_srcs=table_width(plan)), layout
     facts = plan_facts(plan, collective=collective, allow_deadlock=allow_deadlock)
-    context, layout = _context(plan, dt, op, form, facts)
+    tbs, _ = _encode(plan, layout, facts, REDUCE_OPS[op].average)
+    context = _kernel_context(plan.protocol, dt, op, form, _widest_step(plan))
+    context.update(plan=plan, tbs=tbs)
     return environment().get_template("kernel.cu.j2").render(**context), layout
+
+
+def render_table_kernel(protocol: str, *, dtype: str = "float32", op: str = "sum", max_srcs: int = 1) -> str:
+    """The table-form kernel for every plan of ``protocol`` whose steps read at most
+    ``max_srcs`` local sources: no plan in its text (the plan comes as PlanTables)."""
+    context = _kernel_context(protocol, _check_kind(dtype, op), op, "table", max_srcs)
+    return environment().get_template("kernel.cu.j2").render(**context)

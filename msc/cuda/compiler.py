@@ -4,27 +4,32 @@ library for the emulated device (msc.cuda.hostbuild). Both start from one
 rendered source, cached on disk.
 
 Cache layout, under ``$MSC_CACHE_DIR/kernels/<key>/``: ``kernel.cu`` (the
-rendered source), ``layout.json`` (what the runtime launches it with) and
-``kernel.<arch>.nvrtc<version>.cubin``, each with a SHA-256 sidecar checked
-on every read (msc.formats.files): an empty, altered or unreadable entry is
-a miss and is rebuilt. The key hashes everything the source depends on: the
-templates, msc's own code (codegen, and the verifier that computes the step
-facts: msc.verification.cache.msc_digest), the collective (a custom one by what it
-requires of every chunk, not by its name), the plan text, the data type, the
-op and the form. A second compile of the same thing reads the cache and runs
-neither the renderer nor the compiler.
+rendered source) and ``kernel.<arch>.nvrtc<version>.cubin``; under
+``$MSC_CACHE_DIR/kernels/tables-<key>/tables.i32`` a table-form plan's
+tables. Every file has a SHA-256 sidecar
+checked on every read (msc.formats.files): an empty, altered or unreadable
+entry is a miss and is rebuilt. Keys hash everything the bytes depend on:
+the templates and msc's own code (codegen, and the verifier that computes
+the step facts: msc.verification.cache.msc_digest) always; for a
+straight-line kernel and for tables the collective (a custom one by what it
+requires of every chunk, not by its name) and the plan text; the data type,
+op and form of a kernel. A table-form kernel's text holds no plan: its key
+is (protocol, data type, op, source width), so every table-form plan of
+that kind shares one cubin. A second compile of the same thing reads the
+cache and runs neither the renderer nor the compiler. The launch layout is
+computed from the plan (cheap), never cached.
 """
 from __future__ import annotations
 
 import hashlib
-import json
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 from msc.formats.files import read_checked, write_checked
-from msc.cuda.codegen import Connection, KernelLayout, choose_form, render
+from msc.cuda.codegen import (KernelLayout, PlanTables, check_kernel, choose_form, kernel_layout, plan_tables, render,
+                              table_width)
 from msc.errors import CompileError, UsageError
 from msc.ir import Plan
 from msc.resources import cache_dir, data_dir
@@ -125,23 +130,32 @@ def collective_digest(plan: Plan, collective=None) -> str:
     return "custom:" + h.hexdigest()
 
 
-def source_key(plan: Plan, *, dtype: str, op: str, form: str, collective=None) -> str:
-    from msc.formats.plan_text import dump_plan
-
+def _digest(*parts: str) -> str:
     h = hashlib.sha256()
-    for part in (_toolchain_digest(), collective_digest(plan, collective), dtype, op, form, dump_plan(plan)):
+    for part in parts:
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()[:32]
+
+
+def source_key(plan: Plan, *, dtype: str, op: str, form: str, collective=None) -> str:
+    """The key of the plan's kernel source: a table-form kernel's is its kind's."""
+    if form == "table":
+        return _digest(_toolchain_digest(), "table", plan.protocol, dtype, op, str(table_width(plan)))
+    from msc.formats.plan_text import dump_plan
+
+    return _digest(_toolchain_digest(), collective_digest(plan, collective), dtype, op, form, dump_plan(plan))
+
+
+def tables_key(plan: Plan, *, average: bool, collective=None) -> str:
+    from msc.formats.plan_text import dump_plan
+
+    return _digest(_toolchain_digest(), "tables", collective_digest(plan, collective), str(average), dump_plan(plan))
 
 
 def cache_key(plan: Plan, *, dtype: str, op: str, arch: str, form: str, collective=None) -> str:
     """The key of a cubin: its source's key, the arch and the NVRTC version."""
-    h = hashlib.sha256()
-    for part in (source_key(plan, dtype=dtype, op=op, form=form, collective=collective), arch, nvrtc_version()):
-        h.update(part.encode())
-        h.update(b"\0")
-    return h.hexdigest()[:32]
+    return _digest(source_key(plan, dtype=dtype, op=op, form=form, collective=collective), arch, nvrtc_version())
 
 
 def _check_arch(arch: str) -> str:
@@ -155,20 +169,42 @@ def rendered(plan: Plan, *, dtype: str = "float32", op: str = "sum", form: str |
     """The plan's kernel source (rendered, or read from the cache) and layout.
     ``allow_deadlock`` renders a deadlocking plan (for timeout tests); it
     changes nothing for a plan that does not deadlock, so it is not in the key."""
+    check_kernel(dtype, op, plan)            # also on a hit: a table-form kernel is shared by other plans
     form = choose_form(plan, form)
     key = source_key(plan, dtype=dtype, op=op, form=form, collective=collective)
     folder = (cache or cache_dir()) / "kernels" / key
-    src_path, layout_path = folder / "kernel.cu", folder / "layout.json"
+    src_path = folder / "kernel.cu"
+    layout = kernel_layout(plan, form)
     if read_checked(src_path) is not None:
-        layout = _load_layout(layout_path)
-        if layout is not None:
-            return Rendered(key, folder, src_path, layout, True)
-    source, layout = render(plan, dtype=dtype, op=op, form=form, collective=collective,
-                            allow_deadlock=allow_deadlock)
+        return Rendered(key, folder, src_path, layout, True)
+    source, _ = render(plan, dtype=dtype, op=op, form=form, collective=collective, allow_deadlock=allow_deadlock)
     folder.mkdir(parents=True, exist_ok=True)
-    write_checked(layout_path, json.dumps(asdict(layout)).encode())
     write_checked(src_path, source.encode())
     return Rendered(key, folder, src_path, layout, False)
+
+
+def tables(plan: Plan, *, op: str = "sum", collective=None, cache: Path | None = None,
+           allow_deadlock: bool = False) -> PlanTables:
+    """The plan's tables for the table-form kernel (computed, or read from the
+    cache): what a new plan needs instead of a compile. ``op``: only whether it
+    averages matters. ``allow_deadlock`` as in ``rendered``."""
+    from msc.ir.ops import REDUCE_OPS
+
+    if op not in REDUCE_OPS:
+        raise UsageError(f"unknown reduction {op!r} (expected one of {', '.join(REDUCE_OPS)})")
+    average = REDUCE_OPS[op].average
+    folder = (cache or cache_dir()) / "kernels" / f"tables-{tables_key(plan, average=average, collective=collective)}"
+    path = folder / "tables.i32"
+    raw = read_checked(path)
+    if raw is not None:
+        try:
+            return PlanTables.from_bytes(raw)
+        except ValueError:
+            pass                        # not ours after all: computed again below
+    out = plan_tables(plan, op=op, collective=collective, allow_deadlock=allow_deadlock)
+    folder.mkdir(parents=True, exist_ok=True)
+    write_checked(path, out.to_bytes())
+    return out
 
 
 def compile(plan: Plan, *, dtype: str = "float32", op: str = "sum", arch: str = "sm_90", form: str | None = None,
@@ -213,20 +249,3 @@ def nvrtc_compile(source: str, *, arch: str, source_path: Path | None = None) ->
         raise CompileError(f"NVRTC could not compile the kernel: {first.group(1) if first else type(exc).__name__}",
                            log=log, source_path=str(source_path) if source_path else None) from None
     return bytes(obj.code)
-
-
-def _load_layout(path: Path) -> KernelLayout | None:
-    """The cached layout, or None when the entry is not whole or not a layout."""
-    data = read_checked(path)
-    if data is None:
-        return None
-    try:
-        raw = json.loads(data)
-        raw["connections"] = tuple(Connection(**c) for c in raw["connections"])
-        for name in ("blocks", "rank_blocks"):
-            raw[name] = tuple(tuple(x) for x in raw[name])
-        for name in ("scratch_chunks", "threadblocks_per_rank"):
-            raw[name] = tuple(raw[name])
-        return KernelLayout(**raw)
-    except (ValueError, TypeError, KeyError):
-        return None

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from msc.cuda.codegen import COUNTER_STRIDE, DTYPES, KernelLayout
 from msc.errors import UsageError
+from msc.ir.limits import MAX_SLOTS, check
 from msc.ir.ops import PROTOCOLS
 
 # Pipelining tile per chunk and iteration, by protocol (bytes; msc.ir.ops, as the
@@ -94,7 +95,7 @@ def footprint(layout: KernelLayout, params: LaunchParams, *, dtype: str, protoco
         progress=tuple(COUNTER_STRIDE * n for n in layout.threadblocks_per_rank), room=room)
 
 
-# -- MscArgs, as in templates/steps.cuh.j2 --------------------------------------------
+# -- MscArgs and its arrays, as in templates/steps.cuh.j2 -----------------------------
 class MscConn(ctypes.Structure):
     _fields_ = [("slots", ctypes.c_void_p), ("tail", ctypes.c_void_p), ("head", ctypes.c_void_p)]
 
@@ -104,31 +105,49 @@ class MscRank(ctypes.Structure):
                 ("progress", ctypes.c_void_p)]
 
 
+_HEADER_FIELDS = [
+    ("count", ctypes.c_int64), ("chunk", ctypes.c_int64), ("tile", ctypes.c_int64),
+    ("iterations", ctypes.c_int64), ("timeout", ctypes.c_int64), ("scratch_stride", ctypes.c_int64),
+    ("slot_room", ctypes.c_int64), ("inv_n", ctypes.c_float),
+    ("first_block", ctypes.c_int32), ("error", ctypes.c_void_p),
+    ("threadblocks", ctypes.c_void_p), ("steps", ctypes.c_void_p),
+    ("nranks", ctypes.c_int32), ("nthreadblocks", ctypes.c_int32), ("k", ctypes.c_int32), ("slots", ctypes.c_int32)]
+
+
+class MscArgsHeader(ctypes.Structure):
+    """MscArgs itself: the fields before the rank and connection arrays."""
+    _fields_ = _HEADER_FIELDS
+
+
 def args_struct(num_ranks: int, num_connections: int) -> type[ctypes.Structure]:
-    """The ctypes twin of MscArgs for a kernel's NRANKS and NCONN."""
-    return type("MscArgs", (ctypes.Structure,), {"_fields_": [
-        ("count", ctypes.c_int64), ("chunk", ctypes.c_int64), ("tile", ctypes.c_int64),
-        ("iterations", ctypes.c_int64), ("timeout", ctypes.c_int64), ("scratch_stride", ctypes.c_int64),
-        ("slot_room", ctypes.c_int64), ("inv_n", ctypes.c_float),
-        ("first_block", ctypes.c_int32), ("error", ctypes.c_void_p),
+    """The block a launch reads: MscArgs, then an MscRank per rank and an MscConn
+    per connection (what the kernel's rank_of and conn_of index)."""
+    return type("MscArgsBlock", (ctypes.Structure,), {"_fields_": _HEADER_FIELDS + [
         ("rank", MscRank * num_ranks), ("conn", MscConn * max(num_connections, 1))]})
 
 
 def pack_args(layout: KernelLayout, params: LaunchParams, *, ranks: list[dict], connections: list[dict],
-              error: int, slot_room: int, first_block: int = 0, timeout_ns: int = 300 * 10 ** 9) -> bytes:
-    """MscArgs as bytes to copy to the device. ``ranks[r]``: pointers input,
-    output, scratch, progress (0 for a rank this process does not run);
-    ``connections[c]``: pointers slots, tail, head, in layout.connections order;
-    ``slot_room``: the arena's bytes per chunk-tile in a slot (Footprint.room);
-    ``timeout_ns``: how long a spin-wait may last (the GPU's global timer)."""
+              error: int, slot_room: int, first_block: int = 0, timeout_ns: int = 300 * 10 ** 9,
+              tables: tuple[int, int] = (0, 0)) -> bytes:
+    """MscArgs and its arrays as bytes to copy to the device. ``ranks[r]``:
+    pointers input, output, scratch, progress (0 for a rank this process does
+    not run); ``connections[c]``: pointers slots, tail, head, in
+    layout.connections order; ``slot_room``: the arena's bytes per chunk-tile
+    in a slot (Footprint.room); ``timeout_ns``: how long a spin-wait may last
+    (the GPU's global timer); ``tables``: device pointers to the plan's
+    threadblock and step tables (the table form; codegen.PlanTables)."""
     if len(ranks) != layout.num_ranks or len(connections) != len(layout.connections):
         raise UsageError(f"pointer tables for {len(ranks)} ranks and {len(connections)} connections; the kernel "
                          f"has {layout.num_ranks} and {len(layout.connections)}")
+    check(layout.slots, MAX_SLOTS, "slots per connection")      # the kernel's slot_of assumes it
+    if layout.form == "table" and not all(tables):
+        raise UsageError("a table-form launch needs the plan's tables in device memory (tables=...)")
     cls = args_struct(layout.num_ranks, len(layout.connections))
     args = cls(count=params.count, chunk=params.chunk, tile=params.tile, iterations=params.iterations,
                timeout=timeout_ns, scratch_stride=params.scratch_stride, slot_room=slot_room,
-               inv_n=1.0 / layout.num_ranks,
-               first_block=first_block, error=error)
+               inv_n=1.0 / layout.num_ranks, first_block=first_block, error=error,
+               threadblocks=tables[0], steps=tables[1], nranks=layout.num_ranks,
+               nthreadblocks=len(layout.blocks), k=layout.chunk_factor, slots=layout.slots)
     for r, ptrs in enumerate(ranks):
         args.rank[r] = MscRank(**ptrs)
     for c, ptrs in enumerate(connections):

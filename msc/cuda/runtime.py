@@ -32,7 +32,10 @@ once (the occupancy API times the SM count): a launch that cannot be
 resident fails here, not at the first call. Another (dtype, op) compiles at
 its first call; under torchrun every rank then meets at a barrier before
 launching, so that compile skew between ranks is not spent in spin-waits.
-Data-movement collectives use one kernel for every op.
+Data-movement collectives use one kernel for every op. A table-form plan
+(msc.cuda.codegen) shares its kernel with every plan of its protocol; the
+constructor copies the plan's tables to each GPU it launches on (once per
+kind of op: averaging or not) in stream order, and close() frees them.
 
 Memory. A rank's counters, slots and scratch live in its *arena*
 (msc.cuda.tables): one allocation per rank, zeroed once, sized by
@@ -88,12 +91,14 @@ from pathlib import Path
 from msc.cuda import device as cu
 from msc.cuda.backend import choose
 from msc.cuda.codegen import KernelLayout, choose_form, kernel_layout
+from msc.cuda.compiler import tables as plan_tables
 from msc.cuda.diagnose import BrokenCommunicatorError, counters_from_arena, decode, merge, parse_words
-from msc.cuda.launch import ERROR_WORDS, args_struct, footprint, launch_params, pack_args
+from msc.cuda.launch import ERROR_WORDS, MscArgsHeader, footprint, launch_params, pack_args
 from msc.cuda.tables import arena_layout, error_pointer, grow, peers, pointer_tables
 from msc.cuda.validate import check_call, check_collective, check_op, units
 from msc.errors import UsageError
 from msc.ir import Plan
+from msc.ir.ops import REDUCE_OPS
 
 PLACEMENTS = ("virtual", "devices", "torchrun")
 MIN_SLOTS = 8
@@ -183,8 +188,7 @@ class Kernels:
         self.collective, self.allow_deadlock = collective, allow_deadlock
         self._compiled: dict[tuple[str, str], object] = {}
         self._loaded: dict[tuple[str, str], object] = {}
-        layout = kernel_layout(plan, choose_form(plan, form))
-        self.args_size = ctypes.sizeof(args_struct(layout.num_ranks, len(layout.connections)))
+        self.args_size = ctypes.sizeof(MscArgsHeader)
 
     def compiled(self, dtype: str, op: str):
         key = (dtype, op)
@@ -271,6 +275,8 @@ class Communicator:
         self._kernels = {a: Kernels(backend, self.kplan, a, form=form, cache=cache, collective=collective,
                                     allow_deadlock=allow_deadlock)
                          for a in set(self._arch.values())}
+        self._table_source = dict(collective=collective, cache=cache, allow_deadlock=allow_deadlock)
+        self._tables: dict[tuple[int, bool], tuple] = {}    # (device, averages) -> (pointers, what holds them)
         self.max_bytes = max_bytes
         self._ipc = ipc
         self._capacity = None
@@ -293,7 +299,10 @@ class Communicator:
                         backend.enable_peer_access(a, b)
         for dtype in dtypes:                    # compile and check now, before any rendezvous
             for op in ops:
-                self._kernel(self.devices[0], dtype, check_op(plan, op, dtype))
+                op = check_op(plan, op, dtype)
+                self._kernel(self.devices[0], dtype, op)
+                for L in self._launches:
+                    self._plan_tables(L.device, op)
 
     # -- kernels ----------------------------------------------------------------------------
     def _kernel(self, dev: int, dtype: str, op: str):
@@ -307,6 +316,23 @@ class Communicator:
                 check_resident(L.grid, self._threads, self.backend.resident_blocks(kernel, self._threads, L.device),
                                f"{self.backend.describe_device(L.device)} ({dtype}, {op} kernel)")
         return kernel
+
+    def _plan_tables(self, dev: int, op: str) -> tuple[int, int]:
+        """Device pointers to the plan's threadblock and step tables on ``dev``
+        for calls with ``op`` (the table form; (0, 0) for straight-line code):
+        copied there once, in stream order, and kept until close()."""
+        if self.layout.form != "table":
+            return (0, 0)
+        key = (dev, REDUCE_OPS[op].average)
+        if key not in self._tables:
+            if self.backend.capturing():
+                raise UsageError(f"the plan's tables for {op!r} are not on the device yet, and cannot be copied there "
+                                 f"during CUDA graph capture: make a call with this op before capturing")
+            tables = plan_tables(self.kplan, op=op, **self._table_source)
+            with self.backend.context(dev):
+                ptr, held = self.backend.upload(dev, tables.device_image(), self.backend.stream(dev), False)
+            self._tables[key] = ((ptr, ptr + tables.steps_offset), held)
+        return self._tables[key][0]
 
     # -- the collective calls -------------------------------------------------------------
     def run(self, inputs, outputs=None, op: str = "sum"):
@@ -464,7 +490,8 @@ class Communicator:
         for i, L in enumerate(self._launches):
             args = pack_args(self.layout, params, ranks=ranks, connections=conns, slot_room=self._capacity.room,
                              error=error_pointer(self._arenas, self._bases, L.error_rank),
-                             first_block=L.first_block, timeout_ns=self._timeout_ns)
+                             first_block=L.first_block, timeout_ns=self._timeout_ns,
+                             tables=self._plan_tables(L.device, spec.op))
             with backend.context(L.device):
                 stream = backend.stream(L.device)
                 capturing = backend.capturing()
@@ -587,6 +614,7 @@ class Communicator:
     def close(self) -> None:
         """Free the communicator's device memory (after its launches finish)."""
         self._release()
+        self._tables.clear()        # after _release's synchronize: no launch reads them any more
 
     def __enter__(self):
         return self
