@@ -33,10 +33,13 @@ def test_the_grammar_spells_the_step_ops_of_the_registry():
     assert sorted(re.findall(r'"(\w+)"', line)) == sorted(op.value for op in StepOp)
 
 
-def test_pictures_colour_every_step_op():
+def test_pictures_colour_every_step_op_apart():
+    from matplotlib.colors import to_rgba
+
     from msc.cli.pictures import OP_COLORS
 
     assert set(OP_COLORS) == {op.value for op in StepOp}
+    assert len({to_rgba(c) for c in OP_COLORS.values()}) == len(StepOp)      # real colours, all different
 
 
 def test_xml_step_types_are_the_registry_s_and_msccl_s():

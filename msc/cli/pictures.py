@@ -11,11 +11,11 @@ from __future__ import annotations
 import numpy as np
 
 from msc.errors import UsageError
+from msc.ir import StepOp
 
 SHOW_RANKS = 16        # draw every message up to this many ranks
 SHOW_LANES = 64        # draw every threadblock's steps up to this many threadblocks
-OP_COLORS = {"send": "tab:blue", "recv": "tab:green", "rcs": "tab:cyan", "rrs": "tab:purple", "rrc": "tab:olive",
-             "rrcs": "tab:pink", "copy": "tab:gray", "reduce": "tab:orange", "nop": "lightgray"}
+OP_COLORS = {op.value: op.color for op in StepOp}       # from the step ops' registry
 
 
 def _plt():
@@ -125,8 +125,6 @@ class _Schedule:
     MAX_FACETS = 6           # more phases than this at once: one panel, coloured by phase
 
     def __init__(self, plt, plan, sp, level):
-        from msc.ir import StepOp
-
         self.plt, self.plan, self.sp, self.level = plt, plan, sp, level
         self.steps = [s for rp in plan.ranks for tb in rp.threadblocks for s in tb.steps]   # global id order
         self.rank = sp.tb_rank[sp.step_tb]

@@ -95,24 +95,26 @@ class StepOp(Enum):
     nsrc: str        # local sources it takes: "0", "1" or "2+"
     has_dst: bool    # writes a local destination
     xml: str         # its MSCCL-IR <step> type
+    color: str       # how msc show and msc simulate --timeline draw it (a matplotlib colour)
 
 
 # The step ops' registry: every other list of them derives from this table (plan_lines' reader,
-# the CUDA enum and masks, the XML types) or is tested against it (grammars/plan.lark's OP).
-#            receives sends  reduces nsrc  has_dst xml
+# the CUDA enum and masks, the XML types, the pictures' colours) or is tested against it
+# (grammars/plan.lark's OP).
+#            receives sends  reduces nsrc  has_dst xml     color
 _STEP_OPS = {
-    "SEND":   (False,   True,  False,  "1",  False,  "s"),
-    "RECV":   (True,    False, False,  "0",  True,   "r"),
-    "RCS":    (True,    True,  False,  "0",  True,   "rcs"),
-    "RRS":    (True,    True,  True,   "1",  False,  "rrs"),
-    "RRC":    (True,    False, True,   "1",  True,   "rrc"),
-    "RRCS":   (True,    True,  True,   "1",  True,   "rrcs"),
-    "COPY":   (False,   False, False,  "1",  True,   "cpy"),
-    "REDUCE": (False,   False, True,   "2+", True,   "re"),   # XML re: one source at a time (xml_export)
-    "NOP":    (False,   False, False,  "0",  False,  "nop"),
+    "SEND":   (False,   True,  False,  "1",  False,  "s",    "tab:blue"),
+    "RECV":   (True,    False, False,  "0",  True,   "r",    "tab:green"),
+    "RCS":    (True,    True,  False,  "0",  True,   "rcs",  "tab:cyan"),
+    "RRS":    (True,    True,  True,   "1",  False,  "rrs",  "tab:purple"),
+    "RRC":    (True,    False, True,   "1",  True,   "rrc",  "tab:olive"),
+    "RRCS":   (True,    True,  True,   "1",  True,   "rrcs", "tab:pink"),
+    "COPY":   (False,   False, False,  "1",  True,   "cpy",  "tab:gray"),
+    "REDUCE": (False,   False, True,   "2+", True,   "re",   "tab:orange"),   # XML re: a source at a time (xml_export)
+    "NOP":    (False,   False, False,  "0",  False,  "nop",  "lightgray"),
 }
 for _op in StepOp:
-    _op.receives, _op.sends, _op.reduces, _op.nsrc, _op.has_dst, _op.xml = _STEP_OPS[_op.name]
+    _op.receives, _op.sends, _op.reduces, _op.nsrc, _op.has_dst, _op.xml, _op.color = _STEP_OPS[_op.name]
 
 # Which operands each op takes: (number of sources, has a destination).
 STEP_SHAPE = {op: (op.nsrc, op.has_dst) for op in StepOp}

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from msc.errors import ExecutionError
-from msc.ir import Plan, Slice, Step, StepOp
+from msc.ir import Plan, Slice, Step, step_values
 from msc.perf import pause_gc
 from msc.verification.plan_values import check_plan
 
@@ -182,26 +182,13 @@ class _Sim:
             got = recv.classes
             if len(got) != step.count:
                 self._fail(rank, tb, s, f"receives a message of {len(got)} chunks, the step takes {step.count}")
-        if op is StepOp.SEND:
-            result = srcs[0]
-        elif op is StepOp.RECV or op is StepOp.RCS:
-            result = got
-        elif op is StepOp.COPY:
-            result = srcs[0]
-        elif op is StepOp.REDUCE:
-            result = srcs[0]
-            for more in srcs[1:]:
-                result = self._same(rank, tb, s, result, more)
-        elif op.reduces:                                   # rrs, rrc, rrcs
-            result = self._same(rank, tb, s, srcs[0], got)
-        else:                                              # nop
-            result = None
+        stored, sent = step_values(op, srcs, got, lambda a, b: self._same(rank, tb, s, a, b))
         if step.dst is not None:
-            self._store(rank, tb, s, step.dst, result)
+            self._store(rank, tb, s, step.dst, stored)
         if op.sends:
             conn = (rank, tb.send, tb.channel)
             queue = self.sent.setdefault(conn, [])
-            send = Message(rank, tb.send, tb.channel, len(queue), t, tuple(result))
+            send = Message(rank, tb.send, tb.channel, len(queue), t, tuple(sent))
             queue.append(send)
         self.out[rank].append(Scheduled(t, tb.id, s, step, srcs, recv, send))
 
