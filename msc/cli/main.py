@@ -458,34 +458,64 @@ class time_limit:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from msc.lower.runtimes import DEFAULT_TARGET, RUNTIMES, add_capacity_args
-
     parser = argparse.ArgumentParser(prog="msc", description="compiler for GPU collective-communication schedules")
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                 help="verify, compile, run, bench, simulate, tune, show, bound, export, import, diff, "
                                      "list")
+    # registration order is the order --help lists the commands in
+    _add_verify_parser(sub)
+    _add_compile_parser(sub)
+    _add_export_parser(sub)
+    _add_import_parser(sub)
+    _add_diff_parser(sub)
+    from msc.cli.run import add_run_command
+    from msc.cli.sim import add_commands as add_simulation_commands
 
-    def algorithm_args(p):
-        p.add_argument("file", help="algorithm file (or library name such as allreduce/ring)")
-        p.add_argument("--ranks", "-n", type=int, help="number of ranks")
-        p.add_argument("--param", "-p", action="append", default=[], metavar="NAME=VALUE",
-                       help="algorithm parameter, read as the type of its default (repeatable)")
-        p.add_argument("--name", help="which algorithm, when the file defines several")
-        p.add_argument("--inplace", choices=("in", "out"), help="force the in-place or out-of-place form")
-        p.add_argument("--timeout", type=_seconds, metavar="SECONDS",
-                       help="give up (exit 2) if the command (loading, tracing, verifying, lowering, --emit) "
-                            "takes longer; otherwise the algorithm's Python runs with no limit (POSIX: SIGALRM)")
-        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show Python tracebacks")
+    add_run_command(sub, load_plan_arg)
+    from msc.cuda.bench import add_bench_command
+
+    add_bench_command(sub, load_plan_arg)           # msc bench PLAN --backend cuda
+    add_simulation_commands(sub, load_plan_arg)      # simulate, tune, show
+    from msc.cli.bound import add_bound_command
+
+    add_bound_command(sub)                           # msc bound COLLECTIVE --topology T
+
+    _add_list_parser(sub)
+    return parser
+
+
+def _add_algorithm_args(p) -> None:
+    """The arguments that name an algorithm and how to trace it (verify, compile)."""
+    p.add_argument("file", help="algorithm file (or library name such as allreduce/ring)")
+    p.add_argument("--ranks", "-n", type=int, help="number of ranks")
+    p.add_argument("--param", "-p", action="append", default=[], metavar="NAME=VALUE",
+                   help="algorithm parameter, read as the type of its default (repeatable)")
+    p.add_argument("--name", help="which algorithm, when the file defines several")
+    p.add_argument("--inplace", choices=("in", "out"), help="force the in-place or out-of-place form")
+    p.add_argument("--timeout", type=_seconds, metavar="SECONDS",
+                   help="give up (exit 2) if the command (loading, tracing, verifying, lowering, --emit) "
+                        "takes longer; otherwise the algorithm's Python runs with no limit (POSIX: SIGALRM)")
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show Python tracebacks")
+
+
+def _add_verify_parser(sub) -> None:
+    """msc verify FILE: an algorithm, or a plan."""
+    from msc.lower.runtimes import add_capacity_args
 
     p = sub.add_parser("verify", help="verify an algorithm symbolically, or a plan (.plan / MSCCL .xml)")
-    algorithm_args(p)
+    _add_algorithm_args(p)
     p.add_argument("--json", action="store_true", help="print a JSON summary")
     add_capacity_args(p)
     p.set_defaults(func=cmd_verify)
 
+
+def _add_compile_parser(sub) -> None:
+    """msc compile FILE: verify, lower, verify the plan, write it."""
+    from msc.lower.runtimes import DEFAULT_TARGET, RUNTIMES
+
     p = sub.add_parser("compile", help="verify an algorithm, lower it to a plan, verify the plan, write it")
-    algorithm_args(p)
+    _add_algorithm_args(p)
     p.add_argument("--protocol", choices=PROTOCOL_NAMES, default=DEFAULT_PROTOCOL,
                    help="transport: Simple (default), LL (low latency: data and flag in one 8-byte store) or "
                         "LL128")
@@ -513,6 +543,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print a JSON summary")
     p.set_defaults(func=cmd_compile)
 
+
+def _add_export_parser(sub) -> None:
+    """msc export PLAN: MSCCL XML."""
     p = sub.add_parser("export", help="write a plan as MSCCL XML")
     p.add_argument("plan", help="plan file (.plan, or MSCCL XML)")
     p.add_argument("--format", choices=("msccl-xml",), default="msccl-xml",
@@ -528,6 +561,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-verify", action="store_true", help="skip verifying the plan before exporting it")
     p.set_defaults(func=cmd_export)
 
+
+def _add_import_parser(sub) -> None:
+    """msc import XML -o PLAN."""
+    from msc.lower.runtimes import add_capacity_args
+
     p = sub.add_parser("import", help="read MSCCL XML (from MSCCLang, TACCL, by hand) into a plan file")
     p.add_argument("xml", help="MSCCL XML file")
     p.add_argument("-o", "--output", required=True, help="plan file to write")
@@ -535,6 +573,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_capacity_args(p)
     p.set_defaults(func=cmd_import)
 
+
+def _add_diff_parser(sub) -> None:
+    """msc diff A B."""
     p = sub.add_parser("diff", help="compare two plans (.plan or MSCCL XML, any mix): equal (exit 0) or the first "
                                     "difference (exit 1)")
     p.add_argument("a", metavar="A", help="plan file (.plan, or MSCCL XML)")
@@ -553,22 +594,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show Python tracebacks")
     p.set_defaults(func=cmd_diff)
 
-    from msc.cli.run import add_run_command
-    from msc.cli.sim import add_commands as add_simulation_commands
 
-    add_run_command(sub, load_plan_arg)
-    from msc.cuda.bench import add_bench_command
-
-    add_bench_command(sub, load_plan_arg)           # msc bench PLAN --backend cuda
-    add_simulation_commands(sub, load_plan_arg)      # simulate, tune, show
-    from msc.cli.bound import add_bound_command
-
-    add_bound_command(sub)                           # msc bound COLLECTIVE --topology T
-
+def _add_list_parser(sub) -> None:
+    """msc list [FILE...]."""
     p = sub.add_parser("list", help="list the algorithms in files (default: the library)")
     p.add_argument("files", nargs="*", metavar="FILE", help="algorithm files or library names (default: the library)")
     p.set_defaults(func=cmd_list)
-    return parser
 
 
 SCRIPT_COMMANDS = ("verify", "compile")       # the commands that pass `-- ARGS` to an MSCCLang script

@@ -157,7 +157,7 @@ def bench(plan, *, min_bytes, max_bytes, factor: int = 2, iters: int = 20, warmu
     from msc.cuda import device as cu
     from msc.cuda.runtime import Communicator
     from msc.cuda.validate import units
-    from msc.units import BUSBW_FACTOR, TYPES, parse_dtype, parse_size, sizes
+    from msc.units import BUSBW_FACTOR, parse_dtype, parse_size, sizes
 
     cu.require_driver()
     if placement != "virtual":
@@ -165,10 +165,7 @@ def bench(plan, *, min_bytes, max_bytes, factor: int = 2, iters: int = 20, warmu
     if iters < 1 or warmup < 0 or graphs < 0:
         raise UsageError(f"need -n >= 1, -w >= 0, -G >= 0; got {iters}, {warmup}, {graphs}")
     tname, dt = parse_dtype(dtype)
-    tdtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-              "float64": torch.float64, "int32": torch.int32}.get(TYPES[tname])
-    if tdtype is None:
-        raise UsageError(f"the CUDA kernels have no {tname}")
+    tdtype = _torch_dtype(tname)
     coll = get_collective(plan.collective)
     dev = torch.cuda.current_device() if device is None else device
     torch.cuda.set_device(dev)
@@ -197,19 +194,42 @@ def bench(plan, *, min_bytes, max_bytes, factor: int = 2, iters: int = 20, warmu
                "graph_replays": graphs}
         rec["busbw"] = rec["algbw"] * busbw
         if baselines and count:
-            bt = _timed(lambda: torch_collective(coll.name, ins, outs, op if reducing else "sum", plan.root),
-                        iters, warmup)
-            src = torch.empty(size, dtype=torch.uint8, device=dev)
-            dst = torch.empty_like(src)
-            ct = _timed(lambda: dst.copy_(src), iters, warmup)
-            rec.update(torch_time=bt, torch_algbw=size / bt / 1e3 if bt > 0 else 0.0, copy_time=ct,
-                       copy_bw=size / ct / 1e3 if ct > 0 else 0.0, speedup=bt / t if t > 0 else 0.0)
+            rec.update(_baseline_times(coll.name, plan.root, ins, outs, op if reducing else "sum", size, t, iters,
+                                       warmup, dev))
         records.append(rec)
     comm.synchronize()
     comm.close()
     return {"plan": plan.name, "collective": plan.collective, "ranks": n, "protocol": plan.protocol,
             "backend": "cuda", "placement": placement, "inplace": plan.inplace, "environment": environment(dev),
             "wrong": sum(r["wrong"] for r in records), "records": records}
+
+
+def _torch_dtype(tname: str):
+    """The torch dtype of element type ``tname`` (a parse_dtype name); an
+    error where the CUDA kernels have none."""
+    import torch
+
+    from msc.units import TYPES
+
+    tdtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+              "float64": torch.float64, "int32": torch.int32}.get(TYPES[tname])
+    if tdtype is None:
+        raise UsageError(f"the CUDA kernels have no {tname}")
+    return tdtype
+
+
+def _baseline_times(collective: str, root: int, ins, outs, op: str, size: int, t: float, iters: int, warmup: int,
+                    dev) -> dict:
+    """The baselines' record fields: PyTorch's collective on the same
+    tensors, and a device copy of ``size`` bytes, against our time ``t``."""
+    import torch
+
+    bt = _timed(lambda: torch_collective(collective, ins, outs, op, root), iters, warmup)
+    src = torch.empty(size, dtype=torch.uint8, device=dev)
+    dst = torch.empty_like(src)
+    ct = _timed(lambda: dst.copy_(src), iters, warmup)
+    return {"torch_time": bt, "torch_algbw": size / bt / 1e3 if bt > 0 else 0.0, "copy_time": ct,
+            "copy_bw": size / ct / 1e3 if ct > 0 else 0.0, "speedup": bt / t if t > 0 else 0.0}
 
 
 def _call(comm, plan, coll, ins, outs, count):

@@ -241,29 +241,9 @@ class Communicator:
         n = plan.num_ranks
         self.rank = None
         if placement == "torchrun":
-            import torch.distributed as dist
-
-            if not dist.is_available() or not dist.is_initialized():
-                raise UsageError("placement 'torchrun' needs torch.distributed initialized (init_process_group)")
-            if dist.get_world_size(group) != n:
-                raise UsageError(f"plan {plan.name!r} is for {n} ranks, the process group has "
-                                 f"{dist.get_world_size(group)}")
-            self.rank = dist.get_rank(group)
-            # Bootstrap keys in the job-wide store: the group's global ranks and how many
-            # communicators for this plan this process has made on that group (every member
-            # makes them in the same order), so disjoint groups never read each other's keys.
-            members = tuple(dist.get_process_group_ranks(group)) if group is not None else tuple(range(n))
-            self._group_key = "-".join(map(str, members))
-            self._serial = next(_SERIALS.setdefault((plan.name, members), itertools.count()))
+            self._join_group(group)
         self.devices = resolve_devices(placement, devices, n, backend.current())
-        count = backend.count()
-        for d in self.devices:
-            if d >= count:
-                raise UsageError(f"{backend.describe_device(d)} does not exist ({count} visible)")
-        here = backend.current()
-        for d in self.devices:
-            backend.bind(d)
-        backend.bind(here)
+        self._check_devices()
         self.ranks_here = tuple(range(n)) if placement != "torchrun" else (self.rank,)
         self.device_of = {r: self.devices[0] if placement != "devices" else self.devices[r] for r in self.ranks_here}
         self._launches = launches(self.layout, placement, self.devices, self.rank)
@@ -290,16 +270,56 @@ class Communicator:
         self._last: dict[int, tuple] = {}       # device -> (stream, event) of our last launch there
         self._broken: Exception | None = None
         if placement == "devices":
-            for a in self.devices:
-                for b in self.devices:
-                    if a != b:
-                        if not backend.can_access_peer(a, b):
-                            raise UsageError(f"GPU {a} cannot access GPU {b} (no peer-to-peer path); placement "
-                                             f"'devices' needs every pair")
-                        backend.enable_peer_access(a, b)
-        for dtype in dtypes:                    # compile and check now, before any rendezvous
+            self._enable_peer_access()
+        self._compile_now(dtypes, ops)
+
+    def _join_group(self, group) -> None:
+        """torchrun placement: this process's rank in ``group``, and the keys
+        under which its members meet in the job-wide store."""
+        import torch.distributed as dist
+
+        plan, n = self.plan, self.plan.num_ranks
+        if not dist.is_available() or not dist.is_initialized():
+            raise UsageError("placement 'torchrun' needs torch.distributed initialized (init_process_group)")
+        if dist.get_world_size(group) != n:
+            raise UsageError(f"plan {plan.name!r} is for {n} ranks, the process group has "
+                             f"{dist.get_world_size(group)}")
+        self.rank = dist.get_rank(group)
+        # Bootstrap keys in the job-wide store: the group's global ranks and how many
+        # communicators for this plan this process has made on that group (every member
+        # makes them in the same order), so disjoint groups never read each other's keys.
+        members = tuple(dist.get_process_group_ranks(group)) if group is not None else tuple(range(n))
+        self._group_key = "-".join(map(str, members))
+        self._serial = next(_SERIALS.setdefault((plan.name, members), itertools.count()))
+
+    def _check_devices(self) -> None:
+        """Every GPU of ``self.devices`` exists and can be bound (the current one stays current)."""
+        backend = self.backend
+        count = backend.count()
+        for d in self.devices:
+            if d >= count:
+                raise UsageError(f"{backend.describe_device(d)} does not exist ({count} visible)")
+        here = backend.current()
+        for d in self.devices:
+            backend.bind(d)
+        backend.bind(here)
+
+    def _enable_peer_access(self) -> None:
+        """devices placement: every GPU reads and writes every other's memory."""
+        for a in self.devices:
+            for b in self.devices:
+                if a != b:
+                    if not self.backend.can_access_peer(a, b):
+                        raise UsageError(f"GPU {a} cannot access GPU {b} (no peer-to-peer path); placement "
+                                         f"'devices' needs every pair")
+                    self.backend.enable_peer_access(a, b)
+
+    def _compile_now(self, dtypes, ops) -> None:
+        """Compile (and check) the kernels and tables of ``dtypes`` x ``ops``
+        now, before any rendezvous."""
+        for dtype in dtypes:
             for op in ops:
-                op = check_op(plan, op, dtype)
+                op = check_op(self.plan, op, dtype)
                 self._kernel(self.devices[0], dtype, op)
                 for L in self._launches:
                     self._plan_tables(L.device, op)

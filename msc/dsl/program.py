@@ -556,27 +556,10 @@ def algorithm(collective: str | Collective, chunk_factor: int | Callable = 1, in
         rank_counts = _rank_counts(ranks)
     except (UsageError, ValueError) as exc:
         raise bad(str(exc)) from None
-    if not callable(chunk_factor):
-        k = _integer(chunk_factor)
-        if type(k) is not int or k < 1:
-            raise bad(f"chunk_factor must be an int >= 1 or a function of the rank count, got "
-                      f"{chunk_factor!r}{_not_int(k)}")
-        chunk_factor = k
+    chunk_factor = _checked_chunk_factor(chunk_factor, bad)
 
     def wrap(fn: Callable) -> Algorithm:
-        sig = inspect.signature(fn)
-        names = list(sig.parameters)
-        if not names:
-            raise bad(f"algorithm {fn.__name__!r} must take the program as its first parameter")
-        params = {}
-        for p in list(sig.parameters.values())[1:]:
-            params[p.name] = p.default if p.default is not p.empty else None
-        unknown = set(defaults) - set(params)
-        if unknown:
-            raise bad(f"algorithm {fn.__name__!r}: defaults for unknown parameters {sorted(unknown)}")
-        params.update(defaults)
-        if coll.has_root:
-            params.setdefault("root", 0)
+        params = _algorithm_params(fn, coll, defaults, bad)
         try:
             if callable(chunk_factor):
                 _check_sizing_function(chunk_factor, "chunk_factor", params, fn.__name__)
@@ -588,6 +571,38 @@ def algorithm(collective: str | Collective, chunk_factor: int | Callable = 1, in
                          inspect.getdoc(fn) or "", where)
 
     return wrap
+
+
+def _checked_chunk_factor(chunk_factor, bad: Callable[[str], UsageError]):
+    """The decorator's ``chunk_factor``: a function as given, else an int >=
+    1 (an integer of another type becomes an int); ``bad`` words the error."""
+    if callable(chunk_factor):
+        return chunk_factor
+    k = _integer(chunk_factor)
+    if type(k) is not int or k < 1:
+        raise bad(f"chunk_factor must be an int >= 1 or a function of the rank count, got "
+                  f"{chunk_factor!r}{_not_int(k)}")
+    return k
+
+
+def _algorithm_params(fn: Callable, coll: Collective, defaults: dict, bad: Callable[[str], UsageError]) -> dict:
+    """The algorithm's parameters and their defaults: ``fn``'s keyword
+    parameters after the program, overridden by the decorator's
+    ``defaults``, plus ``root`` for a rooted collective."""
+    sig = inspect.signature(fn)
+    names = list(sig.parameters)
+    if not names:
+        raise bad(f"algorithm {fn.__name__!r} must take the program as its first parameter")
+    params = {}
+    for p in list(sig.parameters.values())[1:]:
+        params[p.name] = p.default if p.default is not p.empty else None
+    unknown = set(defaults) - set(params)
+    if unknown:
+        raise bad(f"algorithm {fn.__name__!r}: defaults for unknown parameters {sorted(unknown)}")
+    params.update(defaults)
+    if coll.has_root:
+        params.setdefault("root", 0)
+    return params
 
 
 @pause_gc

@@ -83,6 +83,13 @@ class _Reader:
         body = text[head.end():].split("\n")
         if not BLANK.match(body[0]):
             raise _Fallback
+        ranks = self.ranks(body, first_line)
+        return Plan(name, h[2], int(h[3]), int(h[4]), h[7] == "true", int(h[5]), int(h[6]), ranks,
+                    int(h[8]), h[9], int(h[10]), int(h[11]), int(h[12]))
+
+    def ranks(self, body: list[str], first_line: int) -> tuple[RankPlan, ...]:
+        """The ranks from the text after the header, split into lines:
+        ``body[0]`` ends the header's line, line ``first_line``."""
         ranks: list[RankPlan] = []
         rank = scratch = None
         tbs: list[Threadblock] = []
@@ -143,8 +150,7 @@ class _Reader:
             if not BLANK.match(line):
                 raise _Fallback
         close_rank()
-        return Plan(name, h[2], int(h[3]), int(h[4]), h[7] == "true", int(h[5]), int(h[6]), tuple(ranks),
-                    int(h[8]), h[9], int(h[10]), int(h[11]), int(h[12]))
+        return tuple(ranks)
 
     def step(self, m, position: int) -> Step:
         if int(m[1]) != position:

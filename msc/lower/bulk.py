@@ -66,13 +66,51 @@ def bulk_plans(ops, scratch: list[int], num_ranks: int, priorities, plan_fields:
     channel, recv_conns, send_conns = _spread(c, num_ranks)
     firsts, seconds = _forwarding_pairs(edges)
     placement = place_connections(recv_conns, send_conns, _wanted(c, channel, firsts, seconds, num_ranks), num_ranks)
+    conn_code, tb_of = _assign(c, channel, placement, num_ranks, send_id, recv_id)
+    fused = _fuse(c, edges, tb_of, firsts, seconds, send_id, recv_id)
+    del edges, firsts, seconds        # a generator keeps its locals while suspended
 
-    # -- assign, then fuse_forwarding: a pair fuses where one threadblock holds both
+    sidx, didx, scratch = _compact_scratch(c, scratch, num_ranks)
+    rank = np.empty(n_ins, dtype=np.int64)
+    rank[send_id], rank[recv_id] = c.srank, c.drank
+    fields = dict(plan_fields, num_ranks=num_ranks, scratch=scratch)
+    for priority in priorities:
+        global_order = _order(priority, n_ins, fused.live, fused.edge_src, fused.edge_dst, fused.sender, recv_id,
+                              conn_code)
+        if global_order is None:
+            yield priority, None
+            continue
+        yield priority, _build_plan(c, global_order, fused.kind, rank, tb_of, fused.where_op, sidx, didx,
+                                    fused.edge_src, fused.edge_dst, placement, fields)
+
+
+def _assign(c: OpColumns, channel, placement, num_ranks: int, send_id, recv_id):
+    """assign: per operation its connection's code, and per instruction
+    (sends ``send_id``, receives ``recv_id``) its threadblock."""
     channels = int(channel.max()) + 1
     conn_code = (c.srank * num_ranks + c.drank) * channels + channel
-    tb_of = np.empty(n_ins, dtype=np.int64)
+    tb_of = np.empty(2 * c.count, dtype=np.int64)
     tb_of[recv_id] = _lookup(placement.recv_tb, num_ranks, channels, receiving=True)(conn_code)
     tb_of[send_id] = _lookup(placement.send_tb, num_ranks, channels, receiving=False)(conn_code)
+    return conn_code, tb_of
+
+
+class _Fused(NamedTuple):
+    """Per instruction after fuse_forwarding and drop_dead_stores (by
+    pre-fusion id; a fused send is not ``live``), and the local edges."""
+
+    kind: np.ndarray                 # _SEND ... _RRS
+    live: np.ndarray
+    where_op: np.ndarray             # the operation whose source line a step shows
+    sender: np.ndarray               # per message, the instruction that sends it
+    edge_src: np.ndarray
+    edge_dst: np.ndarray
+
+
+def _fuse(c: OpColumns, edges: _Edges, tb_of, firsts, seconds, send_id, recv_id) -> _Fused:
+    """fuse_forwarding, then drop_dead_stores: a pair fuses where one
+    threadblock holds both."""
+    n_ins = 2 * c.count
     allowed = tb_of[firsts] == tb_of[seconds]
     firsts, seconds = firsts[allowed], seconds[allowed]
     alias = np.arange(n_ins, dtype=np.int64)         # a fused send's id -> its receive's
@@ -92,24 +130,12 @@ def bulk_plans(ops, scratch: list[int], num_ranks: int, priorities, plan_fields:
     keep = edge_src != edge_dst
     edge_src, edge_dst = edge_src[keep], edge_dst[keep]
 
-    # -- drop_dead_stores: an rrcs whose value nobody reads and that does not last
+    # drop_dead_stores: an rrcs whose value nobody reads and that does not last
     has_reader = np.zeros(n_ins, dtype=bool)
     has_reader[edges.raw_src[alias[edges.raw_dst] != edges.raw_src]] = True
     in_scratch = np.repeat(c.dbuf, 2) == c.buffer_number("scratch")
     kind[(kind == _RRCS) & ~has_reader & (edges.overwritten | in_scratch)] = _RRS
-    del edges, alias, keep, has_reader, in_scratch
-
-    sidx, didx, scratch = _compact_scratch(c, scratch, num_ranks)
-    rank = np.empty(n_ins, dtype=np.int64)
-    rank[send_id], rank[recv_id] = c.srank, c.drank
-    fields = dict(plan_fields, num_ranks=num_ranks, scratch=scratch)
-    for priority in priorities:
-        global_order = _order(priority, n_ins, live, edge_src, edge_dst, sender, recv_id, conn_code)
-        if global_order is None:
-            yield priority, None
-            continue
-        yield priority, _build_plan(c, global_order, kind, rank, tb_of, where_op, sidx, didx, edge_src,
-                                    edge_dst, placement, fields)
+    return _Fused(kind, live, where_op, sender, edge_src, edge_dst)
 
 
 class _Edges(NamedTuple):

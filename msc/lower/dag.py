@@ -12,7 +12,7 @@ new one (``Dag.copy``) and never changes its input.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from operator import itemgetter
 from typing import NamedTuple
@@ -167,89 +167,10 @@ def compact_scratch(dag: Dag, scratch: list[int]) -> tuple[Dag, list[int]]:
 def build_dag(ops: list[Op]) -> Dag:
     """Instructions and their local dependencies from a trace whose buffers
     are physical (input, output, scratch)."""
-    slices: dict[tuple, Slice] = {}
-
-    def make_slice(buffer, index, count):
-        key = (buffer, index, count)
-        sl = slices.get(key)
-        if sl is None:
-            sl = slices[key] = Slice(buffer, index, count)
-        return sl
-
-    # Chunk (rank, buffer, index) is the int rank * per_rank + offset[buffer] + index: cheaper than a tuple key
-    stride = 1 + max((max(op.src_index, op.dst_index) + op.size for op in ops), default=0)
-    names = sorted({op.src_buffer for op in ops} | {op.dst_buffer for op in ops})
-    offset = {name: b * stride for b, name in enumerate(names)}
-    per_rank = len(names) * stride
-
+    make_slice = _slice_maker()
     instrs, messages = [], []
-    # chunk -> last writer's id, and -> ids that read it since: lists where the
-    # chunks are few enough (indexing a list beats hashing, and the table stays
-    # compact), else dicts that answer None for a chunk never touched
-    chunks = per_rank * (1 + max((max(op.src_rank, op.dst_rank) for op in ops), default=0))
-    dense = chunks <= 4 * len(ops) + 4096
-    last_writer = [None] * chunks if dense else _NoneIfAbsent()
-    readers_since = [None] * chunks if dense else _NoneIfAbsent()
-    preds, succs, readers, overwriters, overwritten = [], [], [], [], []
-    pending_overwrite: list[int] = []  # per instr: chunks written and not yet overwritten
-
-    # Edge tables grow as lists (appends are cheap) and become tuples at the
-    # end: millions of instructions, most with one or two neighbours, and a
-    # small tuple is a quarter the size of a set (the empty one is shared).
-    def grow(table, i, x):
-        cell = table[i]
-        if cell is None:
-            table[i] = [x]
-        elif x not in cell:
-            cell.append(x)
-
-    def add(instr: Instr, reads: tuple, writes: Slice | None):
-        iid = instr.id
-        instrs.append(instr)
-        succs.append(None)
-        readers.append(None)
-        overwriters.append(None)
-        overwritten.append(False)
-        pending_overwrite.append(0)
-        block = instr.rank * per_rank
-        mine = []                     # this instruction's predecessors, in the order found
-        for sl in reads:
-            first = block + offset[sl.buffer] + sl.index
-            for key in range(first, first + sl.count):
-                w = last_writer[key]
-                if w is not None and w != iid and w not in mine:
-                    mine.append(w)
-                    grow(readers, w, iid)
-                since = readers_since[key]
-                if since is None:
-                    readers_since[key] = [iid]
-                else:
-                    since.append(iid)
-        if writes is not None:
-            pending_overwrite[iid] = writes.count
-            first = block + offset[writes.buffer] + writes.index
-            for key in range(first, first + writes.count):
-                since = readers_since[key]
-                if since is not None:
-                    readers_since[key] = None
-                    for r in since:
-                        if r != iid:
-                            if r not in mine:
-                                mine.append(r)
-                            grow(overwriters, r, iid)
-                w = last_writer[key]
-                if w is not None and w != iid:
-                    if w not in mine:
-                        mine.append(w)
-                    grow(overwriters, w, iid)
-                    pending_overwrite[w] -= 1
-                    if pending_overwrite[w] == 0:
-                        overwritten[w] = True
-                last_writer[key] = iid
-        preds.append(tuple(mine))
-        for q in mine:
-            grow(succs, q, iid)
-
+    edges = _Edges()
+    add = _instruction_adder(ops, instrs, edges)
     # Instr fields: id rank op srcs dst count recv_peer send_peer msg_in msg_out channel recvtb sendtb where store
     for op in ops:
         src = make_slice(op.src_buffer, op.src_index, op.size)
@@ -272,8 +193,130 @@ def build_dag(ops: list[Op]) -> Dag:
         add(instr_from_fields((receiver, op.dst_rank, StepOp.RRC if reduce else StepOp.RECV, reads, dst, op.size,
                                op.src_rank, None, m, None, channel, op.recvtb, None, op.where, None)), reads, dst)
         messages.append((sender, receiver))
-    return Dag(instrs, preds, _tuples(succs), _tuples(readers), _tuples(overwriters), overwritten,
-               messages)
+    return Dag(instrs, edges.preds, _tuples(edges.succs), _tuples(edges.readers), _tuples(edges.overwriters),
+               edges.overwritten, messages)
+
+
+def _slice_maker():
+    """``make_slice(buffer, index, count)``: one shared Slice per distinct
+    value (a large trace repeats the same few slices millions of times)."""
+    slices: dict[tuple, Slice] = {}
+
+    def make_slice(buffer, index, count):
+        key = (buffer, index, count)
+        sl = slices.get(key)
+        if sl is None:
+            sl = slices[key] = Slice(buffer, index, count)
+        return sl
+
+    return make_slice
+
+
+@dataclass
+class _Edges:
+    """build_dag's per-instruction edge tables as they grow: ``preds`` of
+    tuples; ``succs``, ``readers`` and ``overwriters`` of lists or None
+    (tuples at the end); ``overwritten`` as in Dag."""
+
+    preds: list = field(default_factory=list)
+    succs: list = field(default_factory=list)
+    readers: list = field(default_factory=list)
+    overwriters: list = field(default_factory=list)
+    overwritten: list = field(default_factory=list)
+
+
+def _chunk_tables(ops):
+    """How chunks are numbered, and the per-chunk tables over them:
+    ``(offset, per_rank, last_writer, readers_since)``.
+
+    Chunk (rank, buffer, index) is the int rank * per_rank + offset[buffer]
+    + index: cheaper than a tuple key. ``last_writer``: chunk -> last
+    writer's id; ``readers_since``: chunk -> ids that read it since. Lists
+    where the chunks are few enough (indexing a list beats hashing, and the
+    table stays compact), else dicts that answer None for a chunk never
+    touched."""
+    stride = 1 + max((max(op.src_index, op.dst_index) + op.size for op in ops), default=0)
+    names = sorted({op.src_buffer for op in ops} | {op.dst_buffer for op in ops})
+    offset = {name: position * stride for position, name in enumerate(names)}
+    per_rank = len(names) * stride
+    chunks = per_rank * (1 + max((max(op.src_rank, op.dst_rank) for op in ops), default=0))
+    dense = chunks <= 4 * len(ops) + 4096
+    last_writer = [None] * chunks if dense else _NoneIfAbsent()
+    readers_since = [None] * chunks if dense else _NoneIfAbsent()
+    return offset, per_rank, last_writer, readers_since
+
+
+def _grow(table, i, x):
+    """Add ``x`` to cell ``i`` of an edge table, once.
+
+    Edge tables grow as lists (appends are cheap) and become tuples at the
+    end: millions of instructions, most with one or two neighbours, and a
+    small tuple is a quarter the size of a set (the empty one is shared)."""
+    cell = table[i]
+    if cell is None:
+        table[i] = [x]
+    elif x not in cell:
+        cell.append(x)
+
+
+def _instruction_adder(ops, instrs: list, edges: _Edges):
+    """``add(instr, reads, writes)``: append ``instr`` (whose id is
+    ``len(instrs)``) to ``instrs`` and its edges to ``edges``, from the last
+    writer and the readers since of each chunk it reads or writes."""
+    offset, per_rank, last_writer, readers_since = _chunk_tables(ops)
+    preds, succs, readers, overwriters, overwritten = (edges.preds, edges.succs, edges.readers, edges.overwriters,
+                                                       edges.overwritten)
+    pending_overwrite: list[int] = []  # per instr: chunks written and not yet overwritten
+    grow = _grow
+
+    def add(instr: Instr, reads: tuple, writes: Slice | None):
+        iid = instr.id
+        instrs.append(instr)
+        succs.append(None)
+        readers.append(None)
+        overwriters.append(None)
+        overwritten.append(False)
+        pending_overwrite.append(0)
+        block = instr.rank * per_rank
+        mine = []                     # this instruction's predecessors, in the order found
+        for sl in reads:
+            first = block + offset[sl.buffer] + sl.index
+            for key in range(first, first + sl.count):
+                writer = last_writer[key]
+                if writer is not None and writer != iid and writer not in mine:
+                    mine.append(writer)
+                    grow(readers, writer, iid)
+                since = readers_since[key]
+                if since is None:
+                    readers_since[key] = [iid]
+                else:
+                    since.append(iid)
+        if writes is not None:
+            pending_overwrite[iid] = writes.count
+            first = block + offset[writes.buffer] + writes.index
+            for key in range(first, first + writes.count):
+                since = readers_since[key]
+                if since is not None:
+                    readers_since[key] = None
+                    for reader in since:
+                        if reader != iid:
+                            if reader not in mine:
+                                mine.append(reader)
+                            grow(overwriters, reader, iid)
+                writer = last_writer[key]
+                if writer is not None and writer != iid:
+                    if writer not in mine:
+                        mine.append(writer)
+                    grow(overwriters, writer, iid)
+                    pending_overwrite[writer] -= 1
+                    if pending_overwrite[writer] == 0:
+                        overwritten[writer] = True
+                last_writer[key] = iid
+        preds.append(tuple(mine))
+        for pred in mine:
+            grow(succs, pred, iid)
+
+    return add
 
 
 class _NoneIfAbsent(dict):

@@ -282,42 +282,75 @@ def _nodes(t: Nodes) -> CutModel:
     """Nodes of g GPUs: per node a switch (or G PCIe switches under a CPU),
     and a fabric of NICs across nodes. The min cut of each hub is taken on
     the side that costs less (per node, the CPU's side is tried both ways)."""
+    n, g, N, per, G = _node_sizes(t)
+    cuts = tuple(_nodes_cut(t, k) for k in range(1, n))
+    # latencies: a representative of up to 3 nodes has every kind of path a longer one has
+    m = min(N, 3) * g
+    exact = N == 1 or G == 1        # else whole switches may also spread over nodes: not all such cuts are tried
+    rank = np.arange(m)
+    node, grp = rank // g, rank % g // per
+    pa, ua, na = t.port_alpha, t.uplink_alpha, t.nic_alpha
+    lat = np.where(node[:, None] != node[None, :], na, np.where(grp[:, None] != grp[None, :], pa + ua, pa))
+    np.fill_diagonal(lat, 0.0)
+    far = float(_shortest(lat).max()) if m > 1 else 0.0
+    label = f"farthest ranks: {far * 1e6:g} us"
+    return CutModel(n, cuts, _nodes_partitions(t), (far, far, far), (label,) * 3, exact)
+
+
+def _node_sizes(t: Nodes) -> tuple[int, int, int, int, int]:
+    """Ranks, GPUs per node, nodes, GPUs per switch, switches per node."""
     n, g = t.num_ranks, t.g
-    N = n // g
     per = g // t.switches
-    G = g // per
+    return n, g, n // g, per, g // per
+
+
+def _nodes_cut(t: Nodes, k: int) -> Cut:
+    """The cut of ``k`` ranks, filled node by node and switch by switch,
+    from the rest."""
+    n, g, N, per, G = _node_sizes(t)
     port, up, nic = t.port, t.uplink, t.nic
     pa, ua, na = t.port_alpha, t.uplink_alpha, t.nic_alpha
-    cuts = []
-    for k in range(1, n):
-        a = k % g
-        counts = {"port": 0, "uplink": 0, "NIC": min(k, n - k) if N > 1 else 0}
-        alphas = [na] if N > 1 else []
-        if a:
-            inside = [min(max(a - j * per, 0), per) for j in range(G)]
-            outside = [per - x for x in inside]
-            if G == 1:
-                counts["port"] = min(a, g - a)
-            else:
-                best = None
-                for cpu_in_a in (False, True):
-                    ports = ups = 0
-                    for x, y in zip(inside, outside):
-                        # switch on T's side: its ports into A (and its uplink, if the CPU is in A);
-                        # on A's side: the ports from T into it (and its downlink, if the CPU is in T)
-                        to_a, to_t = x * port + cpu_in_a * up, y * port + (not cpu_in_a) * up
-                        ports += x if to_a <= to_t else y
-                        ups += (cpu_in_a if to_a <= to_t else not cpu_in_a)
-                    if best is None or ports * port + ups * up < best[0] * port + best[1] * up:
-                        best = (ports, ups)
-                counts["port"], counts["uplink"] = best
-            if any(x and y for x, y in zip(inside, outside)):
-                alphas.append(pa)
-            if any(x and y for i, x in enumerate(inside) for j, y in enumerate(outside) if i != j):
-                alphas.append(pa + ua)
-        cap = counts["port"] * port + counts["uplink"] * up + counts["NIC"] * nic
-        label = f"{_side_text(k, n, 'node', g)} ({_links_text(counts, cap)})"
-        cuts.append(Cut(k, (False, True), cap, min(alphas), label))
+    split = k % g                     # ranks of the node the cut splits on its first side
+    counts = {"port": 0, "uplink": 0, "NIC": min(k, n - k) if N > 1 else 0}
+    alphas = [na] if N > 1 else []
+    if split:
+        inside = [min(max(split - switch * per, 0), per) for switch in range(G)]   # per switch: GPUs in
+        outside = [per - x for x in inside]
+        if G == 1:
+            counts["port"] = min(split, g - split)
+        else:
+            counts["port"], counts["uplink"] = _cheapest_switch_cut(inside, outside, port, up)
+        if any(x and y for x, y in zip(inside, outside)):
+            alphas.append(pa)                                   # a switch with GPUs on both sides
+        if any(x and y for sw_in, x in enumerate(inside) for sw_out, y in enumerate(outside) if sw_in != sw_out):
+            alphas.append(pa + ua)                              # GPUs on both sides under different switches
+    cap = counts["port"] * port + counts["uplink"] * up + counts["NIC"] * nic
+    label = f"{_side_text(k, n, 'node', g)} ({_links_text(counts, cap)})"
+    return Cut(k, (False, True), cap, min(alphas), label)
+
+
+def _cheapest_switch_cut(inside: list[int], outside: list[int], port: float, up: float) -> tuple[int, int]:
+    """(ports, uplinks) a node's cut crosses, with ``inside``/``outside``
+    GPUs of each switch on either side, the CPU on the side that costs less."""
+    best = None
+    for cpu_in_a in (False, True):
+        ports = ups = 0
+        for x, y in zip(inside, outside):
+            # switch on T's side: its ports into A (and its uplink, if the CPU is in A);
+            # on A's side: the ports from T into it (and its downlink, if the CPU is in T)
+            to_a, to_t = x * port + cpu_in_a * up, y * port + (not cpu_in_a) * up
+            ports += x if to_a <= to_t else y
+            ups += (cpu_in_a if to_a <= to_t else not cpu_in_a)
+        if best is None or ports * port + ups * up < best[0] * port + best[1] * up:
+            best = (ports, ups)
+    return best
+
+
+def _nodes_partitions(t: Nodes) -> tuple[Partition, ...]:
+    """Every rank, every node and every switch cut out from all others."""
+    n, g, N, per, G = _node_sizes(t)
+    port, up, nic = t.port, t.uplink, t.nic
+    pa, ua, na = t.port_alpha, t.uplink_alpha, t.nic_alpha
     parts = []
     if n > 1:
         counts = {"port": n if g > 1 else 0, "NIC": n if N > 1 else 0}
@@ -332,16 +365,7 @@ def _nodes(t: Nodes) -> CutModel:
         cap = counts["port"] * port + counts["uplink"] * up + counts["NIC"] * nic
         parts.append(Partition(N * G, cap, min([pa + ua] + ([na] if N > 1 else [])),
                                f"every switch out ({_links_text(counts, cap)})"))
-    # latencies: a representative of up to 3 nodes has every kind of path a longer one has
-    m = min(N, 3) * g
-    exact = N == 1 or G == 1        # else whole switches may also spread over nodes: not all such cuts are tried
-    r = np.arange(m)
-    node, grp = r // g, r % g // per
-    lat = np.where(node[:, None] != node[None, :], na, np.where(grp[:, None] != grp[None, :], pa + ua, pa))
-    np.fill_diagonal(lat, 0.0)
-    far = float(_shortest(lat).max()) if m > 1 else 0.0
-    label = f"farthest ranks: {far * 1e6:g} us"
-    return CutModel(n, tuple(cuts), tuple(parts), (far, far, far), (label,) * 3, exact)
+    return tuple(parts)
 
 
 def _torus(t: Torus) -> CutModel:

@@ -16,7 +16,7 @@ is recomputed for the flows connected to a flow that starts or ends.
 """
 from __future__ import annotations
 
-import heapq
+from heapq import heappop, heappush
 
 from msc.errors import DeadlockError
 
@@ -79,115 +79,146 @@ class EventSim:
         """Makespan (s) for a size whose tile iteration ``it`` moves
         ``tlen[it]`` bytes per chunk; with ``record``, also every step's
         (tb, iteration, step, start, transmit start, end)."""
-        steps, per_iter, alpha, slots = self.steps, self.per_iter, self.alpha, self.slots
-        iters = len(tlen)
-        ntb = len(steps)
-        lens = [len(s) for s in steps]
-        nxt, done = [0] * ntb, [0] * ntb
-        arrived, credits = [0] * len(per_iter), [0] * len(per_iter)
-        waiting: dict = {}
-        heap, seq = [], 0
-        members = {}
-        log = [] if record else None
-        cur = {}                          # threadblock -> its running step's log row
-        dirty = set()                     # shared links whose flows changed at this instant
-        now = end = 0.0
+        replay = _Replay(self, tlen, record)
+        for tb in range(len(self.steps)):
+            replay.try_start(tb)
+        replay.loop()
+        replay.raise_if_stuck(self.names)
+        return (replay.end, replay.log) if record else replay.end
 
-        def push(t, kind, data):
-            nonlocal seq
-            seq += 1
-            heapq.heappush(heap, (t, seq, kind, data))
 
-        def try_start(t):
-            k = nxt[t]
-            if k >= lens[t] * iters or done[t] < k:
-                return
-            it, s = divmod(k, lens[t])
-            g, comp, nbytes, sc, rc, so, ro, deps = steps[t][s]
-            for dt, ds in deps:
-                if done[dt] < it * lens[dt] + ds + 1:
-                    waiting.setdefault(("t", dt), []).append(t)
-                    return
-            if rc >= 0 and arrived[rc] <= it * per_iter[rc] + ro:
-                waiting.setdefault(("m", rc), []).append(t)
-                return
-            if sc >= 0 and it * per_iter[sc] + so >= credits[sc] + slots:
-                waiting.setdefault(("s", sc), []).append(t)
-                return
-            nxt[t] = k + 1
-            if record:
-                cur[t] = row = [t, it, s, now, now, now]
-                log.append(row)
-            c = comp * tlen[it]
-            if c > 0:
-                push(now + c, _COMPUTED, t)
-            else:
-                computed(t)
+class _Replay:
+    """The state of one ``EventSim.run``: per threadblock its next step
+    instance (``nxt``, iteration * steps + step) and finished ones
+    (``done``); per connection its arrived messages and returned slots; the
+    event heap; the flows on each shared link (``members``)."""
 
-        def computed(t):
-            it, s = divmod(nxt[t] - 1, lens[t])
-            g, comp, nbytes, sc, rc, so, ro, deps = steps[t][s]
-            if record:
-                cur[t][4] = now
-            if sc < 0:
-                finish(t)
-                return
-            f = _Flow(t, nbytes * tlen[it], self.res[sc], self.cap[sc], now)
-            if not f.res:
-                f.rate = f.cap
-                push(now + f.rem / f.rate, _FLOW, (f, 0))
-                return
-            for r in f.res:
-                members.setdefault(r, set()).add(f)
-            dirty.update(f.res)
+    __slots__ = ("alpha", "arrived", "cap", "capacity", "credits", "cur", "dirty", "done", "end", "heap", "iters",
+                 "lens", "log", "members", "now", "nxt", "per_iter", "record", "res", "seq", "slots", "steps", "tlen",
+                 "waiting")
 
-        def rebalance(seeds):
-            flows, seen, stack = set(), set(seeds), list(seeds)
-            while stack:
-                for f in members.get(stack.pop(), ()):
-                    if f not in flows:
-                        flows.add(f)
-                        for r in f.res:
-                            if r not in seen:
-                                seen.add(r)
-                                stack.append(r)
-            if not flows:
+    def __init__(self, sim: EventSim, tlen: list[float], record: bool):
+        self.steps, self.per_iter, self.alpha, self.slots = sim.steps, sim.per_iter, sim.alpha, sim.slots
+        self.res, self.cap, self.capacity = sim.res, sim.cap, sim.capacity
+        self.tlen, self.iters, self.record = tlen, len(tlen), record
+        ntb, nconn = len(sim.steps), len(sim.per_iter)
+        self.lens = [len(s) for s in sim.steps]
+        self.nxt, self.done = [0] * ntb, [0] * ntb
+        self.arrived, self.credits = [0] * nconn, [0] * nconn
+        self.waiting: dict = {}           # ("t", tb) / ("m", conn) / ("s", conn) -> threadblocks blocked on it
+        self.heap, self.seq = [], 0
+        self.members: dict = {}           # shared link -> its flows
+        self.log = [] if record else None
+        self.cur = {}                     # threadblock -> its running step's log row
+        self.dirty = set()                # shared links whose flows changed at this instant
+        self.now = self.end = 0.0
+
+    def push(self, at, kind, data):
+        self.seq = seq = self.seq + 1
+        heappush(self.heap, (at, seq, kind, data))
+
+    def try_start(self, tb):
+        """Start threadblock ``tb``'s next step instance, or wait for what it lacks."""
+        nxt, lens, done = self.nxt, self.lens, self.done
+        pos, nsteps = nxt[tb], lens[tb]
+        if pos >= nsteps * self.iters or done[tb] < pos:
+            return
+        it, step = divmod(pos, nsteps)
+        g, comp, nbytes, sc, rc, so, ro, deps = self.steps[tb][step]
+        for dep_tb, dep_step in deps:
+            if done[dep_tb] < it * lens[dep_tb] + dep_step + 1:
+                self.waiting.setdefault(("t", dep_tb), []).append(tb)
                 return
-            for f in flows:
-                f.rem = max(f.rem - f.rate * (now - f.last), 0.0)
-                f.last = now
-            for f, rate in maxmin(flows, self.capacity, members).items():
-                if rate != f.rate:
-                    f.rate = rate
-                    f.ver += 1
-                    push(now + f.rem / rate, _FLOW, (f, f.ver))
+        if rc >= 0 and self.arrived[rc] <= it * self.per_iter[rc] + ro:
+            self.waiting.setdefault(("m", rc), []).append(tb)
+            return
+        if sc >= 0 and it * self.per_iter[sc] + so >= self.credits[sc] + self.slots:
+            self.waiting.setdefault(("s", sc), []).append(tb)
+            return
+        nxt[tb] = pos + 1
+        now = self.now
+        if self.record:
+            self.cur[tb] = row = [tb, it, step, now, now, now]
+            self.log.append(row)
+        compute = comp * self.tlen[it]
+        if compute > 0:
+            self.push(now + compute, _COMPUTED, tb)
+        else:
+            self.computed(tb)
 
-        def finish(t):
-            nonlocal end
-            it, s = divmod(nxt[t] - 1, lens[t])
-            g, comp, nbytes, sc, rc, so, ro, deps = steps[t][s]
-            done[t] += 1
-            end = now
-            if record:
-                cur[t][5] = now
-            if rc >= 0:
-                push(now + alpha[rc], _CREDIT, rc)
-            if sc >= 0:
-                push(now + alpha[sc], _ARRIVE, sc)
-            for w in waiting.pop(("t", t), ()):
-                try_start(w)
-            try_start(t)
+    def computed(self, tb):
+        """Threadblock ``tb``'s running step has computed: transmit, or finish if it sends nothing."""
+        it, step = divmod(self.nxt[tb] - 1, self.lens[tb])
+        g, comp, nbytes, sc, rc, so, ro, deps = self.steps[tb][step]
+        now = self.now
+        if self.record:
+            self.cur[tb][4] = now
+        if sc < 0:
+            self.finish(tb)
+            return
+        f = _Flow(tb, nbytes * self.tlen[it], self.res[sc], self.cap[sc], now)
+        if not f.res:
+            f.rate = f.cap
+            self.push(now + f.rem / f.rate, _FLOW, (f, 0))
+            return
+        members = self.members
+        for r in f.res:
+            members.setdefault(r, set()).add(f)
+        self.dirty.update(f.res)
 
-        for t in range(ntb):
-            try_start(t)
+    def rebalance(self, seeds):
+        """New max-min fair rates for the flows on the links ``seeds`` and,
+        transitively, on every link those flows cross."""
+        members = self.members
+        flows, seen, stack = set(), set(seeds), list(seeds)
+        while stack:
+            for f in members.get(stack.pop(), ()):
+                if f not in flows:
+                    flows.add(f)
+                    for r in f.res:
+                        if r not in seen:
+                            seen.add(r)
+                            stack.append(r)
+        if not flows:
+            return
+        now = self.now
+        for f in flows:
+            f.rem = max(f.rem - f.rate * (now - f.last), 0.0)
+            f.last = now
+        for f, rate in maxmin(flows, self.capacity, members).items():
+            if rate != f.rate:
+                f.rate = rate
+                f.ver += 1
+                self.push(now + f.rem / rate, _FLOW, (f, f.ver))
+
+    def finish(self, tb):
+        """Threadblock ``tb``'s running step ends: send its message and slot, wake who waits on it."""
+        it, step = divmod(self.nxt[tb] - 1, self.lens[tb])
+        g, comp, nbytes, sc, rc, so, ro, deps = self.steps[tb][step]
+        self.done[tb] += 1
+        self.end = now = self.now
+        if self.record:
+            self.cur[tb][5] = now
+        if rc >= 0:
+            self.push(now + self.alpha[rc], _CREDIT, rc)
+        if sc >= 0:
+            self.push(now + self.alpha[sc], _ARRIVE, sc)
+        for waiter in self.waiting.pop(("t", tb), ()):
+            self.try_start(waiter)
+        self.try_start(tb)
+
+    def loop(self):
+        """Process events in time order until none is left."""
+        heap, dirty, members, waiting = self.heap, self.dirty, self.members, self.waiting
+        try_start = self.try_start
         while heap or dirty:
-            if dirty and (not heap or heap[0][0] > now):
+            if dirty and (not heap or heap[0][0] > self.now):
                 # rates change once per instant, after every start and end at it (lockstep
                 # schedules start hundreds of flows at one time)
-                rebalance(dirty)
+                self.rebalance(dirty)
                 dirty.clear()
                 continue
-            now, _, kind, data = heapq.heappop(heap)
+            self.now, _, kind, data = heappop(heap)
             if kind == _FLOW:
                 f, ver = data
                 if ver != f.ver:
@@ -197,22 +228,25 @@ class EventSim:
                 for r in f.res:
                     members[r].discard(f)
                 dirty.update(f.res)
-                finish(f.t)
+                self.finish(f.t)
             elif kind == _COMPUTED:
-                computed(data)
+                self.computed(data)
             elif kind == _ARRIVE:
-                arrived[data] += 1
-                for w in waiting.pop(("m", data), ()):
-                    try_start(w)
+                self.arrived[data] += 1
+                for waiter in waiting.pop(("m", data), ()):
+                    try_start(waiter)
             else:
-                credits[data] += 1
-                for w in waiting.pop(("s", data), ()):
-                    try_start(w)
-        stuck = [t for t in range(ntb) if done[t] < lens[t] * iters]
+                self.credits[data] += 1
+                for waiter in waiting.pop(("s", data), ()):
+                    try_start(waiter)
+
+    def raise_if_stuck(self, names):
+        """DeadlockError if some threadblock did not finish its steps (``names``: (rank, tb) of each)."""
+        lens, done, iters = self.lens, self.done, self.iters
+        stuck = [tb for tb in range(len(lens)) if done[tb] < lens[tb] * iters]
         if stuck:
-            rank, tb = self.names[stuck[0]]
-            step = nxt[stuck[0]] % lens[stuck[0]]
-            raise DeadlockError(f"the plan deadlocks with {slots} slot(s) per connection: {len(stuck)} threadblocks "
-                                f"never finish, the first rank {rank} threadblock {tb} at step {step}",
+            rank, tb = names[stuck[0]]
+            step = self.nxt[stuck[0]] % lens[stuck[0]]
+            raise DeadlockError(f"the plan deadlocks with {self.slots} slot(s) per connection: {len(stuck)} "
+                                f"threadblocks never finish, the first rank {rank} threadblock {tb} at step {step}",
                                 [(rank, tb, step, "never finishes")])
-        return (end, log) if record else end

@@ -403,48 +403,8 @@ def topology_from_dict(data: dict, source: str = "<topology>") -> Graph:
     n = data.get("ranks")
     if type(n) is not int or n < 1:
         raise bad(f"'ranks' must be an int >= 1, got {n!r}")
-    links = []
-    for i, entry in enumerate(data.get("link", [])):
-        where = f"link {i + 1}"
-        if not isinstance(entry, dict):
-            raise bad(f"{where}: expected a [[link]] table")
-        unknown = set(entry) - LINK_KEYS
-        if unknown:
-            raise bad(f"{where}: unknown key(s) {', '.join(sorted(unknown))} (known: {', '.join(sorted(LINK_KEYS))})")
-        for key in ("from", "to", "alpha_us", "bandwidth_gbps"):
-            if key not in entry:
-                raise bad(f"{where}: missing '{key}'")
-        try:
-            _positive("alpha_us", entry["alpha_us"], zero=True)
-            _positive("bandwidth_gbps", entry["bandwidth_gbps"])
-        except UsageError as exc:
-            raise bad(f"{where}: {exc}") from None
-        ends = [entry["from"], entry["to"]]
-        length = max((len(e) for e in ends if isinstance(e, list)), default=1)
-        for e in ends:
-            if isinstance(e, list) and len(e) != length:
-                raise bad(f"{where}: 'from' and 'to' lists must have the same length")
-        ends = [e if isinstance(e, list) else [e] * length for e in ends]
-        for a, b in zip(*ends):
-            for v in (a, b):
-                if isinstance(v, bool) or not isinstance(v, (int, str)) or (isinstance(v, int) and not 0 <= v < n):
-                    raise bad(f"{where}: {v!r} is neither a rank (0..{n - 1}) nor a switch name")
-            if a == b:
-                raise bad(f"{where}: a link from {a!r} to itself")
-            shared = entry.get("shared", True)
-            alpha, bw = entry["alpha_us"] * US, entry["bandwidth_gbps"] * GB
-            links.append((a, b, alpha, bw, bool(shared)))
-            if entry.get("duplex", True):
-                links.append((b, a, alpha, bw, bool(shared)))
-    protocols = {}
-    for pname, table in data.get("protocol", {}).items():
-        if pname not in DEFAULT_PROTOCOLS or not isinstance(table, dict) or set(table) - PROTOCOL_KEYS:
-            raise bad(f"[protocol.{pname}]: protocols are {', '.join(DEFAULT_PROTOCOLS)}, "
-                      f"keys {', '.join(sorted(PROTOCOL_KEYS))}")
-        base = DEFAULT_PROTOCOLS[pname]
-        protocols[pname] = Protocol(float(table.get("alpha_factor", base.alpha_factor)),
-                                    float(table.get("bandwidth_factor", base.bandwidth_factor)),
-                                    int(table.get("tile", base.tile)))
+    links = _links(data.get("link", []), n, bad)
+    protocols = _protocols(data.get("protocol", {}), bad)
     kw = {k: data[k] for k in ("reduce_gbps", "copy_gbps", "threadblock_gbps") if k in data}
     gpn = data.get("gpus_per_node")
     if gpn is not None and (type(gpn) is not int or gpn < 1 or n % gpn):
@@ -457,3 +417,62 @@ def topology_from_dict(data: dict, source: str = "<topology>") -> Graph:
                      gpus_per_node=gpn, description=str(data.get("description", "")), **kw)
     except UsageError as exc:
         raise bad(str(exc)) from None
+
+
+def _links(entries, n: int, bad) -> list[tuple]:
+    """(from, to, alpha s, bandwidth B/s, shared) of each direction of each
+    pair of ends of the [[link]] ``entries``."""
+    links = []
+    for i, entry in enumerate(entries):
+        for src, dst in _link_ends(f"link {i + 1}", entry, n, bad):
+            shared = entry.get("shared", True)
+            alpha, bw = entry["alpha_us"] * US, entry["bandwidth_gbps"] * GB
+            links.append((src, dst, alpha, bw, bool(shared)))
+            if entry.get("duplex", True):
+                links.append((dst, src, alpha, bw, bool(shared)))
+    return links
+
+
+def _link_ends(where: str, entry, n: int, bad) -> list[tuple]:
+    """One [[link]] entry checked, and its (from, to) pairs: lists in 'from'
+    and 'to' pair up element by element, a single end goes with each."""
+    if not isinstance(entry, dict):
+        raise bad(f"{where}: expected a [[link]] table")
+    unknown = set(entry) - LINK_KEYS
+    if unknown:
+        raise bad(f"{where}: unknown key(s) {', '.join(sorted(unknown))} (known: {', '.join(sorted(LINK_KEYS))})")
+    for key in ("from", "to", "alpha_us", "bandwidth_gbps"):
+        if key not in entry:
+            raise bad(f"{where}: missing '{key}'")
+    try:
+        _positive("alpha_us", entry["alpha_us"], zero=True)
+        _positive("bandwidth_gbps", entry["bandwidth_gbps"])
+    except UsageError as exc:
+        raise bad(f"{where}: {exc}") from None
+    ends = [entry["from"], entry["to"]]
+    length = max((len(end) for end in ends if isinstance(end, list)), default=1)
+    for end in ends:
+        if isinstance(end, list) and len(end) != length:
+            raise bad(f"{where}: 'from' and 'to' lists must have the same length")
+    pairs = list(zip(*(end if isinstance(end, list) else [end] * length for end in ends)))
+    for src, dst in pairs:
+        for v in (src, dst):
+            if isinstance(v, bool) or not isinstance(v, (int, str)) or (isinstance(v, int) and not 0 <= v < n):
+                raise bad(f"{where}: {v!r} is neither a rank (0..{n - 1}) nor a switch name")
+        if src == dst:
+            raise bad(f"{where}: a link from {src!r} to itself")
+    return pairs
+
+
+def _protocols(tables: dict, bad) -> dict:
+    """The [protocol.NAME] tables: each protocol's factors, its defaults' where not given."""
+    protocols = {}
+    for pname, table in tables.items():
+        if pname not in DEFAULT_PROTOCOLS or not isinstance(table, dict) or set(table) - PROTOCOL_KEYS:
+            raise bad(f"[protocol.{pname}]: protocols are {', '.join(DEFAULT_PROTOCOLS)}, "
+                      f"keys {', '.join(sorted(PROTOCOL_KEYS))}")
+        base = DEFAULT_PROTOCOLS[pname]
+        protocols[pname] = Protocol(float(table.get("alpha_factor", base.alpha_factor)),
+                                    float(table.get("bandwidth_factor", base.bandwidth_factor)),
+                                    int(table.get("tile", base.tile)))
+    return protocols

@@ -294,7 +294,7 @@ class _Compiler:
 
         views = directs = 0
         for it in items:
-            s, step, op = it.s, it.s.step, it.s.step.op
+            s = it.s
             ops = at(s.round).ops
             staged = None
             if s.recv is not None and it.in_len:
@@ -304,39 +304,54 @@ class _Compiler:
                 else:
                     target = staged = self._staging(s.recv, it.in_len)
                 at(s.recv.round).recvs.append(((s.recv.src, s.recv.channel, s.recv.seq), target))
-            payload = None
-            if op is StepOp.SEND:
-                if it.out_len:
-                    payload = it.candidate if it.view else self._copy_to_new(ops, it.srcs[0], it.out_len)
-            elif op is StepOp.RECV or op is StepOp.RCS:
-                if staged is not None:
-                    self._copy(ops, it.dst, split(staged, it.in_lengths))
-                if op is StepOp.RCS and it.out_len:
-                    payload = it.candidate if it.view else staged
-            elif op is StepOp.COPY:
-                self._copy(ops, it.dst, it.srcs[0])
-            elif op is StepOp.REDUCE:
-                self._reduce(ops, it.dst, it.srcs)
-            elif op.reduces:                                    # rrs, rrc, rrcs
-                got = split(staged, it.in_lengths) if staged is not None else [(ARENA, 0, 0)] * step.count
-                if op is StepOp.RRC:
-                    self._combine(ops, it.dst, it.srcs[0], got)
-                elif op is StepOp.RRS:
-                    self._combine(ops, got, it.srcs[0], got)
-                    payload = staged
-                elif it.view:                                   # rrcs into its destination, sent from there
-                    self._combine(ops, it.dst, it.srcs[0], got)
-                    payload = it.candidate
-                else:                                           # rrcs through the staging area
-                    self._combine(ops, got, it.srcs[0], got)
-                    self._copy(ops, it.dst, got)
-                    payload = staged
+            payload = self._step_ops(it, ops, staged)
             if s.send is not None and it.out_len:
                 if payload == it.candidate and it.view:
                     views += 1
                 at(s.round).sends.append(((s.send.dst, s.send.channel, s.send.seq), payload))
         for t in self.comm_rounds:
             at(t)
+        ordered = self._ordered(rounds)       # first: packing a round's messages allocates (self.cursor)
+        return Program(self.rank, self.count, self.sizes, self.cursor, ordered, self._averaged(), views, directs,
+                       self.transport)
+
+    def _step_ops(self, it: _Item, ops: list, staged: Piece | None) -> Piece | None:
+        """Append step ``it``'s local work to its round's ``ops`` (``staged``:
+        where its message landed, if not directly); returns what it sends
+        (None: nothing)."""
+        step, op = it.s.step, it.s.step.op
+        payload = None
+        if op is StepOp.SEND:
+            if it.out_len:
+                payload = it.candidate if it.view else self._copy_to_new(ops, it.srcs[0], it.out_len)
+        elif op is StepOp.RECV or op is StepOp.RCS:
+            if staged is not None:
+                self._copy(ops, it.dst, split(staged, it.in_lengths))
+            if op is StepOp.RCS and it.out_len:
+                payload = it.candidate if it.view else staged
+        elif op is StepOp.COPY:
+            self._copy(ops, it.dst, it.srcs[0])
+        elif op is StepOp.REDUCE:
+            self._reduce(ops, it.dst, it.srcs)
+        elif op.reduces:                                    # rrs, rrc, rrcs
+            got = split(staged, it.in_lengths) if staged is not None else [(ARENA, 0, 0)] * step.count
+            if op is StepOp.RRC:
+                self._combine(ops, it.dst, it.srcs[0], got)
+            elif op is StepOp.RRS:
+                self._combine(ops, got, it.srcs[0], got)
+                payload = staged
+            elif it.view:                                   # rrcs into its destination, sent from there
+                self._combine(ops, it.dst, it.srcs[0], got)
+                payload = it.candidate
+            else:                                           # rrcs through the staging area
+                self._combine(ops, got, it.srcs[0], got)
+                self._copy(ops, it.dst, got)
+                payload = staged
+        return payload
+
+    def _ordered(self, rounds: dict[int, Round]) -> list[Round]:
+        """The rounds that do anything, in order, each's sends and receives
+        sorted by message (a dense round as one all_to_all_single)."""
         ordered = []
         for t in sorted(rounds):
             r = rounds[t]
@@ -347,8 +362,7 @@ class _Compiler:
                 r.sends, r.recvs = [], []
             if r.ops or r.sends or r.recvs or r.alltoall:
                 ordered.append(r)
-        return Program(self.rank, self.count, self.sizes, self.cursor, ordered, self._averaged(), views, directs,
-                       self.transport)
+        return ordered
 
     def _collective(self, r: Round) -> tuple:
         """One round's all_to_all_single: input = this rank's messages by

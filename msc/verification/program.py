@@ -139,18 +139,29 @@ def verify(program) -> Report:
 def _run(program) -> int:
     """verify() one operation at a time, in Python: the definition, and the
     words of every error. Returns the number of output chunks checked."""
-    layout = program.layout
-    n = layout.num_ranks
-    ops = program.ops
+    state, writer = _initial_state(program.layout)
+    _execute(program.ops, state, writer)
+    return _check_outputs(program, state, writer)
+
+
+def _initial_state(layout) -> tuple[list[dict[str, list]], list[dict[str, list]]]:
+    """Per rank and physical buffer: each chunk's symbolic value (its
+    initial label, None where it starts empty) and its last writer (-1:
+    none yet)."""
     state: list[dict[str, list]] = []
     writer: list[dict[str, list]] = []
-    for rank in range(n):
+    for rank in range(layout.num_ranks):
         bufs = {b: [None] * size for b, size in layout.physical_sizes.items()}
         buf, off, labels = layout.initial_labels(rank)       # None where a chunk starts empty: as is
         bufs[buf][off:off + len(labels)] = labels
         state.append(bufs)
         writer.append({b: [-1] * size for b, size in layout.physical_sizes.items()})
+    return state, writer
 
+
+def _execute(ops, state: list[dict[str, list]], writer: list[dict[str, list]]) -> None:
+    """Run ``ops`` on the symbolic ``state``, recording in ``writer`` the op
+    that last wrote each chunk; a read of an empty chunk is an error."""
     COPY = OpKind.COPY
     for opi, op in enumerate(ops):
         kind, sr, sb, si, dr, db, di, size = op[:8]
@@ -166,22 +177,28 @@ def _run(program) -> int:
             grow = di + size - len(dst)
             dst.extend([None] * grow)
             wr.extend([-1] * grow)
-        for j in range(size):
-            v = src[si + j]
-            if v is None:
-                _unwritten(op, sr, sb, si + j)
+        for lane in range(size):
+            value = src[si + lane]
+            if value is None:
+                _unwritten(op, sr, sb, si + lane)
             if kind is COPY:
-                dst[di + j] = v
+                dst[di + lane] = value
             else:
-                d = dst[di + j]
-                if d is None:
-                    _unwritten(op, dr, db, di + j)
-                dst[di + j] = Sum(d, v)
-            wr[di + j] = opi
+                old = dst[di + lane]
+                if old is None:
+                    _unwritten(op, dr, db, di + lane)
+                dst[di + lane] = Sum(old, value)
+            wr[di + lane] = opi
 
+
+def _check_outputs(program, state: list[dict[str, list]], writer: list[dict[str, list]]) -> int:
+    """Check every expected output chunk of the final ``state``; returns how
+    many there are. Contributions are counted once per distinct (value,
+    expectation)."""
+    layout = program.layout
     checked: dict[tuple[int, int], bool] = {}
     outputs = 0
-    for rank in range(n):
+    for rank in range(layout.num_ranks):
         buf, off, wanted = layout.expected_list(rank)
         for index, expected in enumerate(wanted):
             if expected is None:

@@ -45,38 +45,79 @@ def _checked_outputs(program) -> int:
     need(ops)                        # nothing to gain
     c = program.columns()
     need((c.size >= 1).all())
-    if (c.size == 1).all():
-        lane_op, j = np.arange(c.count, dtype=np.int64), 0
-    else:
-        lane_op = np.repeat(np.arange(c.count, dtype=np.int64), c.size)
-        j = np.arange(lane_op.size, dtype=np.int64) - np.repeat(np.cumsum(c.size) - c.size, c.size)
-    lanes = lane_op.size
-
-    # -- chunks as ints: (rank, buffer, index) ----------------------------------
-    names = c.names + [b for b in layout.physical_sizes if b not in c.names]
-    number = {b: i for i, b in enumerate(names)}
-    s_idx, d_idx = c.sidx[lane_op] + j, c.didx[lane_op] + j
-    need((s_idx >= 0).all() and (d_idx >= 0).all())
-    stride = 1 + max(int(s_idx.max()), int(d_idx.max()), *layout.physical_sizes.values())
-
-    def cell(rank, buf, index):
-        return (rank * len(names) + buf) * stride + index
-
-    src_cell = cell(c.srank[lane_op], c.sbuf[lane_op], s_idx)
-    dst_cell = cell(c.drank[lane_op], c.dbuf[lane_op], d_idx)
+    lane_op, lane_in_op = _lanes(c)
+    chunks, src_cell, dst_cell = _lane_cells(layout, c, lane_op, lane_in_op)
     reduce = c.reduce[lane_op]
 
     # -- initial labels: one leaf per distinct label ----------------------------
-    def cells_of(rank, buf, off, count, index):      # for Leaves and expectations: a physical buffer by name
-        return cell(rank, number[buf], index)
-
-    leaves = Leaves(layout, 1, cells_of)
+    leaves = Leaves(layout, 1, chunks.of_named)
     # a chunk labelled twice keeps the last label, as the Python run does
     init_cells, last = np.unique(leaves.cells[::-1], return_index=True)
     init_leaf = leaves.leaf_ids[::-1][last]
     n_leaves = leaves.count
 
-    # -- every access, by chunk then lane: reads find their write -------------------
+    value_src, value_dst, final_cells, final_value = _read_and_final_values(src_cell, dst_cell, reduce,
+                                                                            init_cells, init_leaf, n_leaves)
+
+    # -- values: leaves, then per lane an alias (copy) or a sum (reduce) --------------
+    kind = np.concatenate([np.zeros(n_leaves, np.int8), np.where(reduce, 2, 1).astype(np.int8)])
+    a = np.concatenate([np.arange(n_leaves, dtype=np.int64), np.where(reduce, value_dst, value_src)])
+    b = np.concatenate([np.full(n_leaves, -1, np.int64), np.where(reduce, value_src, -1)])
+    rep, ca, cb = resolve(kind, a, b)
+
+    # -- outputs -------------------------------------------------------------------------
+    out_cells, out_exp, exps = expectations(layout, chunks.of_named)
+    if not out_cells.size:
+        return 0
+    value = _lookup(final_cells, final_value, out_cells)
+    value = np.where(value >= 0, value, _lookup(init_cells, init_leaf, out_cells))   # a chunk never touched
+    need((value >= 0).all())                        # else the chunk was never written nor labelled
+    need(holds(rep[value], out_exp, exps, leaves, kind, ca, cb))
+    return out_cells.size
+
+
+def _lanes(c) -> tuple[np.ndarray, np.ndarray | int]:
+    """Per lane its operation and its index within that operation (0 for
+    all when every operation is one chunk)."""
+    if (c.size == 1).all():
+        return np.arange(c.count, dtype=np.int64), 0
+    lane_op = np.repeat(np.arange(c.count, dtype=np.int64), c.size)
+    lane_in_op = np.arange(lane_op.size, dtype=np.int64) - np.repeat(np.cumsum(c.size) - c.size, c.size)
+    return lane_op, lane_in_op
+
+
+class _Chunks:
+    """Chunks as ints: (rank, buffer number, index) is (rank * buffers +
+    buffer) * stride + index."""
+
+    def __init__(self, names: list, stride: int):
+        self.buffers, self.stride = len(names), stride
+        self.number = {b: i for i, b in enumerate(names)}
+
+    def cell(self, rank, buf, index):
+        return (rank * self.buffers + buf) * self.stride + index
+
+    def of_named(self, rank, buf, off, count, index):   # for Leaves and expectations: a physical buffer by name
+        return self.cell(rank, self.number[buf], index)
+
+
+def _lane_cells(layout, c, lane_op, lane_in_op) -> tuple[_Chunks, np.ndarray, np.ndarray]:
+    """The chunk numbering, and each lane's source and destination chunk."""
+    names = c.names + [b for b in layout.physical_sizes if b not in c.names]
+    s_idx, d_idx = c.sidx[lane_op] + lane_in_op, c.didx[lane_op] + lane_in_op
+    need((s_idx >= 0).all() and (d_idx >= 0).all())
+    chunks = _Chunks(names, 1 + max(int(s_idx.max()), int(d_idx.max()), *layout.physical_sizes.values()))
+    return (chunks, chunks.cell(c.srank[lane_op], c.sbuf[lane_op], s_idx),
+            chunks.cell(c.drank[lane_op], c.dbuf[lane_op], d_idx))
+
+
+def _read_and_final_values(src_cell, dst_cell, reduce, init_cells, init_leaf, n_leaves: int):
+    """The trace in SSA form: every access, by chunk then lane, finds the
+    write before it. Returns the value each lane read from its source and
+    (reduces; else -1) its destination, and each touched chunk with its
+    final value (its last write, else its initial label). A value is a leaf
+    (< n_leaves) or n_leaves + the lane that wrote it."""
+    lanes = src_cell.size
     # order within a lane: read the source, read the destination (a reduce), write it
     acc_cell = np.concatenate([src_cell, dst_cell[reduce], dst_cell])
     acc_lane = np.concatenate([np.arange(lanes), np.flatnonzero(reduce), np.arange(lanes)])
@@ -103,23 +144,6 @@ def _checked_outputs(program) -> int:
     value_dst[s_lane[is_dst]] = seen[is_dst]
     # each chunk's final value: its last write, else its initial label
     last = last_of_each(s_cell)
-    final_cells = s_cell[last]
     final_write = np.where(written[last], last, before[last])
     final_value = np.where(final_write >= 0, n_leaves + s_lane[np.maximum(final_write, 0)], initial[last])
-    del s_cell, s_kind, s_lane, written, before
-
-    # -- values: leaves, then per lane an alias (copy) or a sum (reduce) --------------
-    kind = np.concatenate([np.zeros(n_leaves, np.int8), np.where(reduce, 2, 1).astype(np.int8)])
-    a = np.concatenate([np.arange(n_leaves, dtype=np.int64), np.where(reduce, value_dst, value_src)])
-    b = np.concatenate([np.full(n_leaves, -1, np.int64), np.where(reduce, value_src, -1)])
-    rep, ca, cb = resolve(kind, a, b)
-
-    # -- outputs -------------------------------------------------------------------------
-    out_cells, out_exp, exps = expectations(layout, cells_of)
-    if not out_cells.size:
-        return 0
-    value = _lookup(final_cells, final_value, out_cells)
-    value = np.where(value >= 0, value, _lookup(init_cells, init_leaf, out_cells))   # a chunk never touched
-    need((value >= 0).all())                        # else the chunk was never written nor labelled
-    need(holds(rep[value], out_exp, exps, leaves, kind, ca, cb))
-    return out_cells.size
+    return value_src, value_dst, s_cell[last], final_value
