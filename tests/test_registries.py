@@ -45,8 +45,23 @@ def test_pictures_colour_every_step_op_apart():
 def test_xml_step_types_are_the_registry_s_and_msccl_s():
     from msc.formats.xml_import import TYPES
 
-    assert {op.xml for op in StepOp} == MSCCL_STEP_TYPES and len(MSCCL_STEP_TYPES) == len(StepOp)
-    assert TYPES == {op.xml: op for op in StepOp}
+    assert {op.xml for op in StepOp if op.xml} == MSCCL_STEP_TYPES
+    assert TYPES == {op.xml: op for op in StepOp if op.xml}
+
+
+def test_xml_export_refuses_an_op_msccl_has_no_type_for(monkeypatch):
+    """An op added to the registry without an MSCCL type (xml None) makes
+    export fail naming the op and where it is, not write a type MSCCL lacks."""
+    from msc.errors import PlanError
+    from msc.formats.xml_export import plan_to_xml
+
+    plan = _plan("Simple")
+    rank, tb, s = next((rp.rank, t, i) for rp in plan.ranks for t, block in enumerate(rp.threadblocks)
+                       for i, step in enumerate(block.steps) if step.op is StepOp.RRCS)
+    monkeypatch.setattr(StepOp.RRCS, "xml", None)
+    with pytest.raises(PlanError, match="rrcs: MSCCL-IR has no step type") as exc:
+        plan_to_xml(plan)
+    assert (exc.value.rank, exc.value.tb, exc.value.step) == (rank, tb, s)
 
 
 @pytest.mark.parametrize("protocol", [p.name for p in PROTOCOLS.values() if p.transport])

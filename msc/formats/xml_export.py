@@ -203,6 +203,9 @@ def _resolve(rp: RankPlan, t: int, s: int, deps: list) -> list[tuple[int, int]]:
 
 
 def _expand(step: Step, rank: int, t: int, s: int) -> list[XStep]:
+    if step.op.xml is None:
+        raise PlanError(f"{step.op.value}: MSCCL-IR has no step type for this op, so the plan cannot be "
+                        f"exported to MSCCL XML", rank=rank, tb=t, step=s)
     if step.op is StepOp.REDUCE:
         return _expand_reduce(step, rank, t, s)
     src = step.srcs[0] if step.srcs else None

@@ -60,7 +60,7 @@ COLLECTIVES = {"allreduce": "allreduce", "allgather": "allgather", "reduce_scatt
                "reduce": "reduce", "custom": "custom"}
 PER_RANK_UNITS = ("allgather", "reducescatter", "alltoall")   # nchunksperloop = ngpus * k
 BUFFERS = {"i": "input", "o": "output", "s": "scratch"}
-TYPES = {op.xml: op for op in StepOp}
+TYPES = {op.xml: op for op in StepOp if op.xml}
 MAX_REDUCE_FUSION = 16    # the runtime fuses at most this many re steps
 _INT = re.compile(r"[-+]?[0-9]{1,19}\Z")     # decimal; 19 digits keep int() cheap
 _INT32 = (-(1 << 31), (1 << 31) - 1)

@@ -94,7 +94,7 @@ class StepOp(Enum):
     reduces: bool    # combines values with the reduce op
     nsrc: str        # local sources it takes: "0", "1" or "2+"
     has_dst: bool    # writes a local destination
-    xml: str         # its MSCCL-IR <step> type
+    xml: str | None  # its MSCCL-IR <step> type; None: MSCCL has none (such plans do not export)
     color: str       # how msc show and msc simulate --timeline draw it (a matplotlib colour)
 
 

@@ -116,6 +116,11 @@ def split(piece: Piece, lengths) -> list[Piece]:
     return out
 
 
+def _stores_message(op: StepOp) -> bool:
+    """The op writes the message it received, unchanged, to its destination (recv, rcs)."""
+    return op.receives and not op.reduces and op.has_dst
+
+
 class _Item:
     """A scheduled step of this rank with its operands resolved to pieces."""
 
@@ -227,18 +232,20 @@ class _Compiler:
         it = _Item(s, pos)
         step = s.step
         it.srcs = [self.pieces(sl, c) for sl, c in zip(step.srcs, s.src_classes)]
+        op = step.op
         dst_classes = None
-        if step.dst is not None:
-            dst_classes = s.recv.classes if step.op in (StepOp.RECV, StepOp.RCS) else s.src_classes[0]
+        if step.dst is not None:       # it stores the message itself, or a value shaped like its source
+            dst_classes = s.recv.classes if _stores_message(op) else s.src_classes[0]
         it.dst = self.pieces(step.dst, dst_classes) if step.dst is not None else None
         it.in_lengths = [self.lens[c] for c in s.recv.classes] if s.recv else []
         it.in_len = sum(it.in_lengths)
         it.out_len = sum(self.lens[c] for c in s.send.classes) if s.send else 0
-        # what a view-send would read: the data as it sits in a buffer
+        # what a view-send would read: the data as it sits in a buffer (what the step stores,
+        # or its source when it only forwards that); a reduce-and-send without a destination
+        # (rrs) sends what it computed in the staging area
         if s.send is not None and it.out_len:
-            region = {StepOp.SEND: lambda: it.srcs[0], StepOp.RCS: lambda: it.dst,
-                      StepOp.RRCS: lambda: it.dst}.get(step.op)
-            merged = merge(region()) if region else []
+            region = it.dst if op.has_dst else it.srcs[0] if not op.receives else None
+            merged = merge(region) if region else []
             if len(merged) == 1:
                 it.candidate = merged[0]
         it.reads = [p for src in it.srcs for p in src]
@@ -263,10 +270,10 @@ class _Compiler:
         rounds_of = [it.s.round for it in items]
         for it in items:
             op = it.s.step.op
-            if op not in (StepOp.RECV, StepOp.RCS) or not it.in_len:
+            if not _stores_message(op) or not it.in_len:
                 continue
             dst = merge(it.dst)
-            ok = len(dst) == 1 and (op is StepOp.RECV or it.view)
+            ok = len(dst) == 1 and (not op.sends or it.view)
             if (it.s.recv.src, it.s.recv.channel, it.s.recv.seq) in self.packed:
                 ok = False                # lands in its round's packed receive area
             if ok:
@@ -280,8 +287,8 @@ class _Compiler:
                         ok = False        # read by the batch of round t_s, or later
                         break
             it.direct = ok
-            if op is StepOp.RCS:
-                it.view = ok              # an RCS forwards from its destination only if it received there
+            if op.sends:
+                it.view = ok              # it forwards from its destination only if it received there
 
     def _emit(self, items) -> Program:
         rounds: dict[int, Round] = {}
@@ -318,36 +325,38 @@ class _Compiler:
     def _step_ops(self, it: _Item, ops: list, staged: Piece | None) -> Piece | None:
         """Append step ``it``'s local work to its round's ``ops`` (``staged``:
         where its message landed, if not directly); returns what it sends
-        (None: nothing)."""
-        step, op = it.s.step, it.s.step.op
-        payload = None
-        if op is StepOp.SEND:
-            if it.out_len:
-                payload = it.candidate if it.view else self._copy_to_new(ops, it.srcs[0], it.out_len)
-        elif op is StepOp.RECV or op is StepOp.RCS:
-            if staged is not None:
+        (None: nothing). Decided by the op's registry properties (msc.ir's
+        _STEP_OPS), as msc.ir.step_values defines what a step computes."""
+        op = it.s.step.op
+        if op.receives and op.reduces:
+            return self._reduce_received(it, ops, staged)
+        if op.receives:                                     # the message itself, stored and/or forwarded
+            if op.has_dst and staged is not None:
                 self._copy(ops, it.dst, split(staged, it.in_lengths))
-            if op is StepOp.RCS and it.out_len:
-                payload = it.candidate if it.view else staged
-        elif op is StepOp.COPY:
-            self._copy(ops, it.dst, it.srcs[0])
-        elif op is StepOp.REDUCE:
+            if op.sends and it.out_len:
+                return it.candidate if it.view else staged
+            return None
+        if op.reduces:                                      # its sources combined
             self._reduce(ops, it.dst, it.srcs)
-        elif op.reduces:                                    # rrs, rrc, rrcs
-            got = split(staged, it.in_lengths) if staged is not None else [(ARENA, 0, 0)] * step.count
-            if op is StepOp.RRC:
-                self._combine(ops, it.dst, it.srcs[0], got)
-            elif op is StepOp.RRS:
-                self._combine(ops, got, it.srcs[0], got)
-                payload = staged
-            elif it.view:                                   # rrcs into its destination, sent from there
-                self._combine(ops, it.dst, it.srcs[0], got)
-                payload = it.candidate
-            else:                                           # rrcs through the staging area
-                self._combine(ops, got, it.srcs[0], got)
-                self._copy(ops, it.dst, got)
-                payload = staged
-        return payload
+        elif op.has_dst:                                    # its source copied
+            self._copy(ops, it.dst, it.srcs[0])
+        if op.sends and it.out_len:
+            return it.candidate if it.view else self._copy_to_new(ops, it.srcs[0], it.out_len)
+        return None
+
+    def _reduce_received(self, it: _Item, ops: list, staged: Piece | None) -> Piece | None:
+        """SRC (+) the message: combined into the destination when nothing is
+        sent or the send can read it there, else in the staging area (then
+        copied to the destination, if any, and sent from there)."""
+        op = it.s.step.op
+        got = split(staged, it.in_lengths) if staged is not None else [(ARENA, 0, 0)] * it.s.step.count
+        if op.has_dst and (not op.sends or it.view):
+            self._combine(ops, it.dst, it.srcs[0], got)
+            return it.candidate if op.sends else None
+        self._combine(ops, got, it.srcs[0], got)
+        if op.has_dst:
+            self._copy(ops, it.dst, got)
+        return staged if op.sends else None
 
     def _ordered(self, rounds: dict[int, Round]) -> list[Round]:
         """The rounds that do anything, in order, each's sends and receives
