@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import ctypes
 import os
+import select
+import signal
 import struct
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
@@ -381,6 +383,45 @@ def test_table_form_plans_share_one_library_and_a_new_plan_needs_no_build(cache)
     first.close()
     second.close()
 
+
+
+def test_a_forked_child_gets_streams_of_its_own(cache):
+    """fork copies the emulated device's streams but not their worker threads:
+    in the child, communicators made before and after the fork run bit-exact
+    on new streams, and a stream object kept from before the fork refuses
+    work with an error instead of queueing it for a worker that is not there."""
+    from msc.cuda import emu
+
+    before = comm_for("allreduce/ring:ring", 4, "Simple", "table", "float32", "sum", cache)
+    check_run(before, 33, "float32", "sum", seed=1)           # its streams and their workers exist now
+    old_stream = emu.backend().streams[before.devices[0]]
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:                                              # the child: report through the pipe, never return
+        try:
+            check_run(before, 33, "float32", "sum", seed=2)
+            after = comm_for("allreduce/ring:ring", 4, "Simple", "table", "float32", "sum", cache)
+            check_run(after, 1001, "float32", "sum", seed=3)
+            try:
+                old_stream.submit(lambda: None)
+                outcome = "the pre-fork stream took work"
+            except UsageError as exc:
+                outcome = "ok" if "before a fork" in str(exc) else f"unexpected message: {exc}"
+        except BaseException as exc:                          # noqa: BLE001 (reported to the parent)
+            outcome = f"{type(exc).__name__}: {exc}"
+        os.write(write, outcome.encode()[:4000])
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        if select.select([pipe], [], [], 120)[0]:
+            outcome = pipe.read().decode()
+        else:                                                 # a launch queued for a missing worker hangs
+            os.kill(pid, signal.SIGKILL)
+            outcome = "the child hung for 120 s"
+    _, status = os.waitpid(pid, 0)
+    assert outcome == "ok" and os.waitstatus_to_exitcode(status) == 0, outcome
+    check_run(before, 33, "float32", "sum", seed=4)          # the parent's streams still work
+    before.close()
 
 def test_a_missing_compiler_is_named(monkeypatch, tmp_path):
     from msc.cuda import hostbuild

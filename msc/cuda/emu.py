@@ -165,6 +165,7 @@ class Stream:
 
     def __init__(self, index: int):
         self.index = index
+        self.pid = os.getpid()            # its worker thread exists in this process only
         self.queue: queue.Queue = queue.Queue()
         self.failure: Exception | None = None
         self.worker = threading.Thread(target=self._work, name=f"msc-emu-stream-{index}", daemon=True)
@@ -180,6 +181,9 @@ class Stream:
                     self.failure = exc
 
     def submit(self, fn) -> None:
+        if os.getpid() != self.pid:       # a fork copied the stream, not its worker: nothing would run
+            raise UsageError(f"emulated device {self.index}: this stream was made in process {self.pid}, before a "
+                             f"fork; make communicators (and their streams) in the process that uses them")
         self.queue.put(fn)
 
     def record(self) -> Event:
@@ -446,3 +450,14 @@ def backend() -> EmuBackend:
     if _DEFAULT is None:
         _DEFAULT = EmuBackend()
     return _DEFAULT
+
+
+def _after_fork_in_child() -> None:
+    """A forked child gets new streams on first use: the parent's workers
+    are not copied by fork (its old Stream objects refuse work, see submit)."""
+    if _DEFAULT is not None:
+        _DEFAULT.streams = {}
+        _DEFAULT._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
