@@ -17,11 +17,15 @@ import sys
 from array import array
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 from msc.errors import UsageError
 from msc.ir import Plan, StepOp
 from msc.ir.ops import PROTOCOLS, REDUCE_OP_NAMES, REDUCE_OPS
 from msc.resources import data_dir
+
+if TYPE_CHECKING:
+    from msc.ir.arrays import PlanArrays
 
 
 @dataclass(frozen=True)
@@ -76,7 +80,8 @@ class Connection:
 class KernelLayout:
     """What the host runtime needs to launch a rendered kernel: the global
     threadblocks (rank, threadblock) in order, each rank's first block and
-    block count, the connections, and the launch shape."""
+    block count, the connections (those with a sender, in sorted (sender,
+    receiver, channel) order, numbered from 0), and the launch shape."""
 
     num_ranks: int
     blocks: tuple[tuple[int, int], ...]
@@ -114,21 +119,33 @@ def check_kernel(dtype: str, op: str, plan: Plan) -> DType:
 
 
 def kernel_layout(plan: Plan, form: str) -> KernelLayout:
-    conns: dict[tuple[int, int, int], int] = {}
-    for rp in plan.ranks:
-        for tb in rp.threadblocks:
-            if tb.send is not None:
-                key = (rp.rank, tb.send, tb.channel)
-                conns[key] = max([conns.get(key, 0)] + [s.count for s in tb.steps if s.op.sends])
-    connections = tuple(Connection(i, s, r, c, m) for i, ((s, r, c), m) in enumerate(sorted(conns.items())))
-    blocks, rank_blocks = [], []
-    for rp in plan.ranks:
-        rank_blocks.append((len(blocks), len(rp.threadblocks)))
-        blocks.extend((rp.rank, tb.id) for tb in rp.threadblocks)
-    return KernelLayout(plan.num_ranks, tuple(blocks), tuple(rank_blocks), connections,
-                        tuple(rp.scratch for rp in plan.ranks), tuple(len(rp.threadblocks) for rp in plan.ranks),
+    """How the runtime launches ``plan`` rendered in ``form``: its
+    threadblocks and connections as the plan's columns (msc.ir.arrays) have them."""
+    import numpy as np          # here: the msc command imports this module, and no numpy
+
+    from msc.ir.arrays import plan_arrays
+
+    arrays = plan_arrays(plan)
+    tbs_per_rank = np.diff(arrays.rank_tb_start)
+    return KernelLayout(plan.num_ranks, tuple(zip(arrays.tb_rank.tolist(), arrays.tb_id.tolist())),
+                        tuple(zip(arrays.rank_tb_start[:-1].tolist(), tbs_per_rank.tolist())),
+                        _connections(arrays), tuple(rp.scratch for rp in plan.ranks), tuple(tbs_per_rank.tolist()),
                         NTHREADS[plan.protocol], plan.slots, plan.chunk_factor, form,
-                        max((len(tb.steps) for rp in plan.ranks for tb in rp.threadblocks), default=0))
+                        int(np.diff(arrays.tb_start).max(initial=0)))
+
+
+def _connections(arrays: PlanArrays) -> tuple[Connection, ...]:
+    """The connections that have a sender, in the plan's (sorted) order,
+    each with its largest message (0: it sends none)."""
+    import numpy as np
+
+    sending = np.flatnonzero(arrays.conn_senders > 0)
+    largest = np.zeros(arrays.num_conns, dtype=np.int64)
+    busy = np.flatnonzero(arrays.sends_per_conn > 0)
+    if busy.size:
+        largest[busy] = np.maximum.reduceat(arrays.count[arrays.send_steps], arrays.send_ptr[busy])
+    return tuple(Connection(i, int(arrays.conn_sender[c]), int(arrays.conn_receiver[c]), int(arrays.conn_channel[c]),
+                            int(largest[c])) for i, c in enumerate(sending.tolist()))
 
 
 TB_COLUMNS = 8     # a row of the threadblock table (templates/kernel.cu.j2: TB_RANK .. TB_START)
@@ -221,15 +238,21 @@ def _encode(plan: Plan, layout: KernelLayout, facts, average: bool) -> tuple[lis
     """The plan's threadblocks and steps: as records for the straight-line form's code,
     and as the tables the table form reads (the same values). ``average``: mark the
     inputs the kernel pre-scales by 1/n where first read ("fresh")."""
-    conn_id = {(c.sender, c.receiver, c.channel): c for c in layout.connections}
-    published = {(rp.rank, t, s) for rp in plan.ranks for tb in rp.threadblocks for step in tb.steps
-                 for (t, s) in step.deps}
+    import numpy as np
+
+    from msc.ir.arrays import plan_arrays
+
+    arrays = plan_arrays(plan)
+    conn = dict(zip(np.flatnonzero(arrays.conn_senders > 0).tolist(), layout.connections))   # -1, no sender: None
+    published = np.zeros(arrays.num_steps, dtype=bool)             # steps another step depends on
+    published[arrays.dep_step[arrays.dep_step >= 0]] = True
+    published, first_step = published.tolist(), arrays.tb_start.tolist()
+    recv_conn, send_conn = arrays.tb_recv_conn.tolist(), arrays.tb_send_conn.tolist()
     tbs, rows, table = [], [], []
     for gid, (rank, t) in enumerate(layout.blocks):
         rp = plan.ranks[rank]
         tb = rp.threadblocks[t]
-        cin = conn_id.get((tb.recv, rank, tb.channel)) if tb.recv is not None else None
-        cout = conn_id.get((rank, tb.send, tb.channel)) if tb.send is not None else None
+        cin, cout = conn.get(recv_conn[gid]), conn.get(send_conn[gid])
         row = [rank, t, len(tb.steps), cin.id if cin else -1, cout.id if cout else -1,
                cin.max_count if cin else 0, cout.max_count if cout else 0, len(table)]
         rows.extend(row)
@@ -241,7 +264,7 @@ def _encode(plan: Plan, layout: KernelLayout, facts, average: bool) -> tuple[lis
             deps = [x for (dt, ds) in step.deps for x in (dt, ds, len(rp.threadblocks[dt].steps))]
             srcs = [(BUF_IDS[sl.buffer], sl.index) for sl in step.srcs]
             dst = (BUF_IDS[step.dst.buffer], step.dst.index) if step.dst is not None else (0, 0)
-            publish = (rank, t, i) in published
+            publish = published[first_step[gid] + i]
             steps.append(dict(index=i, op=step.op.name, count=step.count, srcs=srcs, dst=dst, cls=cls, fresh=fresh,
                               deps=deps, publish=publish, text=_describe(step)))
             table.extend([STEP_OPS.index(step.op), step.count, len(srcs), len(deps) // 3, int(publish),

@@ -90,67 +90,58 @@ class _Reader:
     def ranks(self, body: list[str], first_line: int) -> tuple[RankPlan, ...]:
         """The ranks from the text after the header, split into lines:
         ``body[0]`` ends the header's line, line ``first_line``."""
-        ranks: list[RankPlan] = []
-        rank = scratch = None
-        tbs: list[Threadblock] = []
-        tb = None                 # (id, send, recv, channel)
-        steps: list[Step] = []
-
-        def close_tb():
-            if tb is not None:
-                tbs.append(Threadblock(tb[0], tb[1], tb[2], tb[3], tuple(steps)))
-
-        def close_rank():
-            if rank is not None:
-                close_tb()
-                ranks.append(RankPlan(rank, scratch, tuple(tbs)))
-
-        step_match, lines, step_lines = STEP.match, self.lines, self.step_lines
+        so_far = _SoFar()
+        lines, step_lines = self.lines, self.step_lines
         # A step is its number, a colon, then text that alone decides the Step
         # (the number holds no colon): a line whose text after its first colon
         # was read before is that Step again, once its number checks out.
-        # Large plans repeat a few step texts across all ranks.
+        # Large plans repeat a few step texts across all ranks: this loop
+        # takes those lines itself, every other line goes to self.line.
         known: dict[str, Step] = {}
+        rank, tb, steps = None, None, so_far.steps
         for number, line in enumerate(body[1:], start=first_line + 1):
             head, colon, rest = line.partition(":")
             step = known.get(rest) if colon else None
-            if step is not None:
+            if step is not None and tb is not None:
                 position = head.strip(" \t\f\r")
-                if tb is not None and position.isascii() and position.isdigit():
+                if position.isascii() and position.isdigit():
                     if int(position) != len(steps):
                         raise _Fallback
                     if step_lines:
-                        lines[(rank, tb[0], len(steps))] = number
+                        lines[(rank, tb, len(steps))] = number
                     steps.append(step)
                     continue
-            m = step_match(line)
-            if m is not None:
-                if tb is None:
-                    raise _Fallback
-                if step_lines:
-                    lines[(rank, tb[0], len(steps))] = number
-                step = known[rest] = self.step(m, len(steps))
-                steps.append(step)
-                continue
-            m = TB.match(line)
-            if m is not None:
-                if rank is None:
-                    raise _Fallback
-                close_tb()
-                tb = (int(m[1]), _peer(m[2]), _peer(m[3]), int(m[4]))
-                steps = []
-                lines[(rank, tb[0])] = number
-                continue
-            m = RANK.match(line)
-            if m is not None:
-                close_rank()
-                rank, scratch, tbs, tb, steps = int(m[1]), int(m[2]), [], None, []
-                lines[(rank,)] = number
-                continue
-            if not BLANK.match(line):
+            self.line(so_far, line, rest, number, known)
+            rank, tb, steps = so_far.rank, None if so_far.tb is None else so_far.tb[0], so_far.steps
+        return so_far.close()
+
+    def line(self, so_far: _SoFar, line: str, rest: str, number: int, known: dict) -> None:
+        """Line ``number``, not a step read before: a new step (``rest``, the
+        text after its colon, becomes known), a threadblock, a rank or nothing."""
+        m = STEP.match(line)
+        if m is not None:
+            if so_far.tb is None:
                 raise _Fallback
-        close_rank()
-        return tuple(ranks)
+            steps = so_far.steps
+            if self.step_lines:
+                self.lines[(so_far.rank, so_far.tb[0], len(steps))] = number
+            steps.append(self.step(m, len(steps)))
+            known[rest] = steps[-1]
+            return
+        m = TB.match(line)
+        if m is not None:
+            if so_far.rank is None:
+                raise _Fallback
+            so_far.threadblock((int(m[1]), _peer(m[2]), _peer(m[3]), int(m[4])))
+            self.lines[(so_far.rank, so_far.tb[0])] = number
+            return
+        m = RANK.match(line)
+        if m is not None:
+            so_far.next_rank(int(m[1]), int(m[2]))
+            self.lines[(so_far.rank,)] = number
+            return
+        if not BLANK.match(line):
+            raise _Fallback
 
     def step(self, m, position: int) -> Step:
         if int(m[1]) != position:
@@ -189,6 +180,38 @@ class _Reader:
                 raise _Fallback from None
             self.strings[quoted] = value
         return value
+
+
+class _SoFar:
+    """The ranks read so far, and the rank and threadblock being read (its
+    steps so far; ``tb``: (id, send, recv, channel))."""
+
+    def __init__(self):
+        self.ranks: list[RankPlan] = []
+        self.rank = self.scratch = self.tb = None
+        self.tbs: list[Threadblock] = []
+        self.steps: list[Step] = []
+
+    def threadblock(self, tb: tuple) -> None:
+        self._close_tb()
+        self.tb, self.steps = tb, []
+
+    def next_rank(self, rank: int, scratch: int) -> None:
+        self._close_rank()
+        self.rank, self.scratch, self.tbs, self.tb, self.steps = rank, scratch, [], None, []
+
+    def close(self) -> tuple[RankPlan, ...]:
+        self._close_rank()
+        return tuple(self.ranks)
+
+    def _close_tb(self) -> None:
+        if self.tb is not None:
+            self.tbs.append(Threadblock(*self.tb, tuple(self.steps)))
+
+    def _close_rank(self) -> None:
+        if self.rank is not None:
+            self._close_tb()
+            self.ranks.append(RankPlan(self.rank, self.scratch, tuple(self.tbs)))
 
 
 def _peer(token: str) -> int | None:

@@ -1,9 +1,9 @@
 """A plan as flat numpy arrays, the form both simulator engines read.
 
-One pass of Python over the steps (a 1024-rank ring has two million; list
-comprehensions keep it near a second), everything after that in numpy.
-Steps get global ids ``g`` in rank, threadblock, step order, so a
-threadblock's steps are the contiguous range ``tb_start[t]:tb_start[t+1]``.
+Built from the plan's columns (msc.ir.arrays, read once per plan): steps
+have global ids ``g`` in rank, threadblock, step order, so a threadblock's
+steps are the contiguous range ``tb_start[t]:tb_start[t+1]``; connections
+are numbered in sorted (sender, receiver, channel) order.
 
 Messages: a connection (sender, receiver, channel) has one sending and one
 receiving threadblock (msc.verification.plan_values' rule), so its k-th message is the k-th
@@ -17,13 +17,11 @@ import numpy as np
 
 from msc.errors import PlanError
 from msc.ir import Plan, StepOp
+from msc.ir.arrays import OPS, RECEIVES, SENDS, PlanArrays, plan_arrays
 
-_CODE = {id(op): i for i, op in enumerate(StepOp)}      # id(): hashing an Enum member is slow
-_SENDS = np.array([op.sends for op in StepOp])
-_RECVS = np.array([op.receives for op in StepOp])
-_REDUCES = np.array([op.reduces for op in StepOp], dtype=np.float64)
-_COPIES = np.array([op is StepOp.COPY for op in StepOp], dtype=np.float64)
-_REDUCE = StepOp.REDUCE
+_REDUCES = np.array([op.reduces for op in OPS], dtype=np.float64)
+_COPIES = np.array([op is StepOp.COPY for op in OPS], dtype=np.float64)
+_REDUCE = OPS.index(StepOp.REDUCE)
 
 
 @dataclass
@@ -31,9 +29,11 @@ class SimPlan:
     """Arrays of a plan (see the module doc). ``nred``: operands added per
     chunk byte (1 for rrs/rrc/rrcs, sources - 1 for reduce); ``ncopy``: 1 for
     a local copy. ``dep_src``/``dep_dst``: dependency edges between global
-    step ids (same iteration). Connection c's messages, in order, are
+    step ids (same iteration). Connection c (``conn_src``, ``conn_dst``,
+    ``conn_ch``, in sorted order) has its messages, in order, in
     ``msg_send[conn_ptr[c]:conn_ptr[c+1]]`` (sending steps) and the same
-    slice of ``msg_recv`` (receiving steps)."""
+    slice of ``msg_recv`` (receiving steps). Arrays taken from the plan's
+    PlanArrays are theirs, read-only."""
 
     plan: Plan
     tb_start: np.ndarray
@@ -72,72 +72,49 @@ class SimPlan:
 
 
 def compile_plan(plan: Plan) -> SimPlan:
-    """The arrays of ``plan`` (a checked plan: load_plan and lower check it)."""
-    code, count = [], []
-    tb_start, tb_rank, tb_local = [0], [], []
-    dep_pairs, reduce_at = [], []
-    conns: dict[tuple, int] = {}
-    send_conn, recv_conn = [], []
-    gid = 0
-    cmap = _CODE
-    for rp in plan.ranks:
-        base, rank_deps = [], []
-        for tb in rp.threadblocks:
-            base.append(gid)
-            steps = tb.steps
-            code += [cmap[id(s.op)] for s in steps]
-            count += [s.count for s in steps]
-            for i, s in [(i, s) for i, s in enumerate(steps) if s.deps or s.op is _REDUCE]:
-                if s.deps:
-                    rank_deps.append((gid + i, s.deps))
-                if s.op is _REDUCE:
-                    reduce_at.append((gid + i, len(s.srcs) - 1))
-            gid += len(steps)
-            tb_start.append(gid)
-            tb_rank.append(rp.rank)
-            tb_local.append(tb.id)
-            send_conn.append(conns.setdefault((rp.rank, tb.send, tb.channel), len(conns))
-                             if tb.send is not None else -1)
-            recv_conn.append((tb.recv, rp.rank, tb.channel) if tb.recv is not None else None)
-        dep_pairs += [(base[t] + s, g) for g, deps in rank_deps for t, s in deps]   # (tb, step) -> global id
-    recv_ids = []
-    for key in recv_conn:
-        if key is None:
-            recv_ids.append(-1)
-        elif key not in conns:
-            raise PlanError(f"connection rank {key[0]} -> rank {key[1]} channel {key[2]} has a receiving "
-                            f"threadblock but no sending one")
-        else:
-            recv_ids.append(conns[key])
-    code = np.array(code, dtype=np.int8)
-    tb_start = np.array(tb_start, dtype=np.int64)
-    step_tb = np.repeat(np.arange(len(tb_rank), dtype=np.int32), np.diff(tb_start))
-    sends, recvs = _SENDS[code], _RECVS[code]
+    """The arrays of ``plan`` (a checked plan: load_plan and lower check it);
+    PlanError where its connections or dependencies cannot be simulated."""
+    arrays = plan_arrays(plan)
+    _check(arrays)
+    code = arrays.op
     nred = _REDUCES[code]
-    for g, extra in reduce_at:
-        nred[g] = extra
-    dep = np.array(dep_pairs, dtype=np.int64).reshape(-1, 2)
-    tb_send_conn = np.array(send_conn, dtype=np.int64)
-    tb_recv_conn = np.array(recv_ids, dtype=np.int64)
-    keys = sorted(conns, key=conns.get)
-    nconn = len(keys)
-    conn_arr = np.array(keys, dtype=np.int64).reshape(-1, 3)
-    # messages: sending steps grouped by connection, stable (tb order = step order)
-    s_gid = np.flatnonzero(sends)
-    s_conn = tb_send_conn[step_tb[s_gid]]
-    order = np.argsort(s_conn, kind="stable")
-    msg_send, s_conn = s_gid[order], s_conn[order]
-    r_gid = np.flatnonzero(recvs)
-    r_conn = tb_recv_conn[step_tb[r_gid]]
-    order = np.argsort(r_conn, kind="stable")
-    msg_recv, r_conn = r_gid[order], r_conn[order]
-    ns, nr = np.bincount(s_conn, minlength=nconn), np.bincount(r_conn, minlength=nconn)
-    if len(ns) != nconn or not np.array_equal(ns, nr):
-        c = int(np.flatnonzero(ns != nr)[0]) if len(ns) == len(nr) else 0
-        raise PlanError(f"connection rank {keys[c][0]} -> rank {keys[c][1]} channel {keys[c][2]}: "
-                        f"{ns[c]} sends but {nr[c]} receives")
-    conn_ptr = np.concatenate([[0], np.cumsum(ns)]).astype(np.int64)
-    return SimPlan(plan, tb_start, np.array(tb_rank, dtype=np.int32), np.array(tb_local, dtype=np.int32), step_tb,
-                   code, np.array(count, dtype=np.float64), sends, recvs, nred, _COPIES[code],
-                   dep[:, 0].copy(), dep[:, 1].copy(), conn_arr[:, 0].copy(), conn_arr[:, 1].copy(),
-                   conn_arr[:, 2].copy(), conn_ptr, msg_send, msg_recv, tb_send_conn, tb_recv_conn)
+    reduces = code == _REDUCE
+    if reduces.any():                                          # (nsrc reads every step's sources)
+        nred[reduces] = arrays.nsrc[reduces] - 1              # a reduce adds every source past the first
+    return SimPlan(plan, arrays.tb_start, arrays.tb_rank.astype(np.int32), arrays.tb_id.astype(np.int32),
+                   arrays.step_tb.astype(np.int32), code, arrays.count.astype(np.float64), SENDS[code], RECEIVES[code],
+                   nred, _COPIES[code], arrays.dep_step, arrays.dep_owner, arrays.conn_sender, arrays.conn_receiver,
+                   arrays.conn_channel, arrays.send_ptr, arrays.send_steps, arrays.recv_steps, arrays.tb_send_conn,
+                   arrays.tb_recv_conn)
+
+
+def _check(arrays: PlanArrays) -> None:
+    """PlanError where the plan cannot be simulated: a dependency that
+    names no step; a connection with a receiving threadblock but no sending
+    one (the first by its receiving threadblock); a step that sends or
+    receives on a side its threadblock has no peer; a connection with more
+    sends than receives or fewer (the first by its sending threadblock)."""
+    if not arrays.deps_in_range:
+        _raise_at(arrays, int(arrays.dep_owner[np.argmax(arrays.dep_step < 0)]),
+                  "a dependency names no step of its rank")
+    no_sender = np.flatnonzero(arrays.conn_senders == 0)
+    if no_sender.size:
+        c = int(no_sender[np.argmin(arrays.conn_recv_tb[no_sender])])
+        raise PlanError(f"connection {_describe(arrays, c)} has a receiving threadblock but no sending one")
+    if arrays.unconnected.size:
+        _raise_at(arrays, int(arrays.unconnected[0]), "it sends or receives, but its threadblock has no such peer")
+    sends, receives = arrays.sends_per_conn, arrays.receives_per_conn
+    unequal = np.flatnonzero(sends != receives)
+    if unequal.size:
+        c = int(unequal[np.argmin(arrays.conn_send_tb[unequal])])
+        raise PlanError(f"connection {_describe(arrays, c)}: {sends[c]} sends but {receives[c]} receives")
+
+
+def _describe(arrays: PlanArrays, c: int) -> str:
+    return f"rank {arrays.conn_sender[c]} -> rank {arrays.conn_receiver[c]} channel {arrays.conn_channel[c]}"
+
+
+def _raise_at(arrays: PlanArrays, g: int, what: str):
+    t = int(arrays.step_tb[g])
+    rank, tb, step = int(arrays.tb_rank[t]), int(arrays.tb_id[t]), g - int(arrays.tb_start[t])
+    raise PlanError(what, rank=rank, tb=tb, step=step)

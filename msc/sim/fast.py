@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from msc.errors import DeadlockError
+from msc.ir.arrays import ranges
 from msc.ir.levels import levels as topological_levels
 from msc.sim.arrays import SimPlan
 
@@ -53,13 +54,6 @@ class Layers:
     edge_ptr: np.ndarray
     group: list
     max_delta: int
-
-
-def _ranges(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
-    """Concatenation of arange(s, s + n) for each (s, n)."""
-    total = int(lens.sum())
-    offs = np.cumsum(lens) - lens
-    return np.repeat(starts - offs, lens) + np.arange(total, dtype=np.int64)
 
 
 def edges(sp: SimPlan, slots: int):
@@ -108,7 +102,7 @@ def layers(sp: SimPlan, slots: int) -> Layers:
     by_dst = np.argsort(dst, kind="stable")
     in_ptr = np.concatenate([[0], np.cumsum(indeg)])
     nodes = np.argsort(level, kind="stable")
-    order = by_dst[_ranges(in_ptr[nodes], indeg[nodes])]
+    order = by_dst[ranges(in_ptr[nodes], indeg[nodes])]
     src, delta, conn = src[order].astype(np.int32), delta[order].astype(np.int32), conn[order].astype(np.int32)
     nlev = int(level.max()) + 1 if G else 0
     node_ptr = np.searchsorted(level[nodes], np.arange(nlev + 1))

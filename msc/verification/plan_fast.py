@@ -9,13 +9,11 @@ never raises a verification error: on False the caller runs the executor,
 which finds the error and words it. ``fewest_slots(plan, most)`` is the
 smallest capacity (a power of two) the plan runs at without deadlock.
 
-Both start from ``prepare(plan)``: the plan read into arrays once (steps,
-slices, threadblocks, and the graph edges that do not depend on the
-capacity), so that lowering, which asks for the fewest slots and then
-verifies at that capacity, reads a plan of millions of steps once. Plans
-share objects (bulk lowering repeats a few Step objects over millions of
-positions, the plan parser shares Slice objects): attributes are read once
-per distinct object where objects repeat.
+Both start from ``prepare(plan)``: the plan's arrays (msc.ir.arrays:
+threadblocks, steps, operands, connections and messages) and the graph
+edges that do not depend on the capacity, so that lowering, which asks for
+the fewest slots and then verifies at that capacity, reads a plan of
+millions of steps once.
 
 How. Each threadblock is sequential and each connection a FIFO with blocking
 ends (a Kahn network), so the executor's blocking rules are edges of a static
@@ -43,36 +41,25 @@ its expected multiset of contributions (counted once per distinct final value).
 """
 from __future__ import annotations
 
-from itertools import chain, compress, repeat
-from operator import attrgetter, is_not, itemgetter
 from typing import NamedTuple
 
 import numpy as np
 
 from msc.ir.accesses import last_of_each, writes_around
 from msc.ir import Plan, StepOp
+from msc.ir.arrays import OPS as _OPS, RECEIVES as _RECEIVES, plan_arrays
 from msc.ir.levels import levels
 from msc.verification.multisets import Decline, Leaves, expand, expectations, holds, jump, need
 from msc.perf import pause_gc
 from msc.verification import crosscheck
 
 
-_OPS = list(StepOp)
-_CODE = {id(op): i for i, op in enumerate(_OPS)}
-_SENDS = np.array([op.sends for op in _OPS])
-_RECEIVES = np.array([op.receives for op in _OPS])
 _HAS_DST = np.array([op.has_dst for op in _OPS])
 _MIN_SRCS = np.array([{"0": 0, "1": 1, "2+": 2}[op.nsrc] for op in _OPS])
 _MAX_SRCS = np.array([{"0": 0, "1": 1, "2+": 1 << 30}[op.nsrc] for op in _OPS])
 (_SEND, _RECV, _RCS, _RRS, _RRC, _RRCS, _COPY, _REDUCE, _NOP) = (
     _OPS.index(op) for op in (StepOp.SEND, StepOp.RECV, StepOp.RCS, StepOp.RRS, StepOp.RRC, StepOp.RRCS,
                               StepOp.COPY, StepOp.REDUCE, StepOp.NOP))
-# Objects are read once per distinct one when a sample of this many has at
-# most half distinct (np.unique over their ids costs less than the reading).
-_SAMPLE = 1 << 16
-
-_op, _srcs, _dst, _deps, _count = (attrgetter(a) for a in ("op", "srcs", "dst", "deps", "count"))
-_buffer, _index = attrgetter("buffer"), attrgetter("index")
 
 
 def _judged(fn, *args, fallback):
@@ -109,79 +96,7 @@ def prepare(plan: Plan) -> Prepared:
 
 def connections(plan: Plan) -> int:
     """Distinct connections (sender, receiver, channel) the plan's threadblocks name."""
-    conns = set()
-    for rp in plan.ranks:
-        for tb in rp.threadblocks:
-            if tb.send is not None:
-                conns.add((rp.rank, tb.send, tb.channel))
-            if tb.recv is not None:
-                conns.add((tb.recv, rp.rank, tb.channel))
-    return len(conns)
-
-
-def _distinct(objs: list):
-    """(the distinct objects, index of each position's among them), or
-    (objs, None) where too few repeat to pay for finding them (judged on a
-    sample of positions: repeats may be far apart, between ranks)."""
-    n = len(objs)
-    if n > _SAMPLE:
-        sample = np.random.default_rng(0).integers(0, n, _SAMPLE).tolist()
-        if len(set(map(id, map(objs.__getitem__, sample)))) * 2 > _SAMPLE:
-            return objs, None
-    ids = np.fromiter(map(id, objs), np.int64, n)    # the objects are alive: their ids are distinct
-    _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
-    if len(first) * 2 > n:
-        return objs, None
-    return list(map(objs.__getitem__, first.tolist())), inverse.reshape(-1)
-
-
-class _Slices:
-    """Buffer (a code into ``names``), index and count of each slice of ``flat``."""
-
-    def __init__(self, flat: list, names: dict):
-        objs, inverse = _distinct(flat)
-        bufs = list(map(_buffer, objs))
-        for b in dict.fromkeys(bufs):
-            names.setdefault(b, len(names))
-        m = len(objs)
-        self.buf = np.fromiter(map(names.__getitem__, bufs), np.int64, m)
-        self.index = np.fromiter(map(_index, objs), np.int64, m)
-        self.count = np.fromiter(map(_count, objs), np.int64, m)
-        if inverse is not None:
-            self.buf, self.index, self.count = self.buf[inverse], self.index[inverse], self.count[inverse]
-
-
-class _Steps:
-    """Per step of ``steps``: op code, count, sources (rows of ``src``, owned
-    by ``src_owner``), destination (``dst``, owned by ``dst_owner``) and
-    dependencies (dep_owner, dep_t, dep_s)."""
-
-    def __init__(self, steps: list, names: dict):
-        m = len(steps)
-        self.op = np.fromiter(map(_CODE.__getitem__, map(id, map(_op, steps))), np.int64, m)
-        self.count = np.fromiter(map(_count, steps), np.int64, m)
-        srcs = list(map(_srcs, steps))
-        self.nsrc = np.fromiter(map(len, srcs), np.int64, m)
-        self.src = _Slices(list(chain.from_iterable(srcs)), names)
-        dsts = list(map(_dst, steps))
-        self.has_dst = np.fromiter(map(is_not, dsts, repeat(None)), bool, m)
-        self.dst = _Slices(list(compress(dsts, self.has_dst)), names)
-        deps = list(map(_deps, steps))
-        self.ndep = np.fromiter(map(len, deps), np.int64, m)
-        pairs = list(chain.from_iterable(deps))
-        need(all(len(d) == 2 and type(d[0]) is int and type(d[1]) is int for d in pairs))
-        self.dep_t = np.fromiter(map(itemgetter(0), pairs), np.int64, len(pairs))
-        self.dep_s = np.fromiter(map(itemgetter(1), pairs), np.int64, len(pairs))
-
-
-def _rows(counts, inverse, n: int):
-    """Rows owned per distinct object (``counts`` each, in order) -> rows
-    owned per position: (position of each row, j within its position's rows,
-    its row in the distinct table)."""
-    first = np.cumsum(counts) - counts
-    if inverse is None:
-        return expand(first, counts)
-    return expand(first[inverse], counts[inverse])
+    return plan_arrays(plan).num_conns
 
 
 class Prepared:
@@ -218,119 +133,61 @@ class Prepared:
 
     # -- reading ------------------------------------------------------------------
     def _read(self, plan: Plan) -> bool:
-        n = plan.num_ranks
-        need(len(plan.ranks) == n and all(rp.rank == r for r, rp in enumerate(plan.ranks)))
-        conn_id: dict = {}
-        tb_rank, tb_len, tb_out, tb_in, rank_tb = [], [], [], [], [0]
-        ends: set = set()
-        steps: list = []
-        for rp in plan.ranks:
-            for t, tb in enumerate(rp.threadblocks):
-                need(tb.id == t)
-                out = inn = -1
-                if tb.send is not None:
-                    out = conn_id.setdefault((rp.rank, tb.send, tb.channel), len(conn_id))
-                    need(("s", out) not in ends)        # one threadblock per end, or the FIFO order depends on timing
-                    ends.add(("s", out))
-                if tb.recv is not None:
-                    inn = conn_id.setdefault((tb.recv, rp.rank, tb.channel), len(conn_id))
-                    need(("r", inn) not in ends)
-                    ends.add(("r", inn))
-                tb_rank.append(rp.rank)
-                tb_len.append(len(tb.steps))
-                tb_out.append(out)
-                tb_in.append(inn)
-                steps.extend(tb.steps)
-            rank_tb.append(len(tb_len))
-        self.n = n
-        self.scratch = np.array([rp.scratch for rp in plan.ranks], dtype=np.int64)
-        self.N = N = len(steps)
-        tb_len = np.array(tb_len, dtype=np.int64)
-        rank_tb = np.array(rank_tb, dtype=np.int64)
-        step_tb = np.repeat(np.arange(len(tb_len)), tb_len)
-        self.step_rank = step_rank = np.array(tb_rank, dtype=np.int64)[step_tb]
-        tb_first = np.cumsum(tb_len) - tb_len
-        step_s = np.arange(N, dtype=np.int64) - tb_first[step_tb]
+        arrays = plan_arrays(plan)
+        # Declined: what check_plan refuses and the executor would crash on,
+        # and two threadblocks on a connection's end (the FIFO order would depend on timing).
+        need(arrays.ranks_in_order(plan.num_ranks) and arrays.ids_in_order and arrays.one_threadblock_per_end
+             and not arrays.unconnected.size and arrays.deps_in_range)
+        self.arrays, self.operands = arrays, arrays.operands()
+        self.n, self.N = plan.num_ranks, arrays.num_steps
+        self.op, self.count, self.nsrc, self.step_rank = arrays.op, arrays.count, arrays.nsrc, arrays.step_rank
+        self._pair_messages()
+        self.well_formed = self._shapes_checked()
+        self.edges = self._static_edges()
+        return True
 
-        # -- steps, one attribute at a time, once per distinct Step object ----------
-        self.names: dict[str, int] = {}                  # buffer names as the slices spell them
-        objs, inverse = _distinct(steps)
-        del steps
-        table = _Steps(objs, self.names)
-        del objs
+    def _pair_messages(self) -> None:
+        """Each receive (``rcv``, in step order): its connection, its k (it
+        takes the connection's k-th message) and, unless some receive has no
+        send (``unmatched``: a deadlock at every capacity), its send."""
+        arrays = self.arrays
+        self.rcv = rcv = np.flatnonzero(_RECEIVES[self.op])
+        rcv_tb = arrays.step_tb[rcv]
+        self.rcv_conn = arrays.tb_recv_conn[rcv_tb]
+        # One threadblock receives on a connection: its receives are the connection's, in order.
+        per_tb = np.bincount(rcv_tb, minlength=arrays.num_tbs)
+        self.rk = np.arange(len(rcv), dtype=np.int64) - (np.cumsum(per_tb) - per_tb)[rcv_tb]
+        self.nsnd, self.nrcv = arrays.sends_per_conn, arrays.receives_per_conn
+        self.unmatched = bool((self.nrcv > self.nsnd).any())
+        if not self.unmatched:
+            self.sender = arrays.send_steps[arrays.send_ptr[self.rcv_conn] + self.rk]     # k-th send -> k-th receive
 
-        def per_step(values):
-            return values if inverse is None else values[inverse]
-
-        self.op = op = per_step(table.op)
-        self.count = count = per_step(table.count)
-        self.nsrc = nsrc = per_step(table.nsrc)
-        self.has_dst = has_dst = per_step(table.has_dst)
-        self.src_owner, self.src_pos, row = _rows(table.nsrc, inverse, N)
-        self.src_buf, self.src_index, self.src_count = table.src.buf[row], table.src.index[row], table.src.count[row]
-        dst_rows = np.cumsum(table.has_dst) - 1                 # a step's row in the dst table
-        self.dst_owner = np.flatnonzero(has_dst)
-        row = dst_rows[inverse[self.dst_owner]] if inverse is not None else np.arange(len(self.dst_owner))
-        self.dst_buf, self.dst_index, self.dst_count = table.dst.buf[row], table.dst.index[row], table.dst.count[row]
-        # Shapes: as check_plan has them (else accepts() declines; fewest_slots needs none of them).
-        self.well_formed = bool(
+    def _shapes_checked(self) -> bool:
+        """Whether the steps have the shapes check_plan requires (else
+        accepts() declines; fewest_slots needs none of them)."""
+        op, count, nsrc, has_dst, ops = self.op, self.count, self.nsrc, self.arrays.has_dst, self.operands
+        return bool(
             (count >= 1).all() and (has_dst == _HAS_DST[op]).all()
             and ((nsrc >= _MIN_SRCS[op]) & (nsrc <= _MAX_SRCS[op])).all()
-            and (self.src_count == count[self.src_owner]).all() and (self.dst_count == count[self.dst_owner]).all())
-        sends, receives = _SENDS[op], _RECEIVES[op]
-        self.receives = receives
-        out_conn = np.array(tb_out, dtype=np.int64)[step_tb]
-        in_conn = np.array(tb_in, dtype=np.int64)[step_tb]
-        need((out_conn[sends] >= 0).all() and (in_conn[receives] >= 0).all())
+            and (ops.src_count == count[ops.src_owner]).all() and (ops.dst_count == count[ops.dst_owner]).all()
+            and (self.unmatched or (count[self.sender] == count[self.rcv]).all()))
 
-        # -- the static graph: program order, dependencies, messages ------------------
-        src_e, dst_e = [], []
-        later = np.flatnonzero(step_s > 0)
-        src_e.append(later - 1)
-        dst_e.append(later)
-        dep_owner, _, row = _rows(table.ndep, inverse, N)
-        dep_t, dep_s = table.dep_t[row], table.dep_s[row]
-        rank = step_rank[dep_owner]
-        need(((dep_t >= 0) & (dep_t < rank_tb[rank + 1] - rank_tb[rank])).all())
-        dep_tb = rank_tb[rank] + dep_t
-        need(((dep_s >= 0) & (dep_s < tb_len[dep_tb])).all())
-        src_e.append(tb_first[dep_tb] + dep_s)
-        dst_e.append(dep_owner)
-
-        # Sends of a connection are one threadblock's (one per end), so they
-        # lie together, in program order, among all sends in step order.
-        nconn, ntb = len(conn_id), len(tb_len)
-        tb_out, tb_in = np.array(tb_out, dtype=np.int64), np.array(tb_in, dtype=np.int64)
-
-        def by_connection(steps, tb_conn):
-            """Per connection: its first entry in ``steps`` and how many."""
-            per_tb = np.bincount(step_tb[steps], minlength=ntb)
-            start, many = np.zeros(nconn, dtype=np.int64), np.zeros(nconn, dtype=np.int64)
-            has = tb_conn >= 0
-            start[tb_conn[has]] = (np.cumsum(per_tb) - per_tb)[has]
-            many[tb_conn[has]] = per_tb[has]
-            return start, many
-
-        snd, rcv = np.flatnonzero(sends), np.flatnonzero(receives)
-        snd_start, nsnd = by_connection(snd, tb_out)
-        rcv_start, nrcv = by_connection(rcv, tb_in)
-        rcv_conn = in_conn[rcv]
-        rk = np.arange(len(rcv), dtype=np.int64) - rcv_start[rcv_conn]           # k of each receive
-        # A receive without its send waits forever: a deadlock at every capacity.
-        self.unmatched = not (rk < nsnd[rcv_conn]).all()
+    def _static_edges(self) -> tuple[np.ndarray, np.ndarray]:
+        """The graph's edges that hold at every capacity: program order,
+        dependencies, each message's send before its receive; sorted by source
+        once (levels() sorts its edges stably, quickly when they come in few
+        sorted runs: these, then the capacity's)."""
+        arrays = self.arrays
+        later = np.ones(self.N, dtype=bool)                           # every step but a threadblock's first
+        later[arrays.tb_start[:-1][np.diff(arrays.tb_start) > 0]] = False
+        later = np.flatnonzero(later)
+        src_e, dst_e = [later - 1, arrays.dep_step], [later, arrays.dep_owner]
         if not self.unmatched:
-            self.sender = sender = snd[snd_start[rcv_conn] + rk]                # k-th send -> k-th receive
-            self.well_formed &= bool((count[sender] == count[rcv]).all())
-            src_e.append(sender)
-            dst_e.append(rcv)
-        self.rcv, self.snd, self.rk, self.rcv_conn = rcv, snd, rk, rcv_conn
-        self.nsnd, self.nrcv, self.snd_start = nsnd, nrcv, snd_start
-        # Sorted by source once: levels() sorts its edges stably, quickly when
-        # they come in few sorted runs (these, then the capacity's).
+            src_e.append(self.sender)
+            dst_e.append(self.rcv)
         src, dst = np.concatenate(src_e), np.concatenate(dst_e)
         order = np.argsort(src, kind="stable")
-        self.edges = (src[order], dst[order])
-        return True
+        return src[order], dst[order]
 
     def _level(self, capacity: int):
         """Levels of the steps in the graph with capacity edges; None when
@@ -345,10 +202,10 @@ class Prepared:
         if self.unmatched or (self.nsnd - capacity > self.nrcv).any():
             return None
         frees = self.rk + capacity < self.nsnd[self.rcv_conn]                  # the receives that free a send
-        conn = self.rcv_conn[frees]
+        freed = self.arrays.send_ptr[self.rcv_conn[frees]] + self.rk[frees] + capacity
         src, dst = self.edges
         return levels(self.N, np.concatenate([src, self.rcv[frees]]),          # in step order, as rcv is
-                      np.concatenate([dst, self.snd[self.snd_start[conn] + self.rk[frees] + capacity]]))
+                      np.concatenate([dst, self.arrays.send_steps[freed]]))
 
     # -- the values -----------------------------------------------------------------
     def _accepts(self, plan: Plan, layout, capacity: int) -> bool:
@@ -357,8 +214,9 @@ class Prepared:
         if level is None:
             return False                                                      # a deadlock
         cells = self._cells(layout)
-        src_cell = self._slice_cells(cells, self.src_buf, self.src_index, self.src_owner)
-        dst_cell = self._slice_cells(cells, self.dst_buf, self.dst_index, self.dst_owner)
+        ops = self.operands
+        src_cell = self._slice_cells(cells, ops.src_buf, ops.src_index, ops.src_owner)
+        dst_cell = self._slice_cells(cells, ops.dst_buf, ops.dst_index, ops.dst_owner)
         leaves = Leaves(layout, plan.chunk_factor, cells.at)
         initial = _initial_values(cells.count, leaves)
         lanes = self._lanes(src_cell, dst_cell)
@@ -376,14 +234,15 @@ class Prepared:
         """One cell per (rank, buffer, chunk), numbered rank by rank."""
         names = list(dict.fromkeys([*layout.physical_sizes, "scratch"]))
         column = {b: i for i, b in enumerate(names)}
-        need(all(b in column for b in self.names))
+        buffer_names = self.operands.buffer_names
+        need(all(b in column for b in buffer_names))
         sizes = np.zeros((self.n, len(names)), dtype=np.int64)
         sizes[:, :] = [layout.physical_sizes.get(b, 0) for b in names]
-        sizes[:, column["scratch"]] = self.scratch
+        sizes[:, column["scratch"]] = self.arrays.rank_scratch
         need((sizes >= 0).all())
         first = np.zeros(sizes.size + 1, dtype=np.int64)
         np.cumsum(sizes.ravel(), out=first[1:])
-        to_layout = np.array([column[b] for b in self.names] or [0], dtype=np.int64)
+        to_layout = np.array([column[b] for b in buffer_names] or [0], dtype=np.int64)
         return _Cells(column, sizes, first, int(first[-1]), column["scratch"], to_layout)
 
     def _slice_cells(self, cells: _Cells, buf, index, owner) -> np.ndarray:
@@ -395,14 +254,14 @@ class Prepared:
 
     def _lanes(self, src_cell, dst_cell) -> _Lanes:
         """Every read and write of one chunk, with the lane it belongs to."""
-        count = self.count
+        count, ops = self.count, self.operands
         lane_start = np.cumsum(count) - count
-        read_row, read_j, read_cell = expand(src_cell, count[self.src_owner])
-        read_step = self.src_owner[read_row]
-        write_row, write_j, write_cell = expand(dst_cell, count[self.dst_owner])
-        write_step = self.dst_owner[write_row]
+        read_row, read_j, read_cell = expand(src_cell, count[ops.src_owner])
+        read_step = ops.src_owner[read_row]
+        write_row, write_j, write_cell = expand(dst_cell, count[ops.dst_owner])
+        write_step = ops.dst_owner[write_row]
         return _Lanes(lane_start, int(count.sum()), read_cell, read_step, lane_start[read_step] + read_j,
-                      self.src_pos[read_row], write_row, write_j, write_cell, write_step,
+                      ops.src_pos[read_row], write_row, write_j, write_cell, write_step,
                       lane_start[write_step] + write_j)
 
     def _dataflow(self, level, lanes: _Lanes, src_cell, dst_cell, initial, num_leaves: int):
@@ -452,7 +311,7 @@ class Prepared:
         received = np.full(num_lanes, -1, dtype=np.int64)                     # the sender's lane
         sender_of = np.full(self.N, -1, dtype=np.int64)
         sender_of[self.rcv] = self.sender
-        receiving = np.flatnonzero(self.receives[lane_step])
+        receiving = np.flatnonzero(_RECEIVES[lane_op])
         received[receiving] = (num_leaves + lane_start[sender_of[lane_step[receiving]]] + lane_j[receiving])
         total = num_leaves + num_lanes
         kind = np.zeros(total, dtype=np.int8)                                  # 0 leaf, 1 alias, 2 sum
@@ -512,9 +371,9 @@ class Prepared:
         cls = cls[leftmost]                                                      # per leaf and sum
         sums = kind == 2
         need((cls[values.left_class[sums]] == cls[values.right_class[sums]]).all())
-        dst_column = cells.to_layout[self.dst_buf[lanes.write_row]]
+        dst_column = cells.to_layout[self.operands.dst_buf[lanes.write_row]]
         user = dst_column != cells.scratch
-        positions = self.dst_index[lanes.write_row[user]] + lanes.write_j[user]
+        positions = self.operands.dst_index[lanes.write_row[user]] + lanes.write_j[user]
         need((cls[rep[num_leaves + lanes.write_lane[user]]] == positions % k).all())
         return rep
 
