@@ -13,8 +13,9 @@ it symbolically, lower it to a plan, and run it:
 The packages are the pipeline's stages: ``dsl`` (writing programs), ``ir``,
 ``verification``, ``lower``, ``formats`` (plan text, MSCCL XML), then what
 runs a plan: ``executor`` (numpy reference), ``sim`` (cost model, bound,
-tuner), ``cuda`` (kernels, on a GPU or the emulated device), ``torch``
-(PyTorch collectives and DDP); ``compat`` (MSCCLang) and ``cli`` sit on top.
+tuner), ``synth`` (schedules synthesized from a topology), ``cuda``
+(kernels, on a GPU or the emulated device), ``torch`` (PyTorch collectives
+and DDP); ``compat`` (MSCCLang) and ``cli`` sit on top.
 """
 # First: msc.verification.cache records the verdict-deciding modules as they are imported, so that a
 # verifier replaced later (by an algorithm file) cannot record verdicts for other processes.

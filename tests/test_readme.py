@@ -88,3 +88,15 @@ def test_the_pictures_command_runs_as_written(tmp_path):
     done = run_block("bash", found[0], tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert (tmp_path / "hier.png").stat().st_size > 10_000 and (tmp_path / "timeline.png").stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_the_synthesize_example_runs_as_written(tmp_path):
+    """msc synthesize, compile, show and tune --synthesize --plot, as the README spells them."""
+    pytest.importorskip("matplotlib")
+    [(lang, code)] = blocks("Schedules from the topology: msc synthesize")
+    done = run_block(lang, code, tmp_path)
+    assert done.returncode == 0, f"failed:\n{code}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    for name in ("allgather_ib2.py", "allgather_ib2.plan", "allgather_ib2.png", "allgather_ib2_busbw.png"):
+        assert (tmp_path / name).stat().st_size > 0, name
+    assert "synthesized: allgather for ib:2" in done.stdout and "synthesized_p" in done.stdout

@@ -85,6 +85,17 @@ def _number(text: str, *, zero: bool) -> float:
     return value
 
 
+def add_collective_on_topology_args(p: argparse.ArgumentParser, collectives: tuple[str, ...]) -> None:
+    """COLLECTIVE, the topology, ``--ranks`` and ``--root``: what msc bound and
+    msc synthesize are asked about."""
+    p.add_argument("collective", metavar="COLLECTIVE", help=f"one of {', '.join(collectives)}")
+    add_topology_args(p)
+    p.add_argument("--ranks", "-n", type=int,
+                   help="number of ranks (default: the topology's; needed for ib, ring, torus without a size "
+                        "and for the uniform model)")
+    p.add_argument("--root", "-r", type=int, default=0, help="root rank of broadcast and reduce (default 0)")
+
+
 def add_topology_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--topology", "-t", metavar="NAME|FILE",
                    help="nvswitch, pcie, ib[:NODES], ring[:N], torus[:RxC], or a TOML file")

@@ -9,7 +9,7 @@ import json
 from msc.errors import UsageError
 from msc.ir.ops import PROTOCOL_NAMES
 from msc.units import TYPES
-from msc.cli.args import add_sweep_args, add_topology_args
+from msc.cli.args import add_collective_on_topology_args, add_sweep_args
 
 COLLECTIVE_NAMES = ("allgather", "reducescatter", "allreduce", "broadcast", "reduce", "alltoall")   # msc.sim.bound's
 
@@ -18,12 +18,7 @@ def add_bound_command(subparsers) -> argparse.ArgumentParser:
     """``msc bound COLLECTIVE --topology T [--ranks N] [-b MIN -e MAX -f F] [--json]``."""
     p = subparsers.add_parser("bound", help="the least time any plan of a collective can take on a topology, "
                                             "per size (predicted, from cuts and latencies)")
-    p.add_argument("collective", metavar="COLLECTIVE", help=f"one of {', '.join(COLLECTIVE_NAMES)}")
-    add_topology_args(p)
-    p.add_argument("--ranks", "-n", type=int,
-                   help="number of ranks (default: the topology's; needed for ib, ring, torus without a size "
-                        "and for the uniform model)")
-    p.add_argument("--root", "-r", type=int, default=0, help="root rank of broadcast and reduce (default 0)")
+    add_collective_on_topology_args(p, COLLECTIVE_NAMES)
     add_sweep_args(p, 8, 128 * 1024 ** 2)
     p.add_argument("-d", "--dtype", default="float",
                    help=f"element type: sizes round down to whole elements per rank ({', '.join(TYPES)})")

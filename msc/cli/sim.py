@@ -98,20 +98,31 @@ def add_tune_command(subparsers, load_plan: Callable | None = None) -> argparse.
     p.add_argument("-o", "--output", metavar="DIR", help="write the chosen plans and plans.json here")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="busbw against size: the chosen plans and the ring")
+    p.add_argument("--synthesize", action="store_true",
+                   help="also tune schedules synthesized for the topology (msc synthesize: 1, 2, 4 and 8 pieces, "
+                        "each with its spread 1, 2, 4); with -o DIR their programs are written there too")
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show Python tracebacks")
 
     def cmd(args) -> int:
+        import tempfile
+
         from msc.units import sizes
         from msc.sim.tune import format_tune, index_entries, per_size, records, tune, write_plans
 
-        user = tune_params(args.files, args.param)
+        # --param names a parameter of the files given; with --synthesize, of the programs made too
+        user = None if args.synthesize else tune_params(args.files, args.param)
         if args.ranks is None or args.ranks < 1:
             raise UsageError(f"--ranks must be >= 1, got {args.ranks}")
         topo = topology_from_args(args, args.ranks)
         requested = sizes(args.minbytes, args.maxbytes, args.stepfactor)
         inplace = None if args.inplace is None else args.inplace == "in"
-        result = tune(args.files, args.ranks, topo, requested, protocols=args.protocols, instances=args.instances,
-                      user_params=user, inplace=inplace)
+        with tempfile.TemporaryDirectory(prefix="msc-tune-") as scratch:
+            files = list(args.files)
+            if args.synthesize:
+                files += synthesized_files(args.files, topo, args.output or scratch)
+                user = tune_params(files, args.param)
+            result = tune(files, args.ranks, topo, requested, protocols=args.protocols, instances=args.instances,
+                          user_params=user, inplace=inplace)
         if args.output:
             write_plans(result, args.output)
         if args.json:
@@ -135,12 +146,68 @@ def add_tune_command(subparsers, load_plan: Callable | None = None) -> argparse.
             base = result.baseline
             if base is not None and all(base is not result.candidates[i] for i in chosen):
                 series.append((base.label + " (ring baseline)", records(result, base)))
+            if args.synthesize:
+                series.append(("the library's best", library_best(result, set(args.files))))
+            if result.bounds:
+                series.append(("msc bound (no plan is faster)", bound_records(result)))
             plot_busbw(series, args.plot, title=f"{result.collective}, {result.ranks} ranks on {result.topology}: "
                                                  f"the chosen plans")
         return 0
 
     p.set_defaults(func=cmd)
     return p
+
+
+def library_best(result, files: set[str]) -> list[dict]:
+    """Per size, the fastest candidate from ``files`` (the user's, not the
+    synthesized ones), exactly: candidates in order of their fast-engine
+    times (lower bounds) are simulated until the next bound is no better."""
+    from msc.units import BUSBW_FACTOR
+
+    factor = BUSBW_FACTOR[result.collective](result.ranks)
+    mine = [c for c in result.candidates if c.file in files]
+    out = []
+    for j, size in enumerate(result.sizes):
+        seconds = float("inf")
+        for c in sorted(mine, key=lambda c: c.times[j]):
+            if c.times[j] >= seconds:
+                break
+            seconds = min(seconds, c.exact(j, size))
+        out.append({"size": size, "busbw": size / seconds / 1e9 * factor})
+    return out
+
+
+def bound_records(result) -> list[dict]:
+    from msc.units import BUSBW_FACTOR
+
+    factor = BUSBW_FACTOR[result.collective](result.ranks)
+    return [{"size": size, "busbw": size / seconds / 1e9 * factor}
+            for size, seconds in zip(result.sizes, result.bounds) if seconds]
+
+
+def synthesized_files(files: list[str], topology, folder: str) -> list[str]:
+    """Programs synthesized for ``topology`` (msc.synth), one per piece count,
+    for the collective of the algorithms in ``files``, written to ``folder``."""
+    from pathlib import Path
+
+    from msc.dsl.loader import load_algorithms
+    from msc.formats.files import write_output
+    from msc.synth import COLLECTIVES, PIECE_CHOICES, synthesize
+
+    collective = load_algorithms(files[0])[0].collective.name
+    if collective not in COLLECTIVES:
+        raise UsageError(f"--synthesize: msc synthesize makes {', '.join(COLLECTIVES)}, not {collective}")
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    out = []
+    for pieces in PIECE_CHOICES:
+        name = f"synthesized_p{pieces}"
+        s = synthesize(collective, topology, pieces=pieces, name=name,
+                       command=f"msc synthesize {collective} --topology {topology.name} --pieces {pieces} "
+                               f"--name {name} -o {name}.py")
+        path = Path(folder) / f"{collective}-{name}.py"
+        write_output(path, s.text)
+        out.append(str(path))
+    return out
 
 
 def tune_params(files: list[str], items: list[str]) -> dict[str, list]:

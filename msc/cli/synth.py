@@ -1,0 +1,125 @@
+"""Command-line registration of ``msc synthesize`` (msc.synth: a schedule
+for a topology, written as an msc DSL program). Registering imports
+nothing heavy; the command imports numpy when it runs."""
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+
+from msc.errors import UsageError
+from msc.units import format_size, size_arg
+from msc.cli.args import add_collective_on_topology_args
+
+COLLECTIVE_NAMES = ("allgather", "reducescatter", "allreduce", "broadcast", "reduce")   # msc.synth's
+SIMULATE_UP_TO = 64          # ranks: above this the pieces come from the packing alone (simulating takes minutes)
+
+
+def add_synthesize_command(subparsers) -> argparse.ArgumentParser:
+    """``msc synthesize COLLECTIVE --topology T [--ranks N] -o FILE.py``."""
+    p = subparsers.add_parser("synthesize", help="write a schedule for a topology as an msc program (spanning-tree "
+                                                 "packing), verified")
+    add_collective_on_topology_args(p, COLLECTIVE_NAMES)
+    p.add_argument("--pieces", type=int,
+                   help="pieces per shard, each with a tree of its own (default: chosen, see --size)")
+    p.add_argument("--spread", type=int,
+                   help="channels the pieces are spread over: the program's default for its spread parameter "
+                        "(default: chosen with the pieces)")
+    p.add_argument("--size", type=size_arg, default=1 << 30,
+                   help=f"the size the choice of pieces and spread is simulated at, up to {SIMULATE_UP_TO} ranks "
+                        "(bytes; K, M, G; default 1G); above that, and with --pieces, they come from the "
+                        "packing's link loads")
+    p.add_argument("--name", default="synthesized", help="the algorithm's name (a Python identifier)")
+    p.add_argument("-o", "--output", required=True, metavar="FILE.py", help="the program to write")
+    p.add_argument("--json", action="store_true", help="print a JSON summary")
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show Python tracebacks")
+    p.set_defaults(func=_run)
+    return p
+
+
+def _run(args) -> int:
+    from msc.cli.bound import bound_topology
+    from msc.sim.bound import collective_name
+
+    collective = collective_name(args.collective)
+    if collective not in COLLECTIVE_NAMES:
+        raise UsageError(f"msc synthesize makes {', '.join(COLLECTIVE_NAMES)}, not {args.collective!r}"
+                         + (" (alltoall moves every pair's own data: a flow, not trees)"
+                            if collective == "alltoall" else ""))
+    if not str(args.output).endswith(".py"):
+        raise UsageError(f"-o {args.output}: the program is Python, name it FILE.py")
+    topo = bound_topology(args)
+    command = "msc synthesize " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 2 else ""
+    summary = _synthesize(args, collective, topo, command)
+    _write_and_verify(args, collective, topo, summary)
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(_describe(summary))
+    return 0
+
+
+def _synthesize(args, collective, topo, command) -> dict:
+    from msc.synth import synthesize
+
+    n = topo.num_ranks
+    summary = {"collective": collective, "topology": topo.name, "ranks": n, "output": str(args.output)}
+    if args.pieces is None and n <= SIMULATE_UP_TO:
+        from msc.synth.choose import choose_by_simulation
+
+        choice = choose_by_simulation(collective, topo, args.size, root=args.root, name=args.name, command=command)
+        s = choice.synthesis
+        if args.spread is not None and args.spread != choice.spread:
+            s = synthesize(collective, topo, pieces=s.pieces, spread=args.spread, root=args.root, name=args.name,
+                           command=command)
+        summary.update(chosen_by="simulation", size=args.size, instances=choice.instances,
+                       simulated_us=choice.seconds * 1e6, candidates=len(choice.tried))
+    else:
+        s = synthesize(collective, topo, pieces=args.pieces, spread=args.spread or 1, root=args.root,
+                       name=args.name, command=command)
+        summary.update(chosen_by="given" if args.pieces is not None else "packing")
+    summary.update(pieces=s.pieces, spread=args.spread or _spread_of(s.text), trees=s.trees, max_depth=s.max_depth,
+                   busiest_link=s.busiest, packing_gbps=(1 / s.bandwidth_s_per_byte / 1e9
+                                                         if s.bandwidth_s_per_byte > 0 else None))
+    summary["text"] = s.text
+    return summary
+
+
+def _spread_of(text: str) -> int:
+    for line in text.splitlines():
+        if line.startswith("SPREAD = "):
+            return int(line.split()[2])
+    return 1
+
+
+def _write_and_verify(args, collective, topo, summary) -> None:
+    """Write the program, then load, trace (in place and out of place) and
+    verify what was written: the file is what msc vouches for."""
+    import msc
+    from msc.formats.files import write_output
+
+    text = summary.pop("text")
+    write_output(args.output, text)
+    [alg] = msc.load_algorithms(args.output)
+    kw = {"root": args.root} if collective in ("broadcast", "reduce") else {}
+    for inplace in (True, False):
+        msc.verify(msc.trace(alg, topo.num_ranks, inplace=inplace, **kw))
+    summary["verified"] = True
+
+
+def _describe(s: dict) -> str:
+    lines = [f"synthesized: {s['collective']} for {s['topology']} ({s['ranks']} ranks) -> {s['output']}: "
+             f"{s['trees']} trees of {s['pieces']} piece(s) per shard, at most {s['max_depth']} hops deep, "
+             f"spread over {s['spread']} channel(s); verified in place and out of place"]
+    if s["chosen_by"] == "simulation":
+        lines.append(f"  chosen by simulating {s['candidates']} candidates at {format_size(s['size'])}: "
+                     f"{s['simulated_us']:.1f} us with {s['instances']} instance(s), Simple "
+                     f"(msc tune {s['output']} -t {s['topology']} --ranks {s['ranks']} compares it with others)")
+    else:
+        lines.append(f"  pieces {'as given' if s['chosen_by'] == 'given' else 'from the packing'}; "
+                     f"msc tune {s['output']} -t {s['topology']} --ranks {s['ranks']} tries its spread and instances")
+    if s["packing_gbps"]:
+        lines.append(f"  the packing's busiest link ({s['busiest_link']}) allows {s['packing_gbps']:.1f} GB/s of "
+                     f"size at large sizes; msc bound {s['collective']} -t {s['topology']} gives the least time")
+    return "\n".join(lines)

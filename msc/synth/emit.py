@@ -1,0 +1,165 @@
+"""A packing written out as an msc DSL program: the trees as data at the top
+of the file, and a short algorithm function that walks them. The text is
+the product: readable, editable, and traced, verified and lowered like any
+hand-written algorithm."""
+from __future__ import annotations
+
+from msc.synth.packing import Packing, Tree
+
+# The algorithm function of each collective, after the tree tables and the
+# helpers. ``spread`` is a parameter of the algorithm (msc tune --param
+# spread=1,2,4): piece j moves on channel j % spread, so pieces that share a
+# link need not share a threadblock; allreduce sends its second phase on
+# channels of its own, so that the threadblocks of the sums and of the
+# spreading do not wait on each other.
+_BODIES = {
+    "allgather": '''
+@msc.algorithm("allgather", chunk_factor=PIECES, ranks=[RANKS])
+def {name}(p: msc.Program, spread=SPREAD):
+    """Piece j of rank r's input travels down OUT_TREES[r, j] to output[r * PIECES + j] everywhere."""
+    for (root, piece), edges in OUT_TREES.items():
+        index = root * PIECES + piece
+        start = p.chunk(root, "input", piece).copy(root, "output", index)
+        spread_down(start, edges, "output", index, channel=piece % spread)
+''',
+    "broadcast": '''
+@msc.algorithm("broadcast", chunk_factor=PIECES, ranks=[RANKS])
+def {name}(p: msc.Program, spread=SPREAD, root=ROOT):
+    """Piece j of the root's input travels down OUT_TREES[root, j] to output[j] everywhere."""
+    if root != ROOT:
+        raise ValueError(f"these trees are rooted at rank {{ROOT}}, not {{root}}: synthesize again with --root")
+    for (_, piece), edges in OUT_TREES.items():
+        start = p.chunk(root, "input", piece).copy(root, "output", piece)
+        spread_down(start, edges, "output", piece, channel=piece % spread)
+''',
+    "reducescatter": '''
+@msc.algorithm("reducescatter", chunk_factor=PIECES, ranks=[RANKS])
+def {name}(p: msc.Program, spread=SPREAD):
+    """Chunk r * PIECES + j of every input is summed up IN_TREES[r, j] into output[j] of rank r."""
+    scratch = Scratch()
+    for (root, piece), edges in IN_TREES.items():
+        index = root * PIECES + piece
+        total = p.chunk(root, "input", index).copy(root, "output", piece)
+        sum_up(p, total, edges, index, scratch, channel=piece % spread)
+''',
+    "reduce": '''
+@msc.algorithm("reduce", chunk_factor=PIECES, ranks=[RANKS])
+def {name}(p: msc.Program, spread=SPREAD, root=ROOT):
+    """Piece j of every input is summed up IN_TREES[root, j] into the root's output[j]."""
+    if root != ROOT:
+        raise ValueError(f"these trees are rooted at rank {{ROOT}}, not {{root}}: synthesize again with --root")
+    scratch = Scratch()
+    for (_, piece), edges in IN_TREES.items():
+        total = p.chunk(root, "input", piece).copy(root, "output", piece)
+        sum_up(p, total, edges, piece, scratch, channel=piece % spread)
+''',
+    "allreduce": '''
+@msc.algorithm("allreduce", chunk_factor=lambda n: n * PIECES, ranks=[RANKS])
+def {name}(p: msc.Program, spread=SPREAD):
+    """Chunk r * PIECES + j is summed up IN_TREES[r, j] into rank r's output (a
+    reduce-scatter), then travels down OUT_TREES[r, j] to every output (an allgather)."""
+    scratch = Scratch()
+    totals = {{}}
+    for (root, piece), edges in IN_TREES.items():
+        index = root * PIECES + piece
+        total = p.chunk(root, "input", index).copy(root, "output", index)
+        totals[root, piece] = sum_up(p, total, edges, index, scratch, channel=piece % spread)
+    for (root, piece), edges in OUT_TREES.items():
+        spread_down(totals[root, piece], edges, "output", root * PIECES + piece, channel=spread + piece % spread)
+''',
+}
+
+_SPREAD_DOWN = '''
+
+def spread_down(start, edges, buffer, index, channel):
+    """Copy ``start`` (on the tree's root) down the tree ``edges`` to ``buffer[index]`` of every rank."""
+    holder = {start.rank: start}
+    for parent, child in edges:
+        holder[child] = holder[parent].copy(child, buffer, index, channel=channel)
+'''
+
+_SUM_UP = '''
+
+class Scratch:
+    """Scratch chunks handed out in order, per rank: every partial sum gets its own."""
+
+    def __init__(self):
+        self.used = {}
+
+    def take(self, rank):
+        self.used[rank] = self.used.get(rank, -1) + 1
+        return self.used[rank]
+
+
+def sum_up(p, total, edges, index, scratch, channel):
+    """Sum chunk ``index`` of every rank's input up the tree ``edges`` into
+    ``total`` (a chunk on the tree's root), leaves first. A rank with one
+    child adds the child's sum to its own input as it arrives; a rank with
+    several receives each into a scratch chunk of its own, so their messages
+    land independently, then adds them up locally."""
+    root = total.rank
+    children = {}
+    for parent, child in edges:
+        children.setdefault(parent, []).append(child)
+    sums = {}
+    for rank in [child for _, child in reversed(edges)] + [root]:     # children before their parents
+        kids = children.get(rank, [])
+        if not kids:
+            sums[rank] = p.chunk(rank, "input", index)                    # a leaf sends its input as it is
+            continue
+        acc = total if rank == root else p.chunk(rank, "input", index).copy(rank, "scratch", scratch.take(rank))
+        if len(kids) == 1:
+            sums[rank] = acc.reduce(sums[kids[0]], channel=channel)
+            continue
+        landed = [sums[kid].copy(rank, "scratch", scratch.take(rank), channel=channel) for kid in kids]
+        for part in landed:
+            acc = acc.reduce(part)
+        sums[rank] = acc
+    return sums[root]
+'''
+
+WIDTH = 100
+
+
+def program_text(collective: str, packing: Packing, *, num_ranks: int, pieces: int, spread: int, name: str,
+                 header: str, root: int = 0) -> str:
+    """The DSL program: ``header`` as its docstring, then the constants, the tree tables, the helpers and the function."""
+    out = [f'"""{header.strip()}\n"""', "import msc", "",
+           f"RANKS = {num_ranks}",
+           f"PIECES = {pieces}          # pieces per shard: each has a tree of its own",
+           f"SPREAD = {spread}          # channels the pieces are spread over (the algorithm's parameter)"]
+    if collective in ("broadcast", "reduce"):
+        out.append(f"ROOT = {root}")
+    for kind, table, what in (("in", "IN_TREES", "every rank's share is summed up toward the root"),
+                              ("out", "OUT_TREES", "the piece travels from the root down to every rank")):
+        trees = [t for t in packing.trees if t.kind == kind]
+        if trees:
+            out += ["", f"# {table}[root, piece]: the spanning tree of that piece, as (parent, child) edges,",
+                    f"# parents first; {what}.", f"{table} = {{"]
+            out += [line for t in sorted(trees, key=lambda t: (t.root, t.piece)) for line in _tree_lines(t)]
+            out.append("}")
+    if collective in ("allgather", "broadcast", "allreduce"):
+        out.append(_SPREAD_DOWN.rstrip("\n"))
+    if collective in ("reducescatter", "reduce", "allreduce"):
+        out.append(_SUM_UP.rstrip("\n"))
+    out += ["", _BODIES[collective].format(name=name).rstrip("\n")]
+    return "\n".join(out) + "\n"
+
+
+def _tree_lines(tree: Tree) -> list[str]:
+    head = f"    ({tree.root}, {tree.piece}): ["
+    comment = f"  # depth {tree.depth()}"
+    items = [f"({a}, {b})" for a, b in tree.edges]
+    lines, line = [], head
+    for i, item in enumerate(items):
+        piece = item + ("," if i < len(items) - 1 else "],")
+        if len(line) + 1 + len(piece) > WIDTH and line.strip():
+            lines.append(line.rstrip())
+            line = " " * 8 + piece
+        else:
+            line = line + ("" if line.endswith("[") else " ") + piece
+    if not items:
+        line += "],"
+    lines.append(line)
+    lines[0] += comment
+    return lines

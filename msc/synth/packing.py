@@ -1,0 +1,217 @@
+"""Tree packing on a topology's cost model: spanning trees that carry the
+pieces of every shard, chosen so that no shared link carries much more than
+its share (msc.synth's docstring says why trees, and why this way).
+
+A tree of the packing is rooted at a rank and spans every rank. An *out*
+tree carries a piece from its root to everyone (allgather, broadcast); an
+*in* tree carries everyone's contribution to its root, each rank adding its
+children's partial sums to its own before passing the sum on to its parent
+(reduce-scatter, reduce). Either way a tree edge moves one piece once, over
+the route between its two ranks (msc.sim.topology.Route), and loads every
+shared link of that route by the piece's size.
+
+The trees are chosen one at a time, round-robin over the pieces, each the
+cheapest spanning tree under link prices that grow exponentially with how
+loaded the link already is relative to its capacity (the multiplicative
+weights method for fractional packing, as in Garg and Koenemann's algorithm
+for multicommodity flow). A tree is grown greedily from its root (Prim's
+rule on the directed graph: join the rank whose cheapest edge from the tree,
+or to it, costs least), which is exact for the structured topologies'
+symmetric prices and a heuristic otherwise.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from msc.errors import UsageError
+from msc.sim.topology import Topology
+
+# How sharply a link's price rises with its load, relative to the most loaded
+# link's: higher spreads load more evenly, lower keeps trees shallow. Each tree
+# packing is made at every one of these and the best kept (pack).
+SHARPNESS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
+
+
+@dataclass(frozen=True)
+class Tree:
+    """One piece's tree: ``root``, ``piece`` (0..pieces-1), ``kind`` "out"
+    or "in", and ``edges`` as (parent, child) in the order the tree grew, so
+    a parent appears before its children (an in tree runs them backwards:
+    children send to parents, leaves first)."""
+
+    root: int
+    piece: int
+    kind: str
+    edges: tuple[tuple[int, int], ...]
+
+    def depth(self) -> int:
+        level = {self.root: 0}
+        for parent, child in self.edges:
+            level[child] = level[parent] + 1
+        return max(level.values())
+
+
+@dataclass(frozen=True)
+class Packing:
+    """The trees, and the load they put on each link (bytes per byte of a
+    piece) next to its capacity (bytes/s): ``seconds_per_piece_byte`` is the
+    bandwidth time of the busiest link per byte of one piece."""
+
+    trees: tuple[Tree, ...]
+    load: np.ndarray
+    capacity: np.ndarray
+    link_names: tuple[str, ...]
+
+    @property
+    def seconds_per_piece_byte(self) -> float:
+        return float(np.max(self.load / self.capacity)) if len(self.load) else 0.0
+
+    def busiest(self) -> str:
+        if not len(self.load):
+            return "none"
+        return self.link_names[int(np.argmax(self.load / self.capacity))]
+
+
+class EdgeLinks:
+    """Every ordered rank pair's route as the links it loads: the
+    topology's shared links, plus a link of the pair's own for a route whose
+    unshared links cap its rate (each transfer over it is capped, and the
+    pieces sent over one pair share that transfer's rate)."""
+
+    def __init__(self, topology: Topology):
+        n = topology.num_ranks
+        self.num_ranks = n
+        rows: list[tuple[int, ...]] = []
+        pairs, routes = [], []
+        for u in range(n):
+            for v in range(n):
+                if u != v:
+                    try:
+                        routes.append(topology.route(u, v))      # registers the shared links
+                    except UsageError:                           # no path: that pair has no edge
+                        continue
+                    pairs.append((u, v))
+        self.connected = np.zeros((n, n), dtype=bool)
+        for u, v in pairs:
+            self.connected[u, v] = True
+        capacity, names = list(topology.capacity), list(topology.resource_names)
+        own = len(capacity)
+        for (u, v), route in zip(pairs, routes):
+            links = tuple(route.resources)
+            if math.isfinite(route.bandwidth):
+                links += (own,)
+                capacity.append(route.bandwidth)
+                names.append(f"{u}->{v} (unshared links)")
+                own += 1
+            rows.append(links)
+        width = max((len(r) for r in rows), default=1)
+        self.capacity = np.array(capacity, dtype=np.float64)
+        self.names = tuple(names)
+        self.nlinks = len(capacity)
+        # links[u, v, i]: the i-th link of pair (u, v)'s route; a padding link of weight 0 (index nlinks)
+        self.links = np.full((n, n, width), self.nlinks, dtype=np.int64)
+        for (u, v), links in zip(pairs, rows):
+            self.links[u, v, :len(links)] = links
+
+    def prices(self, weight: np.ndarray) -> np.ndarray:
+        """price[u, v]: the summed weight of pair (u, v)'s links (inf on the diagonal)."""
+        padded = np.append(weight, 0.0)
+        price = padded[self.links].sum(axis=2)
+        price[~self.connected] = np.inf                 # the diagonal, and pairs without a route
+        return price
+
+
+def pack(topology: Topology, roots: list[tuple[int, str]], pieces: int, *, edges: EdgeLinks | None = None,
+         symmetry=None, sharpness: tuple[float, ...] = SHARPNESS) -> Packing:
+    """``pieces`` trees for each (root, kind) of ``roots``, packed together
+    (an allreduce packs its in trees and its out trees at once: both load
+    the same links).
+
+    ``symmetry`` (msc.synth.symmetry.Symmetry), for collectives whose roots
+    are every rank: rank 0's trees are chosen, priced as the sum of their
+    images, and rank s's trees are their images under the symmetry taking 0
+    to s. Every rank then does the same work in the same order, which the
+    runtime's threadblocks, looping over their steps in lockstep, need to
+    stream without waiting on each other (msc.synth's docstring)."""
+    edges = edges or EdgeLinks(topology)
+    if symmetry is not None:
+        maps = symmetry.link_maps
+        roots = sorted({(0, kind) for _, kind in roots})
+    else:
+        maps = np.arange(edges.nlinks + 1)[None, :]
+    # The whole packing at each sharpness; the one whose busiest link is least loaded (then
+    # the most even) wins: no one sharpness suits every topology.
+    best = None
+    for sharp in sharpness:
+        chosen, load = _pack_at(edges, roots, pieces, maps, sharp)
+        util = load[:-1] / edges.capacity
+        score = (round(float(util.max()), 9) if len(util) else 0.0, float((util ** 2).sum()))
+        if best is None or score < best[0]:
+            best = (score, chosen, load)
+    _, chosen, load = best
+    perms = symmetry.perms if symmetry is not None else [None]
+    trees = [Tree(root if perm is None else int(perm[root]), piece, kind,
+                  tuple(tree_edges if perm is None else ((int(perm[a]), int(perm[b])) for a, b in tree_edges)))
+             for perm in perms for root, piece, kind, tree_edges in chosen]
+    return Packing(tuple(trees), load[:-1], edges.capacity, edges.names)
+
+
+def _pack_at(edges: EdgeLinks, roots, pieces: int, maps: np.ndarray, sharpness: float):
+    """(root, piece, kind, edges) of every chosen tree, and the links' load (padding last)."""
+    load = np.zeros(edges.nlinks + 1)
+    chosen = []
+    for piece in range(pieces):
+        for root, kind in roots:
+            weight = _weights(load[:-1], edges.capacity, sharpness)
+            orbit = np.append(weight, 0.0)[maps].sum(axis=0)           # a link's weight summed over its images
+            price = edges.prices(orbit[:-1])
+            tree_edges = grow(price if kind == "out" else price.T, root)
+            chosen.append((root, piece, kind, tree_edges))
+            load += _tree_load(edges, maps, tree_edges, kind)
+    return chosen, load
+
+
+def _tree_load(edges: EdgeLinks, maps: np.ndarray, tree_edges, kind: str) -> np.ndarray:
+    """The load (per link, padding last) a tree and its images add."""
+    add = np.zeros(edges.nlinks + 1)
+    senders = [(p, c) if kind == "out" else (c, p) for p, c in tree_edges]
+    if senders:
+        links = edges.links[tuple(np.array(senders).T)].ravel()
+        np.add.at(add, maps[:, links].ravel(), 1.0)
+    add[-1] = 0.0
+    return add
+
+
+def _weights(load: np.ndarray, capacity: np.ndarray, sharpness: float) -> np.ndarray:
+    """Each link's price per byte: exponential in its utilisation relative to the busiest link's."""
+    util = load / capacity
+    top = float(util.max()) if len(util) else 0.0
+    return np.exp(sharpness * (util / top - 1.0) if top > 0 else np.zeros_like(util)) / capacity
+
+
+def grow(price: np.ndarray, root: int) -> tuple[tuple[int, int], ...]:
+    """A spanning tree from ``root`` under ``price[parent, child]``: Prim's
+    rule, joining next the rank that the tree reaches most cheaply."""
+    n = price.shape[0]
+    best = price[root].copy()                 # cheapest edge from the tree to each rank
+    parent = np.full(n, root)
+    joined = np.zeros(n, dtype=bool)
+    joined[root] = True
+    best[root] = np.inf
+    out = []
+    for _ in range(n - 1):
+        child = int(np.argmin(np.where(joined, np.inf, best)))
+        if not np.isfinite(best[child]):
+            lost = np.flatnonzero(~joined).tolist()
+            raise UsageError(f"no route reaches rank(s) {', '.join(map(str, lost))} from the ranks rank {root}'s "
+                             f"tree spans ({', '.join(map(str, np.flatnonzero(joined).tolist()))}): the topology "
+                             f"is not connected that way")
+        out.append((int(parent[child]), child))
+        joined[child] = True
+        cheaper = price[child] < best
+        best = np.where(cheaper, price[child], best)
+        parent = np.where(cheaper, child, parent)
+    return tuple(out)

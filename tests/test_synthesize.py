@@ -1,0 +1,198 @@
+"""msc synthesize (msc.synth): spanning-tree packings written as DSL programs.
+
+Every synthesized program must verify (in place and out of place) on random
+topologies from 2 to 64 ranks; the trees must be spanning trees whose link
+loads the packing reports truly; the symmetries must be symmetries; the
+bound must never exceed a synthesized plan's simulated time; and the command
+must write a program that msc compile accepts, refusing what it cannot make.
+"""
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from collections import Counter
+
+import numpy as np
+import pytest
+
+import msc
+from msc.errors import UsageError
+from msc.sim.topology import get_topology, topology_from_dict
+from msc.synth import COLLECTIVES, synthesize
+from msc.synth.packing import EdgeLinks, pack
+from msc.synth.symmetry import find_symmetry
+
+ROOTED = ("broadcast", "reduce")
+
+
+def random_topology(n: int, seed: int):
+    """Ranks on 1..3 switches of random port speeds, switches chained by
+    slower links, and a few direct links between random ranks: connected,
+    with unequal links, usually without symmetry."""
+    rng = random.Random(seed)
+    switches = rng.randint(1, min(3, n))
+    links = [{"from": r, "to": f"s{r % switches}", "alpha_us": rng.choice([0.5, 1.0, 2.0]),
+              "bandwidth_gbps": rng.choice([25, 50, 100, 200])} for r in range(n)]
+    links += [{"from": f"s{i}", "to": f"s{i + 1}", "alpha_us": 3.0, "bandwidth_gbps": rng.choice([12, 25, 50])}
+              for i in range(switches - 1)]
+    for _ in range(rng.randint(0, n // 2)):
+        a, b = rng.sample(range(n), 2) if n > 1 else (0, 0)
+        if a != b:
+            links.append({"from": a, "to": b, "alpha_us": 0.8, "bandwidth_gbps": rng.choice([40, 150]),
+                          "shared": rng.random() < 0.7})
+    return topology_from_dict({"name": f"random-{n}-{seed}", "ranks": n, "threadblock_gbps": 40, "link": links})
+
+
+def traced(text: str, tmp_path, n: int, root: int, inplace: bool):
+    path = tmp_path / "synthesized.py"
+    path.write_text(text)
+    [alg] = msc.load_algorithms(path)
+    kw = {"root": root} if alg.collective.has_root else {}
+    return msc.trace(alg, n, inplace=inplace, **kw)
+
+
+@pytest.mark.parametrize("n", [2, 3, 5, 8, 13, 24, pytest.param(64, marks=pytest.mark.slow)])
+def test_every_synthesized_program_verifies_on_random_topologies(n, tmp_path):
+    topo = random_topology(n, seed=n)
+    for collective in COLLECTIVES:
+        root = (n * 7 + 3) % n if collective in ROOTED else 0
+        s = synthesize(collective, topo, root=root, spread=1 + n % 3)
+        for inplace in ((True, False) if n <= 24 else (False,)):
+            msc.verify(traced(s.text, tmp_path, n, root, inplace))
+
+
+@pytest.mark.parametrize("spec, n", [("pcie", 8), ("ib:2", 16), ("torus:2x3", 6), ("ring:5", 5)])
+def test_trees_span_every_rank_and_the_loads_are_theirs(spec, n):
+    topo = get_topology(spec, n)
+    edges = EdgeLinks(topo)
+    roots = [(r, kind) for r in range(n) for kind in ("in", "out")]
+    for symmetry in (None, find_symmetry(topo, edges)):
+        packing = pack(topo, roots, 3, edges=edges, symmetry=symmetry)
+        assert Counter((t.root, t.kind) for t in packing.trees) == Counter({key: 3 for key in roots})
+        load = np.zeros(edges.nlinks)
+        for tree in packing.trees:
+            reached = {tree.root}
+            for parent, child in tree.edges:
+                assert parent in reached and child not in reached     # parents first, each rank once
+                reached.add(child)
+                sender, receiver = (parent, child) if tree.kind == "out" else (child, parent)
+                for link in topo.route(sender, receiver).resources:
+                    load[link] += 1
+            assert reached == set(range(n))
+        shared = len(topo.capacity)
+        assert np.array_equal(packing.load[:shared], load[:shared])
+
+
+@pytest.mark.parametrize("spec, n, shape", [("ring:6", 6, "torus"), ("torus:3x4", 12, "torus"),
+                                            ("pcie", 8, "switches"), ("ib:2", 16, "switches")])
+def test_symmetries_map_routes_onto_routes(spec, n, shape):
+    topo = get_topology(spec, n)
+    sym = find_symmetry(topo, EdgeLinks(topo))
+    assert sym is not None and shape in sym.shape
+    assert sorted(int(p[0]) for p in sym.perms) == list(range(n))        # rank 0 goes everywhere
+    for perm, links in zip(sym.perms, sym.link_maps):
+        for u in range(n):
+            for v in range(n):
+                if u != v:
+                    here, there = topo.route(u, v), topo.route(int(perm[u]), int(perm[v]))
+                    assert [int(links[r]) for r in here.resources] == list(there.resources)
+                    assert here.alpha == there.alpha
+
+
+def test_an_asymmetric_topology_has_no_symmetry_and_still_packs():
+    topo = random_topology(7, seed=3)
+    assert find_symmetry(topo, EdgeLinks(topo)) is None
+    s = synthesize("allgather", topo)
+    assert s.trees == 7 * s.pieces and s.bandwidth_s_per_byte > 0
+
+
+@pytest.mark.parametrize("collective, spec, n", [("allgather", "ib:2", 16), ("reducescatter", "pcie", 8),
+                                                 ("allreduce", "ring:6", 6), ("broadcast", "torus:2x4", 8),
+                                                 ("reduce", "pcie", 8)])
+def test_the_bound_is_never_above_a_synthesized_plan_s_time(collective, spec, n, tmp_path):
+    from msc.lower import LowerOptions, lower
+    from msc.sim.bound import lower_bound
+    from msc.sim.simulate import Simulator
+
+    topo = get_topology(spec, n)
+    s = synthesize(collective, topo, spread=2)
+    prog = traced(s.text, tmp_path, n, 0, False)
+    for instances in (1, 2):
+        plan = lower(prog, LowerOptions(instances=instances))
+        for result in Simulator(plan, topo).run([1 << 12, 1 << 20, 1 << 27]):
+            [bound] = lower_bound(collective, topo, [result.size])
+            assert bound.seconds <= result.seconds * (1 + 1e-9)
+
+
+def test_the_packing_reaches_the_cut_bound_on_symmetric_topologies():
+    """Link loads alone (no threadblocks, no latency): within 5% of the bound's bandwidth term (which
+    adds one hop's latency, hence the 1% below)."""
+    from msc.sim.bound import lower_bound
+
+    for spec, n in (("ring:8", 8), ("ib:2", 16), ("pcie", 8)):
+        topo = get_topology(spec, n)
+        for collective in ("allgather", "reducescatter", "allreduce"):
+            s = synthesize(collective, topo, pieces=8)
+            [bound] = lower_bound(collective, topo, [1 << 30], protocols=("Simple",))
+            packed = s.bandwidth_s_per_byte * (1 << 30)
+            assert 0.99 * bound.bandwidth <= packed <= 1.05 * bound.bandwidth, (spec, collective)
+
+
+def msc_cli(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "msc.cli", *args], capture_output=True, text=True, cwd=cwd)
+
+
+def test_the_command_writes_a_program_msc_compiles(tmp_path):
+    out = msc_cli("synthesize", "allreduce", "--topology", "ring:3", "-o", "ring3.py", "--json", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout)
+    assert summary["verified"] and summary["chosen_by"] == "simulation" and summary["ranks"] == 3
+    text = (tmp_path / "ring3.py").read_text()
+    assert "IN_TREES = {" in text and "OUT_TREES = {" in text and "msc synthesize allreduce" in text
+    assert f"SPREAD = {summary['spread']}" in text and f"PIECES = {summary['pieces']}" in text
+    done = msc_cli("compile", "ring3.py", "--ranks", "3", "-o", "ring3.plan", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    given = msc_cli("synthesize", "broadcast", "-t", "pcie", "--root", "5", "--pieces", "2", "-o", "b.py",
+                    cwd=tmp_path)
+    assert given.returncode == 0 and "pieces as given" in given.stdout, given.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["alltoall", "-t", "pcie", "-o", "x.py"], "a flow, not trees"),
+    (["allgather", "-t", "pcie", "-o", "x.plan"], "name it FILE.py"),
+    (["broadcast", "-t", "pcie", "--root", "8", "-o", "x.py", "--pieces", "1"], "root 8 is not a rank"),
+    (["allgather", "-t", "pcie", "--pieces", "0", "-o", "x.py"], "pieces must be an int >= 1"),
+    (["allgather", "-t", "pcie", "--name", "not a name", "-o", "x.py", "--pieces", "1"], "Python identifier"),
+])
+def test_the_command_refuses_what_it_cannot_make(args, message, tmp_path):
+    out = msc_cli("synthesize", *args, cwd=tmp_path)
+    assert out.returncode == 2 and message in out.stderr, out.stderr
+    assert not (tmp_path / "x.py").exists()
+
+
+def test_an_unconnected_topology_is_named(tmp_path):
+    topo = topology_from_dict({"ranks": 3, "link": [{"from": 0, "to": "s", "alpha_us": 1, "bandwidth_gbps": 10},
+                                                    {"from": 1, "to": "s", "alpha_us": 1, "bandwidth_gbps": 10}]})
+    with pytest.raises(UsageError, match="no route reaches rank"):
+        synthesize("allgather", topo)
+
+
+def test_a_program_for_one_root_refuses_another(tmp_path):
+    s = synthesize("reduce", get_topology("pcie", 8), root=3)
+    with pytest.raises(msc.AlgorithmError, match="rooted at rank 3, not 1"):
+        traced(s.text, tmp_path, 8, 1, False)
+
+
+def test_tune_puts_synthesized_programs_beside_the_library(tmp_path):
+    out = msc_cli("tune", "allgather/ring", "--ranks", "6", "-t", "ring:6", "-b", "1M", "-e", "4M", "-f", "4",
+                  "--protocols", "Simple", "--instances", "1", "--synthesize", "-o", "tuned", "--json", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    labels = {c["label"] for c in json.loads(out.stdout)["candidates"]}
+    assert {f"synthesized_p{k}" for k in (1, 2, 4, 8)} <= {label.split("[")[0].split()[0] for label in labels}
+    assert any("spread=4" in label for label in labels)                      # its parameter is tuned too
+    assert sorted(p.name for p in (tmp_path / "tuned").glob("*.py")) == [
+        f"allgather-synthesized_p{k}.py" for k in (1, 2, 4, 8)]
+    refused = msc_cli("tune", "alltoall/allpairs", "--ranks", "4", "-t", "ring:4", "--synthesize", cwd=tmp_path)
+    assert refused.returncode == 2 and "--synthesize: msc synthesize makes" in refused.stderr
