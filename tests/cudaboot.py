@@ -265,7 +265,7 @@ def install_fakes(setattr_):
     mem, fake = FakeMemory(), FakeTorch()
     state = {"launches": [], "args": {}, "uploads": 0, "on": {}, "peer": [], "resident": 1 << 20}
 
-    def upload(self, dev, args, stream, capturing):
+    def upload(self, dev, args, capturing):
         ptr = 0x9000_0000 + 0x10000 * len(state["args"])
         if args not in state["args"].values():
             state["uploads"] += 1

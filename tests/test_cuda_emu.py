@@ -385,6 +385,29 @@ def test_table_form_plans_share_one_library_and_a_new_plan_needs_no_build(cache)
 
 
 
+def test_a_constructor_starts_no_thread(cache):
+    """Building a communicator (kernels, and the table form's tables) starts
+    no thread: streams start at the first call, so a process may build
+    communicators and then fork (bench/emu_faults.py's servers do)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, threading; sys.path.insert(0, {tests!r})\n"
+        "from pathlib import Path\n"
+        "from test_cuda_emu import plan_for\n"
+        "from msc.cuda import Communicator\n"
+        "plan = plan_for('allreduce/ring:ring', 4, 'Simple')\n"
+        "before = threading.active_count()\n"
+        "Communicator(plan, 'virtual', device='emu', form='table', cache=Path({cache!r})).close()\n"
+        "print(before, threading.active_count())\n"
+    ).format(tests=str(Path(__file__).parent), cache=str(cache))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    before, after = map(int, done.stdout.split())
+    assert after == before
+
+
 def test_a_forked_child_gets_streams_of_its_own(cache):
     """fork copies the emulated device's streams but not their worker threads:
     in the child, communicators made before and after the fork run bit-exact

@@ -128,10 +128,12 @@ class CudaBackend:
         event.record(stream)
         return event
 
-    def upload(self, index: int, data: bytes, stream, capturing: bool):
-        """A stream-ordered copy of ``data`` to GPU ``index``: (device pointer,
+    def upload(self, index: int, data: bytes, capturing: bool):
+        """A copy of ``data`` to GPU ``index``, ordered in torch's current stream
+        there (the stream msc launches on: ``stream(index)``): (device pointer,
         what must stay alive: the device tensor and, under capture, the pinned
-        source a graph's copy node reads at every replay)."""
+        source a graph's copy node reads at every replay). Call it with GPU
+        ``index`` current (``context(index)``)."""
         torch = _torch()
         host = torch.frombuffer(bytearray(data), dtype=torch.uint8).pin_memory()
         on_device = torch.empty(len(data), dtype=torch.uint8, device=f"cuda:{index}")

@@ -357,7 +357,9 @@ class EmuBackend:
     def record(self, stream: Stream) -> Event:
         return stream.record()
 
-    def upload(self, index: int, data: bytes, stream, capturing: bool):
+    def upload(self, index: int, data: bytes, capturing: bool):
+        """A copy of ``data`` in host memory, made now (it precedes every launch
+        queued after it; no stream, so a constructor that uploads starts no thread)."""
         buf = ctypes.create_string_buffer(data, len(data))
         return ctypes.addressof(buf), buf
 

@@ -350,7 +350,7 @@ class Communicator:
                                  f"during CUDA graph capture: make a call with this op before capturing")
             tables = plan_tables(self.kplan, op=op, **self._table_source)
             with self.backend.context(dev):
-                ptr, held = self.backend.upload(dev, tables.device_image(), self.backend.stream(dev), False)
+                ptr, held = self.backend.upload(dev, tables.device_image(), False)
             self._tables[key] = ((ptr, ptr + tables.steps_offset), held)
         return self._tables[key][0]
 
@@ -518,7 +518,7 @@ class Communicator:
                 last = self._last.get(L.device)
                 if last is not None and last[0] != stream and not capturing:
                     backend.wait(stream, last[1])          # launches of one communicator never overlap
-                ptr, held = self._upload(L.device, args, stream, capturing)
+                ptr, held = self._upload(L.device, args, capturing)
                 backend.launch(L.device, stream, L.grid, self._threads, kernels[L.device], ptr, keep=(held, keep))
                 if not capturing:
                     self._track(i, L, stream)
@@ -540,8 +540,9 @@ class Communicator:
         self._mirrors[i] = (mirror, event)
         self._last[L.device] = (stream, event)
 
-    def _upload(self, dev: int, args: bytes, stream, capturing: bool):
-        """The MscArgs block on the device (stream-ordered copy; cached by content): (pointer, what holds it)."""
+    def _upload(self, dev: int, args: bytes, capturing: bool):
+        """The MscArgs block on the device (copied in the order of the stream it
+        is launched on; cached by content): (pointer, what holds it)."""
         key = (dev, args)
         hit = self._args.get(key)
         if hit is not None:
@@ -549,7 +550,7 @@ class Communicator:
             if capturing and not hit[2]:           # a graph now reads it: keep it for good
                 self._args[key] = (hit[0], hit[1], True)
             return hit[0], hit[1]
-        ptr, held = self.backend.upload(dev, args, stream, capturing)
+        ptr, held = self.backend.upload(dev, args, capturing)
         # entries made during capture stay: the graph's copy node reads them at every replay
         self._args[key] = (ptr, held, capturing)
         while len(self._args) > ARGS_CACHE:
