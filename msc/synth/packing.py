@@ -14,10 +14,12 @@ The trees are chosen one at a time, round-robin over the pieces, each the
 cheapest spanning tree under link prices that grow exponentially with how
 loaded the link already is relative to its capacity (the multiplicative
 weights method for fractional packing, as in Garg and Koenemann's algorithm
-for multicommodity flow). A tree is grown greedily from its root (Prim's
-rule on the directed graph: join the rank whose cheapest edge from the tree,
-or to it, costs least), which is exact for the structured topologies'
-symmetric prices and a heuristic otherwise.
+for multicommodity flow); the whole packing is made at several sharpnesses
+of that growth and the one whose busiest link carries least is kept. A tree
+is grown greedily from its root (Prim's rule on the directed graph: join
+the rank whose cheapest edge from the tree, or to it, costs least): the
+cheapest tree where a pair's price is the same both ways, a heuristic where
+it is not.
 """
 from __future__ import annotations
 
