@@ -102,60 +102,68 @@ def add_tune_command(subparsers, load_plan: Callable | None = None) -> argparse.
                    help="also tune schedules synthesized for the topology (msc synthesize: 1, 2, 4 and 8 pieces, "
                         "each with its spread 1, 2, 4); with -o DIR their programs are written there too")
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show Python tracebacks")
-
-    def cmd(args) -> int:
-        import tempfile
-
-        from msc.units import sizes
-        from msc.sim.tune import format_tune, index_entries, per_size, records, tune, write_plans
-
-        # --param names a parameter of the files given; with --synthesize, of the programs made too
-        user = None if args.synthesize else tune_params(args.files, args.param)
-        if args.ranks is None or args.ranks < 1:
-            raise UsageError(f"--ranks must be >= 1, got {args.ranks}")
-        topo = topology_from_args(args, args.ranks)
-        requested = sizes(args.minbytes, args.maxbytes, args.stepfactor)
-        inplace = None if args.inplace is None else args.inplace == "in"
-        with tempfile.TemporaryDirectory(prefix="msc-tune-") as scratch:
-            files = list(args.files)
-            if args.synthesize:
-                files += synthesized_files(args.files, topo, args.output or scratch)
-                user = tune_params(files, args.param)
-            result = tune(files, args.ranks, topo, requested, protocols=args.protocols, instances=args.instances,
-                          user_params=user, inplace=inplace)
-        if args.output:
-            write_plans(result, args.output)
-        if args.json:
-            print(json.dumps({"collective": result.collective, "ranks": result.ranks, "topology": result.topology,
-                              "per_size": per_size(result), "chosen": index_entries(result),
-                              "candidates": [{"label": c.label, "algorithm": c.algorithm, "params": c.params,
-                                              "protocol": c.protocol, "instances": c.instances,
-                                              "time_us": [t * 1e6 for t in c.times], "exact": c.known}
-                                             for c in result.candidates],
-                              "skipped": result.skipped}))
-        else:
-            print(format_tune(result, args.output))
-        if args.plot:
-            from msc.cli.pictures import plot_busbw
-
-            chosen = list(dict.fromkeys(i for _, _, i in result.ranges))
-            for i in chosen:                  # exact at every size (the table has them where they won or came 2nd)
-                c = result.candidates[i]
-                c.times = [c.exact(j, s) for j, s in enumerate(result.sizes)]
-            series = [(result.candidates[i].label, records(result, result.candidates[i])) for i in chosen]
-            base = result.baseline
-            if base is not None and all(base is not result.candidates[i] for i in chosen):
-                series.append((base.label + " (ring baseline)", records(result, base)))
-            if args.synthesize:
-                series.append(("the library's best", library_best(result, set(args.files))))
-            if result.bounds:
-                series.append(("msc bound (no plan is faster)", bound_records(result)))
-            plot_busbw(series, args.plot, title=f"{result.collective}, {result.ranks} ranks on {result.topology}: "
-                                                 f"the chosen plans")
-        return 0
-
-    p.set_defaults(func=cmd)
+    p.set_defaults(func=_tune)
     return p
+
+
+def _tune(args) -> int:
+    """``msc tune``: simulate, pick, write the chosen plans, print or plot."""
+    import tempfile
+
+    from msc.units import sizes
+    from msc.sim.tune import format_tune, index_entries, per_size, tune, write_plans
+
+    # --param names a parameter of the files given; with --synthesize, of the programs made too
+    user = None if args.synthesize else tune_params(args.files, args.param)
+    if args.ranks is None or args.ranks < 1:
+        raise UsageError(f"--ranks must be >= 1, got {args.ranks}")
+    topo = topology_from_args(args, args.ranks)
+    requested = sizes(args.minbytes, args.maxbytes, args.stepfactor)
+    inplace = None if args.inplace is None else args.inplace == "in"
+    with tempfile.TemporaryDirectory(prefix="msc-tune-") as scratch:
+        files = list(args.files)
+        if args.synthesize:
+            files += synthesized_files(args.files, topo, args.output or scratch)
+            user = tune_params(files, args.param)
+        result = tune(files, args.ranks, topo, requested, protocols=args.protocols, instances=args.instances,
+                      user_params=user, inplace=inplace)
+    if args.output:
+        write_plans(result, args.output)
+    if args.json:
+        print(json.dumps({"collective": result.collective, "ranks": result.ranks, "topology": result.topology,
+                          "per_size": per_size(result), "chosen": index_entries(result),
+                          "candidates": [{"label": c.label, "algorithm": c.algorithm, "params": c.params,
+                                          "protocol": c.protocol, "instances": c.instances,
+                                          "time_us": [t * 1e6 for t in c.times], "exact": c.known}
+                                         for c in result.candidates],
+                          "skipped": result.skipped}))
+    else:
+        print(format_tune(result, args.output))
+    if args.plot:
+        _tune_plot(args, result)
+    return 0
+
+
+def _tune_plot(args, result) -> None:
+    """--plot: busbw of the chosen plans, the ring baseline, with --synthesize
+    the library's best, and the bound."""
+    from msc.cli.pictures import plot_busbw
+    from msc.sim.tune import records
+
+    chosen = list(dict.fromkeys(i for _, _, i in result.ranges))
+    for i in chosen:                  # exact at every size (the table has them where they won or came 2nd)
+        c = result.candidates[i]
+        c.times = [c.exact(j, s) for j, s in enumerate(result.sizes)]
+    series = [(result.candidates[i].label, records(result, result.candidates[i])) for i in chosen]
+    base = result.baseline
+    if base is not None and all(base is not result.candidates[i] for i in chosen):
+        series.append((base.label + " (ring baseline)", records(result, base)))
+    if args.synthesize:
+        series.append(("the library's best", library_best(result, set(args.files))))
+    if result.bounds:
+        series.append(("msc bound (no plan is faster)", bound_records(result)))
+    plot_busbw(series, args.plot, title=f"{result.collective}, {result.ranks} ranks on {result.topology}: "
+                                         f"the chosen plans")
 
 
 def library_best(result, files: set[str]) -> list[dict]:
