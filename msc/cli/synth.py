@@ -64,7 +64,8 @@ def _synthesize(args, collective, topo, command) -> dict:
     from msc.synth import synthesize
 
     n = topo.num_ranks
-    summary = {"collective": collective, "topology": topo.name, "ranks": n, "output": str(args.output)}
+    summary = {"collective": collective, "topology": topo.name, "ranks": n, "output": str(args.output),
+               "topology_flags": _topology_flags(args)}
     if args.pieces is None and n <= SIMULATE_UP_TO:
         from msc.synth.choose import choose_by_simulation
 
@@ -84,6 +85,13 @@ def _synthesize(args, collective, topo, command) -> dict:
                                                          if s.bandwidth_s_per_byte > 0 else None))
     summary["text"] = s.text
     return summary
+
+
+def _topology_flags(args) -> str:
+    """The topology as the user gave it, for the commands the summary suggests."""
+    if args.topology:
+        return f"-t {shlex.quote(args.topology)}"
+    return f"--alpha-us {args.alpha_us:g} --bandwidth-gbps {args.bandwidth_gbps:g}"
 
 
 def _spread_of(text: str) -> int:
@@ -109,17 +117,19 @@ def _write_and_verify(args, collective, topo, summary) -> None:
 
 
 def _describe(s: dict) -> str:
+    flags = f"{s['topology_flags']} --ranks {s['ranks']}"
+    hops = f"{s['max_depth']} hop{'s' if s['max_depth'] != 1 else ''}"
     lines = [f"synthesized: {s['collective']} for {s['topology']} ({s['ranks']} ranks) -> {s['output']}: "
-             f"{s['trees']} trees of {s['pieces']} piece(s) per shard, at most {s['max_depth']} hops deep, "
+             f"{s['trees']} trees of {s['pieces']} piece(s) per shard, at most {hops} deep, "
              f"spread over {s['spread']} channel(s); verified in place and out of place"]
     if s["chosen_by"] == "simulation":
         lines.append(f"  chosen by simulating {s['candidates']} candidates at {format_size(s['size'])}: "
                      f"{s['simulated_us']:.1f} us with {s['instances']} instance(s), Simple "
-                     f"(msc tune {s['output']} -t {s['topology']} --ranks {s['ranks']} compares it with others)")
+                     f"(msc tune {s['output']} {flags} compares it with others)")
     else:
         lines.append(f"  pieces {'as given' if s['chosen_by'] == 'given' else 'from the packing'}; "
-                     f"msc tune {s['output']} -t {s['topology']} --ranks {s['ranks']} tries its spread and instances")
+                     f"msc tune {s['output']} {flags} tries its spread and instances")
     if s["packing_gbps"]:
         lines.append(f"  the packing's busiest link ({s['busiest_link']}) allows {s['packing_gbps']:.1f} GB/s of "
-                     f"size at large sizes; msc bound {s['collective']} -t {s['topology']} gives the least time")
+                     f"size at large sizes; msc bound {s['collective']} {flags} gives the least time")
     return "\n".join(lines)
