@@ -148,7 +148,7 @@ def _tune_plot(args, result) -> None:
     """--plot: busbw of the chosen plans, the ring baseline, with --synthesize
     the library's best, and the bound."""
     from msc.cli.pictures import plot_busbw
-    from msc.sim.tune import records
+    from msc.sim.tune import busbw_records, records
 
     chosen = list(dict.fromkeys(i for _, _, i in result.ranges))
     for i in chosen:                  # exact at every size (the table has them where they won or came 2nd)
@@ -159,38 +159,20 @@ def _tune_plot(args, result) -> None:
     if base is not None and all(base is not result.candidates[i] for i in chosen):
         series.append((base.label + " (ring baseline)", records(result, base)))
     if args.synthesize:
-        series.append(("the library's best", library_best(result, set(args.files))))
+        series.append(("the library's best", busbw_records(result, library_best(result, set(args.files)))))
     if result.bounds:
-        series.append(("msc bound (no plan is faster)", bound_records(result)))
+        series.append(("msc bound (no plan is faster)", busbw_records(result, result.bounds)))
     plot_busbw(series, args.plot, title=f"{result.collective}, {result.ranks} ranks on {result.topology}: "
                                          f"the chosen plans")
 
 
-def library_best(result, files: set[str]) -> list[dict]:
-    """Per size, the fastest candidate from ``files`` (the user's, not the
-    synthesized ones), exactly: candidates in order of their fast-engine
-    times (lower bounds) are simulated until the next bound is no better."""
-    from msc.units import BUSBW_FACTOR
+def library_best(result, files: set[str]) -> list[float]:
+    """Per swept size, the least exact time (s) of the candidates from
+    ``files`` (the user's, not the synthesized ones)."""
+    from msc.sim.tune import exact_best
 
-    factor = BUSBW_FACTOR[result.collective](result.ranks)
     mine = [c for c in result.candidates if c.file in files]
-    out = []
-    for j, size in enumerate(result.sizes):
-        seconds = float("inf")
-        for c in sorted(mine, key=lambda c: c.times[j]):
-            if c.times[j] >= seconds:
-                break
-            seconds = min(seconds, c.exact(j, size))
-        out.append({"size": size, "busbw": size / seconds / 1e9 * factor})
-    return out
-
-
-def bound_records(result) -> list[dict]:
-    from msc.units import BUSBW_FACTOR
-
-    factor = BUSBW_FACTOR[result.collective](result.ranks)
-    return [{"size": size, "busbw": size / seconds / 1e9 * factor}
-            for size, seconds in zip(result.sizes, result.bounds) if seconds]
+    return [exact_best(mine, j, size)[0] for j, size in enumerate(result.sizes)]
 
 
 def synthesized_files(files: list[str], topology, folder: str) -> list[str]:
@@ -200,18 +182,19 @@ def synthesized_files(files: list[str], topology, folder: str) -> list[str]:
 
     from msc.dsl.loader import load_algorithms
     from msc.formats.files import write_output
-    from msc.synth import COLLECTIVES, PIECE_CHOICES, synthesize
+    from msc.synth import COLLECTIVES, PIECE_CHOICES, Synthesizer
 
     collective = load_algorithms(files[0])[0].collective.name
     if collective not in COLLECTIVES:
         raise UsageError(f"--synthesize: msc synthesize makes {', '.join(COLLECTIVES)}, not {collective}")
     Path(folder).mkdir(parents=True, exist_ok=True)
+    synth = Synthesizer(collective, topology)
     out = []
     for pieces in PIECE_CHOICES:
         name = f"synthesized_p{pieces}"
-        s = synthesize(collective, topology, pieces=pieces, name=name,
-                       command=f"msc synthesize {collective} --topology {topology.name} --pieces {pieces} "
-                               f"--name {name} -o {name}.py")
+        s = synth.program(pieces, name=name,
+                          command=f"msc synthesize {collective} --topology {topology.name} --pieces {pieces} "
+                                  f"--name {name} -o {name}.py")
         path = Path(folder) / f"{collective}-{name}.py"
         write_output(path, s.text)
         out.append(str(path))

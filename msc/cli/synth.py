@@ -11,8 +11,8 @@ import sys
 from msc.errors import UsageError
 from msc.units import format_size, size_arg
 from msc.cli.args import add_collective_on_topology_args
+from msc.synth import COLLECTIVES, check_collective
 
-COLLECTIVE_NAMES = ("allgather", "reducescatter", "allreduce", "broadcast", "reduce")   # msc.synth's
 SIMULATE_UP_TO = 64          # ranks: above this the pieces come from the packing alone (simulating takes minutes)
 
 
@@ -20,7 +20,7 @@ def add_synthesize_command(subparsers) -> argparse.ArgumentParser:
     """``msc synthesize COLLECTIVE --topology T [--ranks N] -o FILE.py``."""
     p = subparsers.add_parser("synthesize", help="write a schedule for a topology as an msc program (spanning-tree "
                                                  "packing), verified")
-    add_collective_on_topology_args(p, COLLECTIVE_NAMES)
+    add_collective_on_topology_args(p, COLLECTIVES)
     p.add_argument("--pieces", type=int,
                    help="pieces per shard, each with a tree of its own (default: chosen, see --size)")
     p.add_argument("--spread", type=int,
@@ -43,10 +43,7 @@ def _run(args) -> int:
     from msc.sim.bound import collective_name
 
     collective = collective_name(args.collective)
-    if collective not in COLLECTIVE_NAMES:
-        raise UsageError(f"msc synthesize makes {', '.join(COLLECTIVE_NAMES)}, not {args.collective!r}"
-                         + (" (alltoall moves every pair's own data: a flow, not trees)"
-                            if collective == "alltoall" else ""))
+    check_collective(collective)
     if not str(args.output).endswith(".py"):
         raise UsageError(f"-o {args.output}: the program is Python, name it FILE.py")
     topo = bound_topology(args)
@@ -71,16 +68,15 @@ def _synthesize(args, collective, topo, command) -> dict:
 
         choice = choose_by_simulation(collective, topo, args.size, root=args.root, name=args.name, command=command)
         s = choice.synthesis
-        if args.spread is not None and args.spread != choice.spread:
-            s = synthesize(collective, topo, pieces=s.pieces, spread=args.spread, root=args.root, name=args.name,
-                           command=command)
+        if args.spread is not None and args.spread != s.spread:
+            s = choice.synthesizer.program(s.pieces, spread=args.spread, name=args.name, command=command)
         summary.update(chosen_by="simulation", size=args.size, instances=choice.instances,
                        simulated_us=choice.seconds * 1e6, candidates=len(choice.tried))
     else:
         s = synthesize(collective, topo, pieces=args.pieces, spread=args.spread or 1, root=args.root,
                        name=args.name, command=command)
         summary.update(chosen_by="given" if args.pieces is not None else "packing")
-    summary.update(pieces=s.pieces, spread=args.spread or _spread_of(s.text), trees=s.trees, max_depth=s.max_depth,
+    summary.update(pieces=s.pieces, spread=s.spread, trees=s.trees, max_depth=s.max_depth,
                    busiest_link=s.busiest, packing_gbps=(1 / s.bandwidth_s_per_byte / 1e9
                                                          if s.bandwidth_s_per_byte > 0 else None))
     summary["text"] = s.text
@@ -92,13 +88,6 @@ def _topology_flags(args) -> str:
     if args.topology:
         return f"-t {shlex.quote(args.topology)}"
     return f"--alpha-us {args.alpha_us:g} --bandwidth-gbps {args.bandwidth_gbps:g}"
-
-
-def _spread_of(text: str) -> int:
-    for line in text.splitlines():
-        if line.startswith("SPREAD = "):
-            return int(line.split()[2])
-    return 1
 
 
 def _write_and_verify(args, collective, topo, summary) -> None:

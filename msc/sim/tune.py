@@ -197,14 +197,22 @@ def _simulate(cands, baseline, requested):
         c.times = [r.seconds for r in res]
         c.known = [not r.contended for r in res]
     for j in range(len(requested)):
-        best = []
-        for i in sorted(range(len(cands)), key=lambda i: (cands[i].times[j], i)):
-            c = cands[i]
-            if len(best) >= 2 and c.times[j] >= best[1]:
-                break
-            best = sorted(best + [c.exact(j, requested[j])])
+        exact_best(cands, j, requested[j], count=2)
         if baseline is not None:
             baseline.exact(j, requested[j])
+
+
+def exact_best(cands, j: int, size: int, count: int = 1) -> list[float]:
+    """The ``count`` least times at swept size j (bytes ``size``), exact:
+    candidates in order of their times (fast-engine lower bounds until made
+    exact) are simulated until the next bound cannot beat them."""
+    best: list[float] = []
+    for i in sorted(range(len(cands)), key=lambda i: (cands[i].times[j], i)):
+        c = cands[i]
+        if len(best) >= count and c.times[j] >= best[count - 1]:
+            break
+        best = sorted(best + [c.exact(j, size)])
+    return best[:count]
 
 
 def _baseline(collective, ranks, topology, inplace, cands):
@@ -334,6 +342,11 @@ def format_tune(result: TuneResult, outdir: str | None = None) -> str:
 
 def records(result, cand) -> list[dict]:
     """busbw records of a candidate at the swept sizes (for plots)."""
+    return busbw_records(result, cand.times)
+
+
+def busbw_records(result, seconds: list[float]) -> list[dict]:
+    """busbw records of times (s) at the swept sizes (for plots)."""
     factor = BUSBW_FACTOR.get(result.collective, lambda n: 1.0)(result.ranks)
     return [{"size": s, "busbw": s / t / 1e9 * factor if t > 0 else 0.0, "time": t * 1e6}
-            for s, t in zip(result.sizes, cand.times)]
+            for s, t in zip(result.sizes, seconds)]

@@ -18,7 +18,8 @@ greedy pass over the n x n route prices).
 
 Pieces are equal (they are chunks of the DSL), so the packing's fractions are
 multiples of 1/pieces: more pieces balance better and cost more messages;
-``choose_pieces`` takes the fewest within PIECES_SLACK of the best. Not
+``Synthesizer.fewest_good_pieces`` takes the fewest within PIECES_SLACK of the
+best. Not
 covered: alltoall (every pair's own data: a flow problem, not a tree
 packing), and latency-bound sizes (a tree's depth is not minimized).
 """
@@ -35,65 +36,98 @@ PIECES_SLACK = 0.02        # fewer pieces are chosen while the busiest link carr
 
 @dataclass(frozen=True)
 class Synthesis:
-    """The program's text, and what it predicts: ``bandwidth_s_per_byte``,
-    the busiest link's time per byte of the collective's size (nccl-tests
-    size, msc.units) under the packing, and which link that is."""
+    """The program's text, its pieces and spread, and what it predicts:
+    ``bandwidth_s_per_byte``, the busiest link's time per byte of the
+    collective's size (nccl-tests size, msc.units) under the packing, and
+    which link that is."""
 
     collective: str
     text: str
     pieces: int
+    spread: int
     trees: int
     max_depth: int
     bandwidth_s_per_byte: float
     busiest: str
 
 
-def synthesize(collective: str, topology, *, pieces: int | None = None, spread: int = 1, root: int = 0,
-               name: str = "synthesized", command: str = "") -> Synthesis:
-    """The synthesized program for ``collective`` on ``topology`` (a
-    msc.sim.topology.Topology); ``pieces`` None: choose_pieces()."""
-    from msc.synth.emit import program_text
-    from msc.synth.packing import EdgeLinks, pack
-    from msc.synth.symmetry import find_symmetry
-
+def check_collective(collective: str) -> None:
+    """UsageError unless msc synthesize makes ``collective``."""
     if collective not in COLLECTIVES:
         raise UsageError(f"msc synthesize makes {', '.join(COLLECTIVES)}, not {collective!r}"
                          + (" (alltoall moves every pair's own data: a flow, not trees)"
                             if collective == "alltoall" else ""))
-    n = topology.num_ranks
-    if collective in ("broadcast", "reduce") and not (type(root) is int and 0 <= root < n):
-        raise UsageError(f"root {root!r} is not a rank of topology {topology.name!r} (0..{n - 1})")
-    if not name.isidentifier():
-        raise UsageError(f"the algorithm's name must be a Python identifier, got {name!r}")
-    edges = EdgeLinks(topology)
-    roots = _roots(collective, n, root)
-    symmetry = find_symmetry(topology, edges) if collective not in ("broadcast", "reduce") and n > 1 else None
-    if pieces is None:
-        pieces, packing = choose_pieces(topology, roots, edges, symmetry)
-    else:
+
+
+class Synthesizer:
+    """One collective on one topology: checked, and its routes' links and
+    symmetry found, once; then packed for any number of pieces (each packing
+    kept) and written out with any spread, name and command."""
+
+    def __init__(self, collective: str, topology, *, root: int = 0):
+        from msc.synth.packing import EdgeLinks
+        from msc.synth.symmetry import find_symmetry
+
+        check_collective(collective)
+        n = topology.num_ranks
+        if collective in ("broadcast", "reduce") and not (type(root) is int and 0 <= root < n):
+            raise UsageError(f"root {root!r} is not a rank of topology {topology.name!r} (0..{n - 1})")
+        self.collective, self.topology, self.root = collective, topology, root
+        self.edges = EdgeLinks(topology)
+        self.roots = _roots(collective, n, root)
+        rooted = collective in ("broadcast", "reduce")
+        self.symmetry = find_symmetry(topology, self.edges) if not rooted and n > 1 else None
+        self._packings: dict[int, object] = {}
+
+    def packing(self, pieces: int):
+        from msc.synth.packing import pack
+
         if type(pieces) is not int or pieces < 1:
             raise UsageError(f"pieces must be an int >= 1, got {pieces!r}")
-        packing = pack(topology, roots, pieces, edges=edges, symmetry=symmetry)
-    per_byte = packing.seconds_per_piece_byte / (pieces * _shards(collective, n))
-    depth = max((t.depth() for t in packing.trees), default=0)
-    header = _header(collective, topology, pieces, packing, per_byte, depth, command)
+        if pieces not in self._packings:
+            self._packings[pieces] = pack(self.topology, self.roots, pieces, edges=self.edges,
+                                          symmetry=self.symmetry)
+        return self._packings[pieces]
+
+    def fewest_good_pieces(self) -> int:
+        """The fewest of PIECE_CHOICES whose busiest link's time per byte of
+        shard is within PIECES_SLACK of the best's."""
+        per_shard = {k: self.packing(k).seconds_per_piece_byte / k for k in PIECE_CHOICES}
+        best = min(per_shard.values())
+        return min(k for k, v in per_shard.items() if v <= best * (1 + PIECES_SLACK))
+
+    def program(self, pieces: int, *, spread: int = 1, name: str = "synthesized", command: str = "") -> Synthesis:
+        from msc.synth.emit import program_text
+
+        _check_program_args(name, spread)
+        packing = self.packing(pieces)
+        n = self.topology.num_ranks
+        per_byte = packing.seconds_per_piece_byte / (pieces * _shards(self.collective, n))
+        depth = max((t.depth() for t in packing.trees), default=0)
+        header = _header(self.collective, self.topology, pieces, packing, per_byte, depth, command)
+        text = program_text(self.collective, packing, num_ranks=n, pieces=pieces, spread=spread, name=name,
+                            header=header, root=self.root)
+        return Synthesis(self.collective, text, pieces, spread, len(packing.trees), depth, per_byte,
+                         packing.busiest())
+
+
+def synthesize(collective: str, topology, *, pieces: int | None = None, spread: int = 1, root: int = 0,
+               name: str = "synthesized", command: str = "") -> Synthesis:
+    """The synthesized program for ``collective`` on ``topology`` (a
+    msc.sim.topology.Topology); ``pieces`` None: the fewest good pieces
+    (Synthesizer.fewest_good_pieces)."""
+    synth = Synthesizer(collective, topology, root=root)
+    _check_program_args(name, spread)                 # before packing: a bad name costs nothing
+    if pieces is None:
+        pieces = synth.fewest_good_pieces()
+    return synth.program(pieces, spread=spread, name=name, command=command)
+
+
+def _check_program_args(name: str, spread: int) -> None:
+    if not name.isidentifier():
+        raise UsageError(f"the algorithm's name must be a Python identifier, got {name!r}")
     if type(spread) is not int or spread < 1:
         raise UsageError(f"spread must be an int >= 1, got {spread!r}")
-    text = program_text(collective, packing, num_ranks=n, pieces=pieces, spread=spread, name=name, header=header,
-                        root=root)
-    return Synthesis(collective, text, pieces, len(packing.trees), depth, per_byte, packing.busiest())
-
-
-def choose_pieces(topology, roots, edges, symmetry=None):
-    """(pieces, packing): the fewest of PIECE_CHOICES whose busiest link's time
-    per byte of shard is within PIECES_SLACK of the best's."""
-    from msc.synth.packing import pack
-
-    packed = {k: pack(topology, roots, k, edges=edges, symmetry=symmetry) for k in PIECE_CHOICES}
-    per_shard = {k: p.seconds_per_piece_byte / k for k, p in packed.items()}
-    best = min(per_shard.values())
-    k = min(k for k, v in per_shard.items() if v <= best * (1 + PIECES_SLACK))
-    return k, packed[k]
 
 
 def _roots(collective: str, n: int, root: int) -> list[tuple[int, str]]:

@@ -15,28 +15,29 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from msc.synth import PIECE_CHOICES, Synthesis, synthesize
+from msc.synth import PIECE_CHOICES, Synthesis, Synthesizer
 
 
 @dataclass(frozen=True)
 class Choice:
-    """The chosen synthesis, its spread and instances, and its simulated
-    time (s) at ``size`` next to the other candidates' (label -> s)."""
+    """The chosen synthesis, its instances, and its simulated time (s) at
+    ``size`` next to the other candidates' (label -> s); ``synthesizer``
+    writes the same packing with another spread."""
 
     synthesis: Synthesis
-    spread: int
     instances: int
     size: int
     seconds: float
     tried: dict
+    synthesizer: Synthesizer
 
 
 def choose_by_simulation(collective: str, topology, size: int, *, root: int = 0, name: str = "synthesized",
                          command: str = "", protocols=("Simple",)) -> Choice:
     from msc.sim.tune import tune
 
-    made = {k: synthesize(collective, topology, pieces=k, root=root, name=name, command=command)
-            for k in PIECE_CHOICES}
+    synth = Synthesizer(collective, topology, root=root)
+    made = {k: synth.program(k, name=name, command=command) for k in PIECE_CHOICES}
     with tempfile.TemporaryDirectory(prefix="msc-synthesize-") as tmp:
         files = {}
         for k, s in made.items():
@@ -53,5 +54,5 @@ def choose_by_simulation(collective: str, topology, size: int, *, root: int = 0,
              for c in cands}
     best = cands[result.winners[0]]
     k, spread = files[best.file], best.params["spread"]
-    chosen = synthesize(collective, topology, pieces=k, spread=spread, root=root, name=name, command=command)
-    return Choice(chosen, spread, best.instances, size, best.times[0], tried)
+    chosen = synth.program(k, spread=spread, name=name, command=command)      # packed already: kept
+    return Choice(chosen, best.instances, size, best.times[0], tried, synth)
