@@ -294,9 +294,42 @@ def test_custom_collective(tmp_path):
         "        p.chunk(r, 'input', 0).copy(r + 1, 'output', 0)\n")
     [alg] = msc.load_algorithms(path)
     plan = lower(msc.trace(alg, 4, inplace=False), LowerOptions(), collective=alg.collective)
-    sim = Simulator(plan, Uniform(4, A_US, B_GBPS))
+    assert plan.slots == 1
+    sim = Simulator(plan, Uniform(4, A_US, B_GBPS), slots=1)
     [rec] = sim.records([256 << 10])
     assert rec["busbw"] == rec["algbw"] and rec["time"] == pytest.approx((A + (256 << 10) / B) * 1e6)
     # two tiles through one slot: the second waits for the first's release (a latency each way)
     [rec] = sim.records([1 << 20])
     assert rec["iterations"] == 2 and rec["time"] == pytest.approx((3 * A + (1 << 20) / B) * 1e6)
+    # msc's runtime gives the connection 8 slots (the default): the second tile follows the first
+    [rec] = Simulator(plan, Uniform(4, A_US, B_GBPS)).records([1 << 20])
+    assert rec["iterations"] == 2 and rec["time"] == pytest.approx((A + (1 << 20) / B) * 1e6)
+
+
+def test_simulate_gives_a_plan_the_slots_its_runtime_gives(tmp_path, capsys):
+    """A plan file runs on msc's runtime (max(plan.slots, 8) slots per
+    connection), MSCCL XML on an MSCCL runtime (Simple: 2); --slots and
+    --runtime say otherwise."""
+    from msc.formats.plan_text import save_plan
+    from msc.formats.xml_export import plan_to_xml
+
+    plan = plan_of("allreduce/tree", 4)
+    assert plan.slots == 1
+    path = save_plan(plan, tmp_path / "tree.plan")
+    xml = tmp_path / "tree.xml"
+    xml.write_text(plan_to_xml(plan, runtime="msccl"))
+
+    def simulated(*argv):
+        rc, out, err = run_cli(["simulate", *argv, "--alpha-us", A_US, "--bandwidth-gbps", B_GBPS,
+                                "-b", "64M", "-e", "64M", "--json"], capsys)
+        assert rc == 0, err
+        return json.loads(out)[0]["time"]
+
+    def expected(slots):
+        return Simulator(plan, Uniform(4, A_US, B_GBPS), slots=slots).records([64 << 20])[0]["time"]
+
+    assert expected(1) > expected(2) > expected(8)         # the slots matter for this plan at this size
+    assert simulated(path) == pytest.approx(expected(8))
+    assert Simulator(plan, Uniform(4, A_US, B_GBPS)).slots == 8
+    assert simulated(path, "--slots", 1) == pytest.approx(expected(1))
+    assert simulated(xml) == pytest.approx(expected(2)) == simulated(path, "--runtime", "msccl")

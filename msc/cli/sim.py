@@ -24,6 +24,22 @@ def add_commands(subparsers, load_plan: Callable) -> None:
     add_show_command(subparsers, load_plan)
 
 
+def simulated_slots(plan, path: str, args) -> int | None:
+    """The slots per connection to simulate ``plan`` (read from ``path``)
+    with: those it was loaded with where --slots or --runtime set them; for
+    MSCCL XML, what the MSCCL runtimes give its protocol (the file's own
+    msc_slots where that is more); else None, what msc's own runtime gives
+    it (msc.sim.simulate.Simulator's default)."""
+    from msc.formats.load import is_xml_file
+    from msc.lower.runtimes import xml_capacity
+
+    if capacity_args(args):
+        return plan.slots
+    if is_xml_file(path):
+        return max(plan.slots, xml_capacity(plan.protocol).slots)
+    return None
+
+
 def add_simulate_command(subparsers, load_plan: Callable) -> argparse.ArgumentParser:
     """``msc simulate PLAN... --topology T [-b MIN -e MAX -f F] [--json] [--plot FILE.png]``."""
     p = subparsers.add_parser("simulate", help="predict a plan's time, algbw and busbw per size on a topology")
@@ -49,8 +65,8 @@ def add_simulate_command(subparsers, load_plan: Callable) -> argparse.ArgumentPa
         for path in args.plans:
             plan = load_plan(path, **capacity_args(args))
             topo = topology_from_args(args, plan.num_ranks)
-            records = Simulator(plan, topo, tile=args.tile, dtype=args.dtype).records(
-                requested, engine=args.engine)
+            records = Simulator(plan, topo, tile=args.tile, slots=simulated_slots(plan, path, args),
+                                dtype=args.dtype).records(requested, engine=args.engine)
             add_bound(records, plan.collective, plan.root, topo)         # bound_time, bound_pct
             everything += records
             series.append((f"{plan.name} ({plan.protocol}, x{plan.instances})", records))
@@ -247,7 +263,8 @@ def add_show_command(subparsers, load_plan: Callable) -> argparse.ArgumentParser
         if timed:
             from msc.sim.simulate import Simulator
 
-            sim = Simulator(plan, topology_from_args(args, plan.num_ranks))
+            sim = Simulator(plan, topology_from_args(args, plan.num_ranks),
+                            slots=simulated_slots(plan, args.plan, args))
             draw_timeline(sim, args.size if args.size is not None else 1024 ** 2, args.png)
             print(f"timeline of {args.plan} on {sim.topology.name} -> {args.png}")
         else:

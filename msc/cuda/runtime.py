@@ -99,17 +99,17 @@ from msc.cuda.validate import check_call, check_collective, check_op, units
 from msc.errors import UsageError
 from msc.ir import Plan
 from msc.ir.ops import REDUCE_OPS
+from msc.lower.runtimes import runtime_slots
 
 PLACEMENTS = ("virtual", "devices", "torchrun")
-MIN_SLOTS = 8
 ARGS_CACHE = 256          # uploaded MscArgs blocks kept per communicator
 DEFAULT_TIMEOUT_S = 300.0
 _SERIALS: dict[tuple, itertools.count] = {}    # torchrun communicators made here, per (plan name, group)
 
 
 def runtime_plan(plan: Plan) -> Plan:
-    """The plan as the runtime compiles it: max(plan.slots, MIN_SLOTS) slots."""
-    return dataclasses.replace(plan, slots=max(plan.slots, MIN_SLOTS))
+    """The plan as the runtime compiles it: max(plan.slots, MSC_MIN_SLOTS) slots (msc.lower.runtimes)."""
+    return dataclasses.replace(plan, slots=runtime_slots(plan, "msc"))
 
 
 @dataclass(frozen=True)

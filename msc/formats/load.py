@@ -48,7 +48,7 @@ def read_plan_file(path: str | Path, *, verify: bool = True, collective=None, sl
         data = path.read_bytes()
     except OSError as exc:
         raise PlanError(f"cannot read {path}: {exc.strerror or exc}") from None
-    reader = "xml" if path.suffix.lower() == ".xml" or _XML_START.match(data) else "plan"
+    reader = _reader(path, data)
     if reader == "xml":
         plan = xml_to_plan(data, path=str(path), slots=slots, runtime=runtime)   # bytes: expat reads the encoding
     else:
@@ -63,6 +63,21 @@ def read_plan_file(path: str | Path, *, verify: bool = True, collective=None, sl
         verify_at_capacity(plan, collective=collective)
         verified_texts.remember(data, key, plan.collective, collective)
     return plan, data, reader
+
+
+def _reader(path: Path, data: bytes) -> str:
+    return "xml" if path.suffix.lower() == ".xml" or _XML_START.match(data) else "plan"
+
+
+def is_xml_file(path: str | Path) -> bool:
+    """Whether load_plan reads ``path`` as MSCCL XML (a plan for the MSCCL runtimes)."""
+    path = Path(path)
+    try:
+        with path.open("rb") as f:
+            head = f.read(4096)
+    except OSError as exc:
+        raise PlanError(f"cannot read {path}: {exc.strerror or exc}") from None
+    return _reader(path, head) == "xml"
 
 
 def verify_at_capacity(plan: Plan, *, collective=None):

@@ -98,7 +98,7 @@ _NCCL_STEPS = ("NCCL_STEPS 8 / MSCCL_CHUNKSTEPS 4", "NCCL_STEPS 8, a message a s
 
 RUNTIMES: dict[str, Runtime] = {
     "msc": Runtime("msc", "msc's own CUDA runtime", False, None,
-                   "connections sized for the plan (msc.cuda.runtime: max(plan.slots, 8))"),
+                   "connections sized for the plan: max(plan.slots, MSC_MIN_SLOTS)"),
     "msccl": Runtime(
         "msccl", "microsoft/msccl", True, slots_source=_NCCL_STEPS,
         max_threadblocks=216,           # MSCCL_MAX_NUM_THREAD_BLOCKS (108*2): src/include/msccl.h
@@ -113,8 +113,18 @@ RUNTIMES: dict[str, Runtime] = {
         **_SHARED),
 }
 DEFAULT_TARGET = "msc"                   # what `msc compile` lowers for
+MSC_MIN_SLOTS = 8                        # msc's runtime sizes every connection for at least this many
 XML_RUNTIMES = tuple(name for name, rt in RUNTIMES.items() if rt.xml)
 DEFAULT_XML_RUNTIME = "msccl"            # assumed for XML that names no runtime, where the runtimes differ
+
+
+def runtime_slots(plan, runtime: str = DEFAULT_TARGET) -> int:
+    """Messages a connection of ``plan`` holds when ``runtime`` runs it: msc's
+    own runtime gives max(plan.slots, MSC_MIN_SLOTS) (plan.slots is the
+    fewest the plan was verified deadlock-free with), an MSCCL runtime what
+    its connections of the plan's protocol hold."""
+    given = get_runtime(runtime).connection_slots(plan.protocol)
+    return max(plan.slots, MSC_MIN_SLOTS) if given is None else given
 
 
 def get_runtime(name: str) -> Runtime:

@@ -28,6 +28,7 @@ from msc.dsl.collectives import get_collective
 from msc.errors import UsageError
 from msc.ir import Plan
 from msc.ir.limits import MAX_TILES
+from msc.lower.runtimes import runtime_slots
 from msc.units import BUSBW_FACTOR, parse_dtype
 from msc.sim.events import EventSim
 from msc.sim.fast import JUMP_MIN, evaluate, layers, prepare
@@ -53,8 +54,11 @@ class Simulator:
     """A plan bound to a topology: ``run(sizes)`` gives a SimResult per size.
 
     ``tile``: bytes per chunk and iteration (default: the plan's, else the
-    protocol's); ``slots``: messages in flight per connection (default: the
-    plan's). The plan's arrays and layers are built once and reused."""
+    protocol's); ``slots``: messages in flight per connection (default: what
+    msc's own runtime gives the plan, max(plan.slots, 8): plan.slots is only
+    the fewest it was verified with; pass plan.slots for a plan that will run
+    where connections hold just that, e.g. MSCCL XML). The plan's arrays and
+    layers are built once and reused."""
 
     def __init__(self, plan: Plan | SimPlan, topology: Topology, *, tile: int | None = None,
                  slots: int | None = None, dtype: str = "float"):
@@ -69,7 +73,7 @@ class Simulator:
         self.sp, self.plan, self.topology = sp, plan, topology
         proto = topology.protocol(plan.protocol)
         self.tile = tile or plan.tile or proto.tile
-        self.slots = slots or plan.slots
+        self.slots = slots or runtime_slots(plan)
         self.type_name, dt = parse_dtype(dtype)
         self.itemsize = dt.itemsize
         routes = [topology.route(int(s), int(d)) for s, d in zip(sp.conn_src, sp.conn_dst)]
