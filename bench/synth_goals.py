@@ -6,8 +6,11 @@ and each of allgather, reducescatter and allreduce, at 64M, 256M and 1G:
 - the bound: msc bound's least time at the size (msc.sim.bound);
 - the library's best: msc tune over every library algorithm of the
   collective (parameter variations, 1, 2 and 4 instances);
-- the synthesized schedule: msc synthesize's choice (pieces and spread
-  simulated at 1G), then msc tune over its spreads and instances.
+- the synthesized schedule: the best of the programs msc tune --synthesize
+  adds (every piece count msc.synth tries, each with its spreads, both
+  places to add where the collective sums, 1, 2 and 4 instances), per size;
+- msc synthesize's own choice at 1G (pieces, spread, place to add,
+  instances simulated there), its time at 1G and how long choosing took.
 Simple protocol only: LL has half its bandwidth in this model and never wins
 at these sizes (--all-protocols adds LL, and takes twice as long).
 Goals: synthesized within 10% of the bound (time <= 1.1 x bound) on every
@@ -16,7 +19,7 @@ heterogeneous ones (pcie, ib:2, ib:4, the TOML files); generation (the
 packing and the program text, without the simulated choice) in seconds at
 64 ranks and under a minute at 256.
 
-    python bench/synth_goals.py [--all-protocols] [--out bench/results/synth-goals-DATE]
+    python bench/synth_goals.py [--all-protocols] [--jobs N] [--out bench/results/synth-goals-DATE]
 
 Writes OUT.json (every number) and OUT.md (the table). Nothing runs on a GPU:
 these are predictions of msc's cost model (msc simulate), not measurements.
@@ -26,6 +29,8 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import multiprocessing
+import os
 import platform
 import sys
 import tempfile
@@ -49,28 +54,29 @@ def best(result) -> list[float]:
     return [result.candidates[w].times[j] for j, w in enumerate(result.winners)]
 
 
-def measure(spec: str, n: int, collective: str, protocols) -> dict:
+def measure(job) -> dict:
+    from msc.cli.sim import synthesized_files
     from msc.sim.topology import get_topology
     from msc.sim.tune import tune
     from msc.synth.choose import choose_by_simulation
 
+    spec, n, collective, protocols = job
     topo = get_topology(spec, n)
     lib = tune(library_files(collective), n, topo, list(SIZES), protocols=protocols, refine=False)
+    with tempfile.TemporaryDirectory() as tmp:
+        files = synthesized_files(library_files(collective)[:1], topo, tmp)
+        syn = tune(files, n, topo, list(SIZES), protocols=protocols, refine=False)
     start = time.perf_counter()
     choice = choose_by_simulation(collective, topo, SIZES[-1])
     chose_s = time.perf_counter() - start
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "synthesized.py"
-        path.write_text(choice.synthesis.text)
-        syn = tune([str(path)], n, topo, list(SIZES), protocols=protocols, refine=False,
-                   user_params={"spread": [1, 2, 4]})
-    winner = syn.candidates[syn.winners[-1]]
+    s = choice.synthesis
     return {"topology": topo.name, "ranks": n, "collective": collective, "sizes": list(SIZES),
             "bound_s": syn.bounds, "library_s": best(lib),
             "library_winner": [lib.candidates[w].label for w in lib.winners], "synth_s": best(syn),
-            "synth_winner": [syn.candidates[w].label for w in syn.winners], "pieces": choice.synthesis.pieces,
-            "spread": winner.params["spread"], "trees": choice.synthesis.trees,
-            "max_depth": choice.synthesis.max_depth, "choose_s": chose_s}
+            "synth_winner": [syn.candidates[w].label for w in syn.winners],
+            "chosen": {"pieces": s.pieces, "spread": s.spread, "add_on_arrival": s.add_on_arrival,
+                       "instances": choice.instances, "trees": s.trees, "max_depth": s.max_depth,
+                       "seconds_at_1G": choice.seconds, "candidates": len(choice.tried), "choose_s": chose_s}}
 
 
 def generation(spec: str, n: int) -> dict:
@@ -102,8 +108,8 @@ def table(rows: list[dict], gens: list[dict]) -> str:
             if r["topology"] in HETEROGENEOUS:
                 goals.append(">= 1.3x" if ratio >= 1.3 else "NOT 1.3x")
             lines.append(f"| {r['topology']} ({r['ranks']}) | {r['collective']} | {size >> 20}M | {bw[0]:.1f} | "
-                         f"{bw[1]:.1f} ({r['library_winner'][j]}) | {bw[2]:.1f} ({r['synth_winner'][j]}, "
-                         f"pieces {r['pieces']}) | {pct:.1f} | {ratio:.2f}x | {', '.join(goals)} |")
+                         f"{bw[1]:.1f} ({r['library_winner'][j]}) | {bw[2]:.1f} ({r['synth_winner'][j]}) | "
+                         f"{pct:.1f} | {ratio:.2f}x | {', '.join(goals)} |")
     lines += ["", "| topology | ranks | " + " | ".join(f"{c} (s)" for c in COLLECTIVES) + " |",
               "|---|---|" + "---|" * len(COLLECTIVES)]
     for g in gens:
@@ -115,23 +121,27 @@ def table(rows: list[dict], gens: list[dict]) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--all-protocols", action="store_true", help="LL too (it never wins at these sizes)")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="rows measured at once (processes)")
     ap.add_argument("--out", default=str(ROOT / "bench/results" / f"synth-goals-{datetime.date.today()}"))
     args = ap.parse_args()
     protocols = ("Simple", "LL") if args.all_protocols else ("Simple",)
-    rows = []
-    for spec, n in TOPOLOGIES:
-        for collective in COLLECTIVES:
-            rows.append(measure(spec, n, collective, protocols))
-            r = rows[-1]
-            print(f"{r['topology']:14} {collective:14} " + "  ".join(
+    jobs = [(spec, n, collective, protocols) for spec, n in TOPOLOGIES for collective in COLLECTIVES]
+    with multiprocessing.get_context("spawn").Pool(max(1, args.jobs)) as pool:
+        rows = []
+        for r in pool.imap(measure, jobs):          # in order: the table's order
+            rows.append(r)
+            c = r["chosen"]
+            print(f"{r['topology']:14} {r['collective']:14} " + "  ".join(
                 f"{s >> 20}M bound/synth {100 * b / t:5.1f}% lib/synth {lt / t:5.2f}x"
-                for s, b, t, lt in zip(r["sizes"], r["bound_s"], r["synth_s"], r["library_s"])), flush=True)
+                for s, b, t, lt in zip(r["sizes"], r["bound_s"], r["synth_s"], r["library_s"]))
+                + f"  | msc synthesize's choice: pieces {c['pieces']} spread {c['spread']} x{c['instances']} "
+                  f"{100 * r['bound_s'][-1] / c['seconds_at_1G']:.1f}% at 1G in {c['choose_s']:.1f} s", flush=True)
     gens = [generation(spec, n) for spec, n in GENERATION]
     for g in gens:
         print(f"generation {g['topology']} ({g['ranks']} ranks): "
               + ", ".join(f"{c} {g[c]['seconds']:.2f} s" for c in COLLECTIVES), flush=True)
     meta = {"date": str(datetime.date.today()), "python": platform.python_version(), "machine": platform.machine(),
-            "cpus": __import__("os").cpu_count(), "command": " ".join(sys.argv), "protocols": protocols}
+            "cpus": os.cpu_count(), "command": " ".join(sys.argv), "protocols": protocols}
     Path(args.out + ".json").write_text(json.dumps({"meta": meta, "rows": rows, "generation": gens}, indent=1))
     Path(args.out + ".md").write_text(f"# msc synthesize goals ({meta['date']}, predicted by msc simulate)\n\n"
                                       + table(rows, gens) + "\n")

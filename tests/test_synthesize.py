@@ -152,11 +152,36 @@ def test_the_command_writes_a_program_msc_compiles(tmp_path):
     text = (tmp_path / "ring3.py").read_text()
     assert "IN_TREES = {" in text and "OUT_TREES = {" in text and "msc synthesize allreduce" in text
     assert f"SPREAD = {summary['spread']}" in text and f"PIECES = {summary['pieces']}" in text
+    assert f"ADD_ON_ARRIVAL = {summary['add_on_arrival']}" in text
     done = msc_cli("compile", "ring3.py", "--ranks", "3", "-o", "ring3.plan", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     given = msc_cli("synthesize", "broadcast", "-t", "pcie", "--root", "5", "--pieces", "2", "-o", "b.py",
                     cwd=tmp_path)
     assert given.returncode == 0 and "pieces as given" in given.stdout, given.stderr
+
+
+def test_add_on_arrival_moves_the_additions_onto_the_receiving_threadblocks(tmp_path):
+    """Both places to add several children's parts verify; on arrival, the
+    additions spread over the threadblocks that received the parts, else
+    each rank adds on one threadblock."""
+    from msc.ir import StepOp
+    from msc.lower.pipeline import LowerOptions, lower
+
+    topo = get_topology("ib:2", 16)
+    adders = {}
+    for on_arrival in (True, False):
+        s = synthesize("reducescatter", topo, pieces=1, add_on_arrival=on_arrival)
+        assert s.add_on_arrival is on_arrival and f"ADD_ON_ARRIVAL = {on_arrival}  #" in s.text
+        for inplace in (True, False):
+            prog = traced(s.text, tmp_path, 16, 0, inplace)
+        plan = lower(prog, LowerOptions())
+        adders[on_arrival] = {(rank.rank, tb.id) for rank in plan.ranks for tb in rank.threadblocks
+                              if any(step.op is StepOp.REDUCE for step in tb.steps)}
+        assert all(plan.ranks[r].threadblocks[t].recv is not None for r, t in adders[on_arrival])
+    assert len(adders[False]) == 16 < len(adders[True])
+    assert "ADD_ON_ARRIVAL" not in synthesize("allgather", topo, pieces=1).text
+    with pytest.raises(UsageError, match="add_on_arrival must be True or False"):
+        synthesize("reducescatter", topo, pieces=1, add_on_arrival="yes")
 
 
 @pytest.mark.parametrize("args, message", [
@@ -165,6 +190,7 @@ def test_the_command_writes_a_program_msc_compiles(tmp_path):
     (["broadcast", "-t", "pcie", "--root", "8", "-o", "x.py", "--pieces", "1"], "root 8 is not a rank"),
     (["allgather", "-t", "pcie", "--pieces", "0", "-o", "x.py"], "pieces must be an int >= 1"),
     (["allgather", "-t", "pcie", "--name", "not a name", "-o", "x.py", "--pieces", "1"], "Python identifier"),
+    (["allgather", "-t", "pcie", "--pieces", "1", "--no-add-on-arrival", "-o", "x.py"], "adds nothing up"),
 ])
 def test_the_command_refuses_what_it_cannot_make(args, message, tmp_path):
     out = msc_cli("synthesize", *args, cwd=tmp_path)
@@ -190,9 +216,26 @@ def test_tune_puts_synthesized_programs_beside_the_library(tmp_path):
                   "--protocols", "Simple", "--instances", "1", "--synthesize", "-o", "tuned", "--json", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     labels = {c["label"] for c in json.loads(out.stdout)["candidates"]}
-    assert {f"synthesized_p{k}" for k in (1, 2, 4, 8)} <= {label.split("[")[0].split()[0] for label in labels}
+    from msc.synth import Synthesizer
+
+    pieces = Synthesizer("allgather", get_topology("ring:6", 6)).piece_choices()
+    assert pieces[:4] == (1, 2, 4, 8) and set(pieces[4:]) <= {16}     # 16 where it packs better than 8
+    assert {f"synthesized_p{k}" for k in pieces} <= {label.split("[")[0].split()[0] for label in labels}
     assert any("spread=4" in label for label in labels)                      # its parameter is tuned too
-    assert sorted(p.name for p in (tmp_path / "tuned").glob("*.py")) == [
-        f"allgather-synthesized_p{k}.py" for k in (1, 2, 4, 8)]
+    assert sorted(p.name for p in (tmp_path / "tuned").glob("*.py")) == sorted(
+        f"allgather-synthesized_p{k}.py" for k in pieces)
     refused = msc_cli("tune", "alltoall/allpairs", "--ranks", "4", "-t", "ring:4", "--synthesize", cwd=tmp_path)
     assert refused.returncode == 2 and "--synthesize: msc synthesize makes" in refused.stderr
+
+
+def test_sixteen_pieces_are_tried_only_where_they_pack_better():
+    """A torus's trees balance better in sixteenths than in eighths; on
+    NVSwitch eighths are as good, so 16 pieces would only add messages."""
+    from msc.synth import PIECES_SLACK, Synthesizer, spread_choices
+
+    torus = Synthesizer("allgather", get_topology("torus:4x4", 16))
+    assert torus.piece_choices() == (1, 2, 4, 8, 16)
+    per_shard = {k: torus.packing(k).seconds_per_piece_byte / k for k in (8, 16)}
+    assert per_shard[16] * (1 + PIECES_SLACK) < per_shard[8]
+    assert Synthesizer("allgather", get_topology("nvswitch", 8)).piece_choices() == (1, 2, 4, 8)
+    assert spread_choices(1) == (1,) and spread_choices(4) == (1, 2, 4) and spread_choices(16) == (1, 2, 4, 8, 16)

@@ -116,7 +116,8 @@ def add_tune_command(subparsers, load_plan: Callable | None = None) -> argparse.
     p.add_argument("--plot", metavar="FILE.png", help="busbw against size: the chosen plans and the ring")
     p.add_argument("--synthesize", action="store_true",
                    help="also tune schedules synthesized for the topology (msc synthesize: 1, 2, 4 and 8 pieces, "
-                        "each with its spread 1, 2, 4); with -o DIR their programs are written there too")
+                        "and 16 where they pack better, each with spreads up to its pieces and, where they sum, "
+                        "add_on_arrival both ways); with -o DIR their programs are written there too")
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show Python tracebacks")
     p.set_defaults(func=_tune)
     return p
@@ -198,7 +199,7 @@ def synthesized_files(files: list[str], topology, folder: str) -> list[str]:
 
     from msc.dsl.loader import load_algorithms
     from msc.formats.files import write_output
-    from msc.synth import COLLECTIVES, PIECE_CHOICES, Synthesizer
+    from msc.synth import COLLECTIVES, Synthesizer, default_spread
 
     collective = load_algorithms(files[0])[0].collective.name
     if collective not in COLLECTIVES:
@@ -206,11 +207,11 @@ def synthesized_files(files: list[str], topology, folder: str) -> list[str]:
     Path(folder).mkdir(parents=True, exist_ok=True)
     synth = Synthesizer(collective, topology)
     out = []
-    for pieces in PIECE_CHOICES:
+    for pieces in synth.piece_choices():
         name = f"synthesized_p{pieces}"
-        s = synth.program(pieces, name=name,
+        s = synth.program(pieces, spread=default_spread(pieces), name=name,
                           command=f"msc synthesize {collective} --topology {topology.name} --pieces {pieces} "
-                                  f"--name {name} -o {name}.py")
+                                  f"--spread {default_spread(pieces)} --name {name} -o {name}.py")
         path = Path(folder) / f"{collective}-{name}.py"
         write_output(path, s.text)
         out.append(str(path))

@@ -11,7 +11,7 @@ import sys
 from msc.errors import UsageError
 from msc.units import format_size, size_arg
 from msc.cli.args import add_collective_on_topology_args
-from msc.synth import COLLECTIVES, check_collective
+from msc.synth import COLLECTIVES, SUMS, check_collective
 
 SIMULATE_UP_TO = 64          # ranks: above this the pieces come from the packing alone (simulating takes minutes)
 
@@ -25,7 +25,11 @@ def add_synthesize_command(subparsers) -> argparse.ArgumentParser:
                    help="pieces per shard, each with a tree of its own (default: chosen, see --size)")
     p.add_argument("--spread", type=int,
                    help="channels the pieces are spread over: the program's default for its spread parameter "
-                        "(default: chosen with the pieces)")
+                        "(default: chosen with the pieces; where they are not simulated, pieces / 4, at least 1)")
+    p.add_argument("--add-on-arrival", action=argparse.BooleanOptionalAction,
+                   help="reducescatter, reduce, allreduce: a rank adds each child's part as it arrives, on the "
+                        "threadblock that received it (--no-add-on-arrival: all after the last, on one); the "
+                        "program's default for its add_on_arrival parameter (default: chosen with the pieces)")
     p.add_argument("--size", type=size_arg, default=1 << 30,
                    help=f"the size the choice of pieces and spread is simulated at, up to {SIMULATE_UP_TO} ranks "
                         "(bytes; K, M, G; default 1G); above that, and with --pieces, they come from the "
@@ -44,6 +48,9 @@ def _run(args) -> int:
 
     collective = collective_name(args.collective)
     check_collective(collective)
+    if args.add_on_arrival is not None and collective not in SUMS:
+        flag = "--add-on-arrival" if args.add_on_arrival else "--no-add-on-arrival"
+        raise UsageError(f"{flag}: a {collective} adds nothing up (it is for {', '.join(SUMS)})")
     if not str(args.output).endswith(".py"):
         raise UsageError(f"-o {args.output}: the program is Python, name it FILE.py")
     topo = bound_topology(args)
@@ -68,15 +75,20 @@ def _synthesize(args, collective, topo, command) -> dict:
 
         choice = choose_by_simulation(collective, topo, args.size, root=args.root, name=args.name, command=command)
         s = choice.synthesis
-        if args.spread is not None and args.spread != s.spread:
-            s = choice.synthesizer.program(s.pieces, spread=args.spread, name=args.name, command=command)
+        spread = s.spread if args.spread is None else args.spread
+        on_arrival = s.add_on_arrival if args.add_on_arrival is None else args.add_on_arrival
+        if (spread, on_arrival) != (s.spread, s.add_on_arrival):
+            s = choice.synthesizer.program(s.pieces, spread=spread, add_on_arrival=bool(on_arrival), name=args.name,
+                                           command=command)
         summary.update(chosen_by="simulation", size=args.size, instances=choice.instances,
                        simulated_us=choice.seconds * 1e6, candidates=len(choice.tried))
     else:
-        s = synthesize(collective, topo, pieces=args.pieces, spread=args.spread or 1, root=args.root,
-                       name=args.name, command=command)
+        s = synthesize(collective, topo, pieces=args.pieces, spread=args.spread,
+                       add_on_arrival=args.add_on_arrival is not False, root=args.root, name=args.name,
+                       command=command)
         summary.update(chosen_by="given" if args.pieces is not None else "packing")
-    summary.update(pieces=s.pieces, spread=s.spread, trees=s.trees, max_depth=s.max_depth,
+    summary.update(pieces=s.pieces, spread=s.spread, add_on_arrival=s.add_on_arrival, trees=s.trees,
+                   max_depth=s.max_depth,
                    busiest_link=s.busiest, packing_gbps=(1 / s.bandwidth_s_per_byte / 1e9
                                                          if s.bandwidth_s_per_byte > 0 else None))
     summary["text"] = s.text
@@ -105,12 +117,18 @@ def _write_and_verify(args, collective, topo, summary) -> None:
     summary["verified"] = True
 
 
+def _adding(on_arrival: bool | None) -> str:
+    if on_arrival is None:
+        return ""
+    return ", children's parts added " + ("as they arrive" if on_arrival else "after the last arrives")
+
+
 def _describe(s: dict) -> str:
     flags = f"{s['topology_flags']} --ranks {s['ranks']}"
     hops = f"{s['max_depth']} hop{'s' if s['max_depth'] != 1 else ''}"
     lines = [f"synthesized: {s['collective']} for {s['topology']} ({s['ranks']} ranks) -> {s['output']}: "
              f"{s['trees']} trees of {s['pieces']} piece(s) per shard, at most {hops} deep, "
-             f"spread over {s['spread']} channel(s); verified in place and out of place"]
+             f"spread over {s['spread']} channel(s){_adding(s['add_on_arrival'])}; verified in place and out of place"]
     if s["chosen_by"] == "simulation":
         lines.append(f"  chosen by simulating {s['candidates']} candidates at {format_size(s['size'])}: "
                      f"{s['simulated_us']:.1f} us with {s['instances']} instance(s), Simple "

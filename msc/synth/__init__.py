@@ -19,7 +19,10 @@ greedy pass over the n x n route prices).
 Pieces are equal (they are chunks of the DSL), so the packing's fractions are
 multiples of 1/pieces: more pieces balance better and cost more messages;
 ``Synthesizer.fewest_good_pieces`` takes the fewest within PIECES_SLACK of the
-best. Not
+best. ``Synthesizer.piece_choices`` are the counts worth simulating: 1, 2, 4
+and 8, and 16 only where its packing beats 8's by more than PIECES_SLACK (a
+torus, whose best fractions are not eighths; elsewhere 16 pieces only add
+messages). Not
 covered: alltoall (every pair's own data: a flow problem, not a tree
 packing), and latency-bound sizes (a tree's depth is not minimized).
 """
@@ -30,7 +33,10 @@ from dataclasses import dataclass
 from msc.errors import UsageError
 
 COLLECTIVES = ("allgather", "reducescatter", "allreduce", "broadcast", "reduce")
+SUMS = ("reducescatter", "reduce", "allreduce")       # the collectives whose programs sum up trees
 PIECE_CHOICES = (1, 2, 4, 8)
+MORE_PIECES = 16           # tried where the packing at 8 pieces is more than PIECES_SLACK from it
+SPREADS = (1, 2, 4, 8, 16)
 PIECES_SLACK = 0.02        # fewer pieces are chosen while the busiest link carries at most 2% more
 
 
@@ -45,10 +51,23 @@ class Synthesis:
     text: str
     pieces: int
     spread: int
+    add_on_arrival: bool | None    # sum_up's choice (None: the collective sums nothing)
     trees: int
     max_depth: int
     bandwidth_s_per_byte: float
     busiest: str
+
+
+def spread_choices(pieces: int) -> tuple[int, ...]:
+    """The spreads worth simulating for ``pieces`` pieces: piece j moves on
+    channel j % spread, so a spread above the pieces changes nothing."""
+    return tuple(s for s in SPREADS if s <= max(pieces, 1))
+
+
+def default_spread(pieces: int) -> int:
+    """A program's default spread for msc tune, whose variations of an int
+    parameter d (d, d/2, 2d, 4d) then cover spread_choices(pieces)' middle."""
+    return max(1, pieces // 4)
 
 
 def check_collective(collective: str) -> None:
@@ -89,45 +108,59 @@ class Synthesizer:
                                           symmetry=self.symmetry)
         return self._packings[pieces]
 
+    def piece_choices(self) -> tuple[int, ...]:
+        """PIECE_CHOICES, and MORE_PIECES where its packing's busiest link
+        takes more than PIECES_SLACK less time per byte of shard than at 8."""
+        per_shard = {k: self.packing(k).seconds_per_piece_byte / k for k in (PIECE_CHOICES[-1], MORE_PIECES)}
+        more = per_shard[MORE_PIECES] * (1 + PIECES_SLACK) < per_shard[PIECE_CHOICES[-1]]
+        return PIECE_CHOICES + ((MORE_PIECES,) if more else ())
+
     def fewest_good_pieces(self) -> int:
-        """The fewest of PIECE_CHOICES whose busiest link's time per byte of
+        """The fewest of piece_choices() whose busiest link's time per byte of
         shard is within PIECES_SLACK of the best's."""
-        per_shard = {k: self.packing(k).seconds_per_piece_byte / k for k in PIECE_CHOICES}
+        per_shard = {k: self.packing(k).seconds_per_piece_byte / k for k in self.piece_choices()}
         best = min(per_shard.values())
         return min(k for k, v in per_shard.items() if v <= best * (1 + PIECES_SLACK))
 
-    def program(self, pieces: int, *, spread: int = 1, name: str = "synthesized", command: str = "") -> Synthesis:
+    def program(self, pieces: int, *, spread: int = 1, add_on_arrival: bool = True, name: str = "synthesized",
+                command: str = "") -> Synthesis:
         from msc.synth.emit import program_text
 
-        _check_program_args(name, spread)
+        _check_program_args(name, spread, add_on_arrival)
         packing = self.packing(pieces)
         n = self.topology.num_ranks
         per_byte = packing.seconds_per_piece_byte / (pieces * _shards(self.collective, n))
         depth = max((t.depth() for t in packing.trees), default=0)
         header = _header(self.collective, self.topology, pieces, packing, per_byte, depth, command)
         text = program_text(self.collective, packing, num_ranks=n, pieces=pieces, spread=spread, name=name,
-                            header=header, root=self.root)
-        return Synthesis(self.collective, text, pieces, spread, len(packing.trees), depth, per_byte,
+                            header=header, root=self.root, sums=self.collective in SUMS,
+                            add_on_arrival=add_on_arrival)
+        sums = add_on_arrival if self.collective in SUMS else None
+        return Synthesis(self.collective, text, pieces, spread, sums, len(packing.trees), depth, per_byte,
                          packing.busiest())
 
 
-def synthesize(collective: str, topology, *, pieces: int | None = None, spread: int = 1, root: int = 0,
-               name: str = "synthesized", command: str = "") -> Synthesis:
+def synthesize(collective: str, topology, *, pieces: int | None = None, spread: int | None = None,
+               add_on_arrival: bool = True, root: int = 0, name: str = "synthesized", command: str = "") -> Synthesis:
     """The synthesized program for ``collective`` on ``topology`` (a
     msc.sim.topology.Topology); ``pieces`` None: the fewest good pieces
-    (Synthesizer.fewest_good_pieces)."""
+    (Synthesizer.fewest_good_pieces); ``spread`` None: default_spread(pieces)."""
     synth = Synthesizer(collective, topology, root=root)
-    _check_program_args(name, spread)                 # before packing: a bad name costs nothing
+    _check_program_args(name, 1 if spread is None else spread, add_on_arrival)   # before packing: cheap
     if pieces is None:
         pieces = synth.fewest_good_pieces()
-    return synth.program(pieces, spread=spread, name=name, command=command)
+    if spread is None:
+        spread = default_spread(pieces) if type(pieces) is int else 1
+    return synth.program(pieces, spread=spread, add_on_arrival=add_on_arrival, name=name, command=command)
 
 
-def _check_program_args(name: str, spread: int) -> None:
+def _check_program_args(name: str, spread: int, add_on_arrival: bool) -> None:
     if not name.isidentifier():
         raise UsageError(f"the algorithm's name must be a Python identifier, got {name!r}")
     if type(spread) is not int or spread < 1:
         raise UsageError(f"spread must be an int >= 1, got {spread!r}")
+    if type(add_on_arrival) is not bool:
+        raise UsageError(f"add_on_arrival must be True or False, got {add_on_arrival!r}")
 
 
 def _roots(collective: str, n: int, root: int) -> list[tuple[int, str]]:

@@ -5,9 +5,10 @@ what a schedule achieves: how the runtime's threadblocks loop over their
 steps decides how close a plan comes to it, and that depends on the pieces,
 the channels they are spread over and the instances in ways a link count
 cannot see. So candidates are written out, and msc.sim.tune simulates each
-piece count with its spreads (the program's ``spread`` parameter: 1, 2, 4)
-and instance counts (1, 2, 4), Simple protocol, at the size asked for; the
-fastest wins.
+piece count (Synthesizer.piece_choices) with its spreads (the program's
+``spread`` parameter: msc.synth.spread_choices), both places to add children's parts
+(``add_on_arrival``, where the collective sums) and instance counts (1, 2,
+4), Simple protocol, at the size asked for; the fastest wins.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from msc.synth import PIECE_CHOICES, Synthesis, Synthesizer
+from msc.synth import SUMS, Synthesis, Synthesizer, spread_choices
 
 
 @dataclass(frozen=True)
@@ -37,22 +38,25 @@ def choose_by_simulation(collective: str, topology, size: int, *, root: int = 0,
     from msc.sim.tune import tune
 
     synth = Synthesizer(collective, topology, root=root)
-    made = {k: synth.program(k, name=name, command=command) for k in PIECE_CHOICES}
+    tried, best = {}, None            # best: (seconds, pieces, candidate)
     with tempfile.TemporaryDirectory(prefix="msc-synthesize-") as tmp:
-        files = {}
-        for k, s in made.items():
+        for k in synth.piece_choices():
             path = Path(tmp) / f"{name}_pieces{k}.py"
-            path.write_text(s.text)
-            files[str(path)] = k
-        params = {"spread": [1, 2, 4]}
-        if collective in ("broadcast", "reduce"):
-            params["root"] = [root]
-        result = tune(list(files), topology.num_ranks, topology, [size], protocols=protocols,
-                      user_params=params, refine=False)
-    cands = result.candidates
-    tried = {f"pieces={files[c.file]} spread={c.params['spread']} {c.protocol} x{c.instances}": c.times[0]
-             for c in cands}
-    best = cands[result.winners[0]]
-    k, spread = files[best.file], best.params["spread"]
-    chosen = synth.program(k, spread=spread, name=name, command=command)      # packed already: kept
-    return Choice(chosen, best.instances, size, best.times[0], tried, synth)
+            path.write_text(synth.program(k, name=name, command=command).text)
+            params = {"spread": list(spread_choices(k))}
+            if collective in SUMS:
+                params["add_on_arrival"] = [True, False]
+            if collective in ("broadcast", "reduce"):
+                params["root"] = [root]
+            result = tune([str(path)], topology.num_ranks, topology, [size], protocols=protocols,
+                          user_params=params, refine=False)
+            for c in result.candidates:
+                shown = " ".join(f"{key}={v}" for key, v in c.params.items() if key != "root")
+                tried[f"pieces={k} {shown} {c.protocol} x{c.instances}"] = c.times[0]
+            winner = result.candidates[result.winners[0]]
+            if best is None or winner.times[0] < best[0]:
+                best = (winner.times[0], k, winner)
+    seconds, k, cand = best
+    chosen = synth.program(k, spread=cand.params["spread"], add_on_arrival=cand.params.get("add_on_arrival", True),
+                           name=name, command=command)      # packed already: kept
+    return Choice(chosen, cand.instances, size, seconds, tried, synth)

@@ -11,7 +11,9 @@ from msc.synth.packing import Packing, Tree
 # spread=1,2,4): piece j moves on channel j % spread, so pieces that share a
 # link need not share a threadblock; allreduce sends its second phase on
 # channels of its own, so that the threadblocks of the sums and of the
-# spreading do not wait on each other.
+# spreading do not wait on each other. ``add_on_arrival`` (the collectives
+# that sum) chooses where a rank with several children adds their parts
+# (sum_up); msc tune tries both, as it does every bool parameter.
 _BODIES = {
     "allgather": '''
 @msc.algorithm("allgather", chunk_factor=PIECES, ranks=[RANKS])
@@ -34,28 +36,28 @@ def {name}(p: msc.Program, spread=SPREAD, root=ROOT):
 ''',
     "reducescatter": '''
 @msc.algorithm("reducescatter", chunk_factor=PIECES, ranks=[RANKS])
-def {name}(p: msc.Program, spread=SPREAD):
+def {name}(p: msc.Program, spread=SPREAD, add_on_arrival=ADD_ON_ARRIVAL):
     """Chunk r * PIECES + j of every input is summed up IN_TREES[r, j] into output[j] of rank r."""
     scratch = Scratch()
     for (root, piece), edges in IN_TREES.items():
         index = root * PIECES + piece
         total = p.chunk(root, "input", index).copy(root, "output", piece)
-        sum_up(p, total, edges, index, scratch, channel=piece % spread)
+        sum_up(p, total, edges, index, scratch, channel=piece % spread, on_arrival=add_on_arrival)
 ''',
     "reduce": '''
 @msc.algorithm("reduce", chunk_factor=PIECES, ranks=[RANKS])
-def {name}(p: msc.Program, spread=SPREAD, root=ROOT):
+def {name}(p: msc.Program, spread=SPREAD, add_on_arrival=ADD_ON_ARRIVAL, root=ROOT):
     """Piece j of every input is summed up IN_TREES[root, j] into the root's output[j]."""
     if root != ROOT:
         raise ValueError(f"these trees are rooted at rank {{ROOT}}, not {{root}}: synthesize again with --root")
     scratch = Scratch()
     for (_, piece), edges in IN_TREES.items():
         total = p.chunk(root, "input", piece).copy(root, "output", piece)
-        sum_up(p, total, edges, piece, scratch, channel=piece % spread)
+        sum_up(p, total, edges, piece, scratch, channel=piece % spread, on_arrival=add_on_arrival)
 ''',
     "allreduce": '''
 @msc.algorithm("allreduce", chunk_factor=lambda n: n * PIECES, ranks=[RANKS])
-def {name}(p: msc.Program, spread=SPREAD):
+def {name}(p: msc.Program, spread=SPREAD, add_on_arrival=ADD_ON_ARRIVAL):
     """Chunk r * PIECES + j is summed up IN_TREES[r, j] into rank r's output (a
     reduce-scatter), then travels down OUT_TREES[r, j] to every output (an allgather)."""
     scratch = Scratch()
@@ -63,7 +65,8 @@ def {name}(p: msc.Program, spread=SPREAD):
     for (root, piece), edges in IN_TREES.items():
         index = root * PIECES + piece
         total = p.chunk(root, "input", index).copy(root, "output", index)
-        totals[root, piece] = sum_up(p, total, edges, index, scratch, channel=piece % spread)
+        totals[root, piece] = sum_up(p, total, edges, index, scratch, channel=piece % spread,
+                                     on_arrival=add_on_arrival)
     for (root, piece), edges in OUT_TREES.items():
         spread_down(totals[root, piece], edges, "output", root * PIECES + piece, channel=spread + piece % spread)
 ''',
@@ -91,12 +94,15 @@ class Scratch:
         return self.used[rank]
 
 
-def sum_up(p, total, edges, index, scratch, channel):
+def sum_up(p, total, edges, index, scratch, channel, on_arrival):
     """Sum chunk ``index`` of every rank's input up the tree ``edges`` into
     ``total`` (a chunk on the tree's root), leaves first. A rank with one
-    child adds the child's sum to its own input as it arrives; a rank with
-    several receives each into a scratch chunk of its own, so their messages
-    land independently, then adds them up locally."""
+    child adds the child's sum to its own input as it arrives. A rank with
+    several receives each into a scratch chunk of its own, so no receive
+    waits on another child's, and adds them up: ``on_arrival``, each right
+    after its receive (the addition runs on the threadblock that received
+    it), else all after the last receive (on one threadblock). Which is
+    faster depends on what else those threadblocks carry."""
     root = total.rank
     children = {}
     for parent, child in edges:
@@ -111,9 +117,13 @@ def sum_up(p, total, edges, index, scratch, channel):
         if len(kids) == 1:
             sums[rank] = acc.reduce(sums[kids[0]], channel=channel)
             continue
-        landed = [sums[kid].copy(rank, "scratch", scratch.take(rank), channel=channel) for kid in kids]
-        for part in landed:
-            acc = acc.reduce(part)
+        if on_arrival:
+            for kid in kids:
+                acc = acc.reduce(sums[kid].copy(rank, "scratch", scratch.take(rank), channel=channel))
+        else:
+            landed = [sums[kid].copy(rank, "scratch", scratch.take(rank), channel=channel) for kid in kids]
+            for part in landed:
+                acc = acc.reduce(part)
         sums[rank] = acc
     return sums[root]
 '''
@@ -122,12 +132,16 @@ WIDTH = 100
 
 
 def program_text(collective: str, packing: Packing, *, num_ranks: int, pieces: int, spread: int, name: str,
-                 header: str, root: int = 0) -> str:
-    """The DSL program: ``header`` as its docstring, then the constants, the tree tables, the helpers and the function."""
+                 header: str, root: int = 0, sums: bool = False, add_on_arrival: bool = True) -> str:
+    """The DSL program: ``header`` as its docstring, then the constants, the
+    tree tables, the helpers and the function. ``sums``: the collective adds
+    up trees (sum_up, whose ``on_arrival`` defaults to ``add_on_arrival``)."""
     out = [f'"""{header.strip()}\n"""', "import msc", "",
            f"RANKS = {num_ranks}",
            f"PIECES = {pieces}          # pieces per shard: each has a tree of its own",
            f"SPREAD = {spread}          # channels the pieces are spread over (the algorithm's parameter)"]
+    if sums:
+        out.append(f"ADD_ON_ARRIVAL = {add_on_arrival}  # where several children's parts are added (sum_up)")
     if collective in ("broadcast", "reduce"):
         out.append(f"ROOT = {root}")
     for kind, table, what in (("in", "IN_TREES", "every rank's share is summed up toward the root"),
@@ -140,7 +154,7 @@ def program_text(collective: str, packing: Packing, *, num_ranks: int, pieces: i
             out.append("}")
     if collective in ("allgather", "broadcast", "allreduce"):
         out.append(_SPREAD_DOWN.rstrip("\n"))
-    if collective in ("reducescatter", "reduce", "allreduce"):
+    if sums:
         out.append(_SUM_UP.rstrip("\n"))
     out += ["", _BODIES[collective].format(name=name).rstrip("\n")]
     return "\n".join(out) + "\n"
