@@ -19,7 +19,7 @@ SIMULATE_UP_TO = 64          # ranks: above this the pieces come from the packin
 def add_synthesize_command(subparsers) -> argparse.ArgumentParser:
     """``msc synthesize COLLECTIVE --topology T [--ranks N] -o FILE.py``."""
     p = subparsers.add_parser("synthesize", help="write a schedule for a topology as an msc program (spanning-tree "
-                                                 "packing), verified")
+                                                 "packing; relayed paths for alltoall), verified")
     add_collective_on_topology_args(p, COLLECTIVES)
     p.add_argument("--pieces", type=int,
                    help="pieces per shard, each with a tree of its own (default: chosen, see --size)")
@@ -32,7 +32,8 @@ def add_synthesize_command(subparsers) -> argparse.ArgumentParser:
                         "program's default for its add_on_arrival parameter (default: chosen with the pieces)")
     p.add_argument("--size", type=size_arg, default=1 << 30,
                    help=f"the size the choice of pieces and spread is simulated at, up to {SIMULATE_UP_TO} ranks "
-                        "(bytes; K, M, G; default 1G); above that, and with --pieces, they come from the "
+                        "(bytes; K, M, G; default 1G); above that, for alltoall (whose plans hold n (n - 1) "
+                        "pieces: simulating them takes minutes) and with --pieces, they come from the "
                         "packing's link loads")
     p.add_argument("--name", default="synthesized", help="the algorithm's name (a Python identifier)")
     p.add_argument("-o", "--output", required=True, metavar="FILE.py", help="the program to write")
@@ -70,7 +71,7 @@ def _synthesize(args, collective, topo, command) -> dict:
     n = topo.num_ranks
     summary = {"collective": collective, "topology": topo.name, "ranks": n, "output": str(args.output),
                "topology_flags": _topology_flags(args)}
-    if args.pieces is None and n <= SIMULATE_UP_TO:
+    if args.pieces is None and n <= SIMULATE_UP_TO and collective != "alltoall":
         from msc.synth.choose import choose_by_simulation
 
         choice = choose_by_simulation(collective, topo, args.size, root=args.root, name=args.name, command=command)
@@ -87,8 +88,8 @@ def _synthesize(args, collective, topo, command) -> dict:
                        add_on_arrival=args.add_on_arrival is not False, root=args.root, name=args.name,
                        command=command)
         summary.update(chosen_by="given" if args.pieces is not None else "packing")
-    summary.update(pieces=s.pieces, spread=s.spread, add_on_arrival=s.add_on_arrival, trees=s.trees,
-                   max_depth=s.max_depth,
+    summary.update(pieces=s.pieces, spread=s.spread, add_on_arrival=s.add_on_arrival,
+                   **{"relayed" if collective == "alltoall" else "trees": s.trees}, max_depth=s.max_depth,
                    busiest_link=s.busiest, packing_gbps=(1 / s.bandwidth_s_per_byte / 1e9
                                                          if s.bandwidth_s_per_byte > 0 else None))
     summary["text"] = s.text
@@ -126,8 +127,10 @@ def _adding(on_arrival: bool | None) -> str:
 def _describe(s: dict) -> str:
     flags = f"{s['topology_flags']} --ranks {s['ranks']}"
     hops = f"{s['max_depth']} hop{'s' if s['max_depth'] != 1 else ''}"
-    lines = [f"synthesized: {s['collective']} for {s['topology']} ({s['ranks']} ranks) -> {s['output']}: "
-             f"{s['trees']} trees of {s['pieces']} piece(s) per shard, at most {hops} deep, "
+    shape = (f"{s['pieces']} piece(s) per pair, {s['relayed']} relayed, at most {hops}"
+             if s["collective"] == "alltoall" else
+             f"{s['trees']} trees of {s['pieces']} piece(s) per shard, at most {hops} deep")
+    lines = [f"synthesized: {s['collective']} for {s['topology']} ({s['ranks']} ranks) -> {s['output']}: {shape}, "
              f"spread over {s['spread']} channel(s){_adding(s['add_on_arrival'])}; verified in place and out of place"]
     if s["chosen_by"] == "simulation":
         lines.append(f"  chosen by simulating {s['candidates']} candidates at {format_size(s['size'])}: "

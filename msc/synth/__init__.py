@@ -23,8 +23,9 @@ best. ``Synthesizer.piece_choices`` are the counts worth simulating: 1, 2, 4
 and 8, and 16 only where its packing beats 8's by more than PIECES_SLACK (a
 torus, whose best fractions are not eighths; elsewhere 16 pieces only add
 messages). Not
-covered: alltoall (every pair's own data: a flow problem, not a tree
-packing), and latency-bound sizes (a tree's depth is not minimized).
+covered: latency-bound sizes (a tree's depth is not minimized). Alltoall
+moves every pair's own data, which no tree shares: msc.synth.flows routes
+each piece straight or through a relay instead.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 
 from msc.errors import UsageError
 
-COLLECTIVES = ("allgather", "reducescatter", "allreduce", "broadcast", "reduce")
+COLLECTIVES = ("allgather", "reducescatter", "allreduce", "broadcast", "reduce", "alltoall")
 SUMS = ("reducescatter", "reduce", "allreduce")       # the collectives whose programs sum up trees
 PIECE_CHOICES = (1, 2, 4, 8)
 MORE_PIECES = 16           # tried where the packing at 8 pieces is more than PIECES_SLACK from it
@@ -52,8 +53,8 @@ class Synthesis:
     pieces: int
     spread: int
     add_on_arrival: bool | None    # sum_up's choice (None: the collective sums nothing)
-    trees: int
-    max_depth: int
+    trees: int                     # alltoall: the pieces relayed
+    max_depth: int                 # hops from a root to the farthest rank (alltoall: of a piece's path)
     bandwidth_s_per_byte: float
     busiest: str
 
@@ -73,9 +74,7 @@ def default_spread(pieces: int) -> int:
 def check_collective(collective: str) -> None:
     """UsageError unless msc synthesize makes ``collective``."""
     if collective not in COLLECTIVES:
-        raise UsageError(f"msc synthesize makes {', '.join(COLLECTIVES)}, not {collective!r}"
-                         + (" (alltoall moves every pair's own data: a flow, not trees)"
-                            if collective == "alltoall" else ""))
+        raise UsageError(f"msc synthesize makes {', '.join(COLLECTIVES)}, not {collective!r}")
 
 
 class Synthesizer:
@@ -95,7 +94,8 @@ class Synthesizer:
         self.edges = EdgeLinks(topology)
         self.roots = _roots(collective, n, root)
         rooted = collective in ("broadcast", "reduce")
-        self.symmetry = find_symmetry(topology, self.edges) if not rooted and n > 1 else None
+        trees = collective != "alltoall"
+        self.symmetry = find_symmetry(topology, self.edges) if trees and not rooted and n > 1 else None
         self._packings: dict[int, object] = {}
 
     def packing(self, pieces: int):
@@ -103,14 +103,21 @@ class Synthesizer:
 
         if type(pieces) is not int or pieces < 1:
             raise UsageError(f"pieces must be an int >= 1, got {pieces!r}")
-        if pieces not in self._packings:
+        if pieces not in self._packings and self.collective == "alltoall":
+            from msc.synth.flows import route_flows
+
+            self._packings[pieces] = route_flows(self.edges, pieces)
+        elif pieces not in self._packings:
             self._packings[pieces] = pack(self.topology, self.roots, pieces, edges=self.edges,
                                           symmetry=self.symmetry)
         return self._packings[pieces]
 
     def piece_choices(self) -> tuple[int, ...]:
         """PIECE_CHOICES, and MORE_PIECES where its packing's busiest link
-        takes more than PIECES_SLACK less time per byte of shard than at 8."""
+        takes more than PIECES_SLACK less time per byte of shard than at 8
+        (not for alltoall)."""
+        if self.collective == "alltoall":          # n (n - 1) pieces per piece count: 16 make huge plans
+            return PIECE_CHOICES
         per_shard = {k: self.packing(k).seconds_per_piece_byte / k for k in (PIECE_CHOICES[-1], MORE_PIECES)}
         more = per_shard[MORE_PIECES] * (1 + PIECES_SLACK) < per_shard[PIECE_CHOICES[-1]]
         return PIECE_CHOICES + ((MORE_PIECES,) if more else ())
@@ -130,14 +137,17 @@ class Synthesizer:
         packing = self.packing(pieces)
         n = self.topology.num_ranks
         per_byte = packing.seconds_per_piece_byte / (pieces * _shards(self.collective, n))
-        depth = max((t.depth() for t in packing.trees), default=0)
-        header = _header(self.collective, self.topology, pieces, packing, per_byte, depth, command)
+        if self.collective == "alltoall":
+            depth, header = packing.max_hops(), _alltoall_header(self.topology, pieces, packing, per_byte, command)
+        else:
+            depth = max((t.depth() for t in packing.trees), default=0)
+            header = _header(self.collective, self.topology, pieces, packing, per_byte, depth, command)
         text = program_text(self.collective, packing, num_ranks=n, pieces=pieces, spread=spread, name=name,
                             header=header, root=self.root, sums=self.collective in SUMS,
                             add_on_arrival=add_on_arrival)
         sums = add_on_arrival if self.collective in SUMS else None
-        return Synthesis(self.collective, text, pieces, spread, sums, len(packing.trees), depth, per_byte,
-                         packing.busiest())
+        trees = packing.relayed() if self.collective == "alltoall" else len(packing.trees)
+        return Synthesis(self.collective, text, pieces, spread, sums, trees, depth, per_byte, packing.busiest())
 
 
 def synthesize(collective: str, topology, *, pieces: int | None = None, spread: int | None = None,
@@ -164,6 +174,8 @@ def _check_program_args(name: str, spread: int, add_on_arrival: bool) -> None:
 
 
 def _roots(collective: str, n: int, root: int) -> list[tuple[int, str]]:
+    if collective == "alltoall":
+        return []
     if collective == "allgather":
         return [(r, "out") for r in range(n)]
     if collective == "reducescatter":
@@ -175,7 +187,7 @@ def _roots(collective: str, n: int, root: int) -> list[tuple[int, str]]:
 
 def _shards(collective: str, n: int) -> int:
     """Shards the nccl-tests size splits into (a piece is 1/pieces of one)."""
-    return n if collective in ("allgather", "reducescatter", "allreduce") else 1
+    return n if collective in ("allgather", "reducescatter", "allreduce", "alltoall") else 1
 
 
 def _header(collective, topology, pieces, packing, per_byte, depth, command) -> str:
@@ -189,3 +201,17 @@ the load: at large sizes the busiest link ({packing.busiest()}) limits the
 collective to {gbps:.1f} GB/s of size per second in msc's cost model, before
 latencies and the threadblocks' rates (msc simulate says more; msc bound gives
 the least time any schedule can take). Edit freely: msc verifies what it traces."""
+
+
+def _alltoall_header(topology, pieces, flows, per_byte, command) -> str:
+    gbps = 1 / per_byte / 1e9 if per_byte > 0 else float("inf")
+    total = sum(len(r) for r in flows.relays.values())
+    return f"""alltoall for {topology.summary()}: synthesized by msc synthesize.
+
+{"Regenerate: " + command if command else ""}
+Every rank's chunk for each other rank is cut into {pieces} piece(s), and each piece goes
+straight over the route between the two or through one relay rank ({flows.relayed()} of {total}
+relayed), chosen so that the links share the load: at large sizes the busiest link
+({flows.busiest()}) limits the collective to {gbps:.1f} GB/s of size per second in msc's cost model,
+before latencies and the threadblocks' rates (msc simulate says more; msc bound gives the least
+time any schedule can take). Edit freely: msc verifies what it traces."""

@@ -4,7 +4,7 @@ the product: readable, editable, and traced, verified and lowered like any
 hand-written algorithm."""
 from __future__ import annotations
 
-from msc.synth.packing import Packing, Tree
+from msc.synth.packing import LinkLoads, Tree
 
 # The algorithm function of each collective, after the tree tables and the
 # helpers. ``spread`` is a parameter of the algorithm (msc tune --param
@@ -72,6 +72,34 @@ def {name}(p: msc.Program, spread=SPREAD, add_on_arrival=ADD_ON_ARRIVAL):
 ''',
 }
 
+_BODIES["alltoall"] = '''
+@msc.algorithm("alltoall", chunk_factor=PIECES, ranks=[RANKS])
+def {name}(p: msc.Program, spread=SPREAD):
+    """Piece j of rank s's chunk for rank d (input[d * PIECES + j]) goes to output[s * PIECES + j]
+    of rank d, straight or through the rank RELAYED[s, d][j] names. In place, the pieces land in
+    scratch (one landing in the output would overwrite a piece not yet sent) and are copied into
+    the output at the end."""
+    scratch = Scratch()
+    landed = []
+    for s in range(RANKS):
+        for d in range(RANKS):
+            for j in range(PIECES):
+                index = s * PIECES + j
+                piece = p.chunk(s, "input", d * PIECES + j)
+                if s == d:
+                    piece.copy(d, "output", index)
+                    continue
+                relay = RELAYED.get((s, d), STRAIGHT)[j]
+                if relay is not None:
+                    piece = piece.copy(relay, "scratch", scratch.take(relay), channel=j % spread)
+                if p.inplace:
+                    landed.append((piece.copy(d, "scratch", scratch.take(d), channel=j % spread), index))
+                else:
+                    piece.copy(d, "output", index, channel=j % spread)
+    for part, index in landed:
+        part.copy(part.rank, "output", index)
+'''
+
 _SPREAD_DOWN = '''
 
 def spread_down(start, edges, buffer, index, channel):
@@ -81,7 +109,7 @@ def spread_down(start, edges, buffer, index, channel):
         holder[child] = holder[parent].copy(child, buffer, index, channel=channel)
 '''
 
-_SUM_UP = '''
+_SCRATCH = '''
 
 class Scratch:
     """Scratch chunks handed out in order, per rank: every partial sum gets its own."""
@@ -92,6 +120,9 @@ class Scratch:
     def take(self, rank):
         self.used[rank] = self.used.get(rank, -1) + 1
         return self.used[rank]
+'''
+
+_SUM_UP = '''
 
 
 def sum_up(p, total, edges, index, scratch, channel, on_arrival):
@@ -131,14 +162,16 @@ def sum_up(p, total, edges, index, scratch, channel, on_arrival):
 WIDTH = 100
 
 
-def program_text(collective: str, packing: Packing, *, num_ranks: int, pieces: int, spread: int, name: str,
+def program_text(collective: str, packing: LinkLoads, *, num_ranks: int, pieces: int, spread: int, name: str,
                  header: str, root: int = 0, sums: bool = False, add_on_arrival: bool = True) -> str:
     """The DSL program: ``header`` as its docstring, then the constants, the
-    tree tables, the helpers and the function. ``sums``: the collective adds
+    tree tables (``packing`` a msc.synth.packing.Packing) or, for alltoall,
+    the relays (a msc.synth.flows.Flows), the helpers and the function. ``sums``: the collective adds
     up trees (sum_up, whose ``on_arrival`` defaults to ``add_on_arrival``)."""
     out = [f'"""{header.strip()}\n"""', "import msc", "",
            f"RANKS = {num_ranks}",
-           f"PIECES = {pieces}          # pieces per shard: each has a tree of its own",
+           f"PIECES = {pieces}          # pieces per shard: each has a "
+           + ("path" if collective == "alltoall" else "tree") + " of its own",
            f"SPREAD = {spread}          # channels the pieces are spread over (the algorithm's parameter)"]
     if sums:
         out.append(f"ADD_ON_ARRIVAL = {add_on_arrival}  # where several children's parts are added (sum_up)")
@@ -146,18 +179,41 @@ def program_text(collective: str, packing: Packing, *, num_ranks: int, pieces: i
         out.append(f"ROOT = {root}")
     for kind, table, what in (("in", "IN_TREES", "every rank's share is summed up toward the root"),
                               ("out", "OUT_TREES", "the piece travels from the root down to every rank")):
-        trees = [t for t in packing.trees if t.kind == kind]
+        trees = [t for t in getattr(packing, "trees", ()) if t.kind == kind]       # alltoall: Flows, no trees
         if trees:
             out += ["", f"# {table}[root, piece]: the spanning tree of that piece, as (parent, child) edges,",
                     f"# parents first; {what}.", f"{table} = {{"]
             out += [line for t in sorted(trees, key=lambda t: (t.root, t.piece)) for line in _tree_lines(t)]
             out.append("}")
+    if collective == "alltoall":
+        out += _relay_lines(packing.relays)
     if collective in ("allgather", "broadcast", "allreduce"):
         out.append(_SPREAD_DOWN.rstrip("\n"))
+    if sums or collective == "alltoall":
+        out.append(_SCRATCH.rstrip("\n"))
     if sums:
         out.append(_SUM_UP.rstrip("\n"))
     out += ["", _BODIES[collective].format(name=name).rstrip("\n")]
     return "\n".join(out) + "\n"
+
+
+def _relay_lines(relays: dict) -> list[str]:
+    """RELAYED: the pairs with a relayed piece, the rank each piece goes through (None: straight)."""
+    out = ["", "# RELAYED[src, dst]: per piece of src's chunk for dst, the rank it is relayed through",
+           "# (None: straight over the route between them); pairs not listed send every piece straight.",
+           "STRAIGHT = [None] * PIECES", "RELAYED = {"]
+    items = [f"({s}, {d}): [{', '.join('None' if r is None else str(r) for r in rs)}],"
+             for (s, d), rs in relays.items() if any(r is not None for r in rs)]
+    line = "   "
+    for item in items:
+        if len(line) + 1 + len(item) > WIDTH:
+            out.append(line)
+            line = "   "
+        line += " " + item
+    if line.strip():
+        out.append(line)
+    out.append("}")
+    return out
 
 
 def _tree_lines(tree: Tree) -> list[str]:

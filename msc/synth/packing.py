@@ -57,12 +57,11 @@ class Tree:
 
 
 @dataclass(frozen=True)
-class Packing:
-    """The trees, and the load they put on each link (bytes per byte of a
-    piece) next to its capacity (bytes/s): ``seconds_per_piece_byte`` is the
+class LinkLoads:
+    """The load a schedule puts on each link (bytes per byte of a piece)
+    next to its capacity (bytes/s): ``seconds_per_piece_byte`` is the
     bandwidth time of the busiest link per byte of one piece."""
 
-    trees: tuple[Tree, ...]
     load: np.ndarray
     capacity: np.ndarray
     link_names: tuple[str, ...]
@@ -75,6 +74,13 @@ class Packing:
         if not len(self.load):
             return "none"
         return self.link_names[int(np.argmax(self.load / self.capacity))]
+
+
+@dataclass(frozen=True)
+class Packing(LinkLoads):
+    """The trees, and the load they put on the links (LinkLoads)."""
+
+    trees: tuple[Tree, ...] = ()
 
 
 class EdgeLinks:
@@ -158,7 +164,7 @@ def pack(topology: Topology, roots: list[tuple[int, str]], pieces: int, *, edges
     trees = [Tree(root if perm is None else int(perm[root]), piece, kind,
                   tuple(tree_edges if perm is None else ((int(perm[a]), int(perm[b])) for a, b in tree_edges)))
              for perm in perms for root, piece, kind, tree_edges in chosen]
-    return Packing(tuple(trees), load[:-1], edges.capacity, edges.names)
+    return Packing(load[:-1], edges.capacity, edges.names, trees=tuple(trees))
 
 
 def _pack_at(edges: EdgeLinks, roots, pieces: int, maps: np.ndarray, sharpness: float):
@@ -167,7 +173,7 @@ def _pack_at(edges: EdgeLinks, roots, pieces: int, maps: np.ndarray, sharpness: 
     chosen = []
     for piece in range(pieces):
         for root, kind in roots:
-            weight = _weights(load[:-1], edges.capacity, sharpness)
+            weight = link_weights(load[:-1], edges.capacity, sharpness)
             orbit = np.append(weight, 0.0)[maps].sum(axis=0)           # a link's weight summed over its images
             price = edges.prices(orbit[:-1])
             tree_edges = grow(price if kind == "out" else price.T, root)
@@ -187,7 +193,7 @@ def _tree_load(edges: EdgeLinks, maps: np.ndarray, tree_edges, kind: str) -> np.
     return add
 
 
-def _weights(load: np.ndarray, capacity: np.ndarray, sharpness: float) -> np.ndarray:
+def link_weights(load: np.ndarray, capacity: np.ndarray, sharpness: float) -> np.ndarray:
     """Each link's price per byte: exponential in its utilisation relative to the busiest link's."""
     util = load / capacity
     top = float(util.max()) if len(util) else 0.0
