@@ -19,9 +19,13 @@ heterogeneous ones (pcie, ib:2, ib:4, the TOML files); generation (the
 packing and the program text, without the simulated choice) in seconds at
 64 ranks and under a minute at 256.
 
-    python bench/synth_goals.py [--all-protocols] [--jobs N] [--out bench/results/synth-goals-DATE]
+    python bench/synth_goals.py [--all-protocols] [--collectives C,...] [--jobs N] [--out OUT]
 
-Writes OUT.json (every number) and OUT.md (the table). Nothing runs on a GPU:
+``--collectives alltoall`` measures msc synthesize's alltoall the same way
+(its pieces come from the link loads, so the last column has no simulated time).
+
+Writes OUT.json (every number) and OUT.md (the table); OUT defaults to
+bench/results/synth-goals-DATE. Nothing runs on a GPU:
 these are predictions of msc's cost model (msc simulate), not measurements.
 """
 from __future__ import annotations
@@ -58,6 +62,7 @@ def measure(job) -> dict:
     from msc.cli.sim import synthesized_files
     from msc.sim.topology import get_topology
     from msc.sim.tune import tune
+    from msc.synth import synthesize
     from msc.synth.choose import choose_by_simulation
 
     spec, n, collective, protocols = job
@@ -67,25 +72,28 @@ def measure(job) -> dict:
         files = synthesized_files(library_files(collective)[:1], topo, tmp)
         syn = tune(files, n, topo, list(SIZES), protocols=protocols, refine=False)
     start = time.perf_counter()
-    choice = choose_by_simulation(collective, topo, SIZES[-1])
+    if collective == "alltoall":       # msc synthesize takes its pieces from the link loads (no simulation)
+        s, instances, seconds = synthesize(collective, topo), None, None
+    else:
+        choice = choose_by_simulation(collective, topo, SIZES[-1])
+        s, instances, seconds = choice.synthesis, choice.instances, choice.seconds
     chose_s = time.perf_counter() - start
-    s = choice.synthesis
     return {"topology": topo.name, "ranks": n, "collective": collective, "sizes": list(SIZES),
             "bound_s": syn.bounds, "library_s": best(lib),
             "library_winner": [lib.candidates[w].label for w in lib.winners], "synth_s": best(syn),
             "synth_winner": [syn.candidates[w].label for w in syn.winners],
             "chosen": {"pieces": s.pieces, "spread": s.spread, "add_on_arrival": s.add_on_arrival,
-                       "instances": choice.instances, "trees": s.trees, "max_depth": s.max_depth,
-                       "seconds_at_1G": choice.seconds, "candidates": len(choice.tried), "choose_s": chose_s}}
+                       "instances": instances, "trees": s.trees, "max_depth": s.max_depth,
+                       "seconds_at_1G": seconds, "choose_s": chose_s}}
 
 
-def generation(spec: str, n: int) -> dict:
+def generation(spec: str, n: int, collectives) -> dict:
     from msc.sim.topology import get_topology
     from msc.synth import synthesize
 
     topo = get_topology(spec, n)
     out = {"topology": topo.name, "ranks": n}
-    for collective in COLLECTIVES:
+    for collective in collectives:
         start = time.perf_counter()
         s = synthesize(collective, topo)
         out[collective] = {"seconds": time.perf_counter() - start, "pieces": s.pieces, "trees": s.trees,
@@ -110,22 +118,25 @@ def table(rows: list[dict], gens: list[dict]) -> str:
             lines.append(f"| {r['topology']} ({r['ranks']}) | {r['collective']} | {size >> 20}M | {bw[0]:.1f} | "
                          f"{bw[1]:.1f} ({r['library_winner'][j]}) | {bw[2]:.1f} ({r['synth_winner'][j]}) | "
                          f"{pct:.1f} | {ratio:.2f}x | {', '.join(goals)} |")
-    lines += ["", "| topology | ranks | " + " | ".join(f"{c} (s)" for c in COLLECTIVES) + " |",
-              "|---|---|" + "---|" * len(COLLECTIVES)]
+    collectives = [c for c in COLLECTIVES + ("alltoall",) if gens and c in gens[0]]
+    lines += ["", "| topology | ranks | " + " | ".join(f"{c} (s)" for c in collectives) + " |",
+              "|---|---|" + "---|" * len(collectives)]
     for g in gens:
         lines.append(f"| {g['topology']} | {g['ranks']} | "
-                     + " | ".join(f"{g[c]['seconds']:.2f} (pieces {g[c]['pieces']})" for c in COLLECTIVES) + " |")
+                     + " | ".join(f"{g[c]['seconds']:.2f} (pieces {g[c]['pieces']})" for c in collectives) + " |")
     return "\n".join(lines)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--all-protocols", action="store_true", help="LL too (it never wins at these sizes)")
+    ap.add_argument("--collectives", type=lambda v: v.split(","), default=list(COLLECTIVES),
+                    help="comma-separated (default: the goals' three; alltoall too: msc synthesize makes it)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="rows measured at once (processes)")
     ap.add_argument("--out", default=str(ROOT / "bench/results" / f"synth-goals-{datetime.date.today()}"))
     args = ap.parse_args()
     protocols = ("Simple", "LL") if args.all_protocols else ("Simple",)
-    jobs = [(spec, n, collective, protocols) for spec, n in TOPOLOGIES for collective in COLLECTIVES]
+    jobs = [(spec, n, collective, protocols) for spec, n in TOPOLOGIES for collective in args.collectives]
     with multiprocessing.get_context("spawn").Pool(max(1, args.jobs)) as pool:
         rows = []
         for r in pool.imap(measure, jobs):          # in order: the table's order
@@ -134,12 +145,13 @@ def main() -> int:
             print(f"{r['topology']:14} {r['collective']:14} " + "  ".join(
                 f"{s >> 20}M bound/synth {100 * b / t:5.1f}% lib/synth {lt / t:5.2f}x"
                 for s, b, t, lt in zip(r["sizes"], r["bound_s"], r["synth_s"], r["library_s"]))
-                + f"  | msc synthesize's choice: pieces {c['pieces']} spread {c['spread']} x{c['instances']} "
-                  f"{100 * r['bound_s'][-1] / c['seconds_at_1G']:.1f}% at 1G in {c['choose_s']:.1f} s", flush=True)
-    gens = [generation(spec, n) for spec, n in GENERATION]
+                + f"  | msc synthesize's choice: pieces {c['pieces']} spread {c['spread']}"
+                + (f" x{c['instances']} {100 * r['bound_s'][-1] / c['seconds_at_1G']:.1f}% at 1G"
+                   if c["seconds_at_1G"] else " (from the link loads)") + f" in {c['choose_s']:.1f} s", flush=True)
+    gens = [generation(spec, n, args.collectives) for spec, n in GENERATION]
     for g in gens:
         print(f"generation {g['topology']} ({g['ranks']} ranks): "
-              + ", ".join(f"{c} {g[c]['seconds']:.2f} s" for c in COLLECTIVES), flush=True)
+              + ", ".join(f"{c} {g[c]['seconds']:.2f} s" for c in args.collectives), flush=True)
     meta = {"date": str(datetime.date.today()), "python": platform.python_version(), "machine": platform.machine(),
             "cpus": os.cpu_count(), "command": " ".join(sys.argv), "protocols": protocols}
     Path(args.out + ".json").write_text(json.dumps({"meta": meta, "rows": rows, "generation": gens}, indent=1))

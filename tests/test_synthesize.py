@@ -262,3 +262,23 @@ def test_alltoall_relays_pieces_where_the_straight_routes_crowd_one_way():
     assert Synthesizer("alltoall", get_topology("nvswitch", 8)).packing(2).relayed() == 0
     s = synth.program(4, spread=2)
     assert s.trees == flows.relayed() and "RELAYED = {" in s.text
+
+
+def test_the_busiest_link_decides_before_the_evenness():
+    """Utilisations are about 1e-10 s per byte: the score keeps the busiest
+    link's to 9 significant digits, not 9 decimal places (which made it 0 and
+    let the sum of squares decide alone)."""
+    from msc.synth.packing import load_score
+
+    one_hot = np.array([3e-10, 0.0, 0.0, 0.0])        # busiest 3, squares 9
+    even = np.full(4, 2.5e-10)                        # busiest 2.5, squares 25
+    assert load_score(even) < load_score(one_hot)
+    assert load_score(even * (1 + 1e-12))[0] == load_score(even)[0]      # float noise does not decide
+
+
+def test_alltoall_goes_straight_where_straight_routes_balance():
+    """One NIC per GPU: every node's NICs carry the same share straight, so
+    relays would only add transfers and hops."""
+    from msc.synth import Synthesizer
+
+    assert Synthesizer("alltoall", get_topology("ib:2", 16)).packing(8).relayed() == 0

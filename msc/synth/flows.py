@@ -17,7 +17,9 @@ other rank) under link prices exponential in their load, at several
 sharpnesses of that growth, keeping the most even. No solver: each choice is
 one pass over the n relays. One relay reaches both ways round a ring and
 every dimension order on a torus; it costs a second transfer and a hop of
-latency, so a piece goes straight unless a relay is strictly cheaper.
+latency, so a piece goes straight unless a relay is strictly cheaper, and
+the relays are dropped unless they take more than RELAY_GAIN off the
+busiest link's load of straight routes alone.
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from msc.errors import UsageError
-from msc.synth.packing import SHARPNESS, EdgeLinks, LinkLoads, link_weights
+from msc.synth.packing import SHARPNESS, EdgeLinks, LinkLoads, link_weights, load_score
 
 
 @dataclass(frozen=True)
@@ -44,18 +46,41 @@ class Flows(LinkLoads):
         return 2 if self.relayed() else (1 if self.relays else 0)
 
 
+# Relays are kept only where they take more than this off the busiest link's load: where straight
+# routes balance already (one NIC per GPU), relaying a piece only adds a transfer and a hop.
+RELAY_GAIN = 0.02
+
+
 def route_flows(edges: EdgeLinks, pieces: int, *, sharpness: tuple[float, ...] = SHARPNESS) -> Flows:
     """Every ordered pair's ``pieces`` pieces routed (see the module doc)."""
     best = None
     for sharp in sharpness:
         relays, load = _route_at(edges, pieces, sharp)
         util = load[:-1] / edges.capacity
-        score = (round(float(util.max()), 9) if len(util) else 0.0, float((util ** 2).sum()))
+        score = load_score(util)
         if best is None or score < best[0]:
             best = (score, relays, load)
     _, relays, load = best
+    straight_relays, straight_load = _straight(edges, pieces)
+    straight_max = float(np.max(straight_load[:-1] / edges.capacity)) if edges.nlinks else 0.0
+    if best[0][0] >= straight_max * (1 - RELAY_GAIN):
+        relays, load = straight_relays, straight_load
     return Flows(load[:-1], edges.capacity, edges.names,
                  relays={pair: tuple(r) for pair, r in sorted(relays.items())})
+
+
+def _straight(edges: EdgeLinks, pieces: int):
+    """Every piece straight: (relays per pair, the links' load with the padding link last)."""
+    n = edges.num_ranks
+    load = np.zeros(edges.nlinks + 1)
+    relays = {}
+    for src in range(n):
+        for dst in range(n):
+            if src != dst and edges.connected[src, dst]:
+                relays[(src, dst)] = [None] * pieces
+                np.add.at(load, edges.links[src, dst], float(pieces))
+    load[-1] = 0.0
+    return relays, load
 
 
 def _route_at(edges: EdgeLinks, pieces: int, sharpness: float):

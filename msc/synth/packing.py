@@ -156,7 +156,7 @@ def pack(topology: Topology, roots: list[tuple[int, str]], pieces: int, *, edges
     for sharp in sharpness:
         chosen, load = _pack_at(edges, roots, pieces, maps, sharp)
         util = load[:-1] / edges.capacity
-        score = (round(float(util.max()), 9) if len(util) else 0.0, float((util ** 2).sum()))
+        score = load_score(util)
         if best is None or score < best[0]:
             best = (score, chosen, load)
     _, chosen, load = best
@@ -191,6 +191,14 @@ def _tree_load(edges: EdgeLinks, maps: np.ndarray, tree_edges, kind: str) -> np.
         np.add.at(add, maps[:, links].ravel(), 1.0)
     add[-1] = 0.0
     return add
+
+
+def load_score(util: np.ndarray) -> tuple[float, float]:
+    """How good a set of link utilisations (s per byte) is: the busiest link's
+    to 9 significant digits (so that float noise does not decide), then the
+    sum of squares (the most even). Utilisations are about 1e-10 s per byte:
+    rounding to 9 decimal places, as this once did, made every busiest link 0."""
+    return (float(f"{util.max():.9g}") if len(util) else 0.0, float((util ** 2).sum()))
 
 
 def link_weights(load: np.ndarray, capacity: np.ndarray, sharpness: float) -> np.ndarray:
