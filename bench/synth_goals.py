@@ -127,11 +127,19 @@ def table(rows: list[dict], gens: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def spec_list(text: str) -> list[tuple[str, int]]:
+    """"ib:8@64,torus:8x8@64" -> [("ib:8", 64), ("torus:8x8", 64)]."""
+    return [(spec, int(n)) for spec, n in (item.rsplit("@", 1) for item in text.split(","))]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--all-protocols", action="store_true", help="LL too (it never wins at these sizes)")
     ap.add_argument("--collectives", type=lambda v: v.split(","), default=list(COLLECTIVES),
                     help="comma-separated (default: the goals' three; alltoall too: msc synthesize makes it)")
+    ap.add_argument("--generation", type=spec_list, default=GENERATION,
+                    help="SPEC@RANKS,... to time generation on (default: ib:8@64, torus:8x8@64, ib:32@256, "
+                         "torus:16x16@256)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="rows measured at once (processes)")
     ap.add_argument("--out", default=str(ROOT / "bench/results" / f"synth-goals-{datetime.date.today()}"))
     args = ap.parse_args()
@@ -148,7 +156,7 @@ def main() -> int:
                 + f"  | msc synthesize's choice: pieces {c['pieces']} spread {c['spread']}"
                 + (f" x{c['instances']} {100 * r['bound_s'][-1] / c['seconds_at_1G']:.1f}% at 1G"
                    if c["seconds_at_1G"] else " (from the link loads)") + f" in {c['choose_s']:.1f} s", flush=True)
-    gens = [generation(spec, n, args.collectives) for spec, n in GENERATION]
+    gens = [generation(spec, n, args.collectives) for spec, n in args.generation]
     for g in gens:
         print(f"generation {g['topology']} ({g['ranks']} ranks): "
               + ", ".join(f"{c} {g[c]['seconds']:.2f} s" for c in args.collectives), flush=True)
