@@ -106,11 +106,20 @@ class Synthesizer:
         if pieces not in self._packings and self.collective == "alltoall":
             from msc.synth.flows import route_flows
 
-            self._packings[pieces] = route_flows(self.edges, pieces)
+            self._packings[pieces] = route_flows(self.edges, pieces, floor=self._alltoall_floor(pieces))
         elif pieces not in self._packings:
             self._packings[pieces] = pack(self.topology, self.roots, pieces, edges=self.edges,
                                           symmetry=self.symmetry)
         return self._packings[pieces]
+
+    def _alltoall_floor(self, pieces: int) -> float:
+        """msc bound's cut term for alltoall as the busiest link's seconds per
+        byte of one piece (a piece is 1 / (ranks x pieces) of the size)."""
+        from msc.sim.bound import lower_bound
+
+        big = 1 << 40                                   # the cuts' latency is negligible against this
+        [b] = lower_bound("alltoall", self.topology, [big], protocols=("Simple",))
+        return b.bandwidth / big * self.topology.num_ranks * pieces
 
     def piece_choices(self) -> tuple[int, ...]:
         """PIECE_CHOICES, and MORE_PIECES where its packing's busiest link
