@@ -170,8 +170,9 @@ def program_text(collective: str, packing: LinkLoads, *, num_ranks: int, pieces:
     up trees (sum_up, whose ``on_arrival`` defaults to ``add_on_arrival``)."""
     out = [f'"""{header.strip()}\n"""', "import msc", "",
            f"RANKS = {num_ranks}",
-           f"PIECES = {pieces}          # pieces per shard: each has a "
-           + ("path" if collective == "alltoall" else "tree") + " of its own",
+           f"PIECES = {pieces}          # pieces per "
+           + ("chunk of a rank pair: each has a path" if collective == "alltoall" else "shard: each has a tree")
+           + " of its own",
            f"SPREAD = {spread}          # channels the pieces are spread over (the algorithm's parameter)"]
     if sums:
         out.append(f"ADD_ON_ARRIVAL = {add_on_arrival}  # where several children's parts are added (sum_up)")
