@@ -208,10 +208,10 @@ def synthesized_files(files: list[str], topology, folder: str) -> list[str]:
     synth = Synthesizer(collective, topology)
     out = []
     for pieces in synth.piece_choices():
-        name = f"synthesized_p{pieces}"
-        s = synth.program(pieces, spread=default_spread(pieces), name=name,
+        name, spread = f"synthesized_p{pieces}", default_spread(pieces)
+        s = synth.program(pieces, spread=spread, name=name,
                           command=f"msc synthesize {collective} --topology {topology.name} --pieces {pieces} "
-                                  f"--spread {default_spread(pieces)} --name {name} -o {name}.py")
+                                  f"--spread {spread} --name {name} -o {name}.py")
         path = Path(folder) / f"{collective}-{name}.py"
         write_output(path, s.text)
         out.append(str(path))

@@ -99,18 +99,22 @@ class Synthesizer:
         self._packings: dict[int, object] = {}
 
     def packing(self, pieces: int):
-        from msc.synth.packing import pack
-
+        """The trees (msc.synth.packing.Packing), for alltoall the paths
+        (msc.synth.flows.Flows), of ``pieces`` pieces; made once."""
         if type(pieces) is not int or pieces < 1:
             raise UsageError(f"pieces must be an int >= 1, got {pieces!r}")
-        if pieces not in self._packings and self.collective == "alltoall":
+        if pieces not in self._packings:
+            self._packings[pieces] = self._pack(pieces)
+        return self._packings[pieces]
+
+    def _pack(self, pieces: int):
+        if self.collective == "alltoall":
             from msc.synth.flows import route_flows
 
-            self._packings[pieces] = route_flows(self.edges, pieces, floor=self._alltoall_floor(pieces))
-        elif pieces not in self._packings:
-            self._packings[pieces] = pack(self.topology, self.roots, pieces, edges=self.edges,
-                                          symmetry=self.symmetry)
-        return self._packings[pieces]
+            return route_flows(self.edges, pieces, floor=self._alltoall_floor(pieces))
+        from msc.synth.packing import pack
+
+        return pack(self.topology, self.roots, pieces, edges=self.edges, symmetry=self.symmetry)
 
     def _alltoall_floor(self, pieces: int) -> float:
         """msc bound's cut term for alltoall as the busiest link's seconds per
@@ -147,16 +151,16 @@ class Synthesizer:
         n = self.topology.num_ranks
         per_byte = packing.seconds_per_piece_byte / (pieces * _shards(self.collective, n))
         if self.collective == "alltoall":
-            depth, header = packing.max_hops(), _alltoall_header(self.topology, pieces, packing, per_byte, command)
+            trees, depth = packing.relayed(), packing.max_hops()
+            header = _alltoall_header(self.topology, pieces, packing, per_byte, command)
         else:
-            depth = max((t.depth() for t in packing.trees), default=0)
+            trees, depth = len(packing.trees), max((t.depth() for t in packing.trees), default=0)
             header = _header(self.collective, self.topology, pieces, packing, per_byte, depth, command)
+        sums = self.collective in SUMS
         text = program_text(self.collective, packing, num_ranks=n, pieces=pieces, spread=spread, name=name,
-                            header=header, root=self.root, sums=self.collective in SUMS,
-                            add_on_arrival=add_on_arrival)
-        sums = add_on_arrival if self.collective in SUMS else None
-        trees = packing.relayed() if self.collective == "alltoall" else len(packing.trees)
-        return Synthesis(self.collective, text, pieces, spread, sums, trees, depth, per_byte, packing.busiest())
+                            header=header, root=self.root, sums=sums, add_on_arrival=add_on_arrival)
+        return Synthesis(self.collective, text, pieces, spread, add_on_arrival if sums else None, trees, depth,
+                         per_byte, packing.busiest())
 
 
 def synthesize(collective: str, topology, *, pieces: int | None = None, spread: int | None = None,

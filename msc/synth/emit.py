@@ -112,7 +112,7 @@ def spread_down(start, edges, buffer, index, channel):
 _SCRATCH = '''
 
 class Scratch:
-    """Scratch chunks handed out in order, per rank: every partial sum gets its own."""
+    """Scratch chunks handed out in order, per rank: every partial sum and landed piece gets its own."""
 
     def __init__(self):
         self.used = {}
@@ -123,7 +123,6 @@ class Scratch:
 '''
 
 _SUM_UP = '''
-
 
 def sum_up(p, total, edges, index, scratch, channel, on_arrival):
     """Sum chunk ``index`` of every rank's input up the tree ``edges`` into
@@ -166,8 +165,9 @@ def program_text(collective: str, packing: LinkLoads, *, num_ranks: int, pieces:
                  header: str, root: int = 0, sums: bool = False, add_on_arrival: bool = True) -> str:
     """The DSL program: ``header`` as its docstring, then the constants, the
     tree tables (``packing`` a msc.synth.packing.Packing) or, for alltoall,
-    the relays (a msc.synth.flows.Flows), the helpers and the function. ``sums``: the collective adds
-    up trees (sum_up, whose ``on_arrival`` defaults to ``add_on_arrival``)."""
+    the relays (a msc.synth.flows.Flows), the helpers and the function.
+    ``sums``: the collective adds up trees (sum_up, whose ``on_arrival``
+    defaults to ``add_on_arrival``)."""
     out = [f'"""{header.strip()}\n"""', "import msc", "",
            f"RANKS = {num_ranks}",
            f"PIECES = {pieces}          # pieces per "
@@ -180,7 +180,7 @@ def program_text(collective: str, packing: LinkLoads, *, num_ranks: int, pieces:
         out.append(f"ROOT = {root}")
     for kind, table, what in (("in", "IN_TREES", "every rank's share is summed up toward the root"),
                               ("out", "OUT_TREES", "the piece travels from the root down to every rank")):
-        trees = [t for t in getattr(packing, "trees", ()) if t.kind == kind]       # alltoall: Flows, no trees
+        trees = [] if collective == "alltoall" else [t for t in packing.trees if t.kind == kind]
         if trees:
             out += ["", f"# {table}[root, piece]: the spanning tree of that piece, as (parent, child) edges,",
                     f"# parents first; {what}.", f"{table} = {{"]

@@ -23,12 +23,12 @@ busiest link's load of straight routes alone.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from msc.errors import UsageError
-from msc.synth.packing import SHARPNESS, EdgeLinks, LinkLoads, link_weights, load_score
+from msc.synth.packing import SHARPNESS, EdgeLinks, LinkLoads, link_weights, most_even
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class Flows(LinkLoads):
     relayed through, or None (straight); and the links' load per byte of a
     piece (LinkLoads)."""
 
-    relays: dict = None
+    relays: dict = field(default_factory=dict)
 
     def relayed(self) -> int:
         return sum(r is not None for pieces in self.relays.values() for r in pieces)
@@ -58,23 +58,17 @@ def route_flows(edges: EdgeLinks, pieces: int, *, floor: float = 0.0,
     have (msc bound's cut); where straight routes come within RELAY_GAIN of
     it, they are taken without searching for relays (n^2 pieces x n relays
     each: minutes at 256 ranks)."""
-    straight_relays, straight_load = _straight(edges, pieces)
-    straight_max = float(np.max(straight_load[:-1] / edges.capacity)) if edges.nlinks else 0.0
-    if straight_max <= floor * (1 + RELAY_GAIN):
-        return Flows(straight_load[:-1], edges.capacity, edges.names,
-                     relays={pair: tuple(r) for pair, r in sorted(straight_relays.items())})
-    best = None
-    for sharp in sharpness:
-        relays, load = _route_at(edges, pieces, sharp)
-        util = load[:-1] / edges.capacity
-        score = load_score(util)
-        if best is None or score < best[0]:
-            best = (score, relays, load)
-    _, relays, load = best
-    if best[0][0] >= straight_max * (1 - RELAY_GAIN):
-        relays, load = straight_relays, straight_load
-    return Flows(load[:-1], edges.capacity, edges.names,
-                 relays={pair: tuple(r) for pair, r in sorted(relays.items())})
+    straight = _flows(edges, *_straight(edges, pieces))
+    if straight.seconds_per_piece_byte <= floor * (1 + RELAY_GAIN):
+        return straight
+    routed = _flows(edges, *most_even(edges.capacity, (_route_at(edges, pieces, sharp) for sharp in sharpness)))
+    if routed.seconds_per_piece_byte >= straight.seconds_per_piece_byte * (1 - RELAY_GAIN):
+        return straight
+    return routed
+
+
+def _flows(edges: EdgeLinks, relays: dict, load: np.ndarray) -> Flows:
+    return Flows(load[:-1], edges.capacity, edges.names, relays={pair: tuple(r) for pair, r in sorted(relays.items())})
 
 
 def _straight(edges: EdgeLinks, pieces: int):

@@ -152,14 +152,7 @@ def pack(topology: Topology, roots: list[tuple[int, str]], pieces: int, *, edges
         maps = np.arange(edges.nlinks + 1)[None, :]
     # The whole packing at each sharpness; the one whose busiest link is least loaded (then
     # the most even) wins: no one sharpness suits every topology.
-    best = None
-    for sharp in sharpness:
-        chosen, load = _pack_at(edges, roots, pieces, maps, sharp)
-        util = load[:-1] / edges.capacity
-        score = load_score(util)
-        if best is None or score < best[0]:
-            best = (score, chosen, load)
-    _, chosen, load = best
+    chosen, load = most_even(edges.capacity, (_pack_at(edges, roots, pieces, maps, sharp) for sharp in sharpness))
     perms = symmetry.perms if symmetry is not None else [None]
     trees = [Tree(root if perm is None else int(perm[root]), piece, kind,
                   tuple(tree_edges if perm is None else ((int(perm[a]), int(perm[b])) for a, b in tree_edges)))
@@ -199,6 +192,12 @@ def load_score(util: np.ndarray) -> tuple[float, float]:
     sum of squares (the most even). Utilisations are about 1e-10 s per byte:
     rounding to 9 decimal places, as this once did, made every busiest link 0."""
     return (float(f"{util.max():.9g}") if len(util) else 0.0, float((util ** 2).sum()))
+
+
+def most_even(capacity: np.ndarray, runs):
+    """Of ``runs``, (result, load with the padding link last) pairs, the first
+    with the best load_score."""
+    return min(runs, key=lambda run: load_score(run[1][:-1] / capacity))
 
 
 def link_weights(load: np.ndarray, capacity: np.ndarray, sharpness: float) -> np.ndarray:
