@@ -68,7 +68,8 @@ def bench(plan: Plan, topology, sizes) -> dict:
 
 
 def main() -> None:
-    from msc.sim.topology import Uniform, infiniband
+    from msc.sim.presets import infiniband
+    from msc.sim.topology import Uniform
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", type=int, default=1024)

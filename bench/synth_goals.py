@@ -60,7 +60,7 @@ def best(result) -> list[float]:
 
 def measure(job) -> dict:
     from msc.cli.sim import synthesized_files
-    from msc.sim.topology import get_topology
+    from msc.sim.presets import get_topology
     from msc.sim.tune import tune
     from msc.synth import synthesize
     from msc.synth.choose import choose_by_simulation
@@ -88,7 +88,7 @@ def measure(job) -> dict:
 
 
 def generation(spec: str, n: int, collectives) -> dict:
-    from msc.sim.topology import get_topology
+    from msc.sim.presets import get_topology
     from msc.synth import synthesize
 
     topo = get_topology(spec, n)

@@ -19,7 +19,8 @@ from msc.cli.bound import COLLECTIVE_NAMES
 from msc.errors import MscError, UsageError
 from msc.lower.pipeline import LowerOptions, lower
 from msc.sim.simulate import Simulator
-from msc.sim.topology import GB, US, Nodes, Uniform, infiniband, nvswitch, pcie, ring, topology_from_dict, torus
+from msc.sim.presets import H100, infiniband, nvswitch, pcie, ring, torus
+from msc.sim.topology import GB, US, Nodes, Uniform, topology_from_dict
 
 from library import algorithms
 from test_readme import blocks, run_block
@@ -31,6 +32,12 @@ def big(collective, topo, size=MB64, **kw):
     return lower_bound(collective, topo, [size], **kw)[0]
 
 
+SIMPLE = H100.protocols["Simple"]
+NVLINK = 450 * GB * SIMPLE.link("nvlink").bandwidth_factor        # what Simple carries of an H100's NVLink
+NIC = 50 * GB * SIMPLE.link("net").bandwidth_factor                # and of a 400 Gb/s NIC
+LAUNCH = SIMPLE.launch_us * US
+
+
 def switch(n, gbps=100.0, alpha_us=2.0):
     """The classic one-port machine: n ranks on a switch, no threadblock limit."""
     return Nodes("switch", 1, n, port_gbps=gbps, port_alpha_us=alpha_us)
@@ -38,10 +45,12 @@ def switch(n, gbps=100.0, alpha_us=2.0):
 
 # -- formulas by hand --------------------------------------------------------------
 def test_allgather_on_nvswitch_is_one_ports_share():
-    # a rank lacks 7 of 8 shards and has one 450 GB/s port in; then one 2 us hop (Simple)
+    # a rank lacks 7 of 8 shards and has one port in (what Simple carries of 450 GB/s); then one
+    # 3.4 us hop, and the launch
     b = big("allgather", nvswitch())
-    assert b.seconds == pytest.approx(7 / 8 * MB64 / (450 * GB) + 2 * US, rel=1e-12)
-    assert (b.term, b.protocol, b.limit) == ("bandwidth", "Simple", "1 rank in (1 port: 450 GB/s)")
+    assert b.seconds == pytest.approx(7 / 8 * MB64 / NVLINK + 3.4 * US + LAUNCH, rel=1e-12)
+    assert (b.term, b.protocol, b.limit) == ("bandwidth", "Simple", f"1 rank in (1 port: {NVLINK / GB:g} GB/s)")
+    assert b.launch == LAUNCH
     assert big("reducescatter", nvswitch()).seconds == pytest.approx(b.seconds, rel=1e-12)   # one rank out
 
 
@@ -63,30 +72,35 @@ def test_uniform_links_add_up():
 
 
 def test_ring_alltoall_is_the_bisection():
-    # halves of 4: 16 pairs x S/8 each must cross two 50 GB/s links
+    # halves of 4: 16 pairs x S/8 each must cross two 50 GB/s NVLink links
     b = big("alltoall", ring(8))
-    assert b.seconds == pytest.approx(16 * MB64 / 8 / (100 * GB) + 2 * US, rel=1e-12)
-    assert b.limit == "4 ranks | 4 (2 links: 100 GB/s)"
-    assert big("alltoall", torus(4, 4)).limit == "2 rows | 2 (8 links: 400 GB/s)"
+    link = 50 * GB * SIMPLE.link("nvlink").bandwidth_factor
+    assert b.seconds == pytest.approx(16 * MB64 / 8 / (2 * link) + 3.4 * US + LAUNCH, rel=1e-12)
+    assert b.limit == f"4 ranks | 4 (2 links: {2 * link / GB:g} GB/s)"
+    assert big("alltoall", torus(4, 4)).limit == f"2 rows | 2 (8 links: {8 * link / GB:g} GB/s)"
 
 
 def test_multi_node_cuts():
     t = infiniband(2)
     b = big("broadcast", t)                  # the other node's 8 NICs carry everything
-    assert b.seconds == pytest.approx(MB64 / (8 * 48 * GB) + 8 * US, rel=1e-12)
-    assert b.limit == "1 node | 1 (8 NICs: 384 GB/s)"
+    assert b.seconds == pytest.approx(MB64 / (8 * NIC) + 14 * US + LAUNCH, rel=1e-12)
+    assert b.limit == f"1 node | 1 (8 NICs: {8 * NIC / GB:g} GB/s)"
     b = big("allgather", t)                  # a rank: its NVLink port and its NIC
-    assert b.seconds == pytest.approx(15 / 16 * MB64 / (498 * GB) + 2 * US, rel=1e-12)
-    assert big("allgather", pcie()).limit == "1 rank in (1 port: 25 GB/s)"
-    assert big("broadcast", pcie()).limit == "4 ranks | 4 (1 uplink: 25 GB/s)"
+    assert b.seconds == pytest.approx(15 / 16 * MB64 / (NVLINK + NIC) + 3.4 * US + LAUNCH, rel=1e-12)
+    port = 25 * SIMPLE.link("pcie").bandwidth_factor
+    assert big("allgather", pcie()).limit == f"1 rank in (1 port: {port:g} GB/s)"
+    assert big("broadcast", pcie()).limit == f"4 ranks | 4 (1 uplink: {port:g} GB/s)"
 
 
 def test_latency_is_the_farthest_pair_at_the_best_protocol():
     b = lower_bound("allgather", ring(8), [1])[0]
     assert (b.term, b.protocol) == ("latency", "LL")
-    assert b.seconds == pytest.approx(4 * 2 * US * 0.25)                 # 4 hops of 2 us, LL's quarter
-    assert lower_bound("allgather", ring(8), [1], protocols=("Simple",))[0].seconds == pytest.approx(8 * US)
-    assert lower_bound("allgather", torus(4, 4), [1])[0].limit == "farthest ranks: 4 hops, 8 us"
+    assert b.seconds == pytest.approx(4 * 0.6 * US + 6.6 * US)         # 4 hops of LL's 0.6 us, LL's launch
+    assert lower_bound("allgather", ring(8), [1], protocols=("Simple",))[0].seconds == \
+        pytest.approx(4 * 3.4 * US + LAUNCH)
+    assert lower_bound("allgather", torus(4, 4), [1])[0].limit == "farthest ranks: 4 hops, 2.4 us"
+    b = lower_bound("allgather", Uniform(8, 2.0, 100.0), [1])[0]       # the textbook: no launch, LL's quarter
+    assert b.seconds == pytest.approx(0.5 * US, rel=1e-4) and b.launch == 0.0
     assert lower_bound("allreduce", nvswitch(), [0])[0].seconds == 0.0   # nothing to move
     assert lower_bound("allreduce", switch(1), [MB64])[0].seconds == 0.0  # one rank
 
@@ -154,11 +168,10 @@ def test_builtin_cuts_match_every_cut(topo):
     """The analytic cuts give the bound the min-cut over all 2^n - 2 cuts
     gives (at 64 MB: the data part; a smaller size may find a cut with a
     longer hop into it, so there the analytic bound may only be lower)."""
-    every = _routes_model(topo, 0)
-    assert every.exact and topo.num_ranks <= ALL_CUTS
+    assert _routes_model(topo, 0).exact and topo.num_ranks <= ALL_CUTS
     for c in COLLECTIVES:
         sizes = [1, 4096, MB64]
-        mine, best = lower_bound(c, topo, sizes), lower_bound(c, topo, sizes, model=every)
+        mine, best = lower_bound(c, topo, sizes), lower_bound(c, topo, sizes, cuts=_routes_model)
         assert mine[-1].seconds == pytest.approx(best[-1].seconds, rel=1e-12), c
         for a, b in zip(mine, best):
             assert a.seconds <= b.seconds * (1 + 1e-12), (c, a, b)
@@ -348,7 +361,7 @@ def test_cli_table_and_json(capsys):
     last = rows[-1]
     assert last[0] == str(MB64)
     assert float(last[4]) == pytest.approx(big("allgather", nvswitch()).seconds * 1e6, abs=0.01)
-    assert last[7:9] == ["bandwidth", "Simple"] and " ".join(last[9:]) == "1 rank in (1 port: 450 GB/s)"
+    assert last[7:9] == ["bandwidth", "Simple"] and " ".join(last[9:]) == f"1 rank in (1 port: {NVLINK / GB:g} GB/s)"
     assert "# cuts: every cut that matters (exact)" in lines and "4 -> 0" in lines[-1]
     code, out, _ = cli(["bound", "broadcast", "-t", "ring", "-n", "6", "--root", "2", "-b", "1M", "-e", "1M", "--json",
                         "--protocol", "LL"], capsys)

@@ -109,13 +109,18 @@ def test_reduce_ops_name_real_functions_and_every_table_is_the_registry_s():
 def test_protocol_tables_are_the_registry_s():
     from msc.cuda.launch import DEFAULT_TILE_BYTES
     from msc.lower.runtimes import PROTOCOL_SLOTS
-    from msc.sim.topology import DEFAULT_PROTOCOLS
+    from msc.sim.machines import MACHINES
+    from msc.sim.protocols import DEFAULT_PROTOCOLS, KINDS
 
     assert PROTOCOL_SLOTS == PROTOCOL_NAMES == tuple(DEFAULT_PROTOCOLS) == tuple(DEFAULT_TILE_BYTES)
     for p in PROTOCOLS.values():
         model = DEFAULT_PROTOCOLS[p.name]
-        assert (model.alpha_factor, model.bandwidth_factor, model.tile) == (p.alpha_factor, p.bandwidth_factor, p.tile)
-        assert DEFAULT_TILE_BYTES[p.name] == p.tile
+        assert model.tile == p.tile == DEFAULT_TILE_BYTES[p.name]
+        for kind in KINDS:
+            link = model.link(kind)
+            assert (link.alpha_factor, link.bandwidth_factor) == (p.alpha_factor, p.bandwidth_factor)
+        for machine in MACHINES.values():
+            assert machine.protocols[p.name].tile == p.tile and set(machine.protocols[p.name].links) == set(KINDS)
 
 
 def test_cli_choices_are_the_registry_s():

@@ -18,7 +18,8 @@ from msc.errors import DeadlockError, UsageError
 from msc.lower.pipeline import LowerOptions, lower
 from msc.sim.events import _Flow, maxmin
 from msc.sim.simulate import Simulator
-from msc.sim.topology import Nodes, Uniform, nvswitch
+from msc.sim.presets import nvswitch
+from msc.sim.topology import Nodes, Uniform
 
 REPO = Path(__file__).resolve().parent.parent
 A_US, B_GBPS = 2.0, 100.0

@@ -6,7 +6,9 @@ import math
 import pytest
 
 from msc.errors import UsageError
-from msc.sim.topology import GB, US, get_topology, infiniband, load_topology, nvswitch, pcie, torus
+from msc.sim.presets import H100, PRESETS, dgx_h100, pcie, torus
+from msc.sim.presets import get_topology
+from msc.sim.topology import GB, US, load_topology
 
 
 def names(topo, route):
@@ -14,10 +16,28 @@ def names(topo, route):
 
 
 def test_nvswitch_uses_ports():
-    t = nvswitch()
+    t = get_topology("nvswitch", 8)
     r = t.route(0, 5)
-    assert names(t, r) == ["gpu0.out", "gpu5.in"] and r.alpha == pytest.approx(2 * US)
+    assert names(t, r) == ["gpu0.out", "gpu5.in"] and r.alpha == pytest.approx(3.4 * US)
     assert t.capacity[r.resources[0]] == 450 * GB and t.threadblock_bandwidth == 40 * GB
+
+
+def test_a_protocol_s_view_scales_each_kind_of_link():
+    """Simple keeps NVLink's latency and carries 0.82 of its line rate; LL pays
+    NCCL's 0.6 us per hop; across nodes the NIC's (network) factors apply."""
+    t = dgx_h100(2)
+    simple, ll = t.view("Simple"), t.view("LL")
+    assert simple.view("Simple") is simple and t.view("LL") is ll
+    with pytest.raises(UsageError, match="already the Simple view"):
+        simple.view("LL")
+    r = ll.route(0, 5)
+    assert r.alpha == pytest.approx(0.6 * US)
+    assert ll.capacity[r.resources[0]] == pytest.approx(450 * GB * H100.protocols["LL"].link("nvlink").bandwidth_factor)
+    assert simple.capacity[simple.route(0, 5).resources[0]] == pytest.approx(450 * GB * 0.82)
+    net = simple.route(0, 8)
+    assert net.alpha == pytest.approx(14 * US) and simple.capacity[net.resources[0]] == pytest.approx(50 * GB * 0.94)
+    assert (simple.launch, ll.launch) == (pytest.approx(8.4 * US), pytest.approx(6.6 * US))
+    assert t.route(0, 5).alpha == pytest.approx(3.4 * US) and t.launch == 0.0     # the base is untouched
 
 
 def test_pcie_crosses_switch_uplinks():
@@ -27,25 +47,31 @@ def test_pcie_crosses_switch_uplinks():
 
 
 def test_infiniband_nodes():
-    t = infiniband(2)
-    assert t.num_ranks == 16 and t.gpus_per_node == 8
+    t = get_topology("ib:2", 16)
+    assert t.num_ranks == 16 and t.gpus_per_node == 8 and t.name == "ib:2"
     assert names(t, t.route(3, 4)) == ["gpu3.out", "gpu4.in"]
     r = t.route(3, 12)
-    assert names(t, r) == ["nic3.out", "nic12.in"] and r.alpha == pytest.approx(8 * US)
+    assert names(t, r) == ["nic3.out", "nic12.in"] and r.alpha == pytest.approx(14 * US)
 
 
 def test_torus_routes_the_short_way():
     t = torus(4, 4)
     r = t.route(0, 3)                          # one hop backwards around the row
-    assert names(t, r) == ["0->3"] and r.alpha == pytest.approx(2 * US)
+    assert names(t, r) == ["0->3"] and r.alpha == pytest.approx(3.4 * US)
     assert names(t, t.route(0, 10)) == ["0->1", "1->2", "2->6", "6->10"]
-    assert get_topology("ring", 6).route(0, 4).alpha == pytest.approx(4 * US)
+    assert get_topology("ring", 6).route(0, 4).alpha == pytest.approx(2 * 3.4 * US)
 
 
 def test_get_topology():
     assert get_topology(None, 4, alpha_us=1, bandwidth_gbps=10).route(1, 2).alpha == pytest.approx(US)
     assert get_topology("ib", 24).num_ranks == 24
+    assert get_topology("dgx-a100", 16).name == "dgx-a100:2" and get_topology("dgx-h100:4", None).num_ranks == 32
+    assert get_topology("dgx-h100", None).name == "dgx-h100"
     assert get_topology("torus", 12).name == "torus:3x4"
+    with pytest.raises(UsageError, match="takes no ':2'"):
+        get_topology("nvswitch:2", None)
+    with pytest.raises(UsageError, match="nodes of 8 GPUs"):
+        get_topology("dgx-h100", 12)
     with pytest.raises(UsageError, match="has 8 ranks, the plan 4"):
         get_topology("nvswitch", 4)
     with pytest.raises(UsageError, match="unknown topology"):
@@ -84,6 +110,11 @@ duplex = false
 
 [protocol.LL]
 alpha_factor = 0.1
+
+[protocol.Simple]
+launch_us = 5
+[protocol.Simple.link]
+bandwidth_factor = 0.8
 """
 
 
@@ -100,8 +131,23 @@ def test_toml_topology(tmp_path):
     assert back.alpha == pytest.approx(4 * US)
     path.write_text(TOML.replace("reduce_gbps", "forward = true\nreduce_gbps"))
     assert load_topology(path).route(0, 3).alpha == pytest.approx(2.25 * US)   # 0 a 1 2 b 3: ranks forward
-    assert t.protocol("LL").alpha_factor == 0.1 and t.protocol("LL").bandwidth_factor == 0.5
+    ll = t.protocol("LL").link("link")
+    assert (ll.alpha_factor, ll.bandwidth_factor) == (0.1, 0.5)
+    assert t.view("LL").route(0, 3).alpha == pytest.approx(0.4 * US)
+    simple = t.view("Simple")
+    assert simple.launch == pytest.approx(5 * US) and simple.route(1, 2).bandwidth == pytest.approx(40 * GB)
+    assert simple.route(0, 3).alpha == pytest.approx(4 * US)      # the same path as the base's
     assert get_topology(str(path), 4).name == "two islands"
+
+
+def test_toml_kinds_and_machine(tmp_path):
+    """A TOML link of a kind gets the machine's model of that kind."""
+    path = tmp_path / "t.toml"
+    path.write_text('ranks = 2\nmachine = "h100"\n[[link]]\nfrom = 0\nto = 1\nalpha_us = 3.4\n'
+                    'bandwidth_gbps = 450\nkind = "nvlink"\n')
+    t = load_topology(path)
+    assert t.view("LL").route(0, 1).alpha == pytest.approx(0.6 * US) and t.view("LL").launch == pytest.approx(6.6 * US)
+    assert t.threadblock_bandwidth == 40 * GB
 
 
 @pytest.mark.parametrize("text,message", [
@@ -112,6 +158,11 @@ def test_toml_topology(tmp_path):
     ("ranks = 2\n[[link]]\nfrom = [0, 1]\nto = [1]\nalpha_us = 1\nbandwidth_gbps = 1", "same length"),
     ("ranks = 2\n[[link]]\nfrom = 0\nto = 1\nalpha_us = 1\nbandwidth_gbps = 0", "bandwidth_gbps"),
     ("ranks = 2\n[protocol.XL]\nalpha_factor = 1", "protocols are"),
+    ("ranks = 2\n[protocol.LL]\nlatency = 1", "unknown key"),
+    ("ranks = 2\n[protocol.LL.nvlink]\nspeed = 1", "keys are"),
+    ("ranks = 2\n[protocol.LL]\nlaunch_us = -1", "launch_us must be"),
+    ("ranks = 2\nmachine = \"h200\"", "'machine' must be one of"),
+    ("ranks = 2\n[[link]]\nfrom = 0\nto = 1\nalpha_us = 1\nbandwidth_gbps = 1\nkind = \"wifi\"", "kind must be"),
     ("ranks = 2\n[[link", "t.toml"),
 ])
 def test_toml_errors(tmp_path, text, message):

@@ -8,7 +8,8 @@ import pytest
 
 from msc.errors import UsageError
 from msc.formats.load import load_plan
-from msc.sim.topology import Uniform, nvswitch
+from msc.sim.presets import nvswitch
+from msc.sim.topology import Uniform
 from msc.sim.tune import format_tune, index_entries, tune, variants, write_plans
 
 from test_simulate import plan_of, run_cli

@@ -97,8 +97,10 @@ def add_collective_on_topology_args(p: argparse.ArgumentParser, collectives: tup
 
 
 def add_topology_args(p: argparse.ArgumentParser) -> None:
+    from msc.sim.presets import PRESET_NAMES          # the table of presets (no numpy: the CLI starts fast)
+
     p.add_argument("--topology", "-t", metavar="NAME|FILE",
-                   help="nvswitch, pcie, ib[:NODES], ring[:N], torus[:RxC], or a TOML file")
+                   help=f"{', '.join(n for n in PRESET_NAMES if not n.startswith('uniform'))}, or a TOML file")
     p.add_argument("--alpha-us", type=lambda t: _number(t, zero=True), metavar="US",
                    help="uniform model: latency per message (us, finite, >= 0)")
     p.add_argument("--bandwidth-gbps", type=lambda t: _number(t, zero=False), metavar="GBPS",
@@ -106,7 +108,7 @@ def add_topology_args(p: argparse.ArgumentParser) -> None:
 
 
 def topology_from_args(args, num_ranks: int):
-    from msc.sim.topology import get_topology
+    from msc.sim.presets import get_topology
 
     return get_topology(args.topology, num_ranks, alpha_us=args.alpha_us, bandwidth_gbps=args.bandwidth_gbps)
 

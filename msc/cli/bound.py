@@ -38,9 +38,9 @@ def add_bound_command(subparsers) -> argparse.ArgumentParser:
         type_name, dt = parse_dtype(args.dtype)
         requested = sizes(args.minbytes, args.maxbytes, args.stepfactor)
         rounded = [nccl_size(collective, n, s, dt.itemsize) for s in requested]
-        model = cut_model(topo, args.root if collective in ("broadcast", "reduce") else 0)
+        exact = cut_model(topo, args.root if collective in ("broadcast", "reduce") else 0).exact
         bounds = lower_bound(collective, topo, [s for s, _ in rounded], root=args.root,
-                             protocols=tuple(args.protocol) if args.protocol else None, model=model)
+                             protocols=tuple(args.protocol) if args.protocol else None)
         factor = BUSBW_FACTOR[collective](n)
         records = []
         for req, (size, count), b in zip(requested, rounded, bounds):
@@ -51,7 +51,7 @@ def add_bound_command(subparsers) -> argparse.ArgumentParser:
                             "root": args.root if collective in ("broadcast", "reduce") else -1,
                             "time": us, "algbw": algbw, "busbw": algbw * factor, "term": b.term, "limit": b.limit,
                             "protocol": b.protocol, "requested_size": req, "rounded": size != req,
-                            "exact": model.exact})
+                            "exact": exact})
         if args.json:
             print(json.dumps(records))
         else:
@@ -65,7 +65,7 @@ def add_bound_command(subparsers) -> argparse.ArgumentParser:
 def bound_topology(args):
     """The topology of --topology (or the uniform model), sized by itself or
     by --ranks, which must then agree with it."""
-    from msc.sim.topology import get_topology
+    from msc.sim.presets import get_topology
 
     n = args.ranks
     if n is not None and n < 1:

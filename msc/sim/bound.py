@@ -3,15 +3,16 @@ bound``): no plan, in msc's own cost model (msc.sim.simulate), is faster.
 
 Sizes S are nccl-tests sizes (msc.units): the per-rank buffer for
 allreduce, broadcast and reduce; the whole gathered array for allgather,
-reducescatter and alltoall, whose shards are S/n. For a protocol p with
-latency factor a_p and bandwidth factor b_p (msc.sim.topology.Protocol):
+reducescatter and alltoall, whose shards are S/n. For a protocol p, on
+its view of the topology (msc.sim.topology.Topology.view: every link's
+latency and data rate as p sees them), with launch latency l_p:
 
-    bound_p(S) = max( max over cuts A|T:   D(A) / (b_p C(A)) + a_p alpha(T->A),
-                      [allreduce] max over partitions P:  2(|P|-1) S / (b_p C(P)) + a_p alpha(P),
-                      a_p L )
+    bound_p(S) = l_p + max( max over cuts A|T:   D(A) / C_p(A) + alpha_p(T->A),
+                            [allreduce] max over partitions P:  2(|P|-1) S / C_p(P) + alpha_p(P),
+                            L_p )
 
 and the topology's bound is the smallest bound_p over its protocols (a
-plan uses one of them).
+plan uses one of them; every plan of p pays l_p).
 
 Cuts. A cut splits the ranks into a receiving side A of k ranks and the
 rest T. D(A) is what must cross from T to A whatever the algorithm does:
@@ -22,9 +23,9 @@ rest T. D(A) is what must cross from T to A whatever the algorithm does:
     broadcast              S   if the root is in T (else 0)
     reduce                 S   if the root is in A (else 0)
 C(A) is the capacity of a set of shared links that every route from T to A
-crosses. Max-min sharing never gives a link more than its capacity (times
-b_p), and every byte into A passes one of them, so the transmissions into A
-take D/(b_p C) at least; the last one then arrives a route latency later,
+crosses. Max-min sharing never gives a link more than its capacity (as the
+protocol sees it), and every byte into A passes one of them, so the
+transmissions into A take D/C_p at least; the last one then arrives a route latency later,
 at least alpha(T->A), the smallest latency of a route into A. A link that is
 not shared (TOML ``shared = false``) caps each transfer, not their sum: a
 route over such links alone makes C(A) infinite (the term is one latency).
@@ -134,6 +135,7 @@ class Bound:
     term: str                # "bandwidth", "latency" or "none" (nothing to move)
     limit: str               # the cut, or the path, that sets it
     protocol: str            # the protocol whose bound is the smallest
+    launch: float = 0.0      # its launch latency (s), in seconds
 
 
 def collective_name(spec: str) -> str:
@@ -167,56 +169,59 @@ def nccl_size(collective: str, n: int, size: int, itemsize: int) -> tuple[int, i
 
 
 def lower_bound(collective: str, topology: Topology, sizes: list[int], *, root: int = 0,
-                protocols: tuple[str, ...] | None = None, model: CutModel | None = None) -> list[Bound]:
-    """The bound at each size (bytes, nccl-tests; not rounded here)."""
+                protocols: tuple[str, ...] | None = None, cuts=None) -> list[Bound]:
+    """The bound at each size (bytes, nccl-tests; not rounded here): the
+    least over ``protocols`` (default: the topology's) of each protocol's
+    bound on its view of the topology, launch latency included. ``cuts``:
+    the function giving a view's CutModel (default cut_model)."""
     collective = collective_name(collective)
     n = topology.num_ranks
     if collective in ROOTED and not (type(root) is int and 0 <= root < n):
         raise UsageError(f"root {root!r} is not a rank of topology {topology.name!r} (0..{n - 1})")
     names = tuple(topology.protocols) if protocols is None else tuple(protocols)
-    protos = [(p, topology.protocol(p)) for p in names]
-    protos = [(p, pr) for p, pr in protos if pr.bandwidth_factor > 0]
-    if not protos:
-        raise UsageError(f"topology {topology.name!r}: no protocol among {', '.join(names)} moves data "
-                         "(bandwidth_factor > 0)")
     for s in sizes:
         if type(s) is not int or s < 0:
             raise UsageError(f"sizes must be ints >= 0, got {s!r}")
-    model = model or cut_model(topology, root if collective in ROOTED else 0)
-    coef, cap, alpha, labels = _constraints(collective, model)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        per_byte = np.where(np.isinf(cap), 0.0, coef / cap)          # s per byte of size at b_p = 1
-    if np.any(cap <= 0):
-        bad = labels[int(np.argmax(cap <= 0))]
-        raise UsageError(f"topology {topology.name!r}: no route into one side of the cut {bad}: "
-                         f"no {collective} can complete")
-    L = model.latency[{"broadcast": 1, "reduce": 2}.get(collective, 0)]
-    L_label = model.latency_labels[{"broadcast": 1, "reduce": 2}.get(collective, 0)]
-    if math.isinf(L):
-        raise UsageError(f"topology {topology.name!r}: some rank cannot reach another ({L_label}): "
-                         f"no {collective} can complete")
+    terms = [_protocol_terms(collective, topology.view(p), root, cuts or cut_model) for p in names]
     out = []
     for size in sizes:
         if size == 0 or n == 1:
-            out.append(Bound(size, 0.0, 0.0, 0.0, "none", "-", protos[0][0]))
+            out.append(Bound(size, 0.0, 0.0, 0.0, "none", "-", names[0]))
             continue
         best = None
-        for name, pr in protos:
-            af = max(pr.alpha_factor, 0.0)
-            data = per_byte * size / pr.bandwidth_factor
-            terms = data + alpha * af
-            i = int(np.argmax(terms)) if len(terms) else -1
-            bw = float(terms[i]) if i >= 0 else 0.0
-            lat = L * af
-            if bw > lat:        # the cut's term; "latency" where its one hop outweighs its data
-                term, limit = ("bandwidth" if data[i] >= alpha[i] * af else "latency"), labels[i]
+        for name, (per_byte, alpha, labels, L, L_label, launch) in zip(names, terms):
+            data = per_byte * size
+            cut = data + alpha
+            i = int(np.argmax(cut)) if len(cut) else -1
+            bw = float(cut[i]) if i >= 0 else 0.0
+            if bw > L:          # the cut's term; "latency" where its one hop outweighs its data
+                term, limit = ("bandwidth" if data[i] >= alpha[i] else "latency"), labels[i]
             else:
                 term, limit = "latency", L_label
-            b = Bound(size, max(bw, lat), bw, lat, term, limit, name)
+            b = Bound(size, launch + max(bw, L), bw, L, term, limit, name, launch)
             if best is None or b.seconds < best.seconds:
                 best = b
         out.append(best)
     return out
+
+
+def _protocol_terms(collective: str, view: Topology, root: int, cuts):
+    """(s per byte of size, latency, label per cut; the latency term and its
+    label; the launch latency) of one protocol's view of a topology."""
+    model = cuts(view, root if collective in ROOTED else 0)
+    coef, cap, alpha, labels = _constraints(collective, model)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        per_byte = np.where(np.isinf(cap), 0.0, coef / cap)
+    if np.any(cap <= 0):
+        bad = labels[int(np.argmax(cap <= 0))]
+        raise UsageError(f"topology {view.name!r}: no route into one side of the cut {bad}: "
+                         f"no {collective} can complete")
+    which = {"broadcast": 1, "reduce": 2}.get(collective, 0)
+    L, L_label = model.latency[which], model.latency_labels[which]
+    if math.isinf(L):
+        raise UsageError(f"topology {view.name!r}: some rank cannot reach another ({L_label}): "
+                         f"no {collective} can complete")
+    return per_byte, alpha, labels, L, L_label, view.launch
 
 
 def _constraints(collective: str, model: CutModel):

@@ -7,8 +7,9 @@ it sends) a free slot on its connection; compute (gamma per reduced byte,
 the copy rate per locally copied byte); transmit at the route's rate (a
 threadblock's rate, unshared links, shared links split max-min fairly); the
 message arrives one route latency (alpha) later, and a consumed slot is
-back at the sender one latency after the receiving step ends. Protocols
-scale latency and bandwidth (msc.sim.topology.Protocol). Chunks are taken as
+back at the sender one latency after the receiving step ends. The
+protocol's view of the topology (msc.sim.topology.Topology.view) gives the
+latencies and rates, and its launch latency is added once per size. Chunks are taken as
 q = ceil(count / k) elements each; a chunk streams in ceil(q bytes / tile)
 iterations, as the runtime loops over tiles.
 
@@ -20,7 +21,7 @@ link is shared by overlapping transfers (tests/test_simulate.py).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -70,17 +71,17 @@ class Simulator:
         for what, v in (("tile", tile), ("slots", slots)):
             if v is not None and (type(v) is not int or v < 1):
                 raise UsageError(f"{what} must be an int >= 1, got {v!r}")
-        self.sp, self.plan, self.topology = sp, plan, topology
-        proto = topology.protocol(plan.protocol)
-        self.tile = tile or plan.tile or proto.tile
+        view = topology.view(plan.protocol)          # latencies and rates as the plan's protocol sees them
+        self.sp, self.plan, self.topology, self.view = sp, plan, topology, view
+        self.tile = tile or plan.tile or view.tile
         self.slots = slots or runtime_slots(plan)
+        self.launch = view.launch
         self.type_name, dt = parse_dtype(dtype)
         self.itemsize = dt.itemsize
-        routes = [topology.route(int(s), int(d)) for s, d in zip(sp.conn_src, sp.conn_dst)]
-        bw = proto.bandwidth_factor
-        self.alpha = np.array([r.alpha for r in routes]) * proto.alpha_factor
-        self.capacity = [c * bw for c in topology.capacity]
-        self.cap = [min(r.bandwidth, topology.threadblock_bandwidth) * bw for r in routes]
+        routes = [view.route(int(s), int(d)) for s, d in zip(sp.conn_src, sp.conn_dst)]
+        self.alpha = np.array([r.alpha for r in routes])
+        self.capacity = list(view.capacity)
+        self.cap = [min(r.bandwidth, view.threadblock_bandwidth) for r in routes]
         self.res = [r.resources for r in routes]
         self.rate = rate = np.array([min([c] + [self.capacity[x] for x in res]) for c, res in zip(self.cap, self.res)])
         if len(rate) and not (rate > 0).all():
@@ -134,7 +135,7 @@ class Simulator:
         if engine == "events":
             for i in todo:
                 out[i] = SimResult(geo[i][0], geo[i][1], self._events_time(geo[i][2]), iters[i], "events", False)
-            return out
+            return self._launched(out)
         if self._layers is None:
             self._layers = layers(self.sp, self.slots)
             self._levels = prepare(self._layers, self.alpha, self.comp, self.tx, self.watch)
@@ -148,7 +149,13 @@ class Simulator:
                     out[i] = SimResult(geo[i][0], geo[i][1], self._events_time(geo[i][2]), iters[i], "events", True)
                 else:
                     out[i] = SimResult(geo[i][0], geo[i][1], float(res.seconds[j]), iters[i], "fast", bool(clash[j]))
-        return out
+        return self._launched(out)
+
+    def _launched(self, results: list[SimResult]) -> list[SimResult]:
+        """The results with the protocol's launch latency added where something moved."""
+        if not self.launch:
+            return results
+        return [replace(r, seconds=r.seconds + self.launch) if r.iterations else r for r in results]
 
     def _batches(self, todo, iters):
         G = max(self.sp.num_steps, 1)
@@ -231,7 +238,9 @@ class Simulator:
     def timeline(self, size: int):
         """(SimResult, arrays) for one size: per step instance its
         threadblock ``tb`` (global index), ``it``eration, global ``step`` id,
-        ``start``, ``txs`` (transmission start) and ``end`` in seconds."""
+        ``start``, ``txs`` (transmission start) and ``end`` in seconds
+        from the kernel's start (the launch latency, which precedes it, is in
+        the SimResult's time but not in these)."""
         [res] = self.run([size])
         rounded, count, q = self.chunk_geometry(size)
         n = res.iterations

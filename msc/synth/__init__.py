@@ -91,11 +91,12 @@ class Synthesizer:
         if collective in ("broadcast", "reduce") and not (type(root) is int and 0 <= root < n):
             raise UsageError(f"root {root!r} is not a rank of topology {topology.name!r} (0..{n - 1})")
         self.collective, self.topology, self.root = collective, topology, root
-        self.edges = EdgeLinks(topology)
+        self.links = topology.view("Simple")    # the links as the protocol synthesized plans use sees them
+        self.edges = EdgeLinks(self.links)
         self.roots = _roots(collective, n, root)
         rooted = collective in ("broadcast", "reduce")
         trees = collective != "alltoall"
-        self.symmetry = find_symmetry(topology, self.edges) if trees and not rooted and n > 1 else None
+        self.symmetry = find_symmetry(self.links, self.edges) if trees and not rooted and n > 1 else None
         self._packings: dict[int, object] = {}
 
     def packing(self, pieces: int):
@@ -114,7 +115,7 @@ class Synthesizer:
             return route_flows(self.edges, pieces, floor=self._alltoall_floor(pieces))
         from msc.synth.packing import pack
 
-        return pack(self.topology, self.roots, pieces, edges=self.edges, symmetry=self.symmetry)
+        return pack(self.links, self.roots, pieces, edges=self.edges, symmetry=self.symmetry)
 
     def _alltoall_floor(self, pieces: int) -> float:
         """msc bound's cut term for alltoall as the busiest link's seconds per
@@ -122,7 +123,7 @@ class Synthesizer:
         from msc.sim.bound import lower_bound
 
         big = 1 << 40                                   # the cuts' latency is negligible against this
-        [b] = lower_bound("alltoall", self.topology, [big], protocols=("Simple",))
+        [b] = lower_bound("alltoall", self.links, [big], protocols=("Simple",))
         return b.bandwidth / big * self.topology.num_ranks * pieces
 
     def piece_choices(self) -> tuple[int, ...]:

@@ -1,0 +1,186 @@
+"""The built-in topologies: one table (PRESETS) that the CLI's help, the
+README and the tests read, built from the machines of msc.sim.machines; and
+``get_topology``, which turns a preset name, a TOML file or the uniform
+model's numbers into a topology.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from msc.errors import UsageError
+from msc.sim.machines import A100, H100, Machine
+from msc.sim.topology import Nodes, Topology, Torus, Uniform, load_topology
+
+NIC_ALPHA_US = 14.0             # NCCL's network hop latency with Simple (tuning.cc)
+NDR_GBPS = 50.0                 # 400 Gb/s
+HDR_GBPS = 25.0                 # 200 Gb/s
+
+
+def _gpu(m: Machine) -> dict:
+    return dict(reduce_gbps=m.reduce_gbps, copy_gbps=m.copy_gbps, threadblock_gbps=m.threadblock_gbps,
+                protocols=m.protocols)
+
+
+def dgx(machine: Machine, nodes: int, nic_gbps: float, name: str, **kw) -> Nodes:
+    """``nodes`` nodes of 8 GPUs on NVSwitch, one NIC of ``nic_gbps`` per GPU."""
+    return Nodes(name, nodes, 8, port_gbps=machine.nvlink_gbps, port_alpha_us=machine.nvlink_alpha_us,
+                 nic_gbps=nic_gbps, nic_alpha_us=NIC_ALPHA_US, **_gpu(machine), **kw)
+
+
+def dgx_h100(nodes: int = 1, name: str = "dgx-h100") -> Nodes:
+    return dgx(H100, nodes, NDR_GBPS, name,
+               description=_dgx_text(H100, nodes, "400 Gb/s"))
+
+
+def dgx_a100(nodes: int = 1, name: str = "dgx-a100") -> Nodes:
+    return dgx(A100, nodes, HDR_GBPS, name,
+               description=_dgx_text(A100, nodes, "200 Gb/s"))
+
+
+def nvswitch() -> Nodes:
+    """8 H100 on NVSwitch (the preset ``nvswitch``: dgx-h100's node)."""
+    return dgx_h100(1, "nvswitch")
+
+
+def infiniband(nodes: int) -> Nodes:
+    """``nodes`` nodes of 8 H100, a 400 Gb/s NIC per GPU (the preset ``ib:NODES``)."""
+    return dgx_h100(nodes, f"ib:{nodes}")
+
+
+def _dgx_text(m: Machine, nodes: int, nic: str) -> str:
+    text = f"8 {m.description} on NVSwitch ({m.nvlink_gbps:g} GB/s per GPU and direction)"
+    if nodes > 1:
+        text = f"{nodes} nodes of {text}, one {nic} NIC per GPU"
+    return text
+
+
+def pcie() -> Nodes:
+    """8 GPUs, PCIe Gen4 x16 (~25 GB/s per direction in practice), two PCIe
+    switches of 4 GPUs whose x16 uplinks meet at the CPU; NCCL's PCI hop
+    latency (5.7 us with Simple). A100-PCIe class compute."""
+    return Nodes("pcie", 1, 8, port_gbps=25.0, port_alpha_us=5.7, pcie_switches=2, uplink_gbps=25.0,
+                 uplink_alpha_us=1.0, port_kind="pcie", **_gpu(A100),
+                 description="8 A100 on two PCIe Gen4 switches (25 GB/s per GPU and direction)")
+
+
+RING_GBPS = 50.0                # one NVLink4 bundle of two links
+
+
+def ring(n: int) -> Torus:
+    return Torus(1, n, alpha_us=H100.nvlink_alpha_us, bandwidth_gbps=RING_GBPS, kind="nvlink", **_gpu(H100),
+                 description=f"bidirectional ring of {n} H100, {RING_GBPS:g} GB/s NVLink links")
+
+
+def torus(rows: int, cols: int) -> Torus:
+    return Torus(rows, cols, alpha_us=H100.nvlink_alpha_us, bandwidth_gbps=RING_GBPS, kind="nvlink",
+                 **_gpu(H100), description=f"{rows}x{cols} torus of H100, {RING_GBPS:g} GB/s NVLink links")
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A built-in topology: ``name`` with an optional ``:ARG`` (``arg`` says
+    what it is, None: takes none), ``build(arg, ranks)``, and one line of help."""
+
+    name: str
+    arg: str | None
+    help: str
+    build: Callable[[str | None, int | None, str], Topology]
+
+
+def _nodes_arg(spec: str, arg: str | None, n: int | None) -> int:
+    if arg:
+        return _int_arg(spec, arg)
+    if n % 8:
+        raise UsageError(f"{spec}: nodes of 8 GPUs, but the plan has {n} ranks")
+    return n // 8
+
+
+def _torus_arg(spec: str, arg: str | None, n: int | None) -> Torus:
+    if arg:
+        m = re.fullmatch(r"(\d+)x(\d+)", arg)
+        if not m or min(int(m[1]), int(m[2])) < 1:
+            raise UsageError(f"bad topology {spec!r}: expected torus:ROWSxCOLS")
+        return torus(int(m[1]), int(m[2]))
+    rows = max(d for d in range(1, math.isqrt(n) + 1) if n % d == 0)
+    return torus(rows, n // rows)
+
+
+def _dgx(build: Callable[[int, str], Nodes], base: str, always_numbered: bool = False):
+    """A builder of nodes presets: NAME:NODES, or NAME for as many nodes as the ranks fill (one if not given)."""
+    def make(arg, n, spec):
+        nodes = _nodes_arg(spec, arg, n) if arg or n else 1
+        return build(nodes, f"{base}:{nodes}" if nodes > 1 or always_numbered else base)
+    return make
+
+
+PRESETS: tuple[Preset, ...] = (
+    Preset("dgx-h100", "NODES", "nodes of 8 H100 SXM on NVSwitch (450 GB/s per GPU and direction), one 400 Gb/s "
+           "NIC per GPU; NCCL's latencies, calibrated against published NCCL measurements",
+           _dgx(dgx_h100, "dgx-h100")),
+    Preset("dgx-a100", "NODES", "nodes of 8 A100 SXM on NVSwitch (300 GB/s), one 200 Gb/s NIC per GPU",
+           _dgx(dgx_a100, "dgx-a100")),
+    Preset("nvswitch", None, "8 H100 on NVSwitch: the same machine as dgx-h100",
+           lambda arg, n, spec: nvswitch()),
+    Preset("ib", "NODES", "nodes of 8 H100, one 400 Gb/s InfiniBand NIC per GPU: the same machine as dgx-h100:NODES",
+           _dgx(dgx_h100, "ib", always_numbered=True)),
+    Preset("pcie", None, "8 A100 on two PCIe Gen4 switches (25 GB/s per GPU and direction) meeting at the CPU",
+           lambda arg, n, spec: pcie()),
+    Preset("ring", "N", "a bidirectional ring of H100 joined by 50 GB/s NVLink links",
+           lambda arg, n, spec: ring(_int_arg(spec, arg) if arg else n)),
+    Preset("torus", "RxC", "a torus of H100 joined by 50 GB/s NVLink links, shortest-way routing",
+           lambda arg, n, spec: _torus_arg(spec, arg, n)),
+    Preset("uniform", "N", "fully connected, a link per rank pair of --alpha-us and --bandwidth-gbps "
+           "(the textbook alpha-beta model)", None),
+)
+PRESET_NAMES = tuple(f"{p.name}[:{p.arg}]" if p.arg else p.name for p in PRESETS)
+
+
+def preset(spec: str, n: int | None) -> Topology:
+    """The built-in topology ``spec`` names (NAME or NAME:ARG) for ``n`` ranks (None: as it says)."""
+    name, _, arg = spec.partition(":")
+    for p in PRESETS:
+        if p.name == name and p.build is not None:
+            if arg and p.arg is None:
+                raise UsageError(f"topology {name!r} takes no ':{arg}'")
+            if n is None and not arg and (p.arg in ("N", "RxC") or name == "ib"):
+                raise UsageError(f"topology {spec!r} takes its size from the rank count: give --ranks N "
+                                 f"(or {name}:{p.arg})")
+            return p.build(arg or None, n, spec)
+    raise UsageError(f"unknown topology {spec!r}: expected a TOML file or one of {', '.join(PRESET_NAMES)}")
+
+
+def get_topology(spec: str | None, num_ranks: int | None, *, alpha_us: float | None = None,
+                 bandwidth_gbps: float | None = None) -> Topology:
+    """A topology for ``num_ranks`` ranks from a preset name (PRESETS),
+    a TOML file, or (no spec) the uniform model of ``alpha_us`` and
+    ``bandwidth_gbps``. ``num_ranks`` None: as many as the spec names (msc bound)."""
+    uniform_args = alpha_us is not None or bandwidth_gbps is not None
+    if spec is None or spec.split(":")[0] == "uniform":
+        if alpha_us is None or bandwidth_gbps is None:
+            raise UsageError("give --topology NAME|FILE, or the uniform model's --alpha-us A and --bandwidth-gbps B")
+        n = num_ranks
+        if spec and ":" in spec:
+            n = _int_arg(spec, spec.split(":", 1)[1])
+        if n is None:
+            raise UsageError("the uniform model needs a rank count: give --ranks N (or --topology uniform:N)")
+        topo = Uniform(n, alpha_us, bandwidth_gbps)
+    elif uniform_args:
+        raise UsageError("--alpha-us/--bandwidth-gbps describe the uniform model; leave them out with --topology "
+                         f"{spec} (or write a TOML topology)")
+    elif spec.endswith(".toml") or Path(spec).is_file():
+        topo = load_topology(spec)
+    else:
+        topo = preset(spec, num_ranks)
+    if num_ranks is not None and topo.num_ranks != num_ranks:
+        raise UsageError(f"topology {topo.name!r} has {topo.num_ranks} ranks, the plan {num_ranks}")
+    return topo
+
+
+def _int_arg(spec, text):
+    if not re.fullmatch(r"\d+", text) or int(text) < 1:
+        raise UsageError(f"bad topology {spec!r}: {text!r} is not a positive count")
+    return int(text)

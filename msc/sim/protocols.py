@@ -1,0 +1,127 @@
+"""How each protocol fares on each kind of link: the cost model's protocol
+parameters, after NCCL's tuning model (src/graph/tuning.cc; numbers and
+their sources: msc.sim.presets and bench/calibration/).
+
+A link has a kind ("nvlink", "pcie", "net", or "link": the textbook
+alpha-beta link of the uniform model and of TOML links that name none), a
+line rate and a latency, its Simple latency. Per protocol and kind a
+``LinkModel`` scales both: the latency a message pays (LL packets need no
+fence: a fraction of Simple's) and the fraction of the line rate that
+carries data (LL sends a 4-byte flag with every 4 bytes of data; even Simple
+loses some to its flags and fences: NCCL's maintainers put Simple's
+protocol overhead on NVLink at about 20%). Per protocol, a ``Protocol``
+adds what no link decides: the latency of a launch (NCCL's base latency), the
+rate one threadblock can move (a channel's cap) and the pipelining tile.
+
+``Topology.view(protocol)`` (msc.sim.topology) applies these once, so the
+simulator and ``msc bound`` read plain alphas and capacities.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from msc.errors import UsageError
+from msc.ir.ops import PROTOCOLS
+
+GB = 1e9
+US = 1e-6
+
+KINDS = ("link", "nvlink", "pcie", "net")
+LINK = "link"
+
+
+@dataclass(frozen=True)
+class LinkModel:
+    """One protocol on one kind of link: latency as a fraction of the
+    link's Simple latency, and the fraction of its line rate carrying data."""
+
+    alpha_factor: float
+    bandwidth_factor: float
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """One protocol on one machine. ``launch_us``: paid once per collective
+    (a kernel launch and its first and last synchronization: NCCL's base
+    latency); ``threadblock_gbps``: the most one threadblock moves (None:
+    the topology's threadblock rate times this protocol's bandwidth factor
+    on a "link"); ``tile``: bytes per chunk and iteration where a plan says 0;
+    ``links``: a LinkModel per kind."""
+
+    launch_us: float = 0.0
+    threadblock_gbps: float | None = None
+    tile: int = 0
+    links: dict = field(default_factory=dict)
+
+    def link(self, kind: str) -> LinkModel:
+        return self.links[kind]
+
+
+def textbook(name: str) -> Protocol:
+    """The alpha-beta model's protocol: the same factors on every kind of
+    link, no launch latency (msc.ir.ops.PROTOCOLS' factors: LL a quarter of
+    Simple's latency and half its bandwidth, LL128 half and 120/128)."""
+    spec = PROTOCOLS[name]
+    model = LinkModel(spec.alpha_factor, spec.bandwidth_factor)
+    return Protocol(0.0, None, spec.tile, {kind: model for kind in KINDS})
+
+
+DEFAULT_PROTOCOLS = {name: textbook(name) for name in PROTOCOLS}
+
+PROTOCOL_KEYS = {"alpha_factor", "bandwidth_factor", "tile", "launch_us", "threadblock_gbps"}
+KIND_KEYS = {"alpha_factor", "bandwidth_factor"}
+
+
+def with_links(base: Protocol, **per_kind: tuple[float, float]) -> Protocol:
+    """``base`` with the (alpha_factor, bandwidth_factor) of the kinds named."""
+    links = dict(base.links)
+    for kind, (af, bf) in per_kind.items():
+        if kind not in KINDS:
+            raise UsageError(f"unknown link kind {kind!r} (kinds: {', '.join(KINDS)})")
+        links[kind] = LinkModel(af, bf)
+    return replace(base, links=links)
+
+
+def protocols_from_tables(tables: dict, base: dict[str, Protocol], bad) -> dict[str, Protocol]:
+    """The TOML ``[protocol.NAME]`` tables applied over ``base``:
+    ``alpha_factor``/``bandwidth_factor`` set every kind's (a "link"'s in
+    particular), ``[protocol.NAME.KIND]`` one kind's; ``launch_us``,
+    ``threadblock_gbps`` and ``tile`` the protocol's own. ``bad(msg)`` makes
+    the error to raise."""
+    out = dict(base)
+    if not isinstance(tables, dict):
+        raise bad("[protocol] must be a table of [protocol.NAME] tables")
+    for pname, table in tables.items():
+        if pname not in DEFAULT_PROTOCOLS or not isinstance(table, dict):
+            raise bad(f"[protocol.{pname}]: protocols are {', '.join(DEFAULT_PROTOCOLS)}")
+        unknown = set(table) - PROTOCOL_KEYS - set(KINDS)
+        if unknown:
+            raise bad(f"[protocol.{pname}]: unknown key(s) {', '.join(sorted(unknown))} (keys: "
+                      f"{', '.join(sorted(PROTOCOL_KEYS))}; kinds of link: {', '.join(KINDS)})")
+        proto = out[pname]
+        everywhere = {k: _number(bad, pname, k, table[k]) for k in KIND_KEYS if k in table}
+        links = {kind: replace(m, **everywhere) for kind, m in proto.links.items()}
+        for kind in KINDS:
+            if kind in table:
+                sub = table[kind]
+                if not isinstance(sub, dict) or set(sub) - KIND_KEYS:
+                    raise bad(f"[protocol.{pname}.{kind}]: keys are {', '.join(sorted(KIND_KEYS))}")
+                links[kind] = replace(links[kind], **{k: _number(bad, f"{pname}.{kind}", k, v) for k, v in sub.items()})
+        own = {}
+        if "launch_us" in table:
+            own["launch_us"] = _number(bad, pname, "launch_us", table["launch_us"], zero=True)
+        if "threadblock_gbps" in table:
+            own["threadblock_gbps"] = _number(bad, pname, "threadblock_gbps", table["threadblock_gbps"])
+        if "tile" in table:
+            tile = table["tile"]
+            if type(tile) is not int or tile < 1:
+                raise bad(f"[protocol.{pname}]: tile must be an int >= 1 (bytes), got {tile!r}")
+            own["tile"] = tile
+        out[pname] = replace(proto, links=links, **own)
+    return out
+
+
+def _number(bad, where: str, key: str, v, zero: bool = False) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not (v >= 0 if zero else v > 0):
+        raise bad(f"[protocol.{where}]: {key} must be a number {'>= 0' if zero else '> 0'}, got {v!r}")
+    return float(v)
