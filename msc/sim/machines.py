@@ -30,7 +30,8 @@ class Machine:
     protocols: dict
     nvlink_gbps: float          # per GPU and direction, through the NVSwitch
     nvlink_alpha_us: float      # Simple's latency of an NVLink hop
-    description: str
+    proxy_us: float             # NCCL's network post overhead on the host (x3 for Simple): on several
+    description: str            # nodes no hop inside a node is faster (tuning.cc netOverhead)
 
 
 def _protocol(launch_us: float, threadblock_gbps: float, tile: int, **kinds: tuple[float, float]) -> Protocol:
@@ -50,36 +51,66 @@ def _complete(protocols: dict) -> dict:
 
 KIB = 1024
 
-# -- H100 SXM ----------------------------------------------------------------------------------
-# Latencies: NCCL's ring model (tuning.cc): base latency per protocol (LL 6.6, LL128 14, Simple
-# 8.4 us) and hardware latency per hop: NVLink 0.6 / 1.9 / 3.4 us, PCI 1.0 / 2.5 / 5.7, network
-# 2.7 / 4.0 / 14.0 (LL / LL128 / Simple). Bandwidth: NVLink4 is 18 links x 25 GB/s = 450 GB/s per
-# direction; NCCL's Simple ring reaches ~370 GB/s busbw on 8 H100 (nccl-tests issue 212: "protocol
-# overhead ~20%"): Simple carries 0.82 of the NVLink line rate. NDR 400 Gb/s NICs (50 GB/s line)
-# carry 46-48 GB/s through NCCL (nccl-tests issue 290): 0.94. LL carries 4 data bytes per 8-byte
-# packet; NCCL models its ring at a third of Simple's bus bandwidth (a quarter for allreduce);
-# LL128 120 of 128 bytes, modelled at 0.92 of Simple's (tuning.cc).
+# NCCL's latencies (tuning.cc, nccl_model.md 2.1-2.2): base latency per launch, and per hop Simple's
+# latency with LL's and LL128's as fractions of it, per kind of link (Ring's values).
+LAUNCH_US = {"LL": 6.6, "LL128": 14.0, "Simple": 8.4}
+HOP_US = {"nvlink": {"LL": 0.6, "LL128": 1.9, "Simple": 3.4}, "pcie": {"LL": 1.0, "LL128": 2.5, "Simple": 5.7},
+          "net": {"LL": 2.7, "LL128": 4.0, "Simple": 14.0}}
+LL128_OF_SIMPLE = 0.92          # NCCL's LL128 bandwidth as a fraction of Simple's (tuning.cc; "120/128")
+
+
+def _machine_protocols(simple: dict, ll: dict, threadblock_gbps: float, ll128_threadblock_gbps: float) -> dict:
+    """The three protocols from Simple's and LL's share of each kind's line rate (LL128 is 0.92 of
+    Simple's) and the threadblock rates: Simple's, LL half of it (4 data bytes per 8-byte packet),
+    LL128 NCCL's per-channel cap."""
+    def kinds(name, share):
+        return {k: (HOP_US[k][name] / HOP_US[k]["Simple"], share[k]) for k in HOP_US}
+
+    return _complete({
+        "LL": _protocol(LAUNCH_US["LL"], threadblock_gbps / 2, 32 * KIB, **kinds("LL", ll)),
+        "LL128": _protocol(LAUNCH_US["LL128"], ll128_threadblock_gbps, 256 * KIB,
+                           **kinds("LL128", {k: v * LL128_OF_SIMPLE for k, v in simple.items()})),
+        "Simple": _protocol(LAUNCH_US["Simple"], threadblock_gbps, 512 * KIB, **kinds("Simple", simple)),
+    })
+
+
+# -- H100 SXM (DGX H100: 8 GPUs on NVSwitch, 8 ConnectX-7 NDR 400 Gb/s NICs, Intel Xeon 8480C) --------
+# NVLink4: 18 links x 25 GB/s = 450 GB/s per direction. Simple carries 0.82 of it: "450GB/s is the
+# line rate. With the protocol overhead (~20%) NCCL can get an effective NVLink bandwidth of
+# 370GB/s" (nccl-tests issue 212). LL: NCCL caps ring LL on one Hopper node at 141 GB/s (llMaxBw,
+# tuning.cc): 141/450. An NDR NIC (50 GB/s line) carries 46-48 GB/s (nccl-tests issue 290): 0.94;
+# LL across two nodes is capped at 39 GB/s bus bandwidth on Intel hosts (llMaxBw): 39/400 of 8 NICs.
+# PCIe (the pcie kind; no H100 row measures it): Simple as NVLink's, LL a third of it.
+# A threadblock: NCCL's search gives a Hopper channel at most 60 GB/s (search.cc's speed array);
+# LL128 36.7 (perChMaxRingLL128Bw). Reductions and copies per threadblock: fast enough not to
+# limit a channel on H100, where allreduce and allgather both reach ~370 (nccl-tests issue 212).
 H100 = Machine(
-    "h100", reduce_gbps=1100.0, copy_gbps=1650.0, threadblock_gbps=40.0,
-    protocols=_complete({
-        "LL": _protocol(6.6, 20.0, 32 * KIB, nvlink=(0.6 / 3.4, 0.82 / 3), pcie=(1.0 / 5.7, 0.82 / 3),
-                        net=(2.7 / 14.0, 0.94 / 4)),
-        "LL128": _protocol(14.0, 36.7, 256 * KIB, nvlink=(1.9 / 3.4, 0.82 * 0.92), pcie=(2.5 / 5.7, 0.82 * 0.92),
-                           net=(4.0 / 14.0, 0.94 * 0.92)),
-        "Simple": _protocol(8.4, 40.0, 512 * KIB, nvlink=(1.0, 0.82), pcie=(1.0, 0.82), net=(1.0, 0.94)),
-    }),
-    nvlink_gbps=450.0, nvlink_alpha_us=3.4,
+    "h100", reduce_gbps=1100.0, copy_gbps=1650.0, threadblock_gbps=60.0,
+    protocols=_machine_protocols(simple={"nvlink": 0.82, "pcie": 0.82, "net": 0.94},
+                                 ll={"nvlink": 141 / 450, "pcie": 0.82 / 3, "net": 39 / 400},
+                                 threadblock_gbps=60.0, ll128_threadblock_gbps=36.7),
+    nvlink_gbps=450.0, nvlink_alpha_us=HOP_US["nvlink"]["Simple"], proxy_us=1.0,
     description="H100 SXM")
 
-# -- A100 SXM ----------------------------------------------------------------------------------
-# NVLink3: 12 links x 25 GB/s = 300 GB/s per direction. The same protocol model as H100 (NCCL's
-# latencies do not depend on the generation), A100's HBM2e (2.0 TB/s) for reductions and copies.
+# -- A100 SXM (DGX A100: 8 GPUs on NVSwitch, 8 HDR 200 Gb/s NICs, AMD EPYC 7742) --------------------
+# NVLink3: 12 links x 25 GB/s = 300 GB/s per direction. Simple carries 0.845 of it: NCCL's
+# allgather reaches 253.59 GB/s busbw at 1 GiB on 8 A100 (microsoft/mscclpp
+# docs/performance-ndmv4.md, NCCL 2.17.1). LL: llMaxBw 87.7 on one Ampere node, 22.5 across two
+# nodes of AMD hosts. An HDR NIC (25 GB/s line) carries 24 (nccl-tests issue 119; "8x200Gbit/s IB
+# cards ... 192GB/s AllReduce BusBW", nccl issue 812): 0.96. Threadblock: 40 GB/s (the Ampere search's
+# top speed), LL128 20 (perChMaxRingLL128Bw). A threadblock adds at 107 GB/s: with it the ring
+# allreduce is 0.91 of the allgather, as measured on the same machine (231.45 vs 253.59 GB/s at 1 GiB,
+# the same page); HBM2e at 2 TB/s for copies.
 A100 = Machine(
-    "a100", reduce_gbps=670.0, copy_gbps=1000.0, threadblock_gbps=40.0,
-    protocols=H100.protocols, nvlink_gbps=300.0, nvlink_alpha_us=3.4, description="A100 SXM")
+    "a100", reduce_gbps=107.0, copy_gbps=1000.0, threadblock_gbps=40.0,
+    protocols=_machine_protocols(simple={"nvlink": 0.845, "pcie": 0.845, "net": 0.96},
+                                 ll={"nvlink": 87.7 / 300, "pcie": 0.845 / 3, "net": 22.5 / 200},
+                                 threadblock_gbps=40.0, ll128_threadblock_gbps=20.0),
+    nvlink_gbps=300.0, nvlink_alpha_us=HOP_US["nvlink"]["Simple"], proxy_us=2.0,
+    description="A100 SXM")
 
 TEXTBOOK = Machine("textbook", reduce_gbps=math.inf, copy_gbps=math.inf, threadblock_gbps=math.inf,
-                   protocols=dict(DEFAULT_PROTOCOLS), nvlink_gbps=0.0, nvlink_alpha_us=0.0,
+                   protocols=dict(DEFAULT_PROTOCOLS), nvlink_gbps=0.0, nvlink_alpha_us=0.0, proxy_us=0.0,
                    description="the alpha-beta model: no launch latency, LL a quarter of Simple's latency "
                                "and half its bandwidth, LL128 half and 120/128")
 

@@ -22,13 +22,13 @@ HDR_GBPS = 25.0                 # 200 Gb/s
 
 def _gpu(m: Machine) -> dict:
     return dict(reduce_gbps=m.reduce_gbps, copy_gbps=m.copy_gbps, threadblock_gbps=m.threadblock_gbps,
-                protocols=m.protocols)
+                protocols=m.protocols, machine=m.name)
 
 
-def dgx(machine: Machine, nodes: int, nic_gbps: float, name: str, **kw) -> Nodes:
-    """``nodes`` nodes of 8 GPUs on NVSwitch, one NIC of ``nic_gbps`` per GPU."""
-    return Nodes(name, nodes, 8, port_gbps=machine.nvlink_gbps, port_alpha_us=machine.nvlink_alpha_us,
-                 nic_gbps=nic_gbps, nic_alpha_us=NIC_ALPHA_US, **_gpu(machine), **kw)
+def dgx(machine: Machine, nodes: int, nic_gbps: float, name: str, gpus_per_node: int = 8, **kw) -> Nodes:
+    """``nodes`` nodes of ``gpus_per_node`` GPUs on NVSwitch, one NIC of ``nic_gbps`` per GPU."""
+    return Nodes(name, nodes, gpus_per_node, port_gbps=machine.nvlink_gbps, port_alpha_us=machine.nvlink_alpha_us,
+                 nic_gbps=nic_gbps, nic_alpha_us=NIC_ALPHA_US, proxy_us=machine.proxy_us, **_gpu(machine), **kw)
 
 
 def dgx_h100(nodes: int = 1, name: str = "dgx-h100") -> Nodes:

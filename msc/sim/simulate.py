@@ -20,6 +20,7 @@ link is shared by overlapping transfers (tests/test_simulate.py).
 """
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, replace
 
@@ -108,6 +109,17 @@ class Simulator:
         self.conn_watch = [tuple(r for r in res if r in contested) for res in self.res]
         watched = np.array([bool(w) for w in self.conn_watch] + [False])
         self.watch = watched[self.send_conn] if contested else None
+
+    def retiled(self, tile: int) -> "Simulator":
+        """This simulator with another tile (the plan's arrays and layers,
+        which do not depend on it, are shared)."""
+        if type(tile) is not int or tile < 1:
+            raise UsageError(f"tile must be an int >= 1, got {tile!r}")
+        if tile == self.tile:
+            return self
+        other = copy.copy(self)
+        other.tile = tile
+        return other
 
     def chunk_geometry(self, size: int) -> tuple[int, int, float]:
         """(rounded size, count, chunk bytes) for a requested nccl-tests size."""

@@ -51,7 +51,7 @@ class Topology:
 
     def __init__(self, name: str, num_ranks: int, *, reduce_gbps: float = math.inf, copy_gbps: float = math.inf,
                  threadblock_gbps: float = math.inf, protocols: dict[str, Protocol] | None = None,
-                 gpus_per_node: int | None = None, description: str = ""):
+                 gpus_per_node: int | None = None, description: str = "", machine: str | None = None):
         if type(num_ranks) is not int or num_ranks < 1:
             raise UsageError(f"topology {name!r}: ranks must be an int >= 1, got {num_ranks!r}")
         for what, v in (("reduce_gbps", reduce_gbps), ("copy_gbps", copy_gbps),
@@ -67,6 +67,7 @@ class Topology:
         self.protocols.update(protocols or {})
         self.gpus_per_node = gpus_per_node
         self.description = description
+        self.machine = machine                         # msc.sim.machines' name of its GPUs, if one
         self.protocol_name: str | None = None          # set in a view: the protocol applied
         self.launch = 0.0                              # s per collective (a view's protocol's)
         self._reset()
@@ -125,11 +126,11 @@ class Topology:
             v.threadblock_bandwidth = tb * GB if tb is not None else \
                 self.threadblock_bandwidth * model.link(LINK).bandwidth_factor
             v.tile = model.tile
-            v._scale(model)
+            v._scale(model, protocol)
             self._views[protocol] = v
         return v
 
-    def _scale(self, model: Protocol) -> None:
+    def _scale(self, model: Protocol, protocol: str) -> None:
         raise NotImplementedError
 
     def summary(self) -> str:
@@ -163,7 +164,7 @@ class Uniform(Topology):
     def _route(self, src, dst):
         return Route(self.alpha, math.inf, (self._resource(f"{src}->{dst}", self.bandwidth),))
 
-    def _scale(self, model):
+    def _scale(self, model, protocol):
         self.alpha, self.bandwidth = _scaled(model, self.kind, self.alpha, self.bandwidth)
 
 
@@ -177,11 +178,15 @@ class Nodes(Topology):
     transfer between switches also crosses both switches' uplinks to the
     CPU (shared, PCIe). Across nodes it uses the sender's NIC out and the
     receiver's NIC in (shared, "net": the GPU's PCIe path to its NIC is
-    taken as faster than the NIC); the fabric core is taken as non-blocking."""
+    taken as faster than the NIC); the fabric core is taken as non-blocking.
+    On more than one node no hop inside a node is faster than ``proxy_us``
+    (three times that with Simple): NCCL's network post overhead, which its
+    model puts on every intra-node step of a multi-node ring (tuning.cc)."""
 
     def __init__(self, name, nodes, gpus_per_node, *, port_gbps, port_alpha_us, nic_gbps=None, nic_alpha_us=None,
-                 pcie_switches=1, uplink_gbps=None, uplink_alpha_us=0.0, port_kind="nvlink", **kw):
+                 pcie_switches=1, uplink_gbps=None, uplink_alpha_us=0.0, port_kind="nvlink", proxy_us=0.0, **kw):
         super().__init__(name, nodes * gpus_per_node, gpus_per_node=gpus_per_node, **kw)
+        self.nodes, self.proxy = nodes, proxy_us * US
         self.g, self.port, self.port_alpha = gpus_per_node, port_gbps * GB, port_alpha_us * US
         self.port_kind = _kind(port_kind)
         self.nic = (nic_gbps or 0) * GB
@@ -205,8 +210,10 @@ class Nodes(Topology):
         res.append(self._resource(f"gpu{dst}.in", self.port))
         return Route(alpha, math.inf, tuple(res))
 
-    def _scale(self, model):
+    def _scale(self, model, protocol):
         self.port_alpha, self.port = _scaled(model, self.port_kind, self.port_alpha, self.port)
+        if self.nodes > 1:          # the host's network proxy paces every hop of a multi-node schedule
+            self.port_alpha = max(self.port_alpha, self.proxy * (3 if protocol == "Simple" else 1))
         self.nic_alpha, self.nic = _scaled(model, "net", self.nic_alpha, self.nic)
         self.uplink_alpha, self.uplink = _scaled(model, "pcie", self.uplink_alpha, self.uplink)
 
@@ -238,7 +245,7 @@ class Torus(Topology):
                 x = y
         return Route(self.alpha * len(res), math.inf, tuple(res))
 
-    def _scale(self, model):
+    def _scale(self, model, protocol):
         self.alpha, self.bandwidth = _scaled(model, self.kind, self.alpha, self.bandwidth)
 
 
@@ -289,7 +296,7 @@ class Graph(Topology):
             v = u
         return Route(alpha, bw, tuple(reversed(res)))
 
-    def _scale(self, model):
+    def _scale(self, model, protocol):
         self._model = model             # the paths (self._trees, Simple's) are shared with the base
 
     def _dijkstra(self, src):
@@ -359,7 +366,8 @@ def topology_from_dict(data: dict, source: str = "<topology>") -> Graph:
         if type(forward) is not bool:
             raise bad(f"'forward' must be true or false, got {forward!r}")
         return Graph(str(data.get("name", Path(source).stem)), n, links, forward, protocols=protocols,
-                     gpus_per_node=gpn, description=str(data.get("description", "")), **kw)
+                     gpus_per_node=gpn, description=str(data.get("description", "")),
+                     machine=machine.name if "machine" in data else None, **kw)
     except UsageError as exc:
         raise bad(str(exc)) from None
 
