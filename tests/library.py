@@ -17,3 +17,10 @@ def algorithms() -> dict[str, msc.Algorithm]:
         for alg in msc.load_algorithms(path):
             found[f"{path.relative_to(LIBRARY).with_suffix('').as_posix()}:{alg.name}"] = alg
     return found
+
+
+def rank_counts(alg: msc.Algorithm, preferred=(2, 3, 4, 5, 8)) -> list[int]:
+    """The ``preferred`` rank counts ``alg`` supports, or, where it supports
+    none of them (a 3x3 torus at least), the smallest count it supports."""
+    found = [n for n in preferred if alg.supports(n)]
+    return found or [next(n for n in range(1, 65) if alg.supports(n))]

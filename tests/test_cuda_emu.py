@@ -13,7 +13,8 @@ Every result is compared with msc.executor on random inputs (never zero)
 with poisoned outputs: bit-exact, but for avg (the kernel pre-multiplies by
 1/n as NCCL does; the executor divides once: within a few roundings).
 
-- default run: every library algorithm at 4 ranks x Simple/LL, the table
+- default run: every library algorithm at 4 ranks x Simple/LL (one that
+  needs more ranks at its smallest count, one protocol), the table
   form, a (dtype, op) pair per case from a rotation covering float32,
   bfloat16, float16 x sum, max, avg, counts 1, 3, 1001 and a count of
   several tiles per call; the straight-line form on a subset; 3 and 8 ranks
@@ -106,7 +107,7 @@ ROTATION = [(d, o) for o in OPS for d in DTYPES]            # 9 pairs; a case ta
 
 def default_cases():
     out = []
-    for i, key in enumerate(KEYS):
+    for i, key in enumerate(k for k in KEYS if ALGORITHMS[k].supports(N)):
         for j, protocol in enumerate(PROTOCOLS):
             plan = plan_for(key, N, protocol)
             dtype, op = ROTATION[(2 * i + j) % len(ROTATION)]
@@ -120,6 +121,15 @@ STRAIGHT = [("allreduce/ring:ring", "LL"), ("allreduce/allpairs:allpairs", "Simp
 OTHER_RANKS = [("allreduce/ring:ring", 8, "Simple"), ("allreduce/hierarchical:hierarchical", 8, "LL"),
                ("allgather/allpairs:allpairs", 3, "LL"), ("reducescatter/ring:ring", 3, "Simple"),
                ("alltoall/allpairs:allpairs", 8, "Simple"), ("allreduce/tree:double_binary", 3, "LL")]
+
+
+def ranks_for(key: str) -> int:
+    """N, or the smallest count above it the algorithm supports (nodes of 8, a 3x3 torus)."""
+    return next(n for n in range(N, 65) if ALGORITHMS[key].supports(n))
+
+
+# algorithms that need more ranks than N: their smallest count, one protocol each
+OTHER_RANKS += [(key, ranks_for(key), PROTOCOLS[i % 2]) for i, key in enumerate(k for k in KEYS if ranks_for(k) != N)]
 
 
 @pytest.fixture(scope="module")
@@ -164,8 +174,8 @@ def sweep_cases():
 @pytest.fixture(scope="module")
 def sweep_cache(tmp_path_factory):
     folder = tmp_path_factory.mktemp("emu-sweep")
-    build_all([(key, N, protocol, form, dtype, op) for key, protocol in sweep_cases() for form in FORMS
-               for dtype, op in kernels_of(key, N, protocol)], folder)
+    build_all([(key, ranks_for(key), protocol, form, dtype, op) for key, protocol in sweep_cases() for form in FORMS
+               for dtype, op in kernels_of(key, ranks_for(key), protocol)], folder)
     return folder
 
 
@@ -173,10 +183,10 @@ def sweep_cache(tmp_path_factory):
 @pytest.mark.parametrize("key, protocol", sweep_cases())
 def test_sweep_every_form_dtype_op_and_count(key, protocol, sweep_cache):
     """The whole cross product for one algorithm and protocol."""
-    seed = 0
+    seed, n = 0, ranks_for(key)
     for form in FORMS:
-        for dtype, op in kernels_of(key, N, protocol):
-            comm = comm_for(key, N, protocol, form, dtype, op, sweep_cache)
+        for dtype, op in kernels_of(key, n, protocol):
+            comm = comm_for(key, n, protocol, form, dtype, op, sweep_cache)
             ops = [o for o in OPS if check_op(comm.plan, o, dtype) == op]       # one data-movement kernel: all ops
             for o in ops:
                 for count in COUNTS:

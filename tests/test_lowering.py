@@ -28,7 +28,7 @@ from msc.lower.placement import assign, place_auto, place_manual, spread_channel
 from msc.verification.plan_values import check_plan
 from msc.verification.plan import verify_plan
 from msc.lower.schedule import build_plan, order
-from library import LIBRARY, algorithms
+from library import LIBRARY, algorithms, rank_counts
 
 from algfile import assert_at, load_one
 
@@ -626,7 +626,7 @@ def test_instances_split_multi_chunk_ops_and_number_channels_per_instance():
 @pytest.mark.parametrize("key", sorted(ALGORITHMS))
 def test_instances_keep_each_instance_on_its_own_chunks_and_channels(key):
     alg = ALGORITHMS[key]
-    n = next(n for n in (4, 8, 3, 5, 2) if alg.supports(n))
+    n = rank_counts(alg, (4, 8, 3, 5, 2))[0]
     program = msc.trace(alg, n)
     channels = 1 + max((op.channel or 0 for op in program.ops), default=0)
     plan = lower(program, LowerOptions(instances=2))
@@ -769,9 +769,7 @@ def _numeric_check(plan: Plan, seed: int) -> None:
 def test_every_library_algorithm_lowers_checks_and_verifies(key):
     alg = ALGORITHMS[key]
     cases = 0
-    for n in (2, 3, 4, 5, 8):
-        if not alg.supports(n):
-            continue
+    for n in rank_counts(alg):
         for inplace in (True, False):
             program = msc.trace(alg, n, inplace=inplace)
             msc.verify(program)

@@ -1,0 +1,72 @@
+"""NCCL-grade ring allgathers: several rings at once, each carrying a share
+of every rank's data on a channel of its own, laid out as NCCL lays them on
+the machine (rank orders: msc.dsl.nccl_orders)."""
+import msc
+from msc.dsl import nccl_orders
+
+
+def _ring_allgathers(p: msc.Program, orders: list[list[int]]) -> None:
+    """Ring c moves input chunk c of every rank around ``orders[c]`` on channel c."""
+    rings = len(orders)
+    for c, order in enumerate(orders):
+        n = len(order)
+        for i, r in enumerate(order):
+            acc = p.chunk(r, "input", c).copy(r, "output", r * rings + c)
+            for k in range(1, n):
+                acc = acc.copy(order[(i + k) % n], "output", r * rings + c, channel=c)
+
+
+@msc.algorithm("allgather", chunk_factor=lambda n, rings: rings,
+               ranks=lambda n, rings, gpus_per_node: rings >= 1 and gpus_per_node >= 1 and n % gpus_per_node == 0)
+def rail_rings(p: msc.Program, rings=8, gpus_per_node=8):
+    """Rail-aligned rings across nodes, one per channel, as NCCL runs on DGX-class machines.
+
+    Ranks are nodes of ``gpus_per_node`` GPUs (rank = node * g + local),
+    each GPU with its own NIC. Every rank's input is cut into ``rings``
+    chunks and chunk c goes around ring c (n-1 steps, channel c). Ring c
+    visits the nodes in order and leaves each node through the NIC of a
+    different local GPU than the other rings (local c+1 or c, alternating
+    node by node: nccl_orders.rail_rings), entering the next node on the
+    same rail: with rings = g every NIC carries one ring each way, where
+    a single ring (allgather/ring) is held to one NIC. On one node the
+    rings are the node's ring, each on its own channel.
+
+    NCCL: src/graph/search.cc builds one ring per channel, "NET n -> GPU a
+    -> .. -> GPU x -> NET n", each channel on another NIC and rail
+    (crossNic 0); connect.cc joins the nodes' rings in node order. NCCL's
+    last GPU reaches NIC n over PXN or PCIe; in msc's model a GPU sends
+    only through its own NIC, so a ring leaves from the GPU whose NIC it
+    uses. Works in place and out of place.
+    """
+    _ring_allgathers(p, nccl_orders.rail_rings(p.num_ranks, gpus_per_node, rings))
+
+
+@msc.algorithm("allgather", chunk_factor=2)
+def bidir_rings(p: msc.Program):
+    """Two rings in opposite directions, each carrying half of every rank's data.
+
+    Ring 0 runs 0 -> 1 -> .. -> n-1 -> 0 on channel 0, ring 1 the other
+    way on channel 1: on a bidirectional ring fabric (ring:N) both
+    directions of every link carry data, where allgather/ring uses one.
+    NCCL's ring search (src/graph/search.cc) takes each channel's bandwidth
+    off the links its ring uses and tries a GPU's next neighbour, then its
+    previous one, so on point-to-point links its later channels run the
+    other way. Works in place and out of place.
+    """
+    _ring_allgathers(p, nccl_orders.bidirectional_rings(p.num_ranks))
+
+
+@msc.algorithm("allgather", chunk_factor=4, ranks=lambda n, rows: nccl_orders.torus_grid(n, rows) is not None)
+def torus_rings(p: msc.Program, rows=None):
+    """Four Hamiltonian rings of a 2D torus, every directed link in exactly one.
+
+    Ranks form a ``rows`` x cols torus (rank = row * cols + col, rows and
+    cols >= 3; rows default: the largest divisor of n <= sqrt(n), the grid
+    ``--topology torus`` makes). Two edge-disjoint Hamiltonian cycles of
+    the torus (nccl_orders.torus_rings), each walked both ways, make four
+    rings; ring c carries chunk c of every rank on channel c, so each of a
+    rank's four links carries a quarter of the data each way. NCCL's search
+    finds rings one link bandwidth at a time (search.cc); these four are
+    constructed. Works in place and out of place.
+    """
+    _ring_allgathers(p, nccl_orders.torus_rings(*nccl_orders.torus_grid(p.num_ranks, rows)))

@@ -1,0 +1,37 @@
+"""NCCL-grade reduce: chains toward the root along several rail-aligned
+rings at once, each summing a share of the data on a channel of its own
+(rank orders: msc.dsl.nccl_orders)."""
+import msc
+from msc.dsl import nccl_orders
+
+
+@msc.algorithm("reduce", chunk_factor=lambda n, rings, chunks: rings * chunks,
+               ranks=lambda n, rings, gpus_per_node, chunks:
+                   rings >= 1 and chunks >= 1 and gpus_per_node >= 1 and n % gpus_per_node == 0)
+def rail_rings(p: msc.Program, rings=8, gpus_per_node=8, chunks=1):
+    """Chains toward the root along rail-aligned rings, one per channel, as NCCL reduces.
+
+    Ranks are nodes of ``gpus_per_node`` GPUs (rank = node * g + local),
+    each GPU with its own NIC. The data is cut into ``rings`` shares of
+    ``chunks`` chunks; share c is summed along ring c
+    (nccl_orders.rail_rings) from the rank after the root around to the
+    root (n-1 hops, channel c), each rank adding its own. The rings cross
+    between nodes on different rails, so with rings = g the shares use all
+    g NICs of each node where reduce/ring uses one.
+
+    NCCL: its reduce runs the ring of each channel as a chain ending at the
+    root (src/device/reduce.h); the rings are search.cc's, one per channel
+    and NIC. Every rank first copies its input to its output (one op;
+    nothing in place), so partial sums live in the output: works in both
+    forms.
+    """
+    n, root = p.num_ranks, p.root
+    for r in range(n):
+        p.chunk(r, "input", 0, p.chunk_factor).copy(r, "output", 0)
+    for c, order in enumerate(nccl_orders.rail_rings(n, gpus_per_node, rings)):
+        start = order.index(root) + 1
+        chain = order[start:] + order[:start]          # ends at the root
+        for k in range(chunks):
+            index = c * chunks + k
+            for hop in range(1, n):
+                p.chunk(chain[hop], "output", index).reduce(p.chunk(chain[hop - 1], "output", index), channel=c)
