@@ -5,20 +5,24 @@ import msc
 from msc.dsl import nccl_orders
 
 
-def _ring_allgathers(p: msc.Program, orders: list[list[int]]) -> None:
-    """Ring c moves input chunk c of every rank around ``orders[c]`` on channel c."""
-    rings = len(orders)
+def _ring_allgathers(p: msc.Program, orders: list[list[int]], slices: int = 1) -> None:
+    """Ring c moves input chunks c*slices .. c*slices+slices-1 of every rank
+    around ``orders[c]`` on channel c, the slices one after the other at
+    every step (as NCCL sends a chunk in slices)."""
+    width = len(orders) * slices
     for c, order in enumerate(orders):
         n = len(order)
         for i, r in enumerate(order):
-            acc = p.chunk(r, "input", c).copy(r, "output", r * rings + c)
+            mine = [c * slices + s for s in range(slices)]
+            accs = [p.chunk(r, "input", j).copy(r, "output", r * width + j) for j in mine]
             for k in range(1, n):
-                acc = acc.copy(order[(i + k) % n], "output", r * rings + c, channel=c)
+                accs = [a.copy(order[(i + k) % n], "output", r * width + j, channel=c) for j, a in zip(mine, accs)]
 
 
-@msc.algorithm("allgather", chunk_factor=lambda n, rings: rings,
-               ranks=lambda n, rings, gpus_per_node: rings >= 1 and gpus_per_node >= 1 and n % gpus_per_node == 0)
-def rail_rings(p: msc.Program, rings=8, gpus_per_node=8):
+@msc.algorithm("allgather", chunk_factor=lambda n, rings, slices: rings * slices,
+               ranks=lambda n, rings, gpus_per_node, slices: rings >= 1 and gpus_per_node >= 1 and slices >= 1
+               and n % gpus_per_node == 0)
+def rail_rings(p: msc.Program, rings=8, gpus_per_node=8, slices=1):
     """Rail-aligned rings across nodes, one per channel, as NCCL runs on DGX-class machines.
 
     Ranks are nodes of ``gpus_per_node`` GPUs (rank = node * g + local),
@@ -36,9 +40,11 @@ def rail_rings(p: msc.Program, rings=8, gpus_per_node=8):
     (crossNic 0); connect.cc joins the nodes' rings in node order. NCCL's
     last GPU reaches NIC n over PXN or PCIe; in msc's model a GPU sends
     only through its own NIC, so a ring leaves from the GPU whose NIC it
-    uses. Works in place and out of place.
+    uses. ``slices``: each ring's chunk is cut in that many pieces sent one
+    after the other at every step, as NCCL sends a Simple chunk in two
+    slices (msc simulate --nccl uses 2). Works in place and out of place.
     """
-    _ring_allgathers(p, nccl_orders.rail_rings(p.num_ranks, gpus_per_node, rings))
+    _ring_allgathers(p, nccl_orders.rail_rings(p.num_ranks, gpus_per_node, rings), slices)
 
 
 @msc.algorithm("allgather", chunk_factor=2)

@@ -5,32 +5,37 @@ import msc
 from msc.dsl import nccl_orders
 
 
-def _ring_allreduces(p: msc.Program, orders: list[list[int]]) -> None:
-    """Ring c allreduces chunks c*n .. c*n+n-1 around ``orders[c]`` on channel c.
+def _ring_allreduces(p: msc.Program, orders: list[list[int]], slices: int = 1) -> None:
+    """Ring c allreduces chunks c*n*slices .. (c+1)*n*slices-1 around ``orders[c]`` on channel c.
 
-    Chunk c*n+i is summed from the rank after order[i] around to order[i]
-    (each rank copies its input chunk to its output and adds the arriving
-    sum there), then passed on to every other rank: the ring allreduce of
-    allreduce/ring, along the given order. Works in place and out of place.
+    Chunk (c*n+i)*slices+s is summed from the rank after order[i] around to
+    order[i] (each rank copies its input chunk to its output and adds the
+    arriving sum there), then passed on to every other rank: the ring
+    allreduce of allreduce/ring, along the given order, the ``slices`` of a
+    chunk one after the other at every step (as NCCL sends a chunk in
+    slices). Works in place and out of place.
     """
     for c, order in enumerate(orders):
         n = len(order)
         for i in range(n):
-            index = c * n + i
+            mine = [(c * n + i) * slices + s for s in range(slices)]
             if n == 1:       # nothing to reduce; out of place the output still needs the input
-                p.chunk(order[0], "input", index).copy(order[0], "output", index)
+                for j in mine:
+                    p.chunk(order[0], "input", j).copy(order[0], "output", j)
                 continue
-            acc = p.chunk(order[(i + 1) % n], "input", index)
+            accs = [p.chunk(order[(i + 1) % n], "input", j) for j in mine]
             for k in range(2, n + 1):
                 rank = order[(i + k) % n]
-                acc = p.chunk(rank, "input", index).copy(rank, "output", index).reduce(acc, channel=c)
+                accs = [p.chunk(rank, "input", j).copy(rank, "output", j).reduce(a, channel=c)
+                        for j, a in zip(mine, accs)]
             for k in range(1, n):
-                acc = acc.copy(order[(i + k) % n], "output", index, channel=c)
+                accs = [a.copy(order[(i + k) % n], "output", j, channel=c) for j, a in zip(mine, accs)]
 
 
-@msc.algorithm("allreduce", chunk_factor=lambda n, rings: rings * n,
-               ranks=lambda n, rings, gpus_per_node: rings >= 1 and gpus_per_node >= 1 and n % gpus_per_node == 0)
-def rail_rings(p: msc.Program, rings=8, gpus_per_node=8):
+@msc.algorithm("allreduce", chunk_factor=lambda n, rings, slices: rings * n * slices,
+               ranks=lambda n, rings, gpus_per_node, slices: rings >= 1 and gpus_per_node >= 1 and slices >= 1
+               and n % gpus_per_node == 0)
+def rail_rings(p: msc.Program, rings=8, gpus_per_node=8, slices=1):
     """Rail-aligned rings across nodes, one per channel, as NCCL runs on DGX-class machines.
 
     Ranks are nodes of ``gpus_per_node`` GPUs (rank = node * g + local),
@@ -49,9 +54,11 @@ def rail_rings(p: msc.Program, rings=8, gpus_per_node=8):
     (crossNic 0); connect.cc joins the nodes' rings in node order. NCCL's
     last GPU reaches NIC n over PXN or PCIe; in msc's model a GPU sends
     only through its own NIC, so a ring leaves from the GPU whose NIC it
-    uses.
+    uses. ``slices``: each ring's chunk is cut in that many pieces sent one
+    after the other at every step, as NCCL sends a Simple chunk in two
+    slices (msc simulate --nccl uses 2).
     """
-    _ring_allreduces(p, nccl_orders.rail_rings(p.num_ranks, gpus_per_node, rings))
+    _ring_allreduces(p, nccl_orders.rail_rings(p.num_ranks, gpus_per_node, rings), slices)
 
 
 @msc.algorithm("allreduce", chunk_factor=lambda n: 2 * n)

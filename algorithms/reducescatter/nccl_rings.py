@@ -5,32 +5,38 @@ import msc
 from msc.dsl import nccl_orders
 
 
-def _ring_reducescatters(p: msc.Program, orders: list[list[int]]) -> None:
-    """Ring c sums piece c of every rank's chunk around ``orders[c]`` on channel c.
+def _ring_reducescatters(p: msc.Program, orders: list[list[int]], slices: int = 1) -> None:
+    """Ring c sums pieces c*slices .. c*slices+slices-1 of every rank's chunk
+    around ``orders[c]`` on channel c, the slices one after the other at
+    every step (as NCCL sends a chunk in slices).
 
-    Rank r's result piece c is input chunk r * rings + c of every rank: it
-    starts at the rank after r on the ring, each rank adds its own, and r
-    adds the arriving sum into its output chunk c. Partial sums in transit
-    live in scratch, so the input is read-only and in place works too.
+    Rank r's result piece j is input chunk r * width + j of every rank
+    (width: pieces per rank): it starts at the rank after r on the ring,
+    each rank adds its own, and r adds the arriving sum into its output
+    chunk j. Partial sums in transit live in scratch, so the input is
+    read-only and in place works too.
     """
-    rings = len(orders)
+    width = len(orders) * slices
     for c, order in enumerate(orders):
         n = len(order)
         for i, r in enumerate(order):
-            index = r * rings + c
-            out = p.chunk(r, "input", index).copy(r, "output", c)
+            mine = [c * slices + s for s in range(slices)]
+            outs = [p.chunk(r, "input", r * width + j).copy(r, "output", j) for j in mine]
             if n == 1:
                 continue
-            acc = p.chunk(order[(i + 1) % n], "input", index)
+            accs = [p.chunk(order[(i + 1) % n], "input", r * width + j) for j in mine]
             for k in range(2, n):
                 rank = order[(i + k) % n]
-                acc = p.chunk(rank, "input", index).copy(rank, "scratch", index).reduce(acc, channel=c)
-            out.reduce(acc, channel=c)
+                accs = [p.chunk(rank, "input", r * width + j).copy(rank, "scratch", r * width + j).reduce(a, channel=c)
+                        for j, a in zip(mine, accs)]
+            for out, a in zip(outs, accs):
+                out.reduce(a, channel=c)
 
 
-@msc.algorithm("reducescatter", chunk_factor=lambda n, rings: rings,
-               ranks=lambda n, rings, gpus_per_node: rings >= 1 and gpus_per_node >= 1 and n % gpus_per_node == 0)
-def rail_rings(p: msc.Program, rings=8, gpus_per_node=8):
+@msc.algorithm("reducescatter", chunk_factor=lambda n, rings, slices: rings * slices,
+               ranks=lambda n, rings, gpus_per_node, slices: rings >= 1 and gpus_per_node >= 1 and slices >= 1
+               and n % gpus_per_node == 0)
+def rail_rings(p: msc.Program, rings=8, gpus_per_node=8, slices=1):
     """Rail-aligned rings across nodes, one per channel, as NCCL runs on DGX-class machines.
 
     Ranks are nodes of ``gpus_per_node`` GPUs (rank = node * g + local),
@@ -48,9 +54,11 @@ def rail_rings(p: msc.Program, rings=8, gpus_per_node=8):
     (crossNic 0); connect.cc joins the nodes' rings in node order. NCCL's
     last GPU reaches NIC n over PXN or PCIe; in msc's model a GPU sends
     only through its own NIC, so a ring leaves from the GPU whose NIC it
-    uses. Works in place and out of place.
+    uses. ``slices``: each ring's chunk is cut in that many pieces sent one
+    after the other at every step, as NCCL sends a Simple chunk in two
+    slices (msc simulate --nccl uses 2). Works in place and out of place.
     """
-    _ring_reducescatters(p, nccl_orders.rail_rings(p.num_ranks, gpus_per_node, rings))
+    _ring_reducescatters(p, nccl_orders.rail_rings(p.num_ranks, gpus_per_node, rings), slices)
 
 
 @msc.algorithm("reducescatter", chunk_factor=2)

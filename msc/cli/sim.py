@@ -41,9 +41,18 @@ def simulated_slots(plan, path: str, args) -> int | None:
 
 
 def add_simulate_command(subparsers, load_plan: Callable) -> argparse.ArgumentParser:
-    """``msc simulate PLAN... --topology T [-b MIN -e MAX -f F] [--json] [--plot FILE.png]``."""
-    p = subparsers.add_parser("simulate", help="predict a plan's time, algbw and busbw per size on a topology")
-    p.add_argument("plans", nargs="+", metavar="PLAN", help="plan file(s)")
+    """``msc simulate PLAN... --topology T [-b MIN -e MAX -f F] [--json] [--plot FILE.png]``,
+    or ``msc simulate --nccl COLLECTIVE --topology T ...``: what NCCL would run."""
+    p = subparsers.add_parser("simulate", help="predict a plan's time, algbw and busbw per size on a topology "
+                                               "(or, with --nccl, NCCL's)")
+    p.add_argument("plans", nargs="*", metavar="PLAN", help="plan file(s)")
+    p.add_argument("--nccl", metavar="COLLECTIVE",
+                   help="instead of plans: what NCCL would run per size (its algorithm, protocol and channels, by "
+                        "its tuning model) as an msc plan, simulated (dgx-h100, dgx-a100, nvswitch and ib; no NVLS)")
+    p.add_argument("--nccl-algo", metavar="ALGO", type=lambda t: _list(t, str),
+                   help="with --nccl: the algorithms NCCL may use, as NCCL_ALGO (ring, tree)")
+    p.add_argument("--nccl-proto", metavar="PROTO", type=lambda t: _list(t, str),
+                   help="with --nccl: the protocols NCCL may use, as NCCL_PROTO (LL, LL128, Simple)")
     add_topology_args(p)
     add_sweep_args(p, 8, 128 * 1024 ** 2)
     p.add_argument("-d", "--dtype", default="float", help=f"element type, for the count column ({', '.join(TYPES)})")
@@ -56,26 +65,12 @@ def add_simulate_command(subparsers, load_plan: Callable) -> argparse.ArgumentPa
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show Python tracebacks")
 
     def cmd(args) -> int:
-        from msc.cli.bound import BOUND_NOTE, add_bound, bound_columns
-        from msc.sim.simulate import Simulator
-        from msc.units import format_table, sizes
+        from msc.units import sizes
 
+        _check_simulate_args(args)
         requested = sizes(args.minbytes, args.maxbytes, args.stepfactor)
-        everything, series, topo = [], [], None
-        for path in args.plans:
-            plan = load_plan(path, **capacity_args(args))
-            topo = topology_from_args(args, plan.num_ranks)
-            records = Simulator(plan, topo, tile=args.tile, slots=simulated_slots(plan, path, args),
-                                dtype=args.dtype).records(requested, engine=args.engine)
-            add_bound(records, plan.collective, plan.root, topo)         # bound_time, bound_pct
-            everything += records
-            series.append((f"{plan.name} ({plan.protocol}, x{plan.instances})", records))
-            if not args.json:
-                columns = bound_columns(records)
-                print(format_table(records, columns=columns,
-                                   title=f"msc simulate {path}: {plan.collective}, {plan.num_ranks} ranks, "
-                                         f"{plan.protocol}, x{plan.instances}, on {topo.summary()} "
-                                         f"(predicted: nothing run)") + ("\n" + BOUND_NOTE if columns else ""))
+        everything, series, topo = (_simulate_nccl(args, requested) if args.nccl
+                                    else _simulate_plans(args, requested, load_plan))
         if args.json:
             print(json.dumps(everything))
         if args.plot:
@@ -88,6 +83,73 @@ def add_simulate_command(subparsers, load_plan: Callable) -> argparse.ArgumentPa
 
     p.set_defaults(func=cmd)
     return p
+
+
+def _check_simulate_args(args) -> None:
+    if args.nccl and args.plans:
+        raise UsageError("give plans or --nccl COLLECTIVE, not both")
+    if not args.nccl and not args.plans:
+        raise UsageError("give one or more plans, or --nccl COLLECTIVE")
+    if args.nccl:
+        given = [flag for flag, v in (("--tile", args.tile), ("--slots", args.slots), ("--runtime", args.runtime),
+                                      ("--engine", args.engine if args.engine != "auto" else None)) if v is not None]
+        if given:
+            raise UsageError(f"{', '.join(given)} describe a plan's run; --nccl takes NCCL's own "
+                             "(its slices, buffers and channels)")
+        if args.topology is None:
+            raise UsageError("--nccl needs --topology (dgx-h100[:NODES], dgx-a100[:NODES], nvswitch, ib:NODES)")
+    elif args.nccl_algo or args.nccl_proto:
+        raise UsageError("--nccl-algo and --nccl-proto go with --nccl")
+
+
+def _simulate_plans(args, requested, load_plan):
+    from msc.cli.bound import BOUND_NOTE, add_bound, bound_columns
+    from msc.sim.simulate import Simulator
+    from msc.units import format_table
+
+    everything, series, topo = [], [], None
+    for path in args.plans:
+        plan = load_plan(path, **capacity_args(args))
+        topo = topology_from_args(args, plan.num_ranks)
+        records = Simulator(plan, topo, tile=args.tile, slots=simulated_slots(plan, path, args),
+                            dtype=args.dtype).records(requested, engine=args.engine)
+        add_bound(records, plan.collective, plan.root, topo)         # bound_time, bound_pct
+        everything += records
+        series.append((f"{plan.name} ({plan.protocol}, x{plan.instances})", records))
+        if not args.json:
+            columns = bound_columns(records)
+            print(format_table(records, columns=columns,
+                               title=f"msc simulate {path}: {plan.collective}, {plan.num_ranks} ranks, "
+                                     f"{plan.protocol}, x{plan.instances}, on {topo.summary()} "
+                                     f"(predicted: nothing run)") + ("\n" + BOUND_NOTE if columns else ""))
+    return everything, series, topo
+
+
+NCCL_NOTE = ("# NCCL's algorithm, protocol and channels per size by its tuning model (NCCL 2.21, no NVLS), run as "
+             "an msc plan and simulated; nccl: NCCL's own model's time")
+
+
+def _simulate_nccl(args, requested):
+    from msc.cli.bound import BOUND_NOTE, add_bound, bound_columns
+    from msc.sim.bound import collective_name
+    from msc.sim.nccl_sim import simulate_nccl
+    from msc.units import format_table
+
+    collective = collective_name(args.nccl)
+    topo = topology_from_args(args, None)
+    records = simulate_nccl(collective, topo, requested, dtype=args.dtype, algorithms=args.nccl_algo,
+                            protocols=args.nccl_proto)
+    add_bound(records, collective, 0, topo)
+    if not args.json:
+        columns = (("algo", "", lambda r: r["algorithm"][:6]), ("proto", "", lambda r: r["protocol"][:6]),
+                   ("chan", "", lambda r: str(r["channels"])),
+                   ("nccl", "(us)", lambda r: f"{r['nccl_us']:6.1f}" if r["nccl_us"] == r["nccl_us"] else "-"))
+        columns += bound_columns(records)
+        print(format_table(records, columns=columns,
+                           title=f"msc simulate --nccl {collective}: {topo.num_ranks} ranks on {topo.summary()} "
+                                 "(predicted: nothing run)") + "\n" + NCCL_NOTE
+              + ("\n" + BOUND_NOTE if bound_columns(records) else ""))
+    return records, [(f"NCCL {collective}", records)], topo
 
 
 def _list(text: str, kind):

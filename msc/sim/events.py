@@ -65,8 +65,8 @@ class EventSim:
 
     ``steps[t]``: per step of threadblock t, (global id, compute seconds per
     tile byte, data bytes per tile byte, send connection, receive
-    connection, send ordinal, receive ordinal, deps as (tb, step)) with -1
-    for no connection; ``per_iter[c]``: messages of connection c per
+    connection, send ordinal, receive ordinal, deps as (tb, step), fixed
+    seconds per iteration) with -1 for no connection; ``per_iter[c]``: messages of connection c per
     iteration; ``alpha[c]``, ``cap[c]``, ``res[c]``: its latency, private
     rate cap and shared links; ``capacity[r]``: link rates; ``names[t]``:
     (rank, threadblock id) of threadblock t, for errors."""
@@ -124,7 +124,7 @@ class _Replay:
         if pos >= nsteps * self.iters or done[tb] < pos:
             return
         it, step = divmod(pos, nsteps)
-        g, comp, nbytes, sc, rc, so, ro, deps = self.steps[tb][step]
+        g, comp, nbytes, sc, rc, so, ro, deps, fixed = self.steps[tb][step]
         for dep_tb, dep_step in deps:
             if done[dep_tb] < it * lens[dep_tb] + dep_step + 1:
                 self.waiting.setdefault(("t", dep_tb), []).append(tb)
@@ -140,7 +140,7 @@ class _Replay:
         if self.record:
             self.cur[tb] = row = [tb, it, step, now, now, now]
             self.log.append(row)
-        compute = comp * self.tlen[it]
+        compute = comp * self.tlen[it] + (fixed if self.tlen[it] > 0 else 0.0)
         if compute > 0:
             self.push(now + compute, _COMPUTED, tb)
         else:
@@ -149,7 +149,7 @@ class _Replay:
     def computed(self, tb):
         """Threadblock ``tb``'s running step has computed: transmit, or finish if it sends nothing."""
         it, step = divmod(self.nxt[tb] - 1, self.lens[tb])
-        g, comp, nbytes, sc, rc, so, ro, deps = self.steps[tb][step]
+        g, comp, nbytes, sc, rc, so, ro, deps, fixed = self.steps[tb][step]
         now = self.now
         if self.record:
             self.cur[tb][4] = now
@@ -194,7 +194,7 @@ class _Replay:
     def finish(self, tb):
         """Threadblock ``tb``'s running step ends: send its message and slot, wake who waits on it."""
         it, step = divmod(self.nxt[tb] - 1, self.lens[tb])
-        g, comp, nbytes, sc, rc, so, ro, deps = self.steps[tb][step]
+        g, comp, nbytes, sc, rc, so, ro, deps, fixed = self.steps[tb][step]
         self.done[tb] += 1
         self.end = now = self.now
         if self.record:

@@ -176,7 +176,7 @@ def _jump(levels, E, hist, it, iters, tlen, W, G, zero, absent, uniform) -> int:
     act = np.ones(1)
     m = room
     t_tol = 1e-12 * float(E[0, :W * G].max(initial=0.0))
-    for nodes, s, dl, w, group, cn, tn, dmax, wpos, neg in levels:
+    for nodes, s, dl, w, group, cn, tn, dmax, wpos, neg, fx in levels:
         vals = _sources(E, s, dl, w, dmax, neg, it, W, G, zero, absent, act)[0]
         start = np.maximum.reduceat(vals, group)
         counts = np.diff(np.append(group, len(vals)))
@@ -203,11 +203,12 @@ class FastResult:
 
 
 def prepare(lay: Layers, conn_alpha: np.ndarray, comp: np.ndarray, tx: np.ndarray,
-            watch: np.ndarray | None = None) -> list:
+            watch: np.ndarray | None = None, fixed: np.ndarray | None = None) -> list:
     """Per level, what evaluate needs (independent of the sizes: build once
     per plan and model). ``comp``/``tx``: seconds per byte of tile of each
     step's compute and transmission; ``watch``: steps whose transmissions
-    evaluate records (for the contention check)."""
+    evaluate records (for the contention check); ``fixed``: seconds each
+    step takes per iteration whatever its size (before it transmits)."""
     padded = np.append(conn_alpha, 0.0)                # index -1: no connection, no latency
     w_all = padded[lay.conn]
     levels = []
@@ -219,10 +220,11 @@ def prepare(lay: Layers, conn_alpha: np.ndarray, comp: np.ndarray, tx: np.ndarra
         s = lay.src[e0:e1].astype(np.int64)
         neg = np.flatnonzero(s < 0)
         cn, tn = comp[nodes], tx[nodes]
+        fx = fixed[nodes] if fixed is not None else None
         wpos = np.flatnonzero(watch[nodes]) if watch is not None else np.zeros(0, dtype=np.int64)
         levels.append((nodes, s, d, w[:, None] if w.any() else None, lay.group[L], cn if cn.any() else None,
                        tn if tn.any() else None, int(d.max(initial=0)), wpos if len(wpos) else None,
-                       neg if len(neg) else None))
+                       neg if len(neg) else None, fx if fx is not None and fx.any() else None))
     return levels
 
 
@@ -247,12 +249,14 @@ def evaluate(lay: Layers, levels: list, tlen: np.ndarray, watching: bool = False
         tl = tlen[it]
         act = (tl > 0).astype(np.float64)
         base = (it % W) * G
-        for nodes, s, d, w, group, cn, tn, dmax, wpos, neg in levels:
+        for nodes, s, d, w, group, cn, tn, dmax, wpos, neg, fx in levels:
             vals = _sources(E, s, d, w, dmax, neg, it, W, G, zero, absent, act)
             start = np.maximum.reduceat(vals, group, axis=1)
             if dmax > it:
                 np.maximum(start, 0.0, out=start)
             txs = start if cn is None else start + np.multiply.outer(tl, cn)
+            if fx is not None:
+                txs = txs + np.multiply.outer(act, fx)
             end = txs if tn is None else txs + np.multiply.outer(tl, tn)
             E[:, base + nodes] = end
             if wpos is not None:

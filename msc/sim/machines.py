@@ -14,7 +14,7 @@ measurements; bench/calibration.py prints and draws the comparison.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from msc.sim.protocols import DEFAULT_PROTOCOLS, LinkModel, Protocol
 
@@ -34,9 +34,10 @@ class Machine:
     description: str            # nodes no hop inside a node is faster (tuning.cc netOverhead)
 
 
-def _protocol(launch_us: float, threadblock_gbps: float, tile: int, **kinds: tuple[float, float]) -> Protocol:
+def _protocol(launch_us: float, threadblock_gbps: float, tile: int, step_us: float = 0.0,
+              **kinds: tuple[float, float]) -> Protocol:
     """A protocol whose kinds not named keep the textbook factors of its name's tile."""
-    return Protocol(launch_us, threadblock_gbps, tile, {k: LinkModel(*v) for k, v in kinds.items()})
+    return Protocol(launch_us, threadblock_gbps, tile, {k: LinkModel(*v) for k, v in kinds.items()}, step_us)
 
 
 def _complete(protocols: dict) -> dict:
@@ -45,7 +46,7 @@ def _complete(protocols: dict) -> dict:
     for name, p in protocols.items():
         links = dict(DEFAULT_PROTOCOLS[name].links)
         links.update(p.links)
-        out[name] = Protocol(p.launch_us, p.threadblock_gbps, p.tile, links)
+        out[name] = replace(p, links=links)
     return out
 
 
@@ -59,6 +60,15 @@ HOP_US = {"nvlink": {"LL": 0.6, "LL128": 1.9, "Simple": 3.4}, "pcie": {"LL": 1.0
 LL128_OF_SIMPLE = 0.92          # NCCL's LL128 bandwidth as a fraction of Simple's (tuning.cc; "120/128")
 
 
+# What a message costs the threadblocks at its ends whatever its size (per tile iteration): Simple
+# fences its data before it posts the flag (a system-scope fence waits for the writes to land, about a
+# hop), LL128 posts per warp, LL's flags travel in its data. Fitted: over Simple 1-5 us and LL128 0-2
+# us the calibrate rows (the dgx-a100 allreduce table from 4 MB to 128 MB, where NCCL runs below its own
+# model, and the H100 plateaus) are best held at 4-5 / 2; 3 / 1 holds as many of them within the bar
+# (42 of 49 simulated) and more of the check rows (87 of 95, against 85 at 4 / 1).
+STEP_US = {"LL": 0.0, "LL128": 1.0, "Simple": 3.0}
+
+
 def _machine_protocols(simple: dict, ll: dict, threadblock_gbps: float, ll128_threadblock_gbps: float) -> dict:
     """The three protocols from Simple's and LL's share of each kind's line rate (LL128 is 0.92 of
     Simple's) and the threadblock rates: Simple's, LL half of it (4 data bytes per 8-byte packet),
@@ -67,10 +77,11 @@ def _machine_protocols(simple: dict, ll: dict, threadblock_gbps: float, ll128_th
         return {k: (HOP_US[k][name] / HOP_US[k]["Simple"], share[k]) for k in HOP_US}
 
     return _complete({
-        "LL": _protocol(LAUNCH_US["LL"], threadblock_gbps / 2, 32 * KIB, **kinds("LL", ll)),
-        "LL128": _protocol(LAUNCH_US["LL128"], ll128_threadblock_gbps, 256 * KIB,
+        "LL": _protocol(LAUNCH_US["LL"], threadblock_gbps / 2, 32 * KIB, STEP_US["LL"], **kinds("LL", ll)),
+        "LL128": _protocol(LAUNCH_US["LL128"], ll128_threadblock_gbps, 256 * KIB, STEP_US["LL128"],
                            **kinds("LL128", {k: v * LL128_OF_SIMPLE for k, v in simple.items()})),
-        "Simple": _protocol(LAUNCH_US["Simple"], threadblock_gbps, 512 * KIB, **kinds("Simple", simple)),
+        "Simple": _protocol(LAUNCH_US["Simple"], threadblock_gbps, 512 * KIB, STEP_US["Simple"],
+                            **kinds("Simple", simple)),
     })
 
 

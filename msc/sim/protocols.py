@@ -46,12 +46,15 @@ class Protocol:
     latency); ``threadblock_gbps``: the most one threadblock moves (None:
     the topology's threadblock rate times this protocol's bandwidth factor
     on a "link"); ``tile``: bytes per chunk and iteration where a plan says 0;
-    ``links``: a LinkModel per kind."""
+    ``links``: a LinkModel per kind; ``step_us``: what a message costs the
+    threadblocks at its two ends per tile iteration whatever its size
+    (posting and waiting on the connection's flags)."""
 
     launch_us: float = 0.0
     threadblock_gbps: float | None = None
     tile: int = 0
     links: dict = field(default_factory=dict)
+    step_us: float = 0.0
 
     def link(self, kind: str) -> LinkModel:
         return self.links[kind]
@@ -68,7 +71,7 @@ def textbook(name: str) -> Protocol:
 
 DEFAULT_PROTOCOLS = {name: textbook(name) for name in PROTOCOLS}
 
-PROTOCOL_KEYS = {"alpha_factor", "bandwidth_factor", "tile", "launch_us", "threadblock_gbps"}
+PROTOCOL_KEYS = {"alpha_factor", "bandwidth_factor", "tile", "launch_us", "threadblock_gbps", "step_us"}
 KIND_KEYS = {"alpha_factor", "bandwidth_factor"}
 
 
@@ -108,8 +111,9 @@ def protocols_from_tables(tables: dict, base: dict[str, Protocol], bad) -> dict[
                     raise bad(f"[protocol.{pname}.{kind}]: keys are {', '.join(sorted(KIND_KEYS))}")
                 links[kind] = replace(links[kind], **{k: _number(bad, f"{pname}.{kind}", k, v) for k, v in sub.items()})
         own = {}
-        if "launch_us" in table:
-            own["launch_us"] = _number(bad, pname, "launch_us", table["launch_us"], zero=True)
+        for key in ("launch_us", "step_us"):
+            if key in table:
+                own[key] = _number(bad, pname, key, table[key], zero=True)
         if "threadblock_gbps" in table:
             own["threadblock_gbps"] = _number(bad, pname, "threadblock_gbps", table["threadblock_gbps"])
         if "tile" in table:

@@ -91,6 +91,8 @@ class Simulator:
         send_conn[sp.msg_send] = np.repeat(np.arange(len(routes)), np.diff(sp.conn_ptr))
         self.send_conn = send_conn
         self.comp = sp.count * (topology.gamma * sp.nred + topology.delta * sp.ncopy)
+        # a threadblock's own time per message and iteration: the protocol's synchronization
+        self.fixed = np.where((sp.sends | sp.recvs).astype(bool), view.step_overhead, 0.0)
         self.tx = np.where(send_conn >= 0, sp.count / (rate[np.maximum(send_conn, 0)] if len(rate) else 1.0), 0.0)
         self._watch_setup()
         self._layers = None
@@ -150,7 +152,7 @@ class Simulator:
             return self._launched(out)
         if self._layers is None:
             self._layers = layers(self.sp, self.slots)
-            self._levels = prepare(self._layers, self.alpha, self.comp, self.tx, self.watch)
+            self._levels = prepare(self._layers, self.alpha, self.comp, self.tx, self.watch, self.fixed)
         for batch in self._batches(todo, iters):
             imax = max(iters[i] for i in batch)
             tlen = np.array([[self._tlen(geo[i][2], it) for i in batch] for it in range(imax)])
@@ -236,7 +238,7 @@ class Simulator:
                 t = int(sp.step_tb[s])
                 deps[d].append((t, s - int(sp.tb_start[t])))
             rows = list(zip(range(sp.num_steps), self.comp.tolist(), sp.count.tolist(), self.send_conn.tolist(),
-                            rconn.tolist(), so.tolist(), ro.tolist(), deps))
+                            rconn.tolist(), so.tolist(), ro.tolist(), deps, self.fixed.tolist()))
             steps = [rows[a:b] for a, b in zip(sp.tb_start[:-1].tolist(), sp.tb_start[1:].tolist())]
             names = list(zip(sp.tb_rank.tolist(), sp.tb_local.tolist()))
             self._events = EventSim(steps, per_iter.tolist(), self.alpha.tolist(), self.cap, self.res,

@@ -70,6 +70,7 @@ class Topology:
         self.machine = machine                         # msc.sim.machines' name of its GPUs, if one
         self.protocol_name: str | None = None          # set in a view: the protocol applied
         self.launch = 0.0                              # s per collective (a view's protocol's)
+        self.step_overhead = 0.0                       # s per message and iteration (a view's protocol's)
         self._reset()
 
     def _reset(self):
@@ -121,7 +122,7 @@ class Topology:
             model = self.protocol(protocol)
             v = copy.copy(self)
             v._reset()
-            v.protocol_name, v.launch = protocol, model.launch_us * US
+            v.protocol_name, v.launch, v.step_overhead = protocol, model.launch_us * US, model.step_us * US
             tb = model.threadblock_gbps
             v.threadblock_bandwidth = tb * GB if tb is not None else \
                 self.threadblock_bandwidth * model.link(LINK).bandwidth_factor
