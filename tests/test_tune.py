@@ -124,3 +124,62 @@ def test_index_loads_in_the_registry(tuned, tmp_path):
     for j, size in enumerate(tuned.sizes):
         entry = registry.entry("allreduce", 8, size, inplace=False)
         assert entry.plan.protocol == tuned.candidates[tuned.winners[j]].protocol
+
+
+def test_threadblock_budget_skips_instances_over_it():
+    # the ring runs one threadblock per rank and instance: a budget of 4 keeps x1, x2, x4 of 1..32
+    result = tune(["allreduce/ring"], 8, nvswitch(), [1 << 20], protocols=("Simple",), max_threadblocks=4)
+    assert sorted(c.instances for c in result.candidates) == [1, 2, 4]
+    assert any("x8, x16, x32 would run over 4 threadblocks" in note for note in result.skipped)
+    from msc.sim.tune import threadblocks
+    assert all(threadblocks(c.plan) <= 4 for c in result.candidates)
+    with pytest.raises(UsageError, match="no algorithm could be built"):
+        tune(["allreduce/allpairs"], 8, nvswitch(), [1 << 20], protocols=("Simple",), max_threadblocks=2)
+    with pytest.raises(UsageError, match="budget"):
+        tune(["allreduce/ring"], 8, nvswitch(), [1 << 20], max_threadblocks=0)
+
+
+def test_default_instances_reach_32_within_the_budget():
+    from msc.sim.tune import DEFAULT_INSTANCES, MAX_THREADBLOCKS, threadblocks
+
+    assert DEFAULT_INSTANCES[-1] == 32 and MAX_THREADBLOCKS >= 32
+    result = tune(["allgather/ring"], 8, nvswitch(), [1 << 20], protocols=("Simple",))
+    assert [c.instances for c in result.candidates] == list(DEFAULT_INSTANCES)
+    assert max(threadblocks(c.plan) for c in result.candidates) == 32
+
+
+def test_protocols_share_one_lowering():
+    # on msc's runtime the protocol is only the plan's label: relabelling equals lowering again
+    import dataclasses
+
+    import msc
+    from msc.lower.pipeline import LowerOptions, lower
+
+    [alg] = [a for a in msc.load_algorithms("allgather/nccl_rings") if a.name == "rail_rings"]
+    prog = msc.trace(alg, 16)
+    msc.verify(prog)
+    simple = lower(prog, LowerOptions(protocol="Simple", instances=2))
+    for proto in ("LL", "LL128"):
+        assert dataclasses.replace(simple, protocol=proto) == lower(prog, LowerOptions(protocol=proto, instances=2))
+    result = tune(["allgather/ring"], 8, nvswitch(), [1 << 20], protocols=("LL", "Simple"), instances=(1, 2))
+    assert [(c.protocol, c.instances) for c in result.candidates] == [("LL", 1), ("LL", 2), ("Simple", 1),
+                                                                        ("Simple", 2)]
+
+
+def test_link_floor_is_a_lower_bound_on_contended_plans():
+    # eight rings through one NIC pair on ib:2 (the library's ring, x8): the links are shared
+    from msc.sim.presets import infiniband
+    from msc.sim.simulate import Simulator
+    from msc.sim.tune import link_floor
+
+    import msc
+    from msc.lower.pipeline import LowerOptions, lower
+
+    [ring] = msc.load_algorithms("allgather/ring")
+    sim = Simulator(lower(msc.trace(ring, 16), LowerOptions(instances=8)), infiniband(2))
+    sizes = [1 << 20, 64 << 20]
+    exact = [r.seconds for r in sim.run(sizes, engine="events")]
+    fast = [r.seconds for r in sim.run(sizes, engine="fast")]
+    floor = link_floor(sim, sizes)
+    assert all(f <= e * (1 + 1e-9) for f, e in zip(floor, exact))
+    assert floor[1] > fast[1] * 1.5          # where the NIC is the bottleneck it is much the tighter bound

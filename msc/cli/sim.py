@@ -14,6 +14,7 @@ from msc.errors import UsageError
 from msc.cli.args import add_sweep_args, add_topology_args, param_value, split_param, topology_from_args
 from msc.units import TYPES, size_arg
 from msc.lower.runtimes import add_capacity_args, capacity_args
+from msc.sim.tune import DEFAULT_INSTANCES, MAX_THREADBLOCKS
 
 
 def add_commands(subparsers, load_plan: Callable) -> None:
@@ -168,8 +169,12 @@ def add_tune_command(subparsers, load_plan: Callable | None = None) -> argparse.
     add_sweep_args(p, 1024, 256 * 1024 ** 2)
     p.add_argument("--protocols", type=lambda t: _list(t, str), default=("Simple", "LL"),
                    help="comma-separated: Simple, LL, LL128 (default Simple,LL)")
-    p.add_argument("--instances", type=lambda t: _list(t, int), default=(1, 2, 4),
-                   help="comma-separated instance counts (default 1,2,4)")
+    p.add_argument("--instances", type=lambda t: _list(t, int), default=DEFAULT_INSTANCES,
+                   help="comma-separated instance counts (default 1,2,4,8,16,32: those within "
+                        "--max-threadblocks)")
+    p.add_argument("--max-threadblocks", type=int, default=MAX_THREADBLOCKS, metavar="N",
+                   help=f"keep a plan only if no rank runs more than N threadblocks (default {MAX_THREADBLOCKS}: "
+                        "twice NCCL's 32 channels, fewer than an A100's or H100's SMs)")
     p.add_argument("--param", "-p", action="append", default=[], metavar="NAME=V1,V2",
                    help="values to try for an algorithm parameter (repeatable)")
     p.add_argument("--inplace", choices=("in", "out"), help="tune the in-place or out-of-place form")
@@ -205,7 +210,7 @@ def _tune(args) -> int:
             files += synthesized_files(args.files, topo, args.output or scratch)
             user = tune_params(files, args.param)
         result = tune(files, args.ranks, topo, requested, protocols=args.protocols, instances=args.instances,
-                      user_params=user, inplace=inplace)
+                      max_threadblocks=args.max_threadblocks, user_params=user, inplace=inplace)
     if args.output:
         write_plans(result, args.output)
     if args.json:

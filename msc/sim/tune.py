@@ -13,6 +13,16 @@ range starts at 0 and the last is open (max_bytes null), so every size has a
 plan; between two swept sizes with different winners the crossover is found
 by bisection (both plans simulated at the midpoint, in log scale).
 
+Instances: 1, 2, 4, 8, 16 and 32 (NCCL runs 16-32 channels on H100 and
+A100 machines), each kept only while the plan has at most
+MAX_THREADBLOCKS threadblocks on every rank (``max_threadblocks``): twice
+NCCL's 32 channels of one block each, since an msc threadblock serves one
+send and one receive peer where an NCCL block serves a ring's two or a
+tree's four, and fewer than an A100's 108 or an H100's 132 SMs, so each
+threadblock has an SM, as the cost model's per-threadblock rate assumes.
+Instances multiply a plan's threadblocks, so counts over the budget are
+skipped without lowering them.
+
 Cost: every candidate is simulated by the fast engine at every size (exact
 where no link is over-subscribed, else a lower bound: sharing only slows a
 transfer); the event engine then runs only where a bound could still beat
@@ -30,9 +40,10 @@ from pathlib import Path
 from msc.errors import AlgorithmError, LoweringError, MscError, UsageError
 from msc.ir.ops import DEFAULT_PROTOCOL, PROTOCOL_NAMES
 from msc.units import BUSBW_FACTOR, format_size
-from msc.sim.simulate import Simulator
 
 MAX_VARIANTS = 12
+DEFAULT_INSTANCES = (1, 2, 4, 8, 16, 32)
+MAX_THREADBLOCKS = 64        # per rank (the module's docstring says why)
 BISECT_ROUNDS = 6
 # The baseline "vs ring" column compares with: the library's ring (chain for broadcast), Simple, 1 instance.
 BASELINE = {"allreduce": "allreduce/ring", "allgather": "allgather/ring", "reducescatter": "reducescatter/ring",
@@ -48,7 +59,7 @@ class Candidate:
     protocol: str
     instances: int
     plan: object
-    sim: Simulator
+    sim: object                  # msc.sim.simulate.Simulator (imported where used: msc.cli reads this module)
     times: list = field(default_factory=list)      # seconds per swept size (exact, or a lower bound)
     known: list = field(default_factory=list)      # whether times[j] is exact
 
@@ -109,9 +120,10 @@ def variants(alg, topology, user: dict) -> list[dict]:
     return combos[:MAX_VARIANTS]
 
 
-def _candidates(path, alg, ranks, topology, protocols, instances, user, inplace, skipped, varied_keys=True):
+def _candidates(path, alg, ranks, topology, protocols, instances, user, inplace, skipped, varied_keys=True,
+                max_threadblocks=None):
     import msc
-    from msc.lower.pipeline import LowerOptions, lower
+    from msc.sim.simulate import Simulator
 
     out = []
     for params in variants(alg, topology, user):
@@ -125,21 +137,59 @@ def _candidates(path, alg, ranks, topology, protocols, instances, user, inplace,
         except (AlgorithmError, MscError) as exc:
             skipped.append(f"{alg.name} {params}: {str(exc).splitlines()[0]}")
             continue
-        for proto in protocols:
-            for inst in instances:
-                try:
-                    plan = lower(prog, LowerOptions(protocol=proto, instances=inst))
-                except (LoweringError, MscError) as exc:
-                    skipped.append(f"{alg.name} {params} {proto} x{inst}: {str(exc).splitlines()[0]}")
-                    continue
-                out.append(Candidate(alg.name, str(path), params, shown, proto, inst, plan,
-                                     Simulator(plan, topology)))
+        over = set()
+        for plan in _lowered(prog, protocols, instances, max_threadblocks, over,
+                             lambda why: skipped.append(f"{alg.name} {params} {why}")):
+            out.append(Candidate(alg.name, str(path), params, shown, plan.protocol, plan.instances, plan,
+                                 Simulator(plan, topology)))
+        if over:
+            skipped.append(f"{alg.name} {params}: x{', x'.join(map(str, sorted(over)))} would run over "
+                           f"{max_threadblocks} threadblocks per rank (--max-threadblocks)")
+    out.sort(key=lambda c: (protocols.index(c.protocol), c.instances))     # protocols first, as given
     return out
 
 
+def threadblocks(plan) -> int:
+    """The most threadblocks any rank of ``plan`` runs."""
+    return max((len(rp.threadblocks) for rp in plan.ranks), default=0)
+
+
+def _lowered(prog, protocols, instances, budget, over: set, skip):
+    """The plans of ``prog`` for each protocol and instance count within
+    ``budget`` threadblocks per rank (None: no budget); counts over it go
+    into ``over``. Instances multiply the threadblocks, so once one count
+    is lowered, larger ones over the budget are not. On msc's runtime (the
+    tuner's target) the protocol changes nothing but the plan's field
+    (its connections hold what the plan needs), so each count is lowered
+    once and relabelled for the other protocols."""
+    from dataclasses import replace
+
+    from msc.lower.pipeline import LowerOptions, lower
+
+    per_instance = None                 # threadblocks per rank and instance, once known
+    for inst in sorted(instances):
+        if budget is not None and per_instance is not None and per_instance * inst > budget:
+            over.add(inst)
+            continue
+        try:
+            plan = lower(prog, LowerOptions(protocol=protocols[0], instances=inst))
+        except (LoweringError, MscError) as exc:
+            skip(f"x{inst}: {str(exc).splitlines()[0]}")
+            continue
+        per_instance = threadblocks(plan) / inst
+        if budget is not None and threadblocks(plan) > budget:
+            over.add(inst)
+            continue
+        for proto in protocols:
+            yield plan if proto == plan.protocol else replace(plan, protocol=proto)
+
+
 def tune(files: list[str], ranks: int, topology, requested: list[int], *, protocols=("Simple", "LL"),
-         instances=(1, 2, 4), user_params: dict | None = None, inplace: bool | None = None,
-         refine: bool = True) -> TuneResult:
+         instances=DEFAULT_INSTANCES, max_threadblocks: int | None = MAX_THREADBLOCKS,
+         user_params: dict | None = None, inplace: bool | None = None, refine: bool = True) -> TuneResult:
+    """Every algorithm of ``files`` x parameter variations x ``protocols``
+    x ``instances`` (those within ``max_threadblocks`` per rank; None: no
+    budget) simulated at the ``requested`` sizes; the winners and ranges."""
     from msc.dsl.loader import load_algorithms
 
     if not files:
@@ -152,6 +202,8 @@ def tune(files: list[str], ranks: int, topology, requested: list[int], *, protoc
     for i in instances:
         if type(i) is not int or i < 1:
             raise UsageError(f"instance counts must be ints >= 1, got {i!r}")
+    if max_threadblocks is not None and (type(max_threadblocks) is not int or max_threadblocks < 1):
+        raise UsageError(f"the threadblock budget must be an int >= 1, got {max_threadblocks!r}")
     user = user_params or {}
     skipped, cands, collective = [], [], None
     for path in files:
@@ -164,7 +216,8 @@ def tune(files: list[str], ranks: int, topology, requested: list[int], *, protoc
             elif alg.collective.name != collective:
                 raise UsageError(f"tune compares algorithms of one collective: {alg.name} in {path} is "
                                  f"{alg.collective.name}, not {collective}")
-            cands += _candidates(path, alg, ranks, topology, protocols, instances, user, inplace, skipped)
+            cands += _candidates(path, alg, ranks, topology, protocols, instances, user, inplace, skipped,
+                                 max_threadblocks=max_threadblocks)
     if not cands:
         raise UsageError("no algorithm could be built at these settings:\n  " + "\n  ".join(skipped))
     baseline = _baseline(collective, ranks, topology, inplace, cands)
@@ -188,18 +241,38 @@ def _bounds(collective, topology, cands, winners, requested) -> list:
 def _simulate(cands, baseline, requested):
     """Times per size, exact where it matters. The fast engine gives every
     candidate's time without contention, a lower bound (sharing a link only
-    slows transfers); only candidates whose bound could still beat the best
-    two exact times get the event-driven simulation, so at each size the
-    winner and the runner-up are exact and the rest are bounds."""
+    slows transfers), raised to link_floor's where transfers did share;
+    only candidates whose bound could still beat the best two exact times
+    get the event-driven simulation, so at each size the winner and the
+    runner-up are exact and the rest are bounds."""
     everyone = cands + ([baseline] if baseline is not None and baseline not in cands else [])
     for c in everyone:
         res = c.sim.run(requested, engine="fast")
-        c.times = [r.seconds for r in res]
+        floor = link_floor(c.sim, requested)
+        c.times = [r.seconds if not r.contended else max(r.seconds, f) for r, f in zip(res, floor)]
         c.known = [not r.contended for r in res]
     for j in range(len(requested)):
         exact_best(cands, j, requested[j], count=2)
         if baseline is not None:
             baseline.exact(j, requested[j])
+
+
+def link_floor(sim, requested: list[int]) -> list[float]:
+    """Per size, a lower bound on ``sim``'s time where transfers share
+    links: the launch, then every byte the plan sends over its busiest
+    shared link at that link's full rate (max-min sharing never gives a
+    link more). The fast engine's time is a lower bound too; their maximum
+    is tighter where many flows share a NIC."""
+    import numpy as np
+
+    sends = sim.send_conn >= 0
+    per_conn = np.bincount(sim.send_conn[sends], weights=sim.sp.count[sends], minlength=len(sim.res))
+    load = np.zeros(len(sim.capacity))
+    for c, links in enumerate(sim.res):
+        for r in links:
+            load[r] += per_conn[c]
+    busiest = float(np.max(load / np.asarray(sim.capacity))) if len(load) else 0.0
+    return [sim.launch + busiest * sim.chunk_geometry(s)[2] for s in requested]
 
 
 def exact_best(cands, j: int, size: int, count: int = 1) -> list[float]:

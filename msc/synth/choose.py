@@ -7,8 +7,9 @@ the channels they are spread over and the instances in ways a link count
 cannot see. So candidates are written out, and msc.sim.tune simulates each
 piece count (Synthesizer.piece_choices) with its spreads (the program's
 ``spread`` parameter: msc.synth.spread_choices), both places to add children's parts
-(``add_on_arrival``, where the collective sums) and instance counts (1, 2,
-4), Simple protocol, at the size asked for; the fastest wins.
+(``add_on_arrival``, where the collective sums) and instance counts (msc
+tune's: 1 to 32 within its threadblock budget), Simple protocol, at the
+size asked for; the fastest wins.
 """
 from __future__ import annotations
 
