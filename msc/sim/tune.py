@@ -186,10 +186,13 @@ def _lowered(prog, protocols, instances, budget, over: set, skip):
 
 def tune(files: list[str], ranks: int, topology, requested: list[int], *, protocols=("Simple", "LL"),
          instances=DEFAULT_INSTANCES, max_threadblocks: int | None = MAX_THREADBLOCKS,
-         user_params: dict | None = None, inplace: bool | None = None, refine: bool = True) -> TuneResult:
+         user_params: dict | None = None, inplace: bool | None = None, refine: bool = True,
+         runner_up: bool = True) -> TuneResult:
     """Every algorithm of ``files`` x parameter variations x ``protocols``
     x ``instances`` (those within ``max_threadblocks`` per rank; None: no
-    budget) simulated at the ``requested`` sizes; the winners and ranges."""
+    budget) simulated at the ``requested`` sizes; the winners and ranges.
+    ``runner_up`` False: only the winners' times are made exact, and the
+    ring baseline is not simulated (for scripts that want the winners)."""
     from msc.dsl.loader import load_algorithms
 
     if not files:
@@ -220,8 +223,8 @@ def tune(files: list[str], ranks: int, topology, requested: list[int], *, protoc
                                  max_threadblocks=max_threadblocks)
     if not cands:
         raise UsageError("no algorithm could be built at these settings:\n  " + "\n  ".join(skipped))
-    baseline = _baseline(collective, ranks, topology, inplace, cands)
-    _simulate(cands, baseline, requested)
+    baseline = _baseline(collective, ranks, topology, inplace, cands) if runner_up else None
+    _simulate(cands, baseline, requested, exact=2 if runner_up else 1)
     winners = [min(range(len(cands)), key=lambda i: (cands[i].times[j], i)) for j in range(len(requested))]
     ranges = _ranges(requested, winners, cands, refine)
     return TuneResult(collective, ranks, topology.name, list(requested), cands, winners, ranges, baseline, skipped,
@@ -238,13 +241,14 @@ def _bounds(collective, topology, cands, winners, requested) -> list:
     return [b.seconds for b in lower_bound(collective, topology, at, root=cands[0].plan.root)]
 
 
-def _simulate(cands, baseline, requested):
+def _simulate(cands, baseline, requested, exact: int = 2):
     """Times per size, exact where it matters. The fast engine gives every
     candidate's time without contention, a lower bound (sharing a link only
     slows transfers), raised to link_floor's where transfers did share;
-    only candidates whose bound could still beat the best two exact times
-    get the event-driven simulation, so at each size the winner and the
-    runner-up are exact and the rest are bounds."""
+    only candidates whose bound could still beat the ``exact`` least exact
+    times get the event-driven simulation, so at each size the ``exact``
+    fastest (by default the winner and the runner-up) are exact and the
+    rest are bounds."""
     everyone = cands + ([baseline] if baseline is not None and baseline not in cands else [])
     for c in everyone:
         res = c.sim.run(requested, engine="fast")
@@ -252,7 +256,7 @@ def _simulate(cands, baseline, requested):
         c.times = [r.seconds if not r.contended else max(r.seconds, f) for r, f in zip(res, floor)]
         c.known = [not r.contended for r in res]
     for j in range(len(requested)):
-        exact_best(cands, j, requested[j], count=2)
+        exact_best(cands, j, requested[j], count=exact)
         if baseline is not None:
             baseline.exact(j, requested[j])
 
