@@ -14,16 +14,16 @@ sizes, and Edmonds' theorem says such a fractional packing exists; the
 remaining design freedom is which trees, which msc.synth.packing chooses by
 multiplicative weights on msc's own cost model (msc.sim.topology routes and
 shared links), in time polynomial in the ranks (no solver: each tree is one
-greedy pass over the n x n route prices).
+greedy pass over the n x n route prices, priced again after every edge up to
+64 ranks).
 
 Pieces are equal (they are chunks of the DSL), so the packing's fractions are
 multiples of 1/pieces: more pieces balance better and cost more messages;
 ``Synthesizer.fewest_good_pieces`` takes the fewest within PIECES_SLACK of the
 best. ``Synthesizer.piece_choices`` are the counts worth simulating: 1, 2, 4
 and 8, and 16 only where its packing beats 8's by more than PIECES_SLACK (a
-torus, whose best fractions are not eighths; elsewhere 16 pieces only add
-messages). Not
-covered: latency-bound sizes (a tree's depth is not minimized). Alltoall
+large torus, priced once per tree, whose best fractions are not eighths;
+elsewhere 16 pieces only add messages). Not covered: latency-bound sizes (a tree's depth is not minimized). Alltoall
 moves every pair's own data, which no tree shares: msc.synth.flows routes
 each piece straight or through a relay instead.
 """

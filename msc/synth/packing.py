@@ -20,6 +20,18 @@ is grown greedily from its root (Prim's rule on the directed graph: join
 the rank whose cheapest edge from the tree, or to it, costs least): the
 cheapest tree where a pair's price is the same both ways, a heuristic where
 it is not.
+
+Up to PER_EDGE_UP_TO ranks the prices follow every edge a tree adds (with
+its images under the symmetry), not only every tree: a tree then sees the
+load it puts on a link itself. Priced per tree, a symmetric tree is all or
+nothing: on nodes of GPUs joined by NICs, once a piece has crossed to the
+other node every rank there is cheaper to reach over NVLink, so each piece
+crossed once and a rank's NIC brought it only 1/16 of the data on two nodes
+of 8, where the cut bound wants NVLink and NIC both full (95% of the cut
+bound on dgx-h100:2, 99.6% priced per edge, 8 pieces); on a ring and a
+torus per-edge prices send pieces both ways round from 1 and 2 pieces on
+(ring:8 at 2 pieces: 87.5% -> 100%). Above PER_EDGE_UP_TO ranks a tree is
+priced once: per edge it costs n^2 prices per edge added.
 """
 from __future__ import annotations
 
@@ -35,6 +47,7 @@ from msc.sim.topology import Topology
 # link's: higher spreads load more evenly, lower keeps trees shallow. Each tree
 # packing is made at every one of these and the best kept (pack).
 SHARPNESS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
+PER_EDGE_UP_TO = 64          # ranks: up to here a tree's prices follow each edge it adds (the docstring says why)
 
 
 @dataclass(frozen=True)
@@ -133,7 +146,7 @@ class EdgeLinks:
 
 
 def pack(topology: Topology, roots: list[tuple[int, str]], pieces: int, *, edges: EdgeLinks | None = None,
-         symmetry=None, sharpness: tuple[float, ...] = SHARPNESS) -> Packing:
+         symmetry=None, sharpness: tuple[float, ...] = SHARPNESS, per_edge: bool | None = None) -> Packing:
     """``pieces`` trees for each (root, kind) of ``roots``, packed together
     (an allreduce packs its in trees and its out trees at once: both load
     the same links).
@@ -143,8 +156,12 @@ def pack(topology: Topology, roots: list[tuple[int, str]], pieces: int, *, edges
     images, and rank s's trees are their images under the symmetry taking 0
     to s. Every rank then does the same work in the same order, which the
     runtime's threadblocks, looping over their steps in lockstep, need to
-    stream without waiting on each other (msc.synth's docstring)."""
+    stream without waiting on each other (msc.synth's docstring).
+    ``per_edge``: price the trees after every edge (None: up to
+    PER_EDGE_UP_TO ranks; the module's docstring says why)."""
     edges = edges or EdgeLinks(topology)
+    if per_edge is None:
+        per_edge = edges.num_ranks <= PER_EDGE_UP_TO
     if symmetry is not None:
         maps = symmetry.link_maps
         roots = sorted({(0, kind) for _, kind in roots})
@@ -152,7 +169,8 @@ def pack(topology: Topology, roots: list[tuple[int, str]], pieces: int, *, edges
         maps = np.arange(edges.nlinks + 1)[None, :]
     # The whole packing at each sharpness; the one whose busiest link is least loaded (then
     # the most even) wins: no one sharpness suits every topology.
-    chosen, load = most_even(edges.capacity, (_pack_at(edges, roots, pieces, maps, sharp) for sharp in sharpness))
+    runs = (_pack_at(edges, roots, pieces, maps, sharp, per_edge) for sharp in sharpness)
+    chosen, load = most_even(edges.capacity, runs)
     perms = symmetry.perms if symmetry is not None else [None]
     trees = [Tree(root if perm is None else int(perm[root]), piece, kind,
                   tuple(tree_edges if perm is None else ((int(perm[a]), int(perm[b])) for a, b in tree_edges)))
@@ -160,19 +178,60 @@ def pack(topology: Topology, roots: list[tuple[int, str]], pieces: int, *, edges
     return Packing(load[:-1], edges.capacity, edges.names, trees=tuple(trees))
 
 
-def _pack_at(edges: EdgeLinks, roots, pieces: int, maps: np.ndarray, sharpness: float):
+def _pack_at(edges: EdgeLinks, roots, pieces: int, maps: np.ndarray, sharpness: float, per_edge: bool):
     """(root, piece, kind, edges) of every chosen tree, and the links' load (padding last)."""
     load = np.zeros(edges.nlinks + 1)
     chosen = []
     for piece in range(pieces):
         for root, kind in roots:
-            weight = link_weights(load[:-1], edges.capacity, sharpness)
-            orbit = np.append(weight, 0.0)[maps].sum(axis=0)           # a link's weight summed over its images
-            price = edges.prices(orbit[:-1])
-            tree_edges = grow(price if kind == "out" else price.T, root)
+            if per_edge:
+                tree_edges = grow_priced(edges, maps, load, sharpness, root, kind)
+            else:
+                price = edges.prices(orbit_weights(load, edges.capacity, maps, sharpness)[:-1])
+                tree_edges = grow(price if kind == "out" else price.T, root)
             chosen.append((root, piece, kind, tree_edges))
             load += _tree_load(edges, maps, tree_edges, kind)
     return chosen, load
+
+
+def orbit_weights(load: np.ndarray, capacity: np.ndarray, maps: np.ndarray, sharpness: float) -> np.ndarray:
+    """Each link's price per byte (link_weights) summed over its images under
+    the symmetry (``load`` and the result with the padding link last, 0)."""
+    weight = link_weights(load[:-1], capacity, sharpness)
+    return np.append(weight, 0.0)[maps].sum(axis=0)
+
+
+def grow_priced(edges: EdgeLinks, maps: np.ndarray, load: np.ndarray, sharpness: float, root: int,
+                kind: str) -> tuple[tuple[int, int], ...]:
+    """A spanning tree from ``root`` by Prim's rule, as grow, but priced
+    again after every edge with that edge's load (and its images') added,
+    so that the tree's own edges make a link dearer (module docstring)."""
+    n = edges.num_ranks
+    load = load.copy()
+    # route[u, v]: the links a piece crosses going from parent u to child v (an in tree sends child -> parent)
+    route = edges.links if kind == "out" else edges.links.transpose(1, 0, 2)
+    reach = edges.connected if kind == "out" else edges.connected.T
+    members, joined, out = [root], np.zeros(n, dtype=bool), []
+    joined[root] = True
+    padded = np.zeros(edges.nlinks + 1)                  # the weights, and 0 for the padding link
+    for _ in range(n - 1):
+        padded[:-1] = link_weights(load[:-1], edges.capacity, sharpness)
+        orbit = padded if len(maps) == 1 else padded[maps].sum(axis=0)
+        price = orbit[route[members]].sum(axis=2)
+        price[~reach[members] | joined[None, :]] = np.inf
+        at = int(np.argmin(price))
+        if not np.isfinite(price.flat[at]):
+            lost = np.flatnonzero(~joined).tolist()
+            raise UsageError(f"no route reaches rank(s) {', '.join(map(str, lost))} from the ranks rank {root}'s "
+                             f"tree spans ({', '.join(map(str, np.flatnonzero(joined).tolist()))}): the topology "
+                             f"is not connected that way")
+        parent, child = members[at // n], at % n
+        out.append((parent, child))
+        members.append(child)
+        joined[child] = True
+        np.add.at(load, maps[:, route[parent, child]].ravel(), 1.0)
+        load[-1] = 0.0
+    return tuple(out)
 
 
 def _tree_load(edges: EdgeLinks, maps: np.ndarray, tree_edges, kind: str) -> np.ndarray:
