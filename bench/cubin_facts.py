@@ -208,7 +208,12 @@ _NOTE = re.compile(r'\s*\(\*"([^"]*)"\*\)')
 
 def disassemble(cubin: Path) -> dict[str, Function]:
     """nvdisasm's SASS of every function, by short name (``msc_kernel``, ``combine``, ``tb_3``, ...)."""
-    text = _run("nvdisasm", "-c", str(cubin))
+    return parse_sass(_run("nvdisasm", "-c", str(cubin)))
+
+
+def parse_sass(text: str) -> dict[str, Function]:
+    """Functions of nvdisasm's text: ``.type name,@function`` headers, ``.L_x_N:`` labels and
+    ``/*addr*/ [@pred] OPCODE args ;`` lines."""
     funcs: dict[str, Function] = {}
     cur: Function | None = None
     pending: list[str] = []
@@ -286,39 +291,39 @@ def loads_before_first_use(fn: Function) -> list[int]:
 
 
 def _most_loads_on_a_path(fn: Function, body: list[Instr], head: int, last: int) -> int:
+    """Forward over the loop's body in program order (a topological order of its forward branches;
+    inner loops' back edges are not followed), carrying each path's (loads issued, registers they
+    wrote) into its successors; paths that reach the same instruction in the same state merge, so
+    the work is linear in the body (at most STATES states per instruction, the most loads kept)."""
     at = {ins.addr: k for k, ins in enumerate(body)}
+    states: dict[int, set] = {0: {(0, frozenset())}}
     best = 0
-    stack = [(0, 0, frozenset(), frozenset())]          # (index in body, issued, loaded registers, visited)
-    while stack:
-        k, issued, loaded, seen = stack.pop()
-        while k < len(body):
-            ins = body[k]
-            if k in seen:                              # an inner loop: this path has been followed
-                break
-            seen = seen | {k}
-            defs, uses = _defs_uses(ins)
-            if uses & loaded:
-                break
-            if ins.base in ("LD", "LDG") and ins.width == 16:
-                issued += 1
-                loaded = loaded | defs
-            else:
-                loaded = loaded - defs
-            if ins.base in ("RET", "EXIT"):
-                break
+    for k, ins in enumerate(body):
+        here = states.pop(k, set())
+        defs, uses = _defs_uses(ins)
+        wide_load = ins.base in ("LD", "LDG") and ins.width == 16
+        for issued, loaded in here:
+            if uses & loaded or ins.base in ("RET", "EXIT"):
+                best = max(best, issued)
+                continue
+            state = (issued + 1, loaded | defs) if wide_load else (issued, loaded - defs)
+            nexts = [k + 1]
             if ins.base == "BRA":
                 target = _branch_target(fn, ins)
-                inside = target is not None and head < target <= last and target in at
-                if ins.pred and inside:
-                    stack.append((at[target], issued, loaded, seen))
-                if not ins.pred:
-                    if not inside:                     # the back edge, or out of the loop
-                        break
-                    k = at[target]
-                    continue
-            k += 1
-        best = max(best, issued)
+                inside = target is not None and head < target <= last and target in at and at[target] > k
+                nexts = ([k + 1] if ins.pred else []) + ([at[target]] if inside else [])
+            if not nexts or nexts == [len(body)]:
+                best = max(best, state[0])
+            for n in nexts:
+                if n < len(body):
+                    states.setdefault(n, set()).add(state)
+        for n, st in states.items():
+            if len(st) > STATES:
+                states[n] = set(sorted(st, key=lambda x: -x[0])[:STATES])
     return best
+
+
+STATES = 64
 
 
 def release_fences(fn: Function) -> list[tuple[str, int]]:
@@ -437,7 +442,7 @@ def cubin_facts(cubin: bytes, *, arch: str, protocol: str, nthreads: int, ptxas_
         ld128_before_first_use=per_fn.get("combine", {}).get("ld128_before_first_use", 0),
         membar_sys_per_release=max((f["membar_sys_per_release"] for f in per_fn.values()), default=0),
         spin_l1_invalidations=max((f["l1_invalidations_in_loops"] for n, f in per_fn.items()
-                                   if n.startswith(("wait_until", "spin_packet"))), default=0),
+                                   if n.startswith(("wait_until", "wait_counter", "spin_packet"))), default=0),
     )
     if ptxas_log is not None:
         rep = parse_ptxas(ptxas_log)

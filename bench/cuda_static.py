@@ -45,7 +45,7 @@ reads the cubin with cuobjdump and nvdisasm from pip wheels
   (``STG.E.64.STRONG.SYS``/``.GPU``), the most for one release, over the
   kernel's functions;
 - L1 invalidations per spin: ``CCTL.IVALL`` inside the loops of the spin
-  functions (``wait_until<..>``, ``spin_packet``): an acquire load in a spin
+  functions (``wait_until<..>``, now ``wait_counter``, and ``spin_packet``): an acquire load in a spin
   loop invalidates the SM's L1 at every poll.
 
 Goals, PASS/FAIL per kernel: no spills; no LDL/STL in the element loops;
@@ -361,7 +361,7 @@ def main(argv=None) -> int:
           "in `combine`'s innermost vector loop (per-16-byte overhead); 128-bit loads a thread issues in "
           "`combine`'s loops before the first instruction that uses loaded data (the most on one path through a "
           "loop); system fences (`MEMBAR.*.SYS`) before a counter's release store (the most for one release); "
-          "L1 invalidations (`CCTL.IVALL`) inside the spin loops of `wait_until`/`spin_packet`.", "",
+          "L1 invalidations (`CCTL.IVALL`) inside the spin loops of `wait_counter` (`wait_until` before issue 26) and `spin_packet`.", "",
           md_table(rows), "", "Goals:", ""] + [f"- {line}" for line in summary] + [""]
     base.with_suffix(".md").write_text("\n".join(md))
     print(f"# wrote {base}.json and .md")
