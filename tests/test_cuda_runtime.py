@@ -37,8 +37,8 @@ from library import algorithms
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _plan(key: str, n: int, inplace: bool | None = None, protocol: str = "Simple"):
-    return lower(msc.trace(algorithms()[key], n, inplace=inplace), LowerOptions(protocol=protocol))
+def _plan(key: str, n: int, inplace: bool | None = None, protocol: str = "Simple", instances: int = 1):
+    return lower(msc.trace(algorithms()[key], n, inplace=inplace), LowerOptions(protocol=protocol, instances=instances))
 
 
 def _t(numel=8, dtype="float32", device="cuda:0", contiguous=True, ptr=0x10000, itemsize=4):
@@ -756,3 +756,22 @@ def test_launch_failures_are_classified(fake_gpu, monkeypatch):
     with pytest.raises(BrokenCommunicatorError):
         comm.all_reduce(xs)
 
+
+
+def test_the_one_gpu_bound_counts_every_byte_the_kernel_moves():
+    """bench/cuda_goals.py: the ring's kernel reads and writes 6n-4 rank-buffers of device memory per
+    call (5.5 bytes per byte per rank at n = 8), so the virtual placement's busbw is at most
+    4(n-1)/(n(6n-4)) of the copy bandwidth; the reviewer's 2(n-1)/n^2 is the bound for T = 2n."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("cuda_goals", Path(__file__).parent.parent / "bench" / "cuda_goals.py")
+    goals = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(goals)
+    for n in (2, 4, 8):
+        bounds = goals.one_gpu_bounds(_plan("allreduce/ring:ring", n))
+        assert bounds["traffic"] == 6 * n - 4
+        assert bounds["kernel"] == pytest.approx(4 * (n - 1) / (n * (6 * n - 4)))
+        assert bounds["ideal"] == pytest.approx(2 * (n - 1) / n ** 2)
+    assert goals.one_gpu_bounds(_plan("allreduce/ring:ring", 8))["ideal"] == pytest.approx(0.21875)
+    # instances split chunks, not bytes: the same traffic
+    assert goals.kernel_traffic(_plan("allreduce/ring:ring", 8, instances=4)) == 44
