@@ -52,6 +52,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))          # library plans and the executor check (tests/cudaboot.py)
 sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT))                    # this checkout's msc, installed or not (a GPU machine without pip)
 
 TOTAL_S = 480                    # the whole run: 8 minutes
 CAPS = {"environment": 20, "compile": 150, "correctness": 120, "behaviour": 50, "headline": 140}

@@ -139,6 +139,25 @@ def ipc_case(rank: int, n: int) -> dict:
             "conns": len([c for c in conns if c["slots"]])}
 
 
+def shared_gpu_case(rank: int, n: int) -> str:
+    """GPU only: both processes on GPU 0 make a call; the bootstrap refuses it on every rank."""
+    import torch
+
+    from msc.cuda.runtime import Communicator
+
+    plan, _ = runtime_layout("allreduce/ring:ring", n)
+    torch.cuda.set_device(0)
+    comm = Communicator(plan, "torchrun", timeout_s=5)
+    try:
+        comm.all_reduce(torch.ones(1024, device="cuda"))
+        comm.synchronize()
+        return "no error"
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        comm.close()
+
+
 # -- a fake GPU under the runtime (CPU tests of msc.cuda.runtime) -------------------------------
 class FakeMemory:
     """Device memory as bytearrays at fake addresses."""
