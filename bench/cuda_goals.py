@@ -203,7 +203,7 @@ def _devices_record(comm, size: int, args, backend: str) -> dict:
     n = comm.plan.num_ranks
     count = size // 2
     where = [("cpu" if backend == "emu" else f"cuda:{r}") for r in range(n)]
-    ins = [torch.randint(1, 9, (count,), device=where[r]).to(torch.bfloat16) for r in range(n)]
+    ins = [torch.randint(1, 9, (count,), device=where[r], dtype=torch.int16).to(torch.bfloat16) for r in range(n)]
     want = torch.stack([x.to(where[0]) for x in ins]).sum(0).to(torch.bfloat16)
     got = [x.clone() for x in ins]
     comm.all_reduce(got)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+from dataclasses import dataclass
 
 from msc.errors import UsageError
 
@@ -184,10 +185,9 @@ def bench(plan, *, min_bytes, max_bytes, factor: int = 2, iters: int = 20, warmu
 
     from msc.cuda.backend import choose
     from msc.cuda.runtime import Communicator
-    from msc.cuda.validate import check_op, units
+    from msc.cuda.validate import check_op
     from msc.dsl.collectives import get_collective
-    from msc.units import BUSBW_FACTOR, TYPES, parse_dtype, parse_size, sizes
-    from msc.verification import reference
+    from msc.units import TYPES, parse_dtype, parse_size, sizes
 
     runtime = choose(backend)
     runtime.require()
@@ -199,48 +199,75 @@ def bench(plan, *, min_bytes, max_bytes, factor: int = 2, iters: int = 20, warmu
     if host and graphs:
         raise UsageError("CUDA graphs need a GPU: the emulated device times plain calls (-G 0)")
     tname, dt = parse_dtype(dtype)
-    tdtype = _torch_dtype(tname)
-    coll = get_collective(plan.collective)
     dev = _bind(device, host)
     kernel_dtype = TYPES[tname]
     comm = Communicator(plan, "virtual", None if host else dev, device=runtime.name, timeout_s=timeout_s,
                         dtypes=(kernel_dtype,), ops=(check_op(plan, op, kernel_dtype),))
-    where = "cpu" if host else dev
-    n = plan.num_ranks
-    in_units, out_units = units(plan)
-    reducing = coll.name in reference.REDUCING
-    busbw = BUSBW_FACTOR[coll.name](n)
-    rng = np.random.default_rng(seed)
-    records = []
+    run = _Run(comm, plan, get_collective(plan.collective), tname, dt, _torch_dtype(tname), op, check, seed, iters,
+               warmup, graphs, host, "cpu" if host else dev, baselines, np.random.default_rng(seed))
     try:
-        for requested in sizes(parse_size(min_bytes), parse_size(max_bytes), factor):
-            count = requested // (dt.itemsize * max(in_units, out_units))
-            size = count * max(in_units, out_units) * dt.itemsize
-            ins, outs = _tensors(n, in_units * count, out_units * count, tdtype, where)
-            call = _call(comm, plan, coll, ins, outs, count)
-            wrong = [0] * n
-            if check == "device":
-                wrong = check_on_device(comm, count, op, tdtype, where, seed)
-            elif check:
-                wrong = _check(comm, plan, coll, rng, dt, op, n, count, in_units, out_units, None if host else dev)
-            t = _timed(lambda: call(op), iters, warmup, graphs, host, comm.synchronize) if count else 0.0
-            rec = {"size": size, "count": count, "type": tname, "redop": op if reducing else "none",
-                   "root": plan.root if coll.has_root else -1, "time": t,
-                   "algbw": size / t / 1e3 if t > 0 else 0.0, "wrong": sum(wrong), "wrong_per_rank": wrong,
-                   "inplace": plan.inplace, "requested_size": requested, "rounded": size != requested,
-                   "graph_replays": graphs}
-            rec["busbw"] = rec["algbw"] * busbw
-            if baselines and count:
-                rec.update(_baseline_times(coll.name, plan.root, ins, outs, op if reducing else "sum", size, t, iters,
-                                           warmup, where, host))
-            records.append(rec)
+        records = [_record(run, requested) for requested in sizes(parse_size(min_bytes), parse_size(max_bytes),
+                                                                   factor)]
         comm.synchronize()
     finally:
         comm.close()
-    return {"plan": plan.name, "collective": plan.collective, "ranks": n, "protocol": plan.protocol,
+    return {"plan": plan.name, "collective": plan.collective, "ranks": plan.num_ranks, "protocol": plan.protocol,
             "backend": runtime.name, "placement": placement, "inplace": plan.inplace,
             "environment": environment(dev) if not host else host_environment(),
             "wrong": sum(r["wrong"] for r in records), "records": records}
+
+
+@dataclass(frozen=True)
+class _Run:
+    """One benchmark's communicator and options (bench's arguments, resolved)."""
+
+    comm: object
+    plan: object
+    coll: object
+    tname: str
+    dt: object                # the numpy dtype
+    tdtype: object            # the torch dtype
+    op: str
+    check: bool | str
+    seed: int
+    iters: int
+    warmup: int
+    graphs: int
+    host: bool
+    where: object             # a GPU index, or "cpu" (the emulated device)
+    baselines: bool
+    rng: object
+
+
+def _record(run: _Run, requested: int) -> dict:
+    """One size: checked once (``run.check``), timed, and the baselines beside it."""
+    from msc.cuda.validate import units
+    from msc.units import BUSBW_FACTOR
+    from msc.verification import reference
+
+    plan, coll, comm, n = run.plan, run.coll, run.comm, run.plan.num_ranks
+    in_units, out_units = units(plan)
+    count = requested // (run.dt.itemsize * max(in_units, out_units))
+    size = count * max(in_units, out_units) * run.dt.itemsize
+    ins, outs = _tensors(n, in_units * count, out_units * count, run.tdtype, run.where)
+    call = _call(comm, plan, coll, ins, outs, count)
+    wrong = [0] * n
+    if run.check == "device":
+        wrong = check_on_device(comm, count, run.op, run.tdtype, run.where, run.seed)
+    elif run.check:
+        wrong = _check(comm, plan, coll, run.rng, run.dt, run.op, n, count, in_units, out_units,
+                       None if run.host else run.where)
+    t = _timed(lambda: call(run.op), run.iters, run.warmup, run.graphs, run.host, comm.synchronize) if count else 0.0
+    reducing = coll.name in reference.REDUCING
+    rec = {"size": size, "count": count, "type": run.tname, "redop": run.op if reducing else "none",
+           "root": plan.root if coll.has_root else -1, "time": t, "algbw": size / t / 1e3 if t > 0 else 0.0,
+           "wrong": sum(wrong), "wrong_per_rank": wrong, "inplace": plan.inplace, "requested_size": requested,
+           "rounded": size != requested, "graph_replays": run.graphs}
+    rec["busbw"] = rec["algbw"] * BUSBW_FACTOR[coll.name](n)
+    if run.baselines and count:
+        rec.update(_baseline_times(coll.name, plan.root, ins, outs, run.op if reducing else "sum", size, t, run.iters,
+                                   run.warmup, run.where, run.host))
+    return rec
 
 
 def _bind(device: int | None, host: bool) -> int | None:
@@ -402,7 +429,9 @@ def check_on_device(comm, count: int, op: str, tdtype, where, seed: int = 0) -> 
         raise UsageError(f"an on-device check sums up to {n} x 8: not exact in bfloat16 beyond 31 ranks")
     in_units, out_units = units(plan)
     gen = torch.Generator(device=where).manual_seed(seed)
-    ins = [torch.randint(1, 9, (in_units * count,), generator=gen, device=where).to(tdtype) for _ in range(n)]
+    ints = torch.int16 if tdtype.itemsize <= 2 else torch.int32          # no int64 temporary (1 GB ranks)
+    ins = [torch.randint(1, 9, (in_units * count,), generator=gen, device=where, dtype=ints).to(tdtype)
+           for _ in range(n)]
     want = [torch.empty(out_units * count, dtype=tdtype, device=where) for _ in range(n)]
     torch_collective(coll.name, ins, want, op, plan.root)
     outs = [torch.empty(out_units * count, dtype=tdtype, device=where) for _ in range(n)]
