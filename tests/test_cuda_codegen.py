@@ -139,7 +139,7 @@ def test_ring_source_has_its_fused_steps_with_constants_folded():
 def test_ll_source_uses_flagged_packets_and_table_form_a_step_table():
     plan = plan_for("allgather/ring:ring", 4, "LL")
     ll, _ = render(plan, dtype="float32", form="straight")
-    assert "st_packet(" in ll and "get_packet(" in ll and "transport_simple" not in ll
+    assert "st_packet(" in ll and "spin_packet(" in ll and "transport_simple" not in ll
     table, _ = render(plan, dtype="float32", form="table")
     assert "const int* p = b.a->steps + b.start;" in table and "tb_0(" not in table and "MSC_TBS" not in table
 
