@@ -19,7 +19,7 @@ from msc.executor import run_collective
 from msc.lower import LowerOptions, lower
 from msc.verification import reference
 
-ALGORITHMS = algorithms()
+ALGORITHMS = algorithms(light=False)
 COLLECTIVES = ("allgather", "reducescatter", "allreduce")
 
 
