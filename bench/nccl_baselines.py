@@ -63,7 +63,7 @@ def measure(job) -> dict:
     from msc.lower.pipeline import LowerOptions, lower
     from msc.sim.bound import lower_bound
     from msc.sim.simulate import Simulator
-    from msc.sim.topology import get_topology
+    from msc.sim.presets import get_topology
 
     spec, n, collective, key, protocols = job
     alg = algorithm(collective, key)
