@@ -208,7 +208,12 @@ _NOTE = re.compile(r'\s*\(\*"([^"]*)"\*\)')
 
 def disassemble(cubin: Path) -> dict[str, Function]:
     """nvdisasm's SASS of every function, by short name (``msc_kernel``, ``combine``, ``tb_3``, ...)."""
-    text = _run("nvdisasm", "-c", str(cubin))
+    return parse_sass(_run("nvdisasm", "-c", str(cubin)))
+
+
+def parse_sass(text: str) -> dict[str, Function]:
+    """Functions of nvdisasm's text: ``.type name,@function`` headers, ``.L_x_N:`` labels and
+    ``/*addr*/ [@pred] OPCODE args ;`` lines."""
     funcs: dict[str, Function] = {}
     cur: Function | None = None
     pending: list[str] = []
@@ -239,6 +244,103 @@ def disassemble(cubin: Path) -> dict[str, Function]:
     return funcs
 
 
+# -- registers an instruction reads and writes (enough of SASS's operand syntax for the detectors) ----
+_REG = re.compile(r"\bR(\d+)(\.64)?\b")
+_STORES = ("ST", "STG", "STS", "STL", "ATOM", "ATOMG", "RED", "REDG")
+
+
+def _regs(text: str, width: int = 4) -> set[int]:
+    """The general registers an operand text names (``R4.64`` is R4 and R5); ``width`` bytes for the first."""
+    out = set()
+    for m in _REG.finditer(text):
+        n = 2 if m.group(2) else 1
+        out.update(range(int(m.group(1)), int(m.group(1)) + n))
+    return out
+
+
+def _defs_uses(ins: Instr) -> tuple[set[int], set[int]]:
+    """(registers written, registers read) by one instruction: the first operand is the destination,
+    except for stores and reductions, which only read."""
+    if ins.base in _STORES or "," not in ins.args:
+        return set(), _regs(ins.args)
+    dest, _, rest = ins.args.partition(",")
+    m = _REG.search(dest)
+    if m is None:                                # a predicate or uniform destination
+        return set(), _regs(rest)
+    first, count = int(m.group(1)), (max(1, ins.width // 4) if ins.base in ("LD", "LDG", "LDS", "LDL") else
+                                     (2 if m.group(2) else 1))
+    return set(range(first, first + count)), _regs(rest)
+
+
+def _branch_target(fn: Function, ins: Instr) -> int | None:
+    m = re.search(r"\(\s*(\.L_x_\d+)\s*\)", ins.args)
+    return fn.labels.get(m.group(1)) if m else None
+
+
+def loads_before_first_use(fn: Function) -> list[int]:
+    """Per loop holding 128-bit loads: the most 128-bit loads a thread issues on one path from the
+    loop's head before the first instruction that reads a register one of them wrote (loads in flight
+    per thread before the first arithmetic, conversion or store of loaded data). Paths follow the
+    branches inside the loop (a predicated branch both ways); predicated loads count as issued."""
+    out = []
+    for a, b in fn.loops():
+        body = [i for i in fn.instrs if a <= i.addr <= b]
+        if any(i.base in ("LD", "LDG") and i.width == 16 for i in body):
+            out.append(_most_loads_on_a_path(fn, body, a, b))
+    return out
+
+
+def _most_loads_on_a_path(fn: Function, body: list[Instr], head: int, last: int) -> int:
+    """Forward over the loop's body in program order (a topological order of its forward branches;
+    inner loops' back edges are not followed), carrying each path's (loads issued, registers they
+    wrote) into its successors; paths that reach the same instruction in the same state merge, so
+    the work is linear in the body (at most STATES states per instruction, the most loads kept)."""
+    at = {ins.addr: k for k, ins in enumerate(body)}
+    states: dict[int, set] = {0: {(0, frozenset())}}
+    best = 0
+    for k, ins in enumerate(body):
+        here = states.pop(k, set())
+        defs, uses = _defs_uses(ins)
+        wide_load = ins.base in ("LD", "LDG") and ins.width == 16
+        for issued, loaded in here:
+            if uses & loaded or ins.base in ("RET", "EXIT"):
+                best = max(best, issued)
+                continue
+            state = (issued + 1, loaded | defs) if wide_load else (issued, loaded - defs)
+            nexts = [k + 1]
+            if ins.base == "BRA":
+                target = _branch_target(fn, ins)
+                inside = target is not None and head < target <= last and target in at and at[target] > k
+                nexts = ([k + 1] if ins.pred else []) + ([at[target]] if inside else [])
+            if not nexts or nexts == [len(body)]:
+                best = max(best, state[0])
+            for n in nexts:
+                if n < len(body):
+                    states.setdefault(n, set()).add(state)
+        for n, st in states.items():
+            if len(st) > STATES:
+                states[n] = set(sorted(st, key=lambda x: -x[0])[:STATES])
+    return best
+
+
+STATES = 64
+
+
+def release_fences(fn: Function) -> list[tuple[str, int]]:
+    """Per 64-bit strong store (a counter's release: ``STG.E.64.STRONG.SYS``/``.GPU``): its opcode and
+    the system-scope fences (``MEMBAR.*.SYS``) issued since the previous barrier or release store."""
+    out, sys_fences = [], 0
+    for ins in fn.instrs:
+        if ins.base == "BAR":
+            sys_fences = 0
+        elif ins.base == "MEMBAR" and "SYS" in ins.mods:
+            sys_fences += 1
+        elif ins.base in ("ST", "STG") and ins.width == 8 and "STRONG" in ins.mods and {"SYS", "GPU"} & set(ins.mods):
+            out.append((ins.op, sys_fences))
+            sys_fences = 0
+    return out
+
+
 def memory_facts(fn: Function) -> dict:
     """Local-memory, spill and 128-bit global/generic access counts of one function."""
     loops = fn.loops()
@@ -265,6 +367,11 @@ def memory_facts(fn: Function) -> dict:
         vector_loop_other_loads=len(overhead),
         vector_loop_other_load_ops=sorted({i.op for i in overhead}),
         calls_in_loops=sum(i.base == "CALL" and fn.in_loop(i, loops) for i in fn.instrs),
+        ld128_before_first_use=max(loads_before_first_use(fn), default=0),
+        releases=[op for op, _ in release_fences(fn)],
+        membar_sys_per_release=max((n for _, n in release_fences(fn)), default=0),
+        membar_sys=sum(i.base == "MEMBAR" and "SYS" in i.mods for i in fn.instrs),
+        l1_invalidations_in_loops=sum(i.base == "CCTL" and fn.in_loop(i, loops) for i in fn.instrs),
     )
 
 
@@ -331,6 +438,11 @@ def cubin_facts(cubin: bytes, *, arch: str, protocol: str, nthreads: int, ptxas_
         spill_store_bytes_sass=sum(f["spill_store_bytes"] for f in per_fn.values()),
         spill_load_bytes_sass=sum(f["spill_load_bytes"] for f in per_fn.values()),
         ldl=sum(f["ldl"] for f in per_fn.values()), stl=sum(f["stl"] for f in per_fn.values()),
+        # loads in flight in the element loop; fences per counter release; L1 invalidations per spin
+        ld128_before_first_use=per_fn.get("combine", {}).get("ld128_before_first_use", 0),
+        membar_sys_per_release=max((f["membar_sys_per_release"] for f in per_fn.values()), default=0),
+        spin_l1_invalidations=max((f["l1_invalidations_in_loops"] for n, f in per_fn.items()
+                                   if n.startswith(("wait_until", "wait_counter", "spin_packet"))), default=0),
     )
     if ptxas_log is not None:
         rep = parse_ptxas(ptxas_log)
@@ -351,4 +463,11 @@ def goals(facts: dict, protocol: str) -> dict[str, bool | None]:
         "no_local_in_loop": bool(loop) and loop["ldl_in_loops"] == 0 and loop["stl_in_loops"] == 0,
         "blocks_ge_2": facts["blocks_per_sm"] >= 2 if simple else None,
         "vec128": (bool(loop) and loop["ld128_in_loops"] > 0 and loop["st128_in_loops"] > 0) if simple else None,
+        "loads_in_flight": facts["ld128_before_first_use"] >= MIN_LOADS_IN_FLIGHT if simple else None,
+        "one_sys_fence": facts["membar_sys_per_release"] <= 1,
     }
+
+
+# The static gates' thresholds: 128-bit loads a thread has in flight before it first uses one in
+# Simple's element loop (4 per operand, 2 operands: a slot and a source), and system fences per release.
+MIN_LOADS_IN_FLIGHT = 8

@@ -35,11 +35,23 @@ reads the cubin with cuobjdump and nvdisasm from pip wheels
 - 128-bit global or generic loads and stores (``LDG.E.128``/``LD.E.128``,
   ``STG.E.128``/``ST.E.128``, with any further suffixes) inside ``combine``'s
   loops, and the other loads in its innermost vector loop (per-16-byte
-  overhead: operand tables, MscArgs fields).
+  overhead: operand tables, MscArgs fields);
+- loads in flight: the 128-bit loads a thread issues in ``combine``'s loops
+  before the first instruction that reads a loaded register (the most on one
+  path through a loop, branches followed both ways; register use read from
+  the SASS operands);
+- fences per release: ``MEMBAR.*.SYS`` instructions between the previous
+  barrier (or release) and each 64-bit strong store of a counter
+  (``STG.E.64.STRONG.SYS``/``.GPU``), the most for one release, over the
+  kernel's functions;
+- L1 invalidations per spin: ``CCTL.IVALL`` inside the loops of the spin
+  functions (``wait_until<..>``, now ``wait_counter``, and ``spin_packet``): an acquire load in a spin
+  loop invalidates the SM's L1 at every poll.
 
 Goals, PASS/FAIL per kernel: no spills; no LDL/STL in the element loops;
 >= 2 blocks per SM (Simple); 128-bit loads and stores in combine's loops
-(Simple). Prints the table and writes bench/results/cuda-static-<date>.json
+(Simple); >= 8 128-bit loads in flight before the first use (Simple: 4 per
+operand, a slot and a source); <= 1 MEMBAR.SYS per release. Prints the table and writes bench/results/cuda-static-<date>.json
 and .md (with the tool, NVRTC and package versions, the commit and the
 command). Exits 0 whatever the goals say (it reports them), 2 when the tools
 are missing, 3 when the templates changed while it ran (the kernels would mix
@@ -73,9 +85,13 @@ PROTOCOLS = ("Simple", "LL")
 FORMS = ("straight", "table")
 DTYPES = ("float32", "bfloat16")
 RANKS = 8
-GOALS = ("no_spills", "no_local_in_loop", "blocks_ge_2", "vec128")
+GOALS = ("no_spills", "no_local_in_loop", "blocks_ge_2", "vec128", "loads_in_flight", "one_sys_fence")
 GOAL_TITLES = {"no_spills": "no spills", "no_local_in_loop": "no LDL/STL in element loop",
-               "blocks_ge_2": ">= 2 blocks/SM (Simple)", "vec128": "128-bit ld/st in combine (Simple)"}
+               "blocks_ge_2": ">= 2 blocks/SM (Simple)", "vec128": "128-bit ld/st in combine (Simple)",
+               "loads_in_flight": ">= 8 128-bit loads before the first use in combine (Simple)",
+               "one_sys_fence": "<= 1 MEMBAR.SYS per counter release"}
+GOAL_SHORT = {"no_spills": "spills", "no_local_in_loop": "loop", "blocks_ge_2": "2", "vec128": "vec128",
+              "loads_in_flight": "mlp8", "one_sys_fence": "fence1"}
 
 
 def cases(quick: bool) -> list[tuple]:
@@ -177,7 +193,7 @@ def compact(facts: dict) -> dict:
 # -- the table ---------------------------------------------------------------------------------
 COLUMNS = ("plan", "proto", "form", "dtype", "arch", "thr", "regs", "stack B", "local B", "spill st/ld B",
            "spilled in", "blocks/SM", "loop fn LDL/STL in loops (all)", "kernel LDL/STL", "combine 128-bit ld/st",
-           "vector-loop other loads", "goals")
+           "vector-loop other loads", "ld128 before use", "MEMBAR.SYS/release", "L1 inval/spin", "goals")
 
 
 def _mark(v) -> str:
@@ -196,15 +212,16 @@ def row(f: dict) -> list[str]:
         vec = f"{comb['ld128_in_loops']}/{comb['st128_in_loops']} ({kinds})"
     other = (f"{comb['vector_loop_other_loads']} ({', '.join(comb['vector_loop_other_load_ops'])})"
              if f["protocol"] == "Simple" and comb else "-")
-    goals = " ".join(f"{g.split('_')[-1] if g != 'no_local_in_loop' else 'loop'}:{_mark(v)}"
-                     for g, v in f["goals"].items() if v is not None)
+    goals = " ".join(f"{GOAL_SHORT[g]}:{_mark(v)}" for g, v in f["goals"].items() if v is not None)
     return [f["plan"].split(":")[0], f["protocol"], f["form"], f["dtype"], f["arch"], str(f["nthreads"]),
             str(f["registers"]), str(f["stack"]), str(f["local"]),
             f"{f['spill_store_bytes']}/{f['spill_load_bytes']}", ", ".join(where) or "-",
             f"{f['blocks_per_sm']} ({f['occupancy_limiter']})",
             f"{f['loop_function']}: {loop.get('ldl_in_loops', '?')}/{loop.get('stl_in_loops', '?')} "
             f"({loop.get('ldl', '?')}/{loop.get('stl', '?')})",
-            f"{f['ldl']}/{f['stl']}", vec, other, goals]
+            f"{f['ldl']}/{f['stl']}", vec, other,
+            str(f["ld128_before_first_use"]) if f["protocol"] == "Simple" else "-",
+            str(f["membar_sys_per_release"]), str(f["spin_l1_invalidations"]), goals]
 
 
 def text_table(rows: list[list[str]]) -> str:
@@ -341,7 +358,10 @@ def main(argv=None) -> int:
           f"for {meta['ptxas_checked']} kernels: {len(disagree)} disagree); blocks/SM from the register count "
           "(cuda_occupancy.h rules); LDL/STL of the element-loop function (`combine` Simple, `ll_chunk` LL) inside "
           "its loops and in all; 128-bit loads/stores inside `combine`'s loops (count and opcodes); other loads "
-          "in `combine`'s innermost vector loop (per-16-byte overhead).", "",
+          "in `combine`'s innermost vector loop (per-16-byte overhead); 128-bit loads a thread issues in "
+          "`combine`'s loops before the first instruction that uses loaded data (the most on one path through a "
+          "loop); system fences (`MEMBAR.*.SYS`) before a counter's release store (the most for one release); "
+          "L1 invalidations (`CCTL.IVALL`) inside the spin loops of `wait_counter` (`wait_until` before issue 26) and `spin_packet`.", "",
           md_table(rows), "", "Goals:", ""] + [f"- {line}" for line in summary] + [""]
     base.with_suffix(".md").write_text("\n".join(md))
     print(f"# wrote {base}.json and .md")

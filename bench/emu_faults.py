@@ -735,8 +735,8 @@ FAULTS = [
           (lambda q: CHAIN("LL", counts=2), lambda q: RING("LL", counts=2))),
     Fault("ll-head-before-barrier", "d", LL_T,
           (("    if (__syncthreads_or(!ok)) return false;       // every thread has read its packets\n"
-            "    if (threadIdx.x == 0) st_release(conn_of(a, b.conn_in).head, b.seq_in + 1);\n",
-            "    if (threadIdx.x == 0 && ok) st_release(conn_of(a, b.conn_in).head, b.seq_in + 1);  // FAULT: early\n"
+            "    if (threadIdx.x == 0) st_release(conn_of(a, b.conn_in).head, b.seq_in + 1, b.local);\n",
+            "    if (threadIdx.x == 0 && ok) st_release(conn_of(a, b.conn_in).head, b.seq_in + 1, b.local);  // FAULT\n"
             "    if (__syncthreads_or(!ok)) return false;\n"),),
           "LL: the receiver's thread 0 frees the slot (head) before the other threads have read their packets",
           "timeout (a slow thread sees the next message's flag), needs >= 2 threads and a sender at the slot limit",
@@ -779,38 +779,58 @@ FAULTS = [
           "tsan, wrong",
           (lambda q: PAIRS("Simple"), lambda q: HIER("LL"))),
     Fault("no-epoch-bump", "j", "kernel.cu.j2",
-          (("st_release_gpu(progress_of(b.a, b.rank, b.tb), b.epoch + (1ULL << 32));",
+          (("st_release(progress_of(b.a, b.rank, b.tb), b.epoch + (1ULL << 32), true);",
             "(void)0;  // FAULT: the epoch bump is not published"),),
           "a block's launch-end epoch bump is not published: the next launch finds its dependencies met",
           "tsan, wrong (from the second launch on one communicator)",
           (lambda q: PAIRS("Simple", counts=3), lambda q: PAIRS("LL", counts=3))),
     Fault("sequence-not-restored", "k", "kernel.cu.j2",
-          (("b.seq_in = b.conn_in >= 0 ? ld_relaxed(conn_of(a, b.conn_in).head) : 0;", "b.seq_in = 0;"),),
+          (("b.seq_in = b.conn_in >= 0 ? ld_relaxed(conn_of(a, b.conn_in).head, b.local) : 0;", "b.seq_in = 0;"),),
           "a launch's receivers restart their message count at 0 instead of the persisted head",
           "timeout, from the second launch (Simple: head restarts at 1, so the sender never sees a free slot; "
           "LL: the flags differ)",
           (lambda q: RING("Simple", counts=2), lambda q: RING("LL", counts=2))),
     Fault("ll-tail-not-left", "l", LL_T,
-          (("if (threadIdx.x == 0 && b.conn_out >= 0) st_relaxed(conn_of(b.a, b.conn_out).tail, b.seq_out);",
-            "if (false && threadIdx.x == 0 && b.conn_out >= 0) st_relaxed(conn_of(b.a, b.conn_out).tail, b.seq_out);"),),
+          (("if (threadIdx.x == 0 && b.conn_out >= 0) st_relaxed(conn_of(b.a, b.conn_out).tail, b.seq_out, b.local);",
+            "if (false) st_relaxed(conn_of(b.a, b.conn_out).tail, b.seq_out, b.local);"),),
           "LL: a block does not record its sent count at the end of a launch (the next launch restarts flags)",
           "timeout, from the second launch",
           (lambda q: RING("LL", counts=2),)),
     Fault("ll-torn-packet", "m", "common.cuh.j2",
-          (("__device__ __forceinline__ u64 ld_relaxed(const u64* p) { return std::atomic_ref<u64>(*(u64*)p)"
+          (("__device__ __forceinline__ u64 ld_relaxed(const u64* p, bool local) { return std::atomic_ref<u64>(*(u64*)p)"
             ".load(std::memory_order_relaxed); }",
-            "__device__ __forceinline__ u64 ld_relaxed(const u64* p) {  // FAULT: two 32-bit loads, data first\n"
+            "__device__ __forceinline__ u64 ld_relaxed(const u64* p, bool local) {  // FAULT: two 32-bit loads\n"
             "  const volatile u32* q = (const volatile u32*)p; const u32 lo = q[0]; const u32 hi = q[1];\n"
             "  return ((u64)hi << 32) | lo; }"),),
           "host ld_relaxed as two plain 32-bit loads, data word first: an LL packet (data and flag) is no "
           "longer read single-copy atomic, so data and flag may come from different stores",
           "tsan (a plain read racing an atomic store); wrong results only when a read tears",
           (lambda q: RING("LL"), lambda q: CHAIN("LL"))),
-    Fault("control-no-fence", "ctl", SIMPLE_T,
-          (("if (send) { fence_system(); st_release(", "if (send) { st_release("),),
-          "CONTROL: the Simple sender's fence_system() before its tail release removed (in C++ the release "
-          "store alone orders the slot's writes; whether a GPU needs the fence is a PTX question the host cannot "
-          "answer)",
+    Fault("no-acquire-after-spin", "n", "common.cuh.j2",
+          (("  (void)ld_acquire(p, local);\n  return true;", "  return true;  // FAULT: no acquire after the spin"),),
+          "wait_counter spins with relaxed loads and returns without its one acquire: what the waiter reads next "
+          "(a slot, a dependency's output) is not ordered after the writer's release",
+          "tsan only (x86 orders loads in hardware: results stay right)",
+          (lambda q: RING("Simple"), lambda q: PAIRS("Simple"))),
+    Fault("vector-lanes-once", "o", "combine.cuh.j2",
+          (("lane < WARP; lane += lanes)", "lane < WARP; lane += WARP)"),),
+          "Simple's element loop: a block of fewer than 32 threads covers only lanes 0..threads-1 of each "
+          "group of 4 x 32 vectors (the lanes it should take in turns are skipped)",
+          "wrong (at every thread count below 32, the emulated device's)",
+          (lambda q: _case("allreduce/ring:ring", "Simple", tile=8192, tiles=2.5),)),
+    Fault("ll-line-unchecked-packets", "p", LL_T,
+          (("        if ((u32)(packet[w] >> 32) != in_flag)\n          packet[w] = spin_packet(",
+            "        if (w == 0 && (u32)(packet[w] >> 32) != in_flag)\n          packet[w] = spin_packet("),
+           ("if ((u32)(packet[w] >> 32) != in_flag) return false;",
+            "if (w == 0 && (u32)(packet[w] >> 32) != in_flag) return false;  // FAULT"),),
+          "LL: a reader checks only the first of the 4 packets of a line it loaded at once: the other 3 may "
+          "still hold the previous message",
+          "wrong (packets are atomic: no tsan race on them)",
+          (lambda q: RING("LL"), lambda q: CHAIN("LL"))),
+    Fault("control-acquire-spin", "ctl", "common.cuh.j2",
+          (("while ((i64)(ld_relaxed(p, local) - v) < 0) {", "while ((i64)(ld_acquire(p, local) - v) < 0) {"),),
+          "CONTROL: wait_counter polls with acquire loads, as before issue 26 (on a GPU each poll invalidates the "
+          "SM's L1; on the host it is only stronger ordering)",
           "nothing (a harmless edit on the host: the harness must not flag it)",
           (lambda q: RING("Simple"),), control=True),
 ]

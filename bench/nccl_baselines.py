@@ -4,14 +4,16 @@ For each topology (nvswitch, ib:2, ib:4, ring:8, torus:4x4), each of
 allgather, reducescatter and allreduce, and each algorithm among the
 library's ring and the NCCL-grade baselines (algorithms/*/nccl_rings.py:
 rail_rings, bidir_rings, torus_rings; allreduce/nccl_tree.py) that supports
-the topology's rank count, with its default parameters: every protocol and
-every instance count that keeps its channels at or under 32 (NCCL's
-MAXCHANNELS), simulated at 64M, 256M and 1G by `msc simulate`'s engine.
-Per size it prints each algorithm's best busbw, the protocol and instances
-that give it, and its ratio to the library ring's best over the same sweep.
-Then the time to generate (trace and verify) each baseline at 256 ranks.
+the topology's rank count, with its default parameters: Simple and LL128
+(``--protocols`` for others: LL, at half Simple's bandwidth in this model,
+won no cell of the table when tried) and every instance count that keeps
+its channels at or under 32 (NCCL's MAXCHANNELS), simulated at 64M, 256M
+and 1G by `msc simulate`'s engine. Per size it prints each algorithm's best
+busbw, the protocol and instances that give it, its ratio to the library
+ring's best over the same sweep, and `msc bound`'s busbw (no plan can beat
+it). Then the time to generate (trace and verify) each baseline at 256 ranks.
 
-    python bench/nccl_baselines.py [--protocols Simple,LL128,LL] [--jobs N] [--out OUT]
+    python bench/nccl_baselines.py [--protocols Simple,LL128] [--jobs N] [--out OUT]
 
 Any row can be rerun alone, e.g. rail_rings allgather on ib:2 with 2 instances:
 
@@ -59,8 +61,9 @@ def measure(job) -> dict:
     """Every protocol and instance count of one algorithm on one topology: seconds per size."""
     import msc
     from msc.lower.pipeline import LowerOptions, lower
+    from msc.sim.bound import lower_bound
     from msc.sim.simulate import Simulator
-    from msc.sim.topology import get_topology
+    from msc.sim.presets import get_topology
 
     spec, n, collective, key, protocols = job
     alg = algorithm(collective, key)
@@ -76,7 +79,7 @@ def measure(job) -> dict:
             runs.append({"protocol": protocol, "instances": instances, "channels": instances * channels,
                          "seconds": seconds})
     return {"topology": topo.name, "spec": spec, "ranks": n, "collective": collective, "algorithm": key,
-            "runs": runs}
+            "bound_s": [b.seconds for b in lower_bound(collective, topo, list(SIZES))], "runs": runs}
 
 
 def best_runs(row: dict) -> list[dict]:
@@ -91,16 +94,31 @@ def busbw(collective: str, n: int, size: int, seconds: float) -> float:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| topology | collective | algorithm | " + " | ".join(f"{s >> 20}M busbw (setting) | vs ring" for s in SIZES)
-             + " |", "|---|---|---|" + "---|---|" * len(SIZES)]
+    """Per topology and collective: msc bound's busbw, then each algorithm's best and its ratio to the ring's."""
+    header = " | ".join(f"{s >> 20}M busbw (setting) | vs ring" for s in SIZES)
+    lines = [f"| topology | collective | algorithm | {header} |", "|---|---|---|" + "---|---|" * len(SIZES)]
     rings = {(r["spec"], r["collective"]): best_runs(r) for r in rows if r["algorithm"] == "ring:ring"}
     for r in rows:
-        ring = rings[(r["spec"], r["collective"])]
-        cells = []
+        where = f"| {r['topology']} ({r['ranks']}) | {r['collective']} |"
+        if r["algorithm"] == "ring:ring":
+            bounds = [f"{busbw(r['collective'], r['ranks'], s, t):.1f} | -" for s, t in zip(SIZES, r["bound_s"])]
+            lines.append(f"{where} msc bound | {' | '.join(bounds)} |")
+        ring, cells = rings[(r["spec"], r["collective"])], []
         for j, (size, run) in enumerate(zip(SIZES, best_runs(r))):
             bw = busbw(r["collective"], r["ranks"], size, run["seconds"][j])
-            cells.append(f"{bw:.1f} ({run['protocol']} x{run['instances']}) | {ring[j]['seconds'][j] / run['seconds'][j]:.2f}x")
-        lines.append(f"| {r['topology']} ({r['ranks']}) | {r['collective']} | {r['algorithm']} | " + " | ".join(cells) + " |")
+            ratio = ring[j]["seconds"][j] / run["seconds"][j]
+            cells.append(f"{bw:.1f} ({run['protocol']} x{run['instances']}) | {ratio:.2f}x")
+        lines.append(f"{where} {r['algorithm']} | {' | '.join(cells)} |")
+    return "\n".join(lines)
+
+
+def generation_table(gens: list[dict]) -> str:
+    lines = ["| algorithm | ranks | " + " | ".join(f"{c} trace + verify (s)" for c in COLLECTIVES) + " |",
+             "|---|---|" + "---|" * len(COLLECTIVES)]
+    for g in gens:
+        cells = [f"{g[c]['trace_s'] + g[c]['verify_s']:.2f} ({g[c]['ops']} ops)" if c in g else "-"
+                 for c in COLLECTIVES]
+        lines.append(f"| {g['algorithm']} | {g['ranks']} | {' | '.join(cells)} |")
     return "\n".join(lines)
 
 
@@ -134,7 +152,7 @@ def jobs_for(protocols) -> list[tuple]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--protocols", type=lambda v: tuple(v.split(",")), default=("Simple", "LL128", "LL"))
+    ap.add_argument("--protocols", type=lambda v: tuple(v.split(",")), default=("Simple", "LL128"))
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="algorithms measured at once (processes)")
     ap.add_argument("--out", default=str(ROOT / "bench/results" / f"nccl-baselines-{datetime.date.today()}"))
     args = ap.parse_args()
@@ -153,13 +171,8 @@ def main() -> int:
     meta = {"date": str(datetime.date.today()), "python": platform.python_version(), "machine": platform.machine(),
             "cpus": os.cpu_count(), "command": " ".join(sys.argv), "protocols": args.protocols}
     Path(args.out + ".json").write_text(json.dumps({"meta": meta, "rows": rows, "generation": gens}, indent=1))
-    gen_lines = ["| algorithm | ranks | " + " | ".join(f"{c} trace + verify (s)" for c in COLLECTIVES) + " |",
-                 "|---|---|" + "---|" * len(COLLECTIVES)]
-    for g in gens:
-        gen_lines.append(f"| {g['algorithm']} | {g['ranks']} | " + " | ".join(
-            f"{g[c]['trace_s'] + g[c]['verify_s']:.2f} ({g[c]['ops']} ops)" if c in g else "-" for c in COLLECTIVES) + " |")
     Path(args.out + ".md").write_text(f"# NCCL-grade baselines ({meta['date']}, predicted by msc simulate)\n\n"
-                                      + table(rows) + "\n\n" + "\n".join(gen_lines) + "\n")
+                                      + table(rows) + "\n\n" + generation_table(gens) + "\n")
     print(f"wrote {args.out}.json and {args.out}.md")
     return 0
 

@@ -117,6 +117,7 @@ def ipc_case(rank: int, n: int) -> dict:
     plan, layout = runtime_layout("reducescatter/ring:ring", n)
     torch.cuda.set_device(0)
     comm = Communicator(plan, "torchrun")
+    comm.backend.shared = lambda: None          # both ranks on GPU 0 on purpose: no kernel runs here
     params = launch_params(comm.layout, 1 << 14, dtype="float32", protocol=plan.protocol)
     comm._reserve(footprint(comm.layout, params, dtype="float32", protocol=plan.protocol, slots=comm.slots))
     arenas, bases = comm._arenas, comm._bases
@@ -136,6 +137,25 @@ def ipc_case(rank: int, n: int) -> dict:
     comm.close()
     return {"seen": list(seen), "opened": sorted(r for r, b in enumerate(bases) if b is not None and r != rank),
             "conns": len([c for c in conns if c["slots"]])}
+
+
+def shared_gpu_case(rank: int, n: int) -> str:
+    """GPU only: both processes on GPU 0 make a call; the bootstrap refuses it on every rank."""
+    import torch
+
+    from msc.cuda.runtime import Communicator
+
+    plan, _ = runtime_layout("allreduce/ring:ring", n)
+    torch.cuda.set_device(0)
+    comm = Communicator(plan, "torchrun", timeout_s=5)
+    try:
+        comm.all_reduce(torch.ones(1024, device="cuda"))
+        comm.synchronize()
+        return "no error"
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        comm.close()
 
 
 # -- a fake GPU under the runtime (CPU tests of msc.cuda.runtime) -------------------------------
@@ -301,7 +321,7 @@ def install_fakes(setattr_):
                          can_access_peer=lambda a, b: True,
                          enable_peer_access=lambda b: state["peer"].append((fake.cuda.current, b))).items():
         setattr_(cu, name, fn)
-    state["mem"], state["torch"] = mem, torch
+    state["mem"], state["torch"], state["cuda"] = mem, torch, fake.cuda
     return state
 
 
@@ -313,11 +333,13 @@ def decode_args(layout, raw):
 
 
 
-def fake_torchrun_case(rank: int, n: int) -> dict:
+def fake_torchrun_case(rank: int, n: int, gpu: int | None = None, mps: bool = False) -> dict:
     """The torchrun placement end to end on a fake GPU: a Communicator per
     process bootstraps over gloo (fake IPC handles), launches its rank's
     blocks; returns what it launched and its connections' pointers resolved
-    to (rank, region, offset)."""
+    to (rank, region, offset). Each process on GPU ``rank``, or all on GPU
+    ``gpu`` (refused, as on a GPU, unless ``mps``: then allowed): then the
+    error's text."""
     import torch
 
     from msc.cuda.runtime import Communicator
@@ -340,11 +362,19 @@ def fake_torchrun_case(rank: int, n: int) -> dict:
             pass
 
     state = install_fakes(setattr_)
+    state["cuda"].current = gpu if gpu is not None else rank         # a GPU per process, as torchrun sets it
     try:
         plan, _ = runtime_layout("reducescatter/ring:ring", n)
         comm = Communicator(plan, "torchrun", ipc=Ipc())
+        if mps:
+            comm.backend.shared = lambda: None                           # as where MPS runs
         x = torch.rand(n * 64)
-        out = comm.reduce_scatter(None, x)
+        state["on"][x.data_ptr()] = f"cuda:{state['cuda'].current}"
+        try:
+            out = comm.reduce_scatter(None, x)
+        except Exception as exc:
+            comm.close()
+            return f"{type(exc).__name__}: {exc}"
         (_, grid, _, _, raw), = state["launches"]
         a = decode_args(comm.layout, raw)
         conns = {c.id: {f: resolve(getattr(a.conn[c.id], f) or 0, comm._arenas, comm._bases)

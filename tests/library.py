@@ -2,6 +2,7 @@
 "collective/file:name" (e.g. "allreduce/ring:ring"), loaded once."""
 from __future__ import annotations
 
+import dataclasses
 from functools import lru_cache
 from pathlib import Path
 
@@ -10,12 +11,23 @@ import msc
 LIBRARY = Path(__file__).resolve().parent.parent / "algorithms"
 
 
-@lru_cache(maxsize=1)
-def algorithms() -> dict[str, msc.Algorithm]:
+# The NCCL-grade baselines (*/nccl_*.py) run 8 rings or 8 tree channel pairs by default: 8 to 16
+# times the chunks of the other algorithms, and as much of the default suite's time. Library-wide
+# tests take them with 2 (the same code, the same rank orders); tests/test_library.py's slow sweep
+# and tests/test_baselines.py take their defaults.
+LIGHT = {"rings": 2, "channels": 2, "chunks": 1}
+
+
+@lru_cache(maxsize=2)
+def algorithms(light: bool = True) -> dict[str, msc.Algorithm]:
     found = {}
     for path in sorted(LIBRARY.rglob("*.py")):
         for alg in msc.load_algorithms(path):
-            found[f"{path.relative_to(LIBRARY).with_suffix('').as_posix()}:{alg.name}"] = alg
+            key = f"{path.relative_to(LIBRARY).with_suffix('').as_posix()}:{alg.name}"
+            if light and "/nccl_" in key:
+                alg = dataclasses.replace(alg, params={**alg.params, **{k: v for k, v in LIGHT.items()
+                                                                         if k in alg.params}})
+            found[key] = alg
     return found
 
 

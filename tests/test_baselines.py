@@ -12,15 +12,14 @@ import pytest
 
 import msc
 from library import algorithms
-from msc.dsl.nccl_orders import bidirectional_rings, node_parent, node_tree, rail_rings, torus_has_rings, torus_rings
+from msc.dsl.nccl_orders import (bidirectional_rings, node_parent, node_tree, rail_rings, torus_has_rings,
+                                 torus_rings)
 from msc.errors import UsageError
 from msc.executor import run_collective
-from msc.ir import OpKind
 from msc.lower import LowerOptions, lower
 from msc.verification import reference
 
-ALGORITHMS = algorithms()
-RING_KINDS = ("rail_rings", "bidir_rings", "torus_rings")
+ALGORITHMS = algorithms(light=False)
 COLLECTIVES = ("allgather", "reducescatter", "allreduce")
 
 
@@ -136,8 +135,9 @@ def test_rail_chains_work_from_every_root_and_leave_each_node_through_every_nic(
             assert len(pairs) == 15, "a chain of n - 1 hops"
             assert all(s % 8 == d % 8 for s, d in pairs if s // 8 != d // 8), "rail-aligned"
             senders, receivers = {s for s, _ in pairs}, {d for _, d in pairs}
-            assert (root in senders, root in receivers) == ((True, False) if collective == "broadcast" else (False, True))
-        # the chains drop one crossing each: into the root's node (broadcast) or out of it (reduce), on one ring
+            root_ends = (True, False) if collective == "broadcast" else (False, True)
+            assert (root in senders, root in receivers) == root_ends
+        # one ring's chain drops its crossing into the root's node (broadcast) or out of it (reduce)
         for node in (0, 1):
             leaving = [s % 8 for pairs in channels.values() for s, d in pairs if s // 8 == node != d // 8]
             dropped = (node != root // 8) if collective == "broadcast" else (node == root // 8)
@@ -188,7 +188,7 @@ def test_torus_rings_program_puts_one_ring_on_each_directed_link(collective):
 @pytest.mark.parametrize("rows,cols", [(1, 8), (2, 4), (4, 2), (2, 2), (0, 4)])
 def test_torus_rings_refuse_tori_with_doubled_links(rows, cols):
     assert not torus_has_rings(rows, cols)
-    with pytest.raises(UsageError, match="rows >= 3 and cols >= 3"):
+    with pytest.raises(UsageError, match="needs rows >= 3 and cols >= 3"):
         torus_rings(rows, cols)
     a = alg("allgather", "torus_rings")
     if rows >= 1:
@@ -241,8 +241,9 @@ def test_nccl_tree_channels_cross_nodes_through_their_own_nic_and_tree():
         tree, c = divmod(channel, channels)
         crossing = {(s, d) for s, d in pairs if s // g != d // g}
         assert {s % g for s, _ in crossing} == {d % g for _, d in crossing} == {c}
-        ups = {(s // g, d // g) for s, d in crossing if node_parent(s // g, n // g, tree) == d // g}
-        assert ups == {(x, node_parent(x, n // g, tree)) for x in range(n // g) if node_parent(x, n // g, tree) is not None}
+        parents = {x: node_parent(x, n // g, tree) for x in range(n // g)}
+        ups = {(s // g, d // g) for s, d in crossing if parents[s // g] == d // g}
+        assert ups == {(x, up) for x, up in parents.items() if up is not None}
     interior = [{d // g for ch in range(t * channels, (t + 1) * channels) for (s, d), k in found[ch].items()
                  if s // g != d // g and node_parent(s // g, n // g, t) == d // g} for t in (0, 1)]
     assert not interior[0] & interior[1]
@@ -252,7 +253,8 @@ def test_nccl_tree_with_other_parameters():
     a = ALGORITHMS["allreduce/nccl_tree:nccl_tree"]
     for g, channels, chunks in ((1, 1, 1), (2, 3, 2), (4, 2, 3), (8, 1, 1)):
         for n in (g, 2 * g, 3 * g, 5 * g):
-            assert msc.trace(a, n, gpus_per_node=g, channels=channels, chunks=chunks).chunk_factor == 2 * channels * chunks
+            program = msc.trace(a, n, gpus_per_node=g, channels=channels, chunks=chunks)
+            assert program.chunk_factor == 2 * channels * chunks
             verify_both_forms(a, n, gpus_per_node=g, channels=channels, chunks=chunks)
     for n, params in ((12, {}), (8, {"channels": 0}), (8, {"chunks": 0})):
         assert not a.supports(n, **params)
@@ -283,7 +285,8 @@ def test_lowered_plans_run_to_the_reference_result(key, n, params, protocol, ins
         msc.verify(program)
         plan = lower(program, LowerOptions(protocol=protocol, instances=instances))
         k = plan.chunk_factor
-        for count, dtype, op in ((k, np.float32, "sum"), (3 * k + 1, ml_dtypes.bfloat16, "sum"), (1009, np.int32, "max")):
+        for count, dtype, op in ((k, np.float32, "sum"), (3 * k + 1, ml_dtypes.bfloat16, "sum"),
+                                 (1009, np.int32, "max")):
             length = plan.input_chunks // k * count
             inputs = reference.random_inputs(np.random.default_rng(count), np.dtype(dtype), op, n, length)
             assert all(np.all(x != 0) for x in inputs)
@@ -298,10 +301,21 @@ def test_rail_rings_plan_has_a_threadblock_per_ring_and_rank():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("spec,n", [("rail_rings", 256), ("torus_rings", 256), ("bidir_rings", 256)])
-def test_generation_at_256_ranks(spec, n):
+def test_torus_rings_exist_for_every_torus_up_to_20x20():
+    for rows in range(3, 21):
+        for cols in range(3, 21):
+            used = Counter(pair for order in torus_rings(rows, cols)
+                           for pair in zip(order, order[1:] + order[:1]))
+            assert set(used) == torus_links(rows, cols) and set(used.values()) == {1}, (rows, cols)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", ["rail_rings", "torus_rings", "bidir_rings"])
+def test_generation_at_256_ranks(spec):
     """Trace and verify at 256 ranks (ib:32, torus:16x16, ring:256) for every ring collective."""
-    params = {"rows": 16} if spec == "torus_rings" else {}
     for collective in COLLECTIVES:
-        report = msc.verify(msc.trace(alg(collective, spec), n, **params))
-        assert report.num_ranks == n
+        report = msc.verify(msc.trace(alg(collective, spec), 256))
+        assert report.num_ranks == 256
+    if spec == "rail_rings":
+        report = msc.verify(msc.trace(ALGORITHMS["allreduce/nccl_tree:nccl_tree"], 256))
+        assert report.num_ranks == 256

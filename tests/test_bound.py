@@ -5,6 +5,7 @@ topologies and on random TOML graphs; ``-m slow`` sweeps all of it), its
 tightness, and the command."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -19,7 +20,8 @@ from msc.cli.bound import COLLECTIVE_NAMES
 from msc.errors import MscError, UsageError
 from msc.lower.pipeline import LowerOptions, lower
 from msc.sim.simulate import Simulator
-from msc.sim.presets import H100, infiniband, nvswitch, pcie, ring, torus
+from msc.sim.machines import A100, H100
+from msc.sim.presets import infiniband, nvswitch, pcie, ring, torus
 from msc.sim.topology import GB, US, Nodes, Uniform, topology_from_dict
 
 from library import algorithms
@@ -87,7 +89,7 @@ def test_multi_node_cuts():
     assert b.limit == f"1 node | 1 (8 NICs: {8 * NIC / GB:g} GB/s)"
     b = big("allgather", t)                  # a rank: its NVLink port and its NIC
     assert b.seconds == pytest.approx(15 / 16 * MB64 / (NVLINK + NIC) + 3.4 * US + LAUNCH, rel=1e-12)
-    port = 25 * SIMPLE.link("pcie").bandwidth_factor
+    port = 25 * A100.protocols["Simple"].link("pcie").bandwidth_factor          # the pcie preset's GPUs
     assert big("allgather", pcie()).limit == f"1 rank in (1 port: {port:g} GB/s)"
     assert big("broadcast", pcie()).limit == f"4 ranks | 4 (1 uplink: {port:g} GB/s)"
 
@@ -337,9 +339,15 @@ def test_ring_allgather_on_one_port_is_within_a_few_percent():
 
 
 def test_allpairs_reaches_the_bound_on_nvswitch():
+    """Exactly, where messages cost nothing but their latency and bytes; within the per-message cost
+    (Simple's step_us, which the bound leaves out) on the calibrated machine."""
     [plan] = [p for k, p in plans(8, protocols=("Simple",), instances=(16,)) if k.startswith("allgather/allpairs")]
+    free = nvswitch()
+    free.protocols["Simple"] = dataclasses.replace(free.protocols["Simple"], step_us=0.0)
+    [r] = Simulator(plan, free).run([MB64])
+    assert big("allgather", free).seconds / r.seconds == pytest.approx(1.0, rel=1e-9)
     [r] = Simulator(plan, nvswitch()).run([MB64])
-    assert big("allgather", nvswitch()).seconds / r.seconds == pytest.approx(1.0, rel=1e-9)
+    assert 0.95 < big("allgather", nvswitch()).seconds / r.seconds < 1.0
 
 
 # -- the command -------------------------------------------------------------------
@@ -392,7 +400,7 @@ def test_simulate_and_tune_show_the_percent_of_bound(tmp_path, capsys):
     assert code == 0
     header = next(line for line in out.splitlines() if "count" in line)
     [row] = [line for line in out.splitlines() if not line.startswith("#")]
-    assert header.split()[-1] == "%bound" and row.split()[-1] == "100.0"
+    assert header.split()[-1] == "%bound" and 95.0 < float(row.split()[-1]) < 100.0   # within the message costs
     code, out, _ = cli(["simulate", str(plan), "-t", "nvswitch", "-b", "1K", "-e", "64M", "-f", "64", "--json"], capsys)
     recs = json.loads(out)
     assert all(0 < r["bound_pct"] <= 100 + 1e-9 and r["bound_time"] > 0 for r in recs)

@@ -581,3 +581,33 @@ def test_kernels_compile_in_the_constructor_and_waits_last_minutes(cache):
     assert all(kernels.has(d, o) for d in ("float32", "bfloat16") for o in ("sum", "max"))
     assert not kernels.has("float16", "sum") and comm.timeout_s == 300
     comm.close()
+
+
+def test_msc_bench_on_the_emulated_device_counts_wrong_elements(monkeypatch, tmp_path):
+    """msc.cuda.bench on the emulated device: it compiles only its kernel, times, measures the
+    baselines, and its on-device check (random small integers against PyTorch's collective) counts
+    an element changed after the kernel ran."""
+    pytest.importorskip("torch")
+    from msc.cuda import bench as mb
+
+    plan = plan_for("allreduce/ring:ring", N, "Simple")
+    out = mb.bench(plan, min_bytes="4K", max_bytes="16K", factor=4, iters=1, warmup=0, dtype="bf16", check="device",
+                   backend="emu", timeout_s=30)
+    assert out["backend"] == "emu" and out["wrong"] == 0
+    assert [r["size"] for r in out["records"]] == [4096, 16384]
+    assert all(r["time"] > 0 and r["copy_bw"] > 0 and r["torch_time"] > 0 for r in out["records"])
+    real = mb.run_once
+
+    def corrupted(comm, ins, outs, count, op):
+        got = real(comm, ins, outs, count, op)
+        comm.synchronize()
+        got[1][count // 2] += 1
+        return got
+
+    monkeypatch.setattr(mb, "run_once", corrupted)
+    out = mb.bench(plan, min_bytes="4K", max_bytes="4K", iters=1, warmup=0, dtype="bf16", check="device",
+                   backend="emu", baselines=False)
+    assert out["wrong"] == 1 and out["records"][0]["wrong_per_rank"] == [0, 1, 0, 0]
+    with pytest.raises(UsageError, match="an on-device check needs an op exact in any order"):
+        mb.bench(plan, min_bytes="4K", max_bytes="4K", iters=1, warmup=0, dtype="bf16", op="prod", check="device",
+                 backend="emu")

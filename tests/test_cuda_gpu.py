@@ -18,7 +18,9 @@ yet; the same cases run on the emulated device (tests/test_cuda_emu.py).
   rank that never launches both end with DeviceTimeoutError, then the
   communicator is broken;
 - the torchrun bootstrap's real CUDA IPC exchange between two processes on
-  one GPU (no kernel: two processes spinning on one GPU time-slice);
+  one GPU (no kernel: two processes spinning on one GPU time-slice), and
+  two torchrun ranks on one GPU refused without MPS;
+- a table-form launch on a side stream ordered after the tables' copy;
 - msc bench end to end.
 
 Kernels for the sweep are compiled first, in parallel (a module fixture),
@@ -205,10 +207,12 @@ def test_cuda_graph_capture_and_replay():
 
 
 def test_growing_buffers_between_calls():
+    """alltoall/hierarchical has scratch, which grows with the count (a ring's arena grows only
+    until its tile is whole: reducescatter/ring allocated twice here, not three times)."""
     from msc.cuda import Communicator
 
-    comm = Communicator(plan_for("reducescatter/ring:ring", 4, "LL"), "virtual", 0)
-    for i, count in enumerate((100, 1 << 20, 100, (1 << 21) + 1, 7)):
+    comm = Communicator(plan_for("alltoall/hierarchical:hierarchical", 4, "LL"), "virtual", 0)
+    for i, count in enumerate((100, 1 << 18, 100, (1 << 19) + 1, 7)):
         _check(comm, count, "float32", "sum", i)
     assert comm._generation == 3                 # grew twice after the first allocation
 
@@ -228,6 +232,40 @@ def test_a_side_stream_and_out_of_place_outputs_allocated():
     s.synchronize()
     want = torch.cat([torch.full((333,), float(r), device="cuda") for r in range(4)])
     assert all(torch.equal(o, want) for o in outs)
+
+
+def test_a_table_form_launch_on_another_stream_waits_for_the_tables():
+    """The tables are copied on the stream current at construction; the first call, on a new
+    stream, must be ordered after that copy (an event the launch stream waits on)."""
+    import torch
+
+    from msc.cuda import Communicator
+
+    comm = Communicator(plan_for("allreduce/allpairs:allpairs", 8, "Simple"), "virtual", 0, form="table")
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        xs = [torch.full((4099,), float(r + 1), device="cuda") for r in range(8)]
+        comm.all_reduce(xs)
+    s.synchronize()
+    assert all(torch.all(x == 36.0) for x in xs)
+    comm.close()
+
+
+def test_two_torchrun_ranks_on_one_gpu_are_refused():
+    """Without MPS, two processes' kernels on one GPU take turns: every rank is told at its first
+    call (the bootstrap), before any kernel spins."""
+    import torchdist
+
+    from msc.cuda.device import mps_active
+
+    if mps_active():
+        pytest.skip("MPS runs here: two ranks may share the GPU")
+    pool = torchdist.Pool(2, timeout=120)
+    try:
+        got = pool.run(__import__("cudaboot").shared_gpu_case)
+    finally:
+        pool.close()
+    assert all("runs one rank per GPU, and ranks 0, 1 on" in text for text in got), got
 
 
 def test_a_deadlocking_plan_times_out_and_breaks_the_communicator():

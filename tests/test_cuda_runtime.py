@@ -37,8 +37,8 @@ from library import algorithms
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _plan(key: str, n: int, inplace: bool | None = None, protocol: str = "Simple"):
-    return lower(msc.trace(algorithms()[key], n, inplace=inplace), LowerOptions(protocol=protocol))
+def _plan(key: str, n: int, inplace: bool | None = None, protocol: str = "Simple", instances: int = 1):
+    return lower(msc.trace(algorithms()[key], n, inplace=inplace), LowerOptions(protocol=protocol, instances=instances))
 
 
 def _t(numel=8, dtype="float32", device="cuda:0", contiguous=True, ptr=0x10000, itemsize=4):
@@ -196,7 +196,7 @@ def test_the_kernel_polls_tail_as_receiver_and_head_as_sender():
         assert "st_release(conn_of(a, b.conn_in).head" in source
         # Simple posts every message on tail; LL's receivers never read it: its count is stored once, at the end
         posted = "st_release(conn_of(a, b.conn_out).tail" in source
-        stored = "st_relaxed(conn_of(b.a, b.conn_out).tail, b.seq_out)" in source
+        stored = "st_relaxed(conn_of(b.a, b.conn_out).tail, b.seq_out, b.local)" in source
         assert (posted, stored) == ((True, False) if protocol == "Simple" else (False, True))
 
 
@@ -356,6 +356,30 @@ def test_torchrun_bootstrap_exchanges_handles_and_builds_the_same_tables(gloo2):
         assert out["logical"]["ranks"][rank] == want[0][rank]
     messages = gloo2.run(cudaboot.mismatch_case)
     assert all("every rank must make the same call" in m for m in messages), messages
+
+
+def test_torchrun_ranks_sharing_a_gpu_are_refused_unless_mps_runs(gloo2):
+    """Two torchrun processes on one GPU: their spinning kernels would only take turns, so
+    every rank is told, at its first call, which ranks share which GPU; where MPS runs, they
+    may."""
+    import cudaboot
+
+    got = gloo2.run(cudaboot.fake_torchrun_case, 3)
+    for text in got:
+        assert isinstance(text, str) and text.startswith("UsageError: the torchrun placement runs one rank per GPU, "
+                                                         "and ranks 0, 1 on 0000:03:00.0: "), text
+        assert "time-slicing" in text and "MPS" in text and "torch.cuda.set_device(local_rank)" in text
+    allowed = gloo2.run(cudaboot.fake_torchrun_case, 3, True)
+    assert all(isinstance(out, dict) and out["grid"] > 0 for out in allowed), allowed
+
+
+def test_mps_is_seen_by_its_control_pipe(tmp_path, monkeypatch):
+    from msc.cuda import device as cu
+
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path))
+    assert not cu.mps_active()
+    (tmp_path / "control").touch()
+    assert cu.mps_active()
 
 
 def test_torchrun_communicator_on_a_fake_gpu(gloo2):
@@ -642,3 +666,112 @@ def test_the_bootstrap_names_a_peer_this_process_cannot_reach():
     near = Published(1, 1, "cap", bytes(64), "node-a", "0000:02:00.0")
     with pytest.raises(UsageError, match=r"rank 0 cannot reach the memory of rank 1 \(0000:02:00.0\): no P2P"):
         exchange(0, 2, 0x1000, "cap", 1, (1,), gather=gather_from(near), reach=lambda d: "no P2P", **mine)
+
+
+def test_a_launch_on_another_stream_waits_for_the_tables_copy(fake_gpu, monkeypatch, tmp_path):
+    """The table form's tables are copied on the stream current at construction; a launch on
+    another stream waits on the copy's event (until the event is seen complete)."""
+    import cudaboot
+    from msc.cuda import Communicator
+
+    torch = fake_gpu["torch"]
+    monkeypatch.setattr(cudaboot.FakeEvent, "query", lambda self: False)          # the copy is still queued
+    comm = Communicator(_plan("allreduce/ring:ring", 4), "virtual", 0, form="table", cache=tmp_path)
+    side = cudaboot.FakeStream(0)
+    side.cuda_stream = 0x2000
+    fake_gpu["cuda"].streams[0] = side                                             # torch's current stream now
+    xs = [torch.ones(256) for _ in range(4)]
+    comm.all_reduce(xs)
+    assert fake_gpu["launches"][-1][0] == 0x2000 and len(side.waited) == 1
+    comm.all_reduce(xs)
+    assert len(side.waited) == 2                                                   # not yet seen complete
+    monkeypatch.setattr(cudaboot.FakeEvent, "query", lambda self: True)
+    comm.all_reduce(xs)
+    comm.all_reduce(xs)
+    assert len(side.waited) == 2                                                   # seen complete once: no more waits
+    straight = Communicator(_plan("allreduce/ring:ring", 4), "virtual", 0, form="straight", cache=tmp_path)
+    straight.all_reduce(xs)
+    assert len(side.waited) == 2                                                   # no tables, nothing to wait on
+
+
+def test_the_launch_says_whether_peers_share_its_gpu(fake_gpu):
+    """MscArgs.local: 1 for the virtual placement (connection counters and LL packets at .gpu
+    scope), 0 where peers are other GPUs."""
+    from msc.cuda import Communicator
+
+    torch = fake_gpu["torch"]
+    virtual = Communicator(_plan("allgather/ring:ring", 2), "virtual", 0)
+    virtual.all_gather([torch.zeros(20) for _ in range(2)])
+    devices = Communicator(_plan("allgather/ring:ring", 2), "devices", [0, 1])
+    outs = [torch.zeros(20) for _ in range(2)]
+    fake_gpu["on"][outs[1].data_ptr()] = "cuda:1"
+    devices.all_gather(outs)
+    flags = [_decode_args(c.layout, raw).local for c, (*_, raw) in zip((virtual, devices, devices),
+                                                                        fake_gpu["launches"])]
+    assert flags == [1, 0, 0]
+
+
+_CUDA_LAUNCH = CudaBackend.launch        # before any fixture fakes it
+
+
+def test_launch_failures_are_classified(fake_gpu, monkeypatch):
+    """Only the driver's COOPERATIVE_LAUNCH_TOO_LARGE means the grid does not fit (a UsageError);
+    any other failure is a LaunchError with the driver's words, not "cannot hold"; a failed launch
+    breaks the communicator, unless it is a call's first launch refused for its size."""
+    pytest.importorskip("cuda.core")
+    import cuda.core
+
+    from msc.cuda import BrokenCommunicatorError, Communicator, LaunchError
+    from msc.cuda.backend import CudaBackend, launch_failure
+
+    too_large = RuntimeError("CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE: too many blocks in cooperative launch")
+    assert isinstance(launch_failure(too_large, "GPU 1", 300, 256), UsageError)
+    other = launch_failure(RuntimeError("CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES: too many resources requested"),
+                           "GPU 1", 8, 256)
+    assert isinstance(other, LaunchError) and not isinstance(other, UsageError)
+    assert "cannot hold" not in str(other) and "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES" in other.cause
+    assert (other.where, other.grid, other.block) == ("GPU 1", 8, 256)
+    bad_arg = launch_failure(ValueError("unsupported kernel argument type"), "GPU 0", 8, 256)
+    assert isinstance(bad_arg, LaunchError) and "ValueError: unsupported kernel argument type" in str(bad_arg)
+
+    raised = []
+
+    def refuse(stream, config, kernel, *args):
+        raise raised[-1]
+
+    monkeypatch.setattr(cuda.core, "LaunchConfig", lambda **kw: kw)                 # no driver to ask
+    monkeypatch.setattr(cuda.core, "launch", refuse)
+    monkeypatch.setattr(CudaBackend, "launch", _CUDA_LAUNCH)                       # the real one, faked below it
+    torch = fake_gpu["torch"]
+    xs = [torch.ones(64) for _ in range(2)]
+    comm = Communicator(_plan("allreduce/ring:ring", 2), "virtual", 0)
+    raised.append(too_large)
+    with pytest.raises(UsageError, match=r"GPU 0 cannot hold the \d+ blocks of 256 threads of this launch at once"):
+        comm.all_reduce(xs)
+    assert not comm.broken                                                          # nothing ran: retry is fine
+    raised.append(RuntimeError("CUDA_ERROR_ILLEGAL_ADDRESS: an illegal memory access was encountered"))
+    with pytest.raises(LaunchError, match="CUDA_ERROR_ILLEGAL_ADDRESS"):
+        comm.all_reduce(xs)
+    assert comm.broken
+    with pytest.raises(BrokenCommunicatorError):
+        comm.all_reduce(xs)
+
+
+
+def test_the_one_gpu_bound_counts_every_byte_the_kernel_moves():
+    """bench/cuda_goals.py: the ring's kernel reads and writes 6n-4 rank-buffers of device memory per
+    call (5.5 bytes per byte per rank at n = 8), so the virtual placement's busbw is at most
+    4(n-1)/(n(6n-4)) of the copy bandwidth; the reviewer's 2(n-1)/n^2 is the bound for T = 2n."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("cuda_goals", Path(__file__).parent.parent / "bench" / "cuda_goals.py")
+    goals = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(goals)
+    for n in (2, 4, 8):
+        bounds = goals.one_gpu_bounds(_plan("allreduce/ring:ring", n))
+        assert bounds["traffic"] == 6 * n - 4
+        assert bounds["kernel"] == pytest.approx(4 * (n - 1) / (n * (6 * n - 4)))
+        assert bounds["ideal"] == pytest.approx(2 * (n - 1) / n ** 2)
+    assert goals.one_gpu_bounds(_plan("allreduce/ring:ring", 8))["ideal"] == pytest.approx(0.21875)
+    # instances split chunks, not bytes: the same traffic
+    assert goals.kernel_traffic(_plan("allreduce/ring:ring", 8, instances=4)) == 44

@@ -6,9 +6,13 @@ sm_90, read with cuobjdump and nvdisasm (pip wheels nvidia-cuda-cuobjdump and
 nvidia-cuda-nvdisasm, in the ``test`` extra; bench/cubin_facts.py reads
 them). The goals: no register spills; no local-memory traffic (LDL/STL) in
 the element loops (``combine`` for Simple, ``ll_chunk`` for LL); at least 2
-blocks of 256 threads per SM for Simple; 128-bit loads and stores in
-Simple's ``combine`` loops. bench/cuda_static.py reports the same facts for
-more plans and sm_80.
+blocks per SM for Simple at its launch shape; 128-bit loads and stores in
+Simple's ``combine`` loops; at least 8 128-bit loads issued before the first
+instruction that uses loaded data in ``combine`` (4 per operand: memory-level
+parallelism); at most one system-scope fence (MEMBAR.SYS) before any counter
+release, so one per Simple message; no L1 invalidation (an acquire) inside a
+spin loop. bench/cuda_static.py reports the same facts for more plans and
+sm_80.
 
 The detectors are themselves tested on small kernels with known answers
 (a dynamically indexed array in a loop, a spilling kernel, a float4 copy),
@@ -109,12 +113,34 @@ def test_no_local_memory_in_element_loops(protocol, form, dtype, cache):
 
 @pytest.mark.parametrize("protocol, form, dtype", SIMPLE, ids=[_ids(c) for c in SIMPLE])
 def test_simple_fits_two_blocks_per_sm(protocol, form, dtype, cache):
+    from msc.ir.ops import PROTOCOLS
+
     facts = facts_of((protocol, form, dtype), cache)
     kernel = _FACTS[(protocol, form, dtype)][0]
-    assert facts["nthreads"] == kernel.layout.nthreads == 256
+    threads = PROTOCOLS[protocol].threads
+    assert facts["nthreads"] == kernel.layout.nthreads == threads
     assert cf.source_defines(kernel.source)["MIN_BLOCKS"] == 2
-    assert 0 < facts["registers"] <= 128, "__launch_bounds__(256, 2) allows 128 registers"
+    assert 0 < facts["registers"] <= 65536 // (2 * threads), f"__launch_bounds__({threads}, 2)'s register budget"
     assert facts["blocks_per_sm"] >= 2, (facts["blocks_per_sm"], facts["occupancy_limits"])
+
+
+@pytest.mark.parametrize("protocol, form, dtype", SIMPLE, ids=[_ids(c) for c in SIMPLE])
+def test_simple_keeps_eight_loads_in_flight_before_reducing(protocol, form, dtype, cache):
+    fn = _loop_function(facts_of((protocol, form, dtype), cache))
+    assert fn["ld128_before_first_use"] >= cf.MIN_LOADS_IN_FLIGHT, \
+        f"{fn['ld128_before_first_use']} 128-bit loads before the first use of loaded data ({fn['loops']} loops)"
+
+
+@pytest.mark.parametrize("protocol, form, dtype", CASES, ids=[_ids(c) for c in CASES])
+def test_one_system_fence_per_release_and_none_in_spin_loops(protocol, form, dtype, cache):
+    facts = facts_of((protocol, form, dtype), cache)
+    releases = {n: s["releases"] for n, s in facts["sass"].items() if s["releases"]}
+    assert any(op.endswith("STRONG.SYS") for ops in releases.values() for op in ops), releases
+    assert any(op.endswith("STRONG.GPU") for ops in releases.values() for op in ops), releases
+    assert facts["membar_sys_per_release"] <= 1, {n: s["membar_sys_per_release"] for n, s in facts["sass"].items()}
+    spins = [n for n in facts["sass"] if n.startswith(("wait_counter", "spin_packet"))]
+    assert spins and facts["spin_l1_invalidations"] == 0, {n: facts["sass"][n]["l1_invalidations_in_loops"]
+                                                           for n in spins}
 
 
 @pytest.mark.parametrize("protocol, form, dtype", SIMPLE, ids=[_ids(c) for c in SIMPLE])
@@ -195,3 +221,98 @@ def test_detectors_on_kernels_with_known_answers(tmp_path):
     for regs, threads, blocks in ((64, 512, 2), (65, 512, 1), (128, 256, 2), (129, 256, 1), (32, 256, 8),
                                   (16, 128, 16), (16, 32, 32), (255, 256, 1)):
         assert cf.blocks_per_sm("sm_90", regs, threads)[0] == blocks, (regs, threads)
+
+
+def test_flight_fence_and_spin_detectors_on_kernels_with_known_answers(tmp_path):
+    """Loads in flight: 4 float4 loads from each of two arrays before the sums (8), against a
+    pointer chase (each load needs the last: 1). Fences: a fence and a release (2 system fences),
+    a release alone (1), a .gpu release (0). Spins: an acquire poll invalidates L1 in the loop, a
+    relaxed poll does not."""
+    source = r'''
+    extern "C" __global__ void batched(float4* out, const float4* a, const float4* b, int n) {
+    #pragma unroll 1
+      for (int i = threadIdx.x; i + 3 * 256 < n; i += 4 * 256) {
+        float4 x[4], y[4];
+    #pragma unroll
+        for (int u = 0; u < 4; ++u) { x[u] = a[i + u * 256]; y[u] = b[i + u * 256]; }
+    #pragma unroll
+        for (int u = 0; u < 4; ++u)
+          out[i + u * 256] = make_float4(x[u].x + y[u].x, x[u].y + y[u].y, x[u].z + y[u].z, x[u].w + y[u].w);
+      }
+    }
+    extern "C" __global__ void chase(float4* out, const float4* a, int n) {
+      int i = threadIdx.x;
+      float4 acc = make_float4(0, 0, 0, 0);
+      for (int k = 0; k < n; ++k) {
+        const float4 v = a[i];
+        acc.x += v.x; acc.z += v.z; acc.w += v.w;
+        i = __float_as_int(v.y) & 1023;
+      }
+      out[threadIdx.x] = acc;
+    }
+    extern "C" __global__ void releases(unsigned long long* c, unsigned long long v) {
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        __threadfence_system();
+        asm volatile("st.release.sys.global.u64 [%0], %1;" :: "l"(c), "l"(v) : "memory");
+      }
+      __syncthreads();
+      if (threadIdx.x == 0) asm volatile("st.release.sys.global.u64 [%0], %1;" :: "l"(c + 16), "l"(v) : "memory");
+      __syncthreads();
+      if (threadIdx.x == 0) asm volatile("st.release.gpu.global.u64 [%0], %1;" :: "l"(c + 32), "l"(v) : "memory");
+    }
+    extern "C" __global__ void acquire_spin(unsigned long long* c, unsigned long long v) {
+      unsigned long long x;
+      do { asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(x) : "l"(c) : "memory"); } while (x < v);
+      c[1] = x;
+    }
+    extern "C" __global__ void relaxed_spin(unsigned long long* c, unsigned long long v) {
+      unsigned long long x;
+      do { asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(x) : "l"(c) : "memory"); } while (x < v);
+      asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(x) : "l"(c) : "memory");
+      c[1] = x;
+    }'''
+    cubin, _ = cf.nvrtc_verbose(source, arch=ARCH, name="probe2.cu")
+    path = tmp_path / "probe2.cubin"
+    path.write_bytes(cubin)
+    facts = {name: cf.memory_facts(fn) for name, fn in cf.disassemble(path).items()}
+    # ptxas issues 7 of the 8 loads, then reuses a register of the first pair for the eighth
+    assert facts["batched"]["ld128_before_first_use"] >= 6
+    assert facts["chase"]["ld128_before_first_use"] == 1
+    assert [n for _, n in cf.release_fences(cf.disassemble(path)["releases"])] == [2, 1, 0]
+    assert facts["releases"]["membar_sys_per_release"] == 2
+    assert facts["acquire_spin"]["l1_invalidations_in_loops"] >= 1
+    assert facts["relaxed_spin"]["l1_invalidations_in_loops"] == 0
+
+
+def _sass(*lines: str) -> str:
+    """A function of nvdisasm text from instruction lines (addresses 16 apart) and ``.L_x_N:`` labels."""
+    out, addr = ["        .type           f,@function"], 0
+    for line in lines:
+        if line.startswith(".L"):
+            out.append(line)
+        else:
+            out.append(f"        /*{addr:04x}*/                   {line} ;")
+            addr += 16
+    return "\n".join(out)
+
+
+def test_loads_in_flight_follow_paths_and_registers():
+    """Known answers on hand-written SASS: loads until the first use of what they loaded (a
+    register a non-load overwrites is no longer loaded data), the most on one path through a
+    loop (a predicated branch both ways; the path that skips a load issues fewer)."""
+    straight = cf.parse_sass(_sass(".L_x_1:", *[f"LDG.E.128 R{4 * k}, desc[UR4][R40.64+0x{k:x}0]" for k in range(8)],
+                                   "FADD R0, R0, R4", "STG.E.128 desc[UR4][R42.64], R0", "@!P0 BRA `(.L_x_1)"))["f"]
+    assert cf.loads_before_first_use(straight) == [8]
+    overwritten = cf.parse_sass(_sass(".L_x_1:", "LDG.E.128 R4, desc[UR4][R40.64]", "MOV R4, R20", "MOV R5, R21",
+                                      "LDG.E.128 R8, desc[UR4][R4.64]", "FADD R0, R0, R8",
+                                      "@!P0 BRA `(.L_x_1)"))["f"]
+    assert cf.loads_before_first_use(overwritten) == [2]      # R4, R5 rewritten: the address is no loaded data
+    used = cf.parse_sass(_sass(".L_x_1:", "LDG.E.128 R4, desc[UR4][R40.64]", "LDG.E.128 R8, desc[UR4][R4.64]",
+                               "FADD R0, R0, R8", "@!P0 BRA `(.L_x_1)"))["f"]
+    assert cf.loads_before_first_use(used) == [1]             # the second load's address is the first's data
+    branches = cf.parse_sass(_sass(".L_x_1:", "@P1 BRA `(.L_x_2)", "LDG.E.128 R4, desc[UR4][R40.64]",
+                                   "BRA `(.L_x_3)", ".L_x_2:", "LDG.E.128 R4, desc[UR4][R40.64]",
+                                   "LDG.E.128 R8, desc[UR4][R44.64]", "LDG.E.128 R12, desc[UR4][R46.64]",
+                                   ".L_x_3:", "FADD R0, R4, R8", "@!P0 BRA `(.L_x_1)"))["f"]
+    assert cf.loads_before_first_use(branches) == [3]         # not 4: no path issues every load

@@ -50,6 +50,16 @@ def test_verifies_at_every_supported_rank_count(key, form):
         assert report.num_ranks == n and report.output_chunks > 0
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("key", sorted(k for k in ALGORITHMS if "/nccl_" in k))
+def test_nccl_grade_baselines_verify_with_their_defaults(key, form):
+    """The default suite takes them with 2 rings or tree channel pairs (tests/library.py LIGHT)."""
+    alg = algorithms(light=False)[key]
+    for n in [n for n in range(1, MAX_RANKS + 1) if alg.supports(n)]:
+        assert msc.verify(msc.trace(alg, n, inplace=FORMS[form])).num_ranks == n
+
+
 @pytest.mark.parametrize("key", sorted(ALGORITHMS))
 def test_every_operation_is_needed(key):
     """Dropping any one op breaks the result: the verifier sees every op, and no op is wasted."""

@@ -100,3 +100,37 @@ def test_the_synthesize_example_runs_as_written(tmp_path):
     for name in ("allgather_ib2.py", "allgather_ib2.plan", "allgather_ib2.png", "allgather_ib2_busbw.png"):
         assert (tmp_path / name).stat().st_size > 0, name
     assert "synthesized: allgather for ib:2" in done.stdout and "synthesized_p" in done.stdout
+
+
+SIMULATE = "Predicting performance: msc simulate, msc tune, msc show"
+
+
+def test_the_topology_list_is_the_preset_table():
+    """Every preset's line in the README is the table's name and help, and no other preset is listed."""
+    from msc.sim.presets import PRESET_NAMES, PRESETS
+
+    text = README.read_text()
+    section = text[text.index("Topologies (`--topology`"):text.index("- A TOML file of your own")]
+    listed = [line for line in section.splitlines() if line.startswith("- `")]
+    assert listed == [f"- `{name}`: {p.help}." for p, name in zip(PRESETS, PRESET_NAMES)]
+
+
+def test_the_readme_toml_topology_loads(tmp_path):
+    from msc.sim.topology import GB, US, load_topology
+
+    [(_, toml)] = [(lang, code) for lang, code in blocks(SIMULATE) if lang == "toml"]
+    path = tmp_path / "t.toml"
+    path.write_text(toml)
+    t = load_topology(path)
+    assert t.name == "two islands" and t.machine == "h100"
+    ll = t.view("LL")
+    assert ll.launch == 6.6 * US and ll.route(0, 1).bandwidth == float("inf")
+    assert ll.capacity[ll.route(0, 1).resources[0]] == 100 * GB * 0.3
+
+
+def test_the_readme_nccl_block_runs_as_written(tmp_path):
+    found = [code for lang, code in blocks(SIMULATE) if lang == "bash" and "--nccl" in code]
+    assert len(found) == 1
+    done = run_block("bash", found[0], tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "NCCL's algorithm, protocol and channels" in done.stdout and " LL " in done.stdout

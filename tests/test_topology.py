@@ -6,7 +6,8 @@ import math
 import pytest
 
 from msc.errors import UsageError
-from msc.sim.presets import H100, PRESETS, dgx_h100, pcie, torus
+from msc.sim.machines import H100
+from msc.sim.presets import PRESETS, dgx_h100, pcie, torus
 from msc.sim.presets import get_topology
 from msc.sim.topology import GB, US, load_topology
 
@@ -19,19 +20,21 @@ def test_nvswitch_uses_ports():
     t = get_topology("nvswitch", 8)
     r = t.route(0, 5)
     assert names(t, r) == ["gpu0.out", "gpu5.in"] and r.alpha == pytest.approx(3.4 * US)
-    assert t.capacity[r.resources[0]] == 450 * GB and t.threadblock_bandwidth == 40 * GB
+    assert t.capacity[r.resources[0]] == 450 * GB and t.threadblock_bandwidth == H100.threadblock_gbps * GB
 
 
 def test_a_protocol_s_view_scales_each_kind_of_link():
     """Simple keeps NVLink's latency and carries 0.82 of its line rate; LL pays
-    NCCL's 0.6 us per hop; across nodes the NIC's (network) factors apply."""
+    NCCL's 0.6 us per hop on one node, at least the host's network proxy
+    overhead (1 us) on several; across nodes the NIC's (network) factors apply."""
+    assert dgx_h100(1).view("LL").route(0, 5).alpha == pytest.approx(0.6 * US)
     t = dgx_h100(2)
     simple, ll = t.view("Simple"), t.view("LL")
     assert simple.view("Simple") is simple and t.view("LL") is ll
     with pytest.raises(UsageError, match="already the Simple view"):
         simple.view("LL")
     r = ll.route(0, 5)
-    assert r.alpha == pytest.approx(0.6 * US)
+    assert r.alpha == pytest.approx(1.0 * US)
     assert ll.capacity[r.resources[0]] == pytest.approx(450 * GB * H100.protocols["LL"].link("nvlink").bandwidth_factor)
     assert simple.capacity[simple.route(0, 5).resources[0]] == pytest.approx(450 * GB * 0.82)
     net = simple.route(0, 8)
@@ -147,7 +150,7 @@ def test_toml_kinds_and_machine(tmp_path):
                     'bandwidth_gbps = 450\nkind = "nvlink"\n')
     t = load_topology(path)
     assert t.view("LL").route(0, 1).alpha == pytest.approx(0.6 * US) and t.view("LL").launch == pytest.approx(6.6 * US)
-    assert t.threadblock_bandwidth == 40 * GB
+    assert t.threadblock_bandwidth == H100.threadblock_gbps * GB
 
 
 @pytest.mark.parametrize("text,message", [

@@ -113,6 +113,36 @@ def test_emulated_device_makes_cpu_tensors_the_runtimes(env):
         choose("cuda", cpu, None, torch.float32, "sum", "allreduce")
 
 
+def test_processes_crowding_the_gpus_get_the_torch_executor_or_an_error(env):
+    """More torchrun processes on this node than the GPUs they all see: their kernels would share a
+    GPU, so auto picks the torch executor and backend='cuda' says why (unless MPS runs); where
+    CUDA_VISIBLE_DEVICES gives each process its own view, the bootstrap decides at the first call."""
+    from msc.cuda import device as cu
+
+    gpu = torch.device("cuda", 0)
+    env.setattr(backends, "cuda_runtime_status", lambda: (True, "CUDA (faked)"))
+    env.setattr(torch.cuda, "device_count", lambda: 1)
+    env.setattr(cu, "mps_active", lambda: False)
+    env.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    env.setenv("LOCAL_WORLD_SIZE", "2")
+    env.setenv("WORLD_SIZE", "2")
+    assert "2 processes on this node, which has 1 GPU(s)" in backends.crowded_gpus()
+    assert backends.choose("auto", gpu, None, torch.float32, "sum", "allreduce") == "torch"
+    with pytest.raises(mt.BackendUnavailableError, match=r"2 processes .* 1 GPU\(s\), so ranks would share one: .*"
+                                                         r"time-slicing.*Use backend='torch'"):
+        backends.choose("cuda", gpu, None, torch.float32, "sum", "allreduce")
+    env.setattr(cu, "mps_active", lambda: True)
+    assert backends.crowded_gpus() is None
+    assert backends.choose("auto", gpu, None, torch.float32, "sum", "allreduce") == "cuda"
+    env.setattr(cu, "mps_active", lambda: False)
+    env.setenv("CUDA_VISIBLE_DEVICES", "1")                 # each process's own GPU, maybe: not known here
+    assert backends.crowded_gpus() is None
+    env.delenv("CUDA_VISIBLE_DEVICES")
+    env.setattr(torch.cuda, "device_count", lambda: 2)
+    assert backends.crowded_gpus() is None and backends.choose("cuda", gpu, None, torch.float32, "sum",
+                                                               "allreduce") == "cuda"
+
+
 # -- 2 gloo processes on the emulated device ---------------------------------------------------------
 
 @pytest.fixture(scope="module")

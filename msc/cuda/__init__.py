@@ -7,8 +7,8 @@ threads on the CPU, msc.cuda.emu; numpy arrays or CPU torch tensors)."""
 from msc.cuda.codegen import DTYPES, OPS, KernelLayout, render
 from msc.cuda.compiler import CompiledKernel, cache_dir, compile, compile_host, nvrtc_compile
 from msc.cuda.device import driver_available
-from msc.cuda.diagnose import BrokenCommunicatorError, DeviceTimeoutError
+from msc.cuda.diagnose import BrokenCommunicatorError, DeviceTimeoutError, LaunchError
 from msc.cuda.runtime import Communicator
 
 __all__ = ["DTYPES", "OPS", "BrokenCommunicatorError", "Communicator", "CompiledKernel", "DeviceTimeoutError",
-           "KernelLayout", "cache_dir", "compile", "compile_host", "driver_available", "nvrtc_compile", "render"]
+           "KernelLayout", "LaunchError", "cache_dir", "compile", "compile_host", "driver_available", "nvrtc_compile", "render"]

@@ -40,6 +40,20 @@ def choose(device: str | None):
     raise UsageError(f"{where}{name!r}: the msc CUDA runtime runs on 'cuda' (a GPU) or 'emu' (the emulated device)")
 
 
+def launch_failure(exc: Exception, where: str, grid: int, block: int) -> Exception:
+    """What a failed launch means: the driver's CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE is a grid
+    the device cannot hold at once (a UsageError: fewer blocks, or another placement); anything
+    else is a LaunchError carrying the driver's (or cuda.core's) own words."""
+    from msc.cuda.diagnose import LaunchError
+
+    text = f"{type(exc).__name__}: {exc}"
+    if "COOPERATIVE_LAUNCH_TOO_LARGE" in text:
+        return UsageError(f"{where} cannot hold the {grid} blocks of {block} threads of this launch at once (a "
+                          f"cooperative launch needs them all resident): {exc}")
+    return LaunchError(f"the launch of {grid} blocks of {block} threads on {where} failed: {text}", where=where,
+                       grid=grid, block=block, cause=text)
+
+
 class CudaBackend:
     """A real GPU: the driver for memory, IPC and occupancy; torch.cuda for
     streams, events, pinned memory and tensors (torch's primary context).
@@ -140,19 +154,21 @@ class CudaBackend:
         on_device.copy_(host, non_blocking=True)
         return on_device.data_ptr(), (on_device, host)
 
+    def uploaded(self, index: int):
+        """An event after the copies queued so far on GPU ``index``'s current stream (an upload's
+        completion, for launches on other streams to wait on)."""
+        return self.record(self.stream(index))
+
     def launch(self, index: int, stream, grid: int, block: int, kernel, args_ptr: int, keep=()) -> None:
         """One cooperative launch of ``kernel(args_ptr)`` on ``stream``. The
         caching allocator orders the reuse of tensors by stream: ``keep`` is
-        not needed here."""
+        not needed here. A failure is classified (``launch_failure``)."""
         from cuda.core import LaunchConfig, launch
 
         try:
             launch(stream, LaunchConfig(grid=grid, block=block, is_cooperative=True), kernel, args_ptr)
-        except Exception as exc:            # the grid cannot be resident at once?
-            if not isinstance(exc, ValueError) and "COOPERATIVE_LAUNCH_TOO_LARGE" not in str(exc):
-                raise
-            raise UsageError(f"GPU {index} cannot hold the {grid} blocks of {block} threads of this launch at once "
-                             f"(a cooperative launch needs them all resident): {exc}") from None
+        except Exception as exc:
+            raise launch_failure(exc, f"GPU {index}", grid, block) from exc
 
     def snapshot(self, index: int, stream, ptr: int, nbytes: int, previous=None):
         """A stream-ordered copy of device bytes to pinned memory: (buffer, event)."""
@@ -199,6 +215,10 @@ class CudaBackend:
 
     def device_id(self, index: int) -> str:
         return cu.pci_bus_id(index)
+
+    def shared(self) -> str | None:
+        """Why two torchrun ranks must not share a GPU (None where MPS runs their kernels side by side)."""
+        return None if cu.mps_active() else cu.SHARED_GPU
 
     def reach(self, index: int):
         """``reach(peer device id) -> why not, or None`` for GPU ``index``."""

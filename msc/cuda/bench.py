@@ -14,18 +14,30 @@ iterations, -G graph replays, -d dtype, -o op, -c check; columns size
 count type redop root time algbw busbw #wrong, then the baselines. #wrong
 comes from one run on fresh random inputs (never zero) with poisoned
 outputs, compared to msc.verification.reference. Without a GPU and driver the command
-exits 2 and says so.
+exits 2 and says so; it exits 1 when any element is wrong.
 
-Everything here but ``torch_collective`` (tested on CPU tensors) needs a GPU
-and has not run on one yet.
+The communicator compiles only the kernel the run uses (its dtype and op)
+and spin-waits at most ``timeout_s`` (default 30 s, not the runtime's 300 s:
+a hang in a benchmark ends quickly with its diagnosis).
+
+``--backend emu`` runs the same code on the emulated device (msc.cuda.emu:
+CPU torch tensors, times from the host clock around a synchronize, no CUDA
+graphs): it checks the benchmark itself, not speed (bench/first_gpu_run.py
+--device emu uses it).
+
+Everything here but the emulated device and ``torch_collective`` (tested on
+CPU tensors) needs a GPU and has not run on one yet.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import platform
+from dataclasses import dataclass
 
 from msc.errors import UsageError
+
+DEFAULT_TIMEOUT_S = 30.0        # seconds a benchmark's spin-wait may last (the runtime's default is 300)
 
 
 def torch_collective(collective: str, inputs: list, outputs: list, op: str = "sum", root: int = 0) -> None:
@@ -94,8 +106,24 @@ def environment(device: int) -> dict:
     return env
 
 
-def _timed(fn, iters: int, warmup: int, graphs: int = 0) -> float:
-    """Microseconds per call of ``fn`` on the current stream."""
+def _timed(fn, iters: int, warmup: int, graphs: int = 0, host: bool = False, finish=None) -> float:
+    """Microseconds per call of ``fn``: on the current CUDA stream (events), or ``host`` (the
+    emulated device, CPU tensors) by the host clock, ``finish`` (a synchronize) before it stops."""
+    if host:
+        import time
+
+        if graphs > 0:
+            raise UsageError("CUDA graphs need a GPU: the emulated device times plain calls (-G 0)")
+        for _ in range(warmup):
+            fn()
+        if finish is not None:
+            finish()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        if finish is not None:
+            finish()
+        return (time.perf_counter() - t0) * 1e6 / iters
     import torch
 
     for _ in range(warmup):
@@ -147,61 +175,132 @@ def _from_numpy(a, device):
 
 def bench(plan, *, min_bytes, max_bytes, factor: int = 2, iters: int = 20, warmup: int = 5, graphs: int = 0,
           dtype: str = "float", op: str = "sum", placement: str = "virtual", device: int | None = None,
-          check: bool = True, seed: int = 0, baselines: bool = True) -> dict:
-    """Records per size (msc run's fields plus the baselines)."""
+          check: bool = True, seed: int = 0, baselines: bool = True, backend: str | None = None,
+          timeout_s: float = DEFAULT_TIMEOUT_S) -> dict:
+    """Records per size (msc run's fields plus the baselines). ``backend``: "cuda" or "emu"
+    (None: $MSC_DEVICE, else "cuda"); ``device``: the GPU index. ``check``: count wrong elements of
+    one call against msc.verification.reference (True), or on the device (``"device"``:
+    check_on_device, for sizes too large for the host), or not at all (False)."""
     import numpy as np
-    import torch
 
-    from msc.verification import reference
-    from msc.dsl.collectives import get_collective
-    from msc.cuda import device as cu
+    from msc.cuda.backend import choose
     from msc.cuda.runtime import Communicator
-    from msc.cuda.validate import units
-    from msc.units import BUSBW_FACTOR, parse_dtype, parse_size, sizes
+    from msc.cuda.validate import check_op
+    from msc.dsl.collectives import get_collective
+    from msc.units import TYPES, parse_dtype, parse_size, sizes
 
-    cu.require_driver()
+    runtime = choose(backend)
+    runtime.require()
+    host = runtime.host_tensors
     if placement != "virtual":
         raise UsageError("msc bench runs the virtual placement (every rank on one GPU)")
     if iters < 1 or warmup < 0 or graphs < 0:
         raise UsageError(f"need -n >= 1, -w >= 0, -G >= 0; got {iters}, {warmup}, {graphs}")
+    if host and graphs:
+        raise UsageError("CUDA graphs need a GPU: the emulated device times plain calls (-G 0)")
     tname, dt = parse_dtype(dtype)
-    tdtype = _torch_dtype(tname)
-    coll = get_collective(plan.collective)
+    dev = _bind(device, host)
+    kernel_dtype = TYPES[tname]
+    comm = Communicator(plan, "virtual", None if host else dev, device=runtime.name, timeout_s=timeout_s,
+                        dtypes=(kernel_dtype,), ops=(check_op(plan, op, kernel_dtype),))
+    run = _Run(comm, plan, get_collective(plan.collective), tname, dt, _torch_dtype(tname), op, check, seed, iters,
+               warmup, graphs, host, "cpu" if host else dev, baselines, np.random.default_rng(seed))
+    try:
+        records = [_record(run, requested) for requested in sizes(parse_size(min_bytes), parse_size(max_bytes),
+                                                                   factor)]
+        comm.synchronize()
+    finally:
+        comm.close()
+    return {"plan": plan.name, "collective": plan.collective, "ranks": plan.num_ranks, "protocol": plan.protocol,
+            "backend": runtime.name, "placement": placement, "inplace": plan.inplace,
+            "environment": environment(dev) if not host else host_environment(),
+            "wrong": sum(r["wrong"] for r in records), "records": records}
+
+
+@dataclass(frozen=True)
+class _Run:
+    """One benchmark's communicator and options (bench's arguments, resolved)."""
+
+    comm: object
+    plan: object
+    coll: object
+    tname: str
+    dt: object                # the numpy dtype
+    tdtype: object            # the torch dtype
+    op: str
+    check: bool | str
+    seed: int
+    iters: int
+    warmup: int
+    graphs: int
+    host: bool
+    where: object             # a GPU index, or "cpu" (the emulated device)
+    baselines: bool
+    rng: object
+
+
+def _record(run: _Run, requested: int) -> dict:
+    """One size: checked once (``run.check``), timed, and the baselines beside it."""
+    from msc.cuda.validate import units
+    from msc.units import BUSBW_FACTOR
+    from msc.verification import reference
+
+    plan, coll, comm, n = run.plan, run.coll, run.comm, run.plan.num_ranks
+    in_units, out_units = units(plan)
+    count = requested // (run.dt.itemsize * max(in_units, out_units))
+    size = count * max(in_units, out_units) * run.dt.itemsize
+    ins, outs = _tensors(n, in_units * count, out_units * count, run.tdtype, run.where)
+    call = _call(comm, plan, coll, ins, outs, count)
+    wrong = [0] * n
+    if run.check == "device":
+        wrong = check_on_device(comm, count, run.op, run.tdtype, run.where, run.seed)
+    elif run.check:
+        wrong = _check(comm, plan, coll, run.rng, run.dt, run.op, n, count, in_units, out_units,
+                       None if run.host else run.where)
+    t = _timed(lambda: call(run.op), run.iters, run.warmup, run.graphs, run.host, comm.synchronize) if count else 0.0
+    reducing = coll.name in reference.REDUCING
+    rec = {"size": size, "count": count, "type": run.tname, "redop": run.op if reducing else "none",
+           "root": plan.root if coll.has_root else -1, "time": t, "algbw": size / t / 1e3 if t > 0 else 0.0,
+           "wrong": sum(wrong), "wrong_per_rank": wrong, "inplace": plan.inplace, "requested_size": requested,
+           "rounded": size != requested, "graph_replays": run.graphs}
+    rec["busbw"] = rec["algbw"] * BUSBW_FACTOR[coll.name](n)
+    if run.baselines and count:
+        rec.update(_baseline_times(coll.name, plan.root, ins, outs, run.op if reducing else "sum", size, t, run.iters,
+                                   run.warmup, run.where, run.host))
+    return rec
+
+
+def _bind(device: int | None, host: bool) -> int | None:
+    """The GPU the run uses, made current (None on the emulated device)."""
+    if host:
+        return None
+    import torch
+
     dev = torch.cuda.current_device() if device is None else device
     torch.cuda.set_device(dev)
-    comm = Communicator(plan, "virtual", dev)
-    n = plan.num_ranks
-    in_units, out_units = units(plan)
-    reducing = coll.name in reference.REDUCING
-    busbw = BUSBW_FACTOR[coll.name](n)
-    rng = np.random.default_rng(seed)
-    records = []
-    for requested in sizes(parse_size(min_bytes), parse_size(max_bytes), factor):
-        count = requested // (dt.itemsize * max(in_units, out_units))
-        size = count * max(in_units, out_units) * dt.itemsize
-        # logical per-rank tensors, and the physical ones the plan runs on
-        ins = [torch.empty(in_units * count, dtype=tdtype, device=dev).uniform_(1, 2) for _ in range(n)]
-        outs = [torch.empty(out_units * count, dtype=tdtype, device=dev) for _ in range(n)]
-        call = _call(comm, plan, coll, ins, outs, count)
-        wrong = [0] * n
-        if check:
-            wrong = _check(comm, plan, coll, rng, dt, op, n, count, in_units, out_units, dev)
-        t = _timed(lambda: call(op), iters, warmup, graphs) if count else 0.0
-        rec = {"size": size, "count": count, "type": tname, "redop": op if reducing else "none",
-               "root": plan.root if coll.has_root else -1, "time": t,
-               "algbw": size / t / 1e3 if t > 0 else 0.0, "wrong": sum(wrong), "wrong_per_rank": wrong,
-               "inplace": plan.inplace, "requested_size": requested, "rounded": size != requested,
-               "graph_replays": graphs}
-        rec["busbw"] = rec["algbw"] * busbw
-        if baselines and count:
-            rec.update(_baseline_times(coll.name, plan.root, ins, outs, op if reducing else "sum", size, t, iters,
-                                       warmup, dev))
-        records.append(rec)
-    comm.synchronize()
-    comm.close()
-    return {"plan": plan.name, "collective": plan.collective, "ranks": n, "protocol": plan.protocol,
-            "backend": "cuda", "placement": placement, "inplace": plan.inplace, "environment": environment(dev),
-            "wrong": sum(r["wrong"] for r in records), "records": records}
+    return dev
+
+
+def _tensors(n: int, in_numel: int, out_numel: int, tdtype, where):
+    """Per-rank logical inputs (uniform in [1, 2)) and outputs on ``where`` (a GPU index or "cpu")."""
+    import torch
+
+    ins = [torch.empty(in_numel, dtype=tdtype, device=where).uniform_(1, 2) for _ in range(n)]
+    outs = [torch.empty(out_numel, dtype=tdtype, device=where) for _ in range(n)]
+    return ins, outs
+
+
+def host_environment() -> dict:
+    """What a result file records about an emulated-device run."""
+    import os
+
+    import torch
+
+    from msc.cuda.emu import DEFAULT_THREADS
+
+    return {"python": platform.python_version(), "torch": torch.__version__, "gpu": "emulated device (msc.cuda.emu)",
+            "arch": "host", "cpus": os.cpu_count(), "threads_per_block": os.environ.get("MSC_EMU_THREADS",
+                                                                                      str(DEFAULT_THREADS))}
 
 
 def _torch_dtype(tname: str):
@@ -219,15 +318,15 @@ def _torch_dtype(tname: str):
 
 
 def _baseline_times(collective: str, root: int, ins, outs, op: str, size: int, t: float, iters: int, warmup: int,
-                    dev) -> dict:
+                    where, host: bool = False) -> dict:
     """The baselines' record fields: PyTorch's collective on the same
     tensors, and a device copy of ``size`` bytes, against our time ``t``."""
     import torch
 
-    bt = _timed(lambda: torch_collective(collective, ins, outs, op, root), iters, warmup)
-    src = torch.empty(size, dtype=torch.uint8, device=dev)
+    bt = _timed(lambda: torch_collective(collective, ins, outs, op, root), iters, warmup, host=host)
+    src = torch.empty(size, dtype=torch.uint8, device=where)
     dst = torch.empty_like(src)
-    ct = _timed(lambda: dst.copy_(src), iters, warmup)
+    ct = _timed(lambda: dst.copy_(src), iters, warmup, host=host)
     return {"torch_time": bt, "torch_algbw": size / bt / 1e3 if bt > 0 else 0.0, "copy_time": ct,
             "copy_bw": size / ct / 1e3 if ct > 0 else 0.0, "speedup": bt / t if t > 0 else 0.0}
 
@@ -263,13 +362,10 @@ def run_numpy(comm, inputs: list, count: int, op: str, dev: int | None = None, *
         raise UsageError("run_numpy(synchronize=False) returns the kernel's own arrays: emulated device only")
     import numpy as np
 
-    from msc.dsl.collectives import get_collective
     from msc.cuda.validate import units
 
-    plan = comm.plan
-    n, k = plan.num_ranks, plan.chunk_factor
-    coll = get_collective(plan.collective)
-    _, out_units = units(plan)
+    n = comm.plan.num_ranks
+    _, out_units = units(comm.plan)
     if comm.backend.host_tensors:
         ins = [np.array(a, copy=True) for a in inputs]
         outs = [np.full(out_units * count * a.itemsize, 0xA5, np.uint8).view(a.dtype) for a in ins[:1] * n]
@@ -282,20 +378,76 @@ def run_numpy(comm, inputs: list, count: int, op: str, dev: int | None = None, *
         for o in outs:
             o.view(torch.uint8).fill_(0xA5)
         to_numpy = _to_numpy
-    if plan.inplace:
-        alias, target, _ = coll.inplace_alias(0, n, k)
-        if target == "output":                         # allgather: the input sits in unit `rank` of the output
-            for r, o in enumerate(outs):
-                off = coll.inplace_alias(r, n, k)[2] // k
-                o[off * count:off * count + len(inputs[r])] = ins[r]
-            got = comm.run(None, outs, op)
-        else:
-            got = comm.run(ins, None, op)
-    else:
-        got = comm.run(ins, outs, op)
+    got = run_once(comm, ins, outs, count, op)
     if synchronize:
         comm.synchronize()
     return [to_numpy(g) for g in got]
+
+
+def run_once(comm, ins: list, outs: list, count: int, op: str) -> list:
+    """One call of ``comm`` on per-rank logical inputs ``ins`` and output buffers ``outs`` (numpy
+    arrays or tensors, as the device takes them; ``ins`` may be overwritten), in the form the plan
+    runs: in place, the input in its unit of the output (allgather) or the output over the input.
+    Returns the logical outputs (not synchronized)."""
+    from msc.dsl.collectives import get_collective
+
+    plan = comm.plan
+    n, k = plan.num_ranks, plan.chunk_factor
+    coll = get_collective(plan.collective)
+    if not plan.inplace:
+        return comm.run(ins, outs, op)
+    alias, target, _ = coll.inplace_alias(0, n, k)
+    if target == "output":                         # allgather: the input sits in unit `rank` of the output
+        for r, o in enumerate(outs):
+            off = coll.inplace_alias(r, n, k)[2] // k
+            o[off * count:off * count + len(ins[r])] = ins[r]
+        return comm.run(None, outs, op)
+    return comm.run(ins, None, op)
+
+
+EXACT_OPS = ("sum", "max", "min")
+
+
+def check_on_device(comm, count: int, op: str, tdtype, where, seed: int = 0) -> list[int]:
+    """Wrong elements per rank of one call on fresh inputs that stay on the device: random small
+    integers (1..8, never zero), so that every order of additions is exact (n x 8 < 2^8: bfloat16's
+    integers, up to 32 ranks), checked bit for bit against ``torch_collective`` on the same device.
+    For sizes whose host round trip (msc.verification.reference) would take minutes; outputs
+    poisoned first. Ops whose results depend on the order (prod overflows, avg pre-scales) are
+    refused."""
+    import torch
+
+    from msc.cuda.validate import units
+    from msc.dsl.collectives import get_collective
+
+    plan = comm.plan
+    n = plan.num_ranks
+    coll = get_collective(plan.collective)
+    if op not in EXACT_OPS:
+        raise UsageError(f"an on-device check needs an op exact in any order ({', '.join(EXACT_OPS)}), not {op!r}")
+    if n * 8 >= 256:
+        raise UsageError(f"an on-device check sums up to {n} x 8: not exact in bfloat16 beyond 31 ranks")
+    in_units, out_units = units(plan)
+    gen = torch.Generator(device=where).manual_seed(seed)
+    ints = torch.int16 if tdtype.itemsize <= 2 else torch.int32          # no int64 temporary (1 GB ranks)
+    ins = [torch.randint(1, 9, (in_units * count,), generator=gen, device=where, dtype=ints).to(tdtype)
+           for _ in range(n)]
+    want = [torch.empty(out_units * count, dtype=tdtype, device=where) for _ in range(n)]
+    torch_collective(coll.name, ins, want, op, plan.root)
+    outs = [torch.empty(out_units * count, dtype=tdtype, device=where) for _ in range(n)]
+    for o in outs:
+        o.view(torch.uint8).fill_(0xA5)
+    got = run_once(comm, [x.clone() for x in ins], outs, count, op)
+    comm.synchronize()
+    specified = [coll.name != "reduce" or r == plan.root for r in range(n)]       # reduce: only the root's
+    return [int((_bits(got[r]) != _bits(want[r])).sum()) if specified[r] else 0 for r in range(n)]
+
+
+def _bits(t):
+    """A tensor's elements as integers of their width (a bitwise comparison; NaN == NaN)."""
+    import torch
+
+    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
 
 
 def format_baselines(records: list[dict]) -> str:
@@ -323,7 +475,9 @@ def add_bench_command(subparsers, load_plan) -> argparse.ArgumentParser:
     p = subparsers.add_parser("bench", help="time a plan on a GPU against PyTorch and copy baselines "
                                             "(nccl-tests columns)")
     p.add_argument("plan", help="plan file")
-    p.add_argument("--backend", choices=("cuda",), default="cuda", help="cuda: the msc CUDA runtime")
+    p.add_argument("--backend", choices=("cuda", "emu"), default="cuda",
+                   help="cuda: the msc CUDA runtime on a GPU; emu: the same on the emulated device (checks the "
+                        "benchmark, not speed)")
     p.add_argument("-b", "--minbytes", type=size_arg, default=8, help="smallest size (bytes; K, M, G)")
     p.add_argument("-e", "--maxbytes", type=size_arg, default=64 * 1024 ** 2, help="largest size (bytes; K, M, G)")
     p.add_argument("-f", "--stepfactor", type=int, default=2, help="size multiplier between runs")
@@ -337,6 +491,8 @@ def add_bench_command(subparsers, load_plan) -> argparse.ArgumentParser:
     p.add_argument("--device", type=int, help="GPU index (default: the current one)")
     p.add_argument("--no-baselines", action="store_true", help="time msc only")
     p.add_argument("--seed", type=int, default=0, help="seed for the checked run's inputs")
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                   help=f"seconds a spin-wait may last before the kernel reports (default {DEFAULT_TIMEOUT_S:g})")
     p.add_argument("--json", action="store_true", help="print the records as JSON")
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show Python tracebacks")
 
@@ -344,12 +500,13 @@ def add_bench_command(subparsers, load_plan) -> argparse.ArgumentParser:
         from msc.cuda import device as cu
         from msc.units import format_table
 
-        cu.require_driver()                     # exit 2 with the reason, before reading anything else
+        if args.backend == "cuda":
+            cu.require_driver()                 # exit 2 with the reason, before reading anything else
         plan = load_plan(args.plan)
         out = bench(plan, min_bytes=args.minbytes, max_bytes=args.maxbytes, factor=args.stepfactor,
                     iters=args.iters, warmup=args.warmup_iters, graphs=args.cudagraph, dtype=args.dtype,
                     op=args.op, device=args.device, check=bool(args.check), seed=args.seed,
-                    baselines=not args.no_baselines)
+                    baselines=not args.no_baselines, backend=args.backend, timeout_s=args.timeout)
         if args.json:
             print(json.dumps(out))
         else:

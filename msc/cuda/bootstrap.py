@@ -17,7 +17,10 @@ machine it runs on and its device. Every rank must agree on capacity and
 generation, else the ranks were not making the same call (a different count
 or dtype on some rank) and the exchange says which; a peer on another
 machine, or a device this one cannot reach, is named before any handle is
-opened.
+opened. Two ranks on one GPU are refused where the device says sharing one
+would not work (``shared``: why not, or None): on a GPU, each process's
+kernel spins on the other's, and kernels of different processes take turns
+on the GPU (time-slicing) unless MPS runs them side by side.
 
 ``store_gather`` gathers through torch.distributed's key-value store with a
 deadline: a rank that grows its buffers while a peer does not (the calls
@@ -84,14 +87,17 @@ def store_gather(prefix: str, rank: int, n: int, timeout_s: float, group=None):
 
 
 def exchange(rank: int, n: int, base: int, capacity, generation: int, needed: tuple[int, ...], *, ipc,
-             gather, host: str = "", device: str = "", reach=None) -> list[int | None]:
+             gather, host: str = "", device: str = "", reach=None, shared: str | None = None) -> list[int | None]:
     """Bases of every rank's arena in this process: ours, the opened ones of
     ``needed`` peers, None for the rest. ``reach(device) -> str | None``:
-    why this process cannot map memory of that peer device (None: it can)."""
+    why this process cannot map memory of that peer device (None: it can).
+    ``shared``: why ranks must not share a device (None: they may)."""
     mine = Published(rank, generation, capacity, ipc.export(base), host, device)
     everyone = gather(f"publish/{generation}", mine)
     if len(everyone) != n:
         raise UsageError(f"the process group has {len(everyone)} ranks, the plan {n}")
+    if shared is not None:
+        _refuse_shared_devices(everyone, shared)
     for r, p in enumerate(everyone):
         if p.rank != r:
             raise UsageError(f"rank {r} published itself as rank {p.rank}: the group's ranks must be the plan's")
@@ -117,3 +123,15 @@ def exchange(rank: int, n: int, base: int, capacity, generation: int, needed: tu
         gather(f"opened/{generation}", rank)          # every peer has mapped our arena
         settle(base)
     return bases
+
+
+def _refuse_shared_devices(everyone: list[Published], why: str) -> None:
+    """UsageError, on every rank alike, when two ranks published the same device of one machine."""
+    by_device: dict[tuple[str, str], list[int]] = {}
+    for p in everyone:
+        by_device.setdefault((p.host, p.device), []).append(p.rank)
+    crowded = [(device, ranks) for (_, device), ranks in by_device.items() if len(ranks) > 1]
+    if crowded:
+        named = "; ".join(f"ranks {', '.join(map(str, ranks))} on {device}" for device, ranks in crowded)
+        raise UsageError(f"the torchrun placement runs one rank per GPU, and {named}: {why}. Give each process its "
+                         f"own GPU (torch.cuda.set_device(local_rank) before the first call)")

@@ -110,6 +110,25 @@ def max_active_blocks(kernel, nthreads: int) -> int:
     return int(kernel.occupancy.max_active_blocks_per_multiprocessor(nthreads, 0))
 
 
+def mps_active() -> bool:
+    """Whether an MPS control daemon is running for this process's user: its pipe directory
+    ($CUDA_MPS_PIPE_DIRECTORY, default /tmp/nvidia-mps) holds the daemon's ``control`` pipe.
+    CUDA connects a process to the MPS server there at context creation."""
+    import os
+    from pathlib import Path
+
+    pipes = Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps")
+    try:
+        return (pipes / "control").exists()
+    except OSError:
+        return False
+
+
+SHARED_GPU = ("their kernels would share the GPU by time-slicing: kernels of different processes take turns on "
+              "it unless MPS runs them side by side, and each rank's blocks spin until the other's run, so every "
+              "wait would last a time slice (or the timeout)")
+
+
 def timeout_ns(timeout_s: float) -> int:
     """Spin-wait budget in nanoseconds (the kernel reads the GPU's global
     timer, which counts nanoseconds whatever the SM clock does)."""

@@ -15,7 +15,7 @@ import struct
 from dataclasses import dataclass, field
 
 from msc.cuda.codegen import COUNTER_STRIDE, KernelLayout
-from msc.errors import ExecutionError, UsageError
+from msc.errors import ExecutionError, MscError, UsageError
 from msc.ir import Plan
 
 MSC_OK, MSC_TIMEOUT = 0, 1               # the kernel's codes (common.cuh.j2)
@@ -34,6 +34,15 @@ class DeviceTimeoutError(ExecutionError):
 
 class BrokenCommunicatorError(UsageError):
     """A communicator whose launch failed refuses further use."""
+
+
+class LaunchError(MscError):
+    """The driver refused a launch for a reason other than its size: ``where`` (the device),
+    ``grid`` and ``block`` (the launch), ``cause`` (the driver's or cuda.core's error)."""
+
+    def __init__(self, message: str, *, where: str, grid: int, block: int, cause: str):
+        self.where, self.grid, self.block, self.cause = where, grid, block, cause
+        super().__init__(message)
 
 
 def parse_words(raw: bytes) -> tuple[int, int, int, int, int]:

@@ -363,6 +363,9 @@ class EmuBackend:
         buf = ctypes.create_string_buffer(data, len(data))
         return ctypes.addressof(buf), buf
 
+    def uploaded(self, index: int) -> None:
+        return None             # uploads are host copies, done when upload() returns
+
     def launch(self, index: int, stream: Stream, grid: int, block: int, kernel: HostKernel, args_ptr: int,
                keep=()) -> None:
         """Queue the launch; ``keep`` (the arguments block, the call's tensors)
@@ -410,6 +413,9 @@ class EmuBackend:
 
     def reach(self, index: int):
         return None             # host memory: every emulated device reaches every other
+
+    def shared(self) -> str | None:
+        return None             # host threads: ranks' blocks on one emulated device all run at once
 
 
 def _host_id() -> str:

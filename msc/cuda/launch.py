@@ -111,7 +111,8 @@ _HEADER_FIELDS = [
     ("slot_room", ctypes.c_int64), ("inv_n", ctypes.c_float),
     ("first_block", ctypes.c_int32), ("error", ctypes.c_void_p),
     ("threadblocks", ctypes.c_void_p), ("steps", ctypes.c_void_p),
-    ("nranks", ctypes.c_int32), ("nthreadblocks", ctypes.c_int32), ("k", ctypes.c_int32), ("slots", ctypes.c_int32)]
+    ("nranks", ctypes.c_int32), ("nthreadblocks", ctypes.c_int32), ("k", ctypes.c_int32), ("slots", ctypes.c_int32),
+    ("local", ctypes.c_int32)]
 
 
 class MscArgsHeader(ctypes.Structure):
@@ -128,14 +129,16 @@ def args_struct(num_ranks: int, num_connections: int) -> type[ctypes.Structure]:
 
 def pack_args(layout: KernelLayout, params: LaunchParams, *, ranks: list[dict], connections: list[dict],
               error: int, slot_room: int, first_block: int = 0, timeout_ns: int = 300 * 10 ** 9,
-              tables: tuple[int, int] = (0, 0)) -> bytes:
+              tables: tuple[int, int] = (0, 0), local: bool = False) -> bytes:
     """MscArgs and its arrays as bytes to copy to the device. ``ranks[r]``:
     pointers input, output, scratch, progress (0 for a rank this process does
     not run); ``connections[c]``: pointers slots, tail, head, in
     layout.connections order; ``slot_room``: the arena's bytes per chunk-tile
     in a slot (Footprint.room); ``timeout_ns``: how long a spin-wait may last
     (the GPU's global timer); ``tables``: device pointers to the plan's
-    threadblock and step tables (the table form; codegen.PlanTables)."""
+    threadblock and step tables (the table form; codegen.PlanTables);
+    ``local``: every peer of the launch's blocks is on its GPU (the virtual
+    placement), so connection counters and LL packets need only .gpu scope."""
     if len(ranks) != layout.num_ranks or len(connections) != len(layout.connections):
         raise UsageError(f"pointer tables for {len(ranks)} ranks and {len(connections)} connections; the kernel "
                          f"has {layout.num_ranks} and {len(layout.connections)}")
@@ -147,7 +150,7 @@ def pack_args(layout: KernelLayout, params: LaunchParams, *, ranks: list[dict], 
                timeout=timeout_ns, scratch_stride=params.scratch_stride, slot_room=slot_room,
                inv_n=1.0 / layout.num_ranks, first_block=first_block, error=error,
                threadblocks=tables[0], steps=tables[1], nranks=layout.num_ranks,
-               nthreadblocks=len(layout.blocks), k=layout.chunk_factor, slots=layout.slots)
+               nthreadblocks=len(layout.blocks), k=layout.chunk_factor, slots=layout.slots, local=int(local))
     for r, ptrs in enumerate(ranks):
         args.rank[r] = MscRank(**ptrs)
     for c, ptrs in enumerate(connections):

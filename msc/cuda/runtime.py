@@ -35,7 +35,9 @@ launching, so that compile skew between ranks is not spent in spin-waits.
 Data-movement collectives use one kernel for every op. A table-form plan
 (msc.cuda.codegen) shares its kernel with every plan of its protocol; the
 constructor copies the plan's tables to each GPU it launches on (once per
-kind of op: averaging or not) in stream order, and close() frees them.
+kind of op: averaging or not) in stream order, every launch on any stream
+waits on the copy's event until the event has completed, and close() frees
+them.
 
 Memory. A rank's counters, slots and scratch live in its *arena*
 (msc.cuda.tables): one allocation per rank, zeroed once, sized by
@@ -72,7 +74,13 @@ every later call raises BrokenCommunicatorError. Its device memory is still
 freed by ``close()``; to go on, build a new Communicator (under torchrun, on
 every rank: the peers' kernels have timed out too, or will). Under devices
 and torchrun placements each launch has its own error word; the other GPUs'
-blocks waiting on a failed rank end by their own timeouts.
+blocks waiting on a failed rank end by their own timeouts. A launch the
+driver refuses is classified (msc.cuda.backend.launch_failure): a grid the
+GPU cannot hold at once is a UsageError, anything else a LaunchError with
+the driver's words; either breaks the communicator once a launch of the
+call has started (its blocks would wait for the refused ones). Two torchrun
+ranks on one GPU are refused at the first call's bootstrap unless MPS is
+running (msc.cuda.device.mps_active): their kernels would only take turns.
 
 What runs without a GPU: everything, on the emulated device
 (tests/test_cuda_emu.py), and the CUDA backend's calls with the driver faked
@@ -256,7 +264,8 @@ class Communicator:
                                     allow_deadlock=allow_deadlock)
                          for a in set(self._arch.values())}
         self._table_source = dict(collective=collective, cache=cache, allow_deadlock=allow_deadlock)
-        self._tables: dict[tuple[int, bool], tuple] = {}    # (device, averages) -> (pointers, what holds them)
+        # (device, averages) -> [pointers, what holds them, the copy's event until it is seen complete]
+        self._tables: dict[tuple[int, bool], list] = {}
         self.max_bytes = max_bytes
         self._ipc = ipc
         self._capacity = None
@@ -351,8 +360,22 @@ class Communicator:
             tables = plan_tables(self.kplan, op=op, **self._table_source)
             with self.backend.context(dev):
                 ptr, held = self.backend.upload(dev, tables.device_image(), False)
-            self._tables[key] = ((ptr, ptr + tables.steps_offset), held)
+                done = self.backend.uploaded(dev)
+            self._tables[key] = [(ptr, ptr + tables.steps_offset), held, done]
         return self._tables[key][0]
+
+    def _after_tables(self, dev: int, op: str, stream) -> None:
+        """Order a launch on ``stream`` after the copy of its tables, made on the stream that
+        was current when they were uploaded (the constructor's, or a first call's): the stream
+        waits on the copy's event until the event is seen complete. Under CUDA graph capture
+        no wait is recorded (torch.cuda.graph synchronizes the device before it captures)."""
+        entry = self._tables.get((dev, REDUCE_OPS[op].average)) if self.layout.form == "table" else None
+        if entry is None or entry[2] is None or self.backend.capturing():
+            return
+        if entry[2].query():
+            entry[2] = None
+        else:
+            self.backend.wait(stream, entry[2])
 
     # -- the collective calls -------------------------------------------------------------
     def run(self, inputs, outputs=None, op: str = "sum"):
@@ -511,17 +534,32 @@ class Communicator:
             args = pack_args(self.layout, params, ranks=ranks, connections=conns, slot_room=self._capacity.room,
                              error=error_pointer(self._arenas, self._bases, L.error_rank),
                              first_block=L.first_block, timeout_ns=self._timeout_ns,
-                             tables=self._plan_tables(L.device, spec.op))
+                             tables=self._plan_tables(L.device, spec.op), local=self.placement == "virtual")
             with backend.context(L.device):
                 stream = backend.stream(L.device)
                 capturing = backend.capturing()
                 last = self._last.get(L.device)
                 if last is not None and last[0] != stream and not capturing:
                     backend.wait(stream, last[1])          # launches of one communicator never overlap
+                self._after_tables(L.device, spec.op, stream)
                 ptr, held = self._upload(L.device, args, capturing)
-                backend.launch(L.device, stream, L.grid, self._threads, kernels[L.device], ptr, keep=(held, keep))
+                self._launch(i, L, stream, kernels[L.device], ptr, keep=(held, keep))
                 if not capturing:
                     self._track(i, L, stream)
+
+    def _launch(self, i: int, L: Launch, stream, kernel, ptr: int, keep) -> None:
+        """Launch ``L``, the i-th launch of a call. A launch that fails breaks the communicator
+        (launches before it spin on its blocks until they time out), unless it is the first of
+        the call and refused for its size: then nothing ran, and the call may be retried."""
+        try:
+            self.backend.launch(L.device, stream, L.grid, self._threads, kernel, ptr, keep=keep)
+        except UsageError:
+            if i > 0:
+                self._broken = UsageError(f"launch {i} of a call failed after {i} launch(es) had started")
+            raise
+        except Exception as exc:
+            self._broken = exc
+            raise
 
     def _rendezvous(self, tag: str) -> None:
         from msc.cuda.bootstrap import store_gather
@@ -600,7 +638,8 @@ class Communicator:
                                  peers(self.layout, self.rank), ipc=ipc,
                                  gather=store_gather(self._prefix(), self.rank, self.plan.num_ranks, self.timeout_s,
                                                      self.group),
-                                 host=backend.host_id(), device=backend.device_id(d), reach=backend.reach(d))
+                                 host=backend.host_id(), device=backend.device_id(d), reach=backend.reach(d),
+                                 shared=backend.shared())
             self._opened = {r: b for r, b in enumerate(bases) if b is not None and r != self.rank}
         else:
             bases = [self._owned.get(r) for r in range(self.plan.num_ranks)]

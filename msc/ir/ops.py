@@ -57,10 +57,11 @@ class ProtocolSpec:
     bandwidth_factor: float    # the fraction of link bandwidth that carries data
     transport: str | None      # the CUDA templates' transport_<name>.cuh.j2; None: the CUDA backend lacks it
     # CUDA threads per block, and blocks per SM the register budget must leave room for
-    # (__launch_bounds__): a virtual launch of every rank's blocks must fit the GPU at once. At
-    # 512 threads and 2 blocks, registers were capped at 64 and the Simple step interpreter
-    # spilled; 256 threads leave 128, and no kernel spills or touches local memory
-    # (bench/cuda_static.py).
+    # (__launch_bounds__): a virtual launch of every rank's blocks must fit the GPU at once. 256
+    # threads leave 128 registers: Simple's element loop keeps 8 16-byte loads in flight per thread
+    # (32 KiB per block) and no kernel spills. At 384 or 512 threads (NCCL's 512-640) the cap is 80
+    # or 64 and the step interpreter spills (bfloat16 table form: 180 or 272 bytes stored by
+    # run_threadblock), so bytes in flight come from the unrolled loads instead (bench/cuda_static.py).
     threads: int = 256
     min_blocks: int = 2
 

@@ -121,7 +121,8 @@ PRESETS: tuple[Preset, ...] = (
     Preset("dgx-h100", "NODES", "nodes of 8 H100 SXM on NVSwitch (450 GB/s per GPU and direction), one 400 Gb/s "
            "NIC per GPU; NCCL's latencies, calibrated against published NCCL measurements",
            _dgx(dgx_h100, "dgx-h100")),
-    Preset("dgx-a100", "NODES", "nodes of 8 A100 SXM on NVSwitch (300 GB/s), one 200 Gb/s NIC per GPU",
+    Preset("dgx-a100", "NODES", "nodes of 8 A100 SXM on NVSwitch (300 GB/s per GPU and direction), one 200 Gb/s "
+           "NIC per GPU; calibrated likewise",
            _dgx(dgx_a100, "dgx-a100")),
     Preset("nvswitch", None, "8 H100 on NVSwitch: the same machine as dgx-h100",
            lambda arg, n, spec: nvswitch()),

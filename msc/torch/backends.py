@@ -28,15 +28,20 @@ GPU node would: the runtime is available, its tensors are CPU tensors, and
   UsageError) saying why it cannot run this call: no GPU/driver, no host
   compiler for "emu", a bad MSC_DEVICE, tensors on another device than the
   runtime's, a dtype or op the kernels lack, a job torchrun says spans
-  nodes. Never a silent fallback.
+  nodes, more processes on this node than GPUs they all see (two ranks'
+  kernels on one GPU only take turns: ``crowded_gpus``; MPS lifts it).
+  Never a silent fallback.
   Where torchrun's environment does not say whether the job is on one
   node, the runtime's bootstrap checks that the peers it maps share this
   machine.
 - ``"auto"`` (default): the CUDA runtime when the call is one it runs
   (tensors on the runtime's device: CUDA tensors, or CPU tensors under
   MSC_DEVICE=emu; a dtype and op its kernels take) and torchrun says
-  every rank runs on this node (``single_node``); the torch executor
-  otherwise.
+  every rank runs on this node (``single_node``) with a GPU of its own
+  where that can be told (``crowded_gpus``); the torch executor
+  otherwise. Processes that see different GPUs through
+  CUDA_VISIBLE_DEVICES are compared by the runtime's bootstrap at the
+  first call, which refuses two ranks on one GPU.
 
 A communicator is built once per (plan, group, device) and kept (it holds
 the kernels and the buffers, as an NCCL communicator does): see
@@ -118,6 +123,25 @@ def single_node(group=None) -> bool | None:
     return local == world
 
 
+def crowded_gpus() -> str | None:
+    """Why this node's torchrun processes would share GPUs, where that is certain: the CUDA
+    runtime on GPUs, LOCAL_WORLD_SIZE processes that all see the same GPUs (CUDA_VISIBLE_DEVICES
+    unset) and fewer of them, and no MPS. None otherwise (where processes see different GPUs, the
+    bootstrap compares their PCI bus ids at the first call)."""
+    local = os.environ.get("LOCAL_WORLD_SIZE", "")
+    if runtime_device() != "cuda" or not local.isdigit() or os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
+        return None
+    import torch
+
+    from msc.cuda import device as cu
+
+    gpus = torch.cuda.device_count()
+    if int(local) <= gpus or cu.mps_active():
+        return None
+    return (f"torchrun runs {local} processes on this node, which has {gpus} GPU(s), so ranks would share one: "
+            f"{cu.SHARED_GPU}")
+
+
 def kernel_dtype(dtype) -> str | None:
     """The CUDA kernels' name for a torch dtype, or None if they lack it."""
     from msc.cuda.codegen import DTYPES as KERNEL_DTYPES
@@ -170,10 +194,14 @@ def choose(backend: str, device, group, dtype=None, op: str | None = None, colle
             raise BackendUnavailableError(
                 "backend='cuda': the msc CUDA runtime runs within one node, and torchrun says this job spans nodes "
                 "(LOCAL_WORLD_SIZE != WORLD_SIZE): use backend='torch'")
+        crowded = crowded_gpus()
+        if crowded is not None:
+            raise BackendUnavailableError(f"backend='cuda': {crowded}. Use backend='torch' (or 'auto'), one process "
+                                          f"per GPU, or MPS")
         return "cuda"
     # auto
     if single_node(group) and getattr(device, "type", None) == tensor_device_type() \
-            and cuda_runtime_available() and _why_not(device, dtype, op, collective) is None:
+            and cuda_runtime_available() and _why_not(device, dtype, op, collective) is None and crowded_gpus() is None:
         return "cuda"
     return "torch"
 
