@@ -74,14 +74,18 @@ def split_param(item: str, flag: str = "--param", form: str = "name=value") -> t
 
 
 def _number(text: str, *, zero: bool) -> float:
-    """A finite float, > 0 (or >= 0 with ``zero``): argparse's type for the
-    uniform model's flags (inf, nan and negatives are refused)."""
+    """argparse's type for the uniform model's flags: a latency (``zero``:
+    0 to msc.sim.protocols.ALPHA_US_MAX us) or a rate (GBPS_MIN to GBPS_MAX
+    GB/s); inf, nan and negatives are refused."""
+    from msc.sim.protocols import ALPHA_US_MAX, GBPS_MAX, GBPS_MIN
+
+    low, high = (0.0, ALPHA_US_MAX) if zero else (GBPS_MIN, GBPS_MAX)
     try:
         value = float(text)
     except ValueError:
         value = None
-    if value is None or not (0 <= value if zero else 0 < value) or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a finite number {'>= 0' if zero else '> 0'}, got {text!r}")
+    if value is None or not low <= value <= high:
+        raise argparse.ArgumentTypeError(f"expected a finite number >= {low:g} and <= {high:g}, got {text!r}")
     return value
 
 
@@ -102,9 +106,9 @@ def add_topology_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--topology", "-t", metavar="NAME|FILE",
                    help=f"{', '.join(n for n in PRESET_NAMES if not n.startswith('uniform'))}, or a TOML file")
     p.add_argument("--alpha-us", type=lambda t: _number(t, zero=True), metavar="US",
-                   help="uniform model: latency per message (us, finite, >= 0)")
+                   help="uniform model: latency per message (us, 0 to 1e6)")
     p.add_argument("--bandwidth-gbps", type=lambda t: _number(t, zero=False), metavar="GBPS",
-                   help="uniform model: bandwidth per rank pair (GB/s = 1e9 B/s, finite, > 0)")
+                   help="uniform model: bandwidth per rank pair (GB/s = 1e9 B/s, 1e-6 to 1e9)")
 
 
 def topology_from_args(args, num_ranks: int):

@@ -38,9 +38,9 @@ def add_bound_command(subparsers) -> argparse.ArgumentParser:
         type_name, dt = parse_dtype(args.dtype)
         requested = sizes(args.minbytes, args.maxbytes, args.stepfactor)
         rounded = [nccl_size(collective, n, s, dt.itemsize) for s in requested]
-        exact = cut_model(topo, args.root if collective in ("broadcast", "reduce") else 0).exact
-        bounds = lower_bound(collective, topo, [s for s, _ in rounded], root=args.root,
+        bounds = lower_bound(collective, topo, [s for s, _ in rounded], root=args.root,      # checks the root
                              protocols=tuple(args.protocol) if args.protocol else None)
+        exact = cut_model(topo, args.root if collective in ("broadcast", "reduce") else 0).exact
         factor = BUSBW_FACTOR[collective](n)
         records = []
         for req, (size, count), b in zip(requested, rounded, bounds):

@@ -621,6 +621,11 @@ def main(argv: list[str] | None = None) -> int:
         cut = argv.index("--")
         argv, script_args = argv[:cut], argv[cut + 1:]
     debug = "--debug" in argv
+    import warnings
+
+    shown = warnings.formatwarning
+    if not debug:                     # --debug: Python's own form, with the source line
+        warnings.formatwarning = one_line_warning
     try:
         parser = build_parser()
         parser.epilog = "Arguments after -- are passed to an MSCCLang script (msc verify/compile prog.py -- 8 1)."
@@ -634,6 +639,8 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         print("msc: interrupted", file=sys.stderr)
         return 130
+    finally:
+        warnings.formatwarning = shown
 
 
 def _run(args) -> int:
@@ -666,6 +673,19 @@ def _run(args) -> int:
             raise                    # a bug in msc: its traceback says where
         text = describe(exc, "in user code")
         return _fail(args, 2, "error", f"{where}: {text}" if where else text)
+
+
+def one_line_warning(message, category, filename, lineno, line=None) -> str:
+    """A Python warning as msc prints it: one line, without the source line
+    Python adds; where it comes from only if that is the user's code."""
+    import sysconfig
+
+    from msc.dsl.program import _display_path, _internal
+
+    installed = tuple({sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")})
+    mine = _internal(filename) or filename.startswith(installed) or filename.startswith("<")
+    where = "" if mine else f"{_display_path(filename)}:{lineno}: "
+    return f"msc: warning: {where}{category.__name__}: {message}\n"
 
 
 def user_frame(exc: BaseException):

@@ -29,6 +29,29 @@ def _plt():
     return plt
 
 
+def save_figure(plt, fig, path: str, *, dpi: int) -> None:
+    """``fig`` rendered in memory, then written whole (msc.formats.files.write_output),
+    so that a file that cannot be written (a full disk, /dev/full) is an error
+    naming it, not a success; the figure is closed either way. The format is
+    the file's extension's (PNG without one)."""
+    import io
+    from pathlib import Path
+
+    from msc.formats.files import write_output
+
+    data = io.BytesIO()
+    try:
+        fig.savefig(data, dpi=dpi, format=Path(path).suffix[1:].lower() or "png")
+    except ValueError as exc:           # an extension matplotlib does not write
+        raise UsageError(f"cannot write {path}: {exc}") from None
+    finally:
+        plt.close(fig)
+    try:
+        write_output(path, data.getvalue())
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
 def _size_label(n: float) -> str:
     for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
         if n >= scale:
@@ -76,8 +99,7 @@ def plot_busbw(series: list[tuple[str, list[dict]]], path: str, *, title: str = 
     if found_x:
         ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(plt, fig, path, dpi=120)
     return fig
 
 
@@ -245,8 +267,7 @@ class _Schedule:
         fig.text(0.5, 1 - 0.43 / height, f"arrows: messages, {how}; numbers: chunks sent; dotted: waits for "
                  f"its receiver", ha="center", va="top", fontsize=8.5, color="0.3")
         self._legend(fig)
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
+        save_figure(plt, fig, path, dpi=110)
         return fig
 
     def _frame(self, ax, last: bool) -> None:
@@ -425,8 +446,7 @@ def _draw_summary(plan, sp, level, path):
     fig.suptitle(f"{plan.name}: {plan.collective}, {n} ranks, {plan.num_steps()} steps, {len(s)} messages "
                  f"(summary: more than {SHOW_RANKS} ranks)")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(plt, fig, path, dpi=110)
     return fig
 
 
@@ -509,6 +529,5 @@ def draw_timeline(sim, size: int, path: str):
                  + ("pale: computing, solid: transmitting, gaps: latency and waits" if lanes
                     else "threadblocks transmitting per rank"), fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(plt, fig, path, dpi=110)
     return fig

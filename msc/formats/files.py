@@ -54,12 +54,12 @@ def write_output(path: str | Path, data: str | bytes) -> Path:
         st = os.stat(target)
     except FileNotFoundError:
         st = None
-    if st is not None and not stat.S_ISREG(st.st_mode):
-        with open(target, "wb") as out:
-            out.write(data)
-        return path
     try:
-        write_atomic(target, data, mode=None if st is None else stat.S_IMODE(st.st_mode))
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            with open(target, "wb") as out:      # a full device fails on close: no file name then
+                out.write(data)
+        else:
+            write_atomic(target, data, mode=None if st is None else stat.S_IMODE(st.st_mode))
     except OSError as exc:       # name the file asked for, not the temporary beside it
         if exc.errno is None:
             raise

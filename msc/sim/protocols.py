@@ -18,13 +18,34 @@ simulator and ``msc bound`` read plain alphas and capacities.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 from msc.errors import UsageError
+from msc.ir.limits import MAX_TILE_BYTES
 from msc.ir.ops import PROTOCOLS
 
 GB = 1e9
 US = 1e-6
+
+# The ranges the cost model's inputs must lie in (TOML topologies, the uniform model's flags):
+# finite, and far enough from overflow that no sum of latencies or size over a rate becomes inf.
+ALPHA_US_MAX = 1e6                  # a latency (us): a second per hop, launch or message
+GBPS_MIN, GBPS_MAX = 1e-6, 1e9      # a rate (GB/s): 1 kB/s to 1 EB/s
+ALPHA_FACTOR_MAX = 1e3              # a protocol's latency as a multiple of Simple's
+
+
+def number_in(what: str, v, low: float, high: float, *, above: bool = False, free: bool = False) -> float:
+    """``v`` as a float if it is a number (not a bool) with ``low <= v <= high``
+    (``low < v`` with ``above``; ``free``: inf too, meaning no limit), else a
+    UsageError naming ``what``, the range and the value."""
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool)
+    if ok and not (free and v == math.inf):
+        ok = (low < v if above else low <= v) and v <= high
+    if not ok:
+        span = f"{'>' if above else '>='} {low:g} and <= {high:g}" + (" (or inf: no limit)" if free else "")
+        raise UsageError(f"{what} must be a number {span}, got {v!r}")
+    return float(v)
 
 KINDS = ("link", "nvlink", "pcie", "net")
 LINK = "link"
@@ -111,21 +132,27 @@ def protocols_from_tables(tables: dict, base: dict[str, Protocol], bad) -> dict[
                     raise bad(f"[protocol.{pname}.{kind}]: keys are {', '.join(sorted(KIND_KEYS))}")
                 links[kind] = replace(links[kind], **{k: _number(bad, f"{pname}.{kind}", k, v) for k, v in sub.items()})
         own = {}
-        for key in ("launch_us", "step_us"):
+        for key in ("launch_us", "step_us", "threadblock_gbps"):
             if key in table:
-                own[key] = _number(bad, pname, key, table[key], zero=True)
-        if "threadblock_gbps" in table:
-            own["threadblock_gbps"] = _number(bad, pname, "threadblock_gbps", table["threadblock_gbps"])
+                own[key] = _number(bad, pname, key, table[key])
         if "tile" in table:
             tile = table["tile"]
-            if type(tile) is not int or tile < 1:
-                raise bad(f"[protocol.{pname}]: tile must be an int >= 1 (bytes), got {tile!r}")
+            if type(tile) is not int or not 1 <= tile <= MAX_TILE_BYTES:
+                raise bad(f"[protocol.{pname}]: tile must be an int >= 1 and <= {MAX_TILE_BYTES} (bytes), "
+                          f"got {tile!r}")
             own["tile"] = tile
         out[pname] = replace(proto, links=links, **own)
     return out
 
 
-def _number(bad, where: str, key: str, v, zero: bool = False) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not (v >= 0 if zero else v > 0):
-        raise bad(f"[protocol.{where}]: {key} must be a number {'>= 0' if zero else '> 0'}, got {v!r}")
-    return float(v)
+RANGES = {"alpha_factor": (0.0, ALPHA_FACTOR_MAX, True), "bandwidth_factor": (0.0, 1.0, True),
+          "launch_us": (0.0, ALPHA_US_MAX, False), "step_us": (0.0, ALPHA_US_MAX, False),
+          "threadblock_gbps": (GBPS_MIN, GBPS_MAX, False)}     # (low, high, low excluded)
+
+
+def _number(bad, where: str, key: str, v) -> float:
+    low, high, above = RANGES[key]
+    try:
+        return number_in(key, v, low, high, above=above)
+    except UsageError as exc:
+        raise bad(f"[protocol.{where}]: {exc}") from None

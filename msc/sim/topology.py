@@ -31,7 +31,8 @@ from pathlib import Path
 
 from msc.errors import UsageError
 from msc.sim.machines import MACHINES
-from msc.sim.protocols import DEFAULT_PROTOCOLS, GB, KINDS, LINK, US, Protocol, protocols_from_tables
+from msc.sim.protocols import (ALPHA_US_MAX, DEFAULT_PROTOCOLS, GB, GBPS_MAX, GBPS_MIN, KINDS, LINK, US,
+                                Protocol, number_in, protocols_from_tables)
 
 
 @dataclass(frozen=True)
@@ -56,8 +57,7 @@ class Topology:
             raise UsageError(f"topology {name!r}: ranks must be an int >= 1, got {num_ranks!r}")
         for what, v in (("reduce_gbps", reduce_gbps), ("copy_gbps", copy_gbps),
                         ("threadblock_gbps", threadblock_gbps)):
-            if not (isinstance(v, (int, float)) and v > 0):
-                raise UsageError(f"{what} must be > 0 (inf: free), got {v!r}")
+            number_in(what, v, GBPS_MIN, GBPS_MAX, free=True)
         self.name = name
         self.num_ranks = num_ranks
         self.gamma = 1.0 / (reduce_gbps * GB)          # s per byte reduced (one operand added)
@@ -320,8 +320,11 @@ class Graph(Topology):
 
 
 def _positive(what, v, zero=False):
-    if not isinstance(v, (int, float)) or isinstance(v, bool) or not (v >= 0 if zero else v > 0):
-        raise UsageError(f"{what} must be a number {'>= 0' if zero else '> 0'}, got {v!r}")
+    """A link's latency (``zero``: alpha_us) or line rate (bandwidth_gbps), in msc.sim.protocols' ranges."""
+    if zero:
+        number_in(what, v, 0.0, ALPHA_US_MAX)
+    else:
+        number_in(what, v, GBPS_MIN, GBPS_MAX)
 
 
 # -- TOML -------------------------------------------------------------------
@@ -337,8 +340,12 @@ def load_topology(path: str | Path) -> Graph:
         data = tomllib.loads(path.read_text())
     except OSError as exc:
         raise UsageError(f"cannot read topology {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{path}: not TOML (byte {exc.start} is not UTF-8)") from None
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"{path}: {exc}") from None
+    except RecursionError:          # tomllib reads nested arrays and tables recursively
+        raise UsageError(f"{path}: arrays or tables nested too deep to read") from None
     return topology_from_dict(data, source=str(path))
 
 
@@ -352,9 +359,14 @@ def topology_from_dict(data: dict, source: str = "<topology>") -> Graph:
     n = data.get("ranks")
     if type(n) is not int or n < 1:
         raise bad(f"'ranks' must be an int >= 1, got {n!r}")
+    for key in ("name", "description", "machine"):
+        if key in data and not isinstance(data[key], str):
+            raise bad(f"'{key}' must be a string, got {data[key]!r}")
     machine = MACHINES.get(data.get("machine", "textbook"))
     if machine is None:
         raise bad(f"'machine' must be one of {', '.join(MACHINES)}, got {data['machine']!r}")
+    if not isinstance(data.get("link", []), list):
+        raise bad(f"'link' must be [[link]] tables, got {data['link']!r}")
     links = _links(data.get("link", []), n, bad)
     protocols = protocols_from_tables(data.get("protocol", {}), machine.protocols, bad)
     kw = dict(reduce_gbps=machine.reduce_gbps, copy_gbps=machine.copy_gbps, threadblock_gbps=machine.threadblock_gbps)
@@ -379,14 +391,14 @@ def _links(entries, n: int, bad) -> list[tuple]:
     links = []
     for i, entry in enumerate(entries):
         for src, dst in _link_ends(f"link {i + 1}", entry, n, bad):
-            shared = entry.get("shared", True)
+            shared, duplex = entry.get("shared", True), entry.get("duplex", True)
             kind = entry.get("kind", LINK)
-            if kind not in KINDS:
+            if not isinstance(kind, str) or kind not in KINDS:
                 raise bad(f"link {i + 1}: kind must be one of {', '.join(KINDS)}, got {kind!r}")
             alpha, bw = entry["alpha_us"] * US, entry["bandwidth_gbps"] * GB
-            links.append((src, dst, alpha, bw, bool(shared), kind))
-            if entry.get("duplex", True):
-                links.append((dst, src, alpha, bw, bool(shared), kind))
+            links.append((src, dst, alpha, bw, shared, kind))
+            if duplex:
+                links.append((dst, src, alpha, bw, shared, kind))
     return links
 
 
@@ -401,6 +413,9 @@ def _link_ends(where: str, entry, n: int, bad) -> list[tuple]:
     for key in ("from", "to", "alpha_us", "bandwidth_gbps"):
         if key not in entry:
             raise bad(f"{where}: missing '{key}'")
+    for key in ("shared", "duplex"):
+        if key in entry and type(entry[key]) is not bool:      # "false" is a string, and true
+            raise bad(f"{where}: '{key}' must be true or false, got {entry[key]!r}")
     try:
         _positive("alpha_us", entry["alpha_us"], zero=True)
         _positive("bandwidth_gbps", entry["bandwidth_gbps"])

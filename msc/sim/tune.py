@@ -356,17 +356,52 @@ def index_entries(result: TuneResult) -> list[dict]:
 
 def write_plans(result: TuneResult, outdir: str | Path) -> list[dict]:
     """The chosen plans as .plan files and their ranges in plans.json (each
-    file written whole or not at all, plans.json last)."""
+    file written whole or not at all, plans.json last). An existing
+    plans.json keeps its entries for other calls (collective, ranks, form,
+    root); those for the calls tuned are replaced. Returns the new entries."""
     from msc.formats.files import write_output
     from msc.formats.plan_text import save_plan
 
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
     entries = index_entries(result)
+    index = merged_index(outdir / "plans.json", entries)       # checked before anything is written
     for entry, (_, _, i) in zip(entries, result.ranges):
         save_plan(result.candidates[i].plan, outdir / entry["file"])
-    write_output(outdir / "plans.json", json.dumps(entries, indent=2) + "\n")
+    write_output(outdir / "plans.json", json.dumps(index, indent=2) + "\n")
     return entries
+
+
+def merged_index(path: Path, entries: list[dict]):
+    """What plans.json at ``path`` becomes with the tuner's ``entries``: its
+    entries for other calls kept (in its own form: a list, or an object
+    with "plans"), those for the calls of ``entries`` replaced. A file the
+    plan registry cannot read, or a kept entry whose plan file a new entry
+    would overwrite, is refused (the user's index is never lost)."""
+    from msc.torch.registry import PlanRegistry, normalize
+
+    if not path.exists():
+        return entries
+    try:
+        old = PlanRegistry.from_index(path, verify=False)
+    except MscError as exc:
+        raise UsageError(f"{path} exists and cannot be merged with the tuned plans ({exc}): fix it or move "
+                         f"it away") from None
+    data = json.loads(path.read_text())            # read above: the same entries, in the same order
+    items = data["plans"] if isinstance(data, dict) else data
+    tuned = {(normalize(e["collective"]), e["ranks"], e["inplace"], e.get("root", 0)) for e in entries}
+    new_files = {e["file"] for e in entries}
+    kept = []
+    for item, entry in zip(items, old):
+        if entry.key in tuned:
+            continue
+        if (path.parent / item["file"]).resolve() in {(path.parent / f).resolve() for f in new_files}:
+            raise UsageError(f"{path}: its entry for {entry.describe()} uses {item['file']}, which the tuned "
+                             f"plan for another call would overwrite: give msc tune another -o folder")
+        kept.append(item)
+    if isinstance(data, dict):
+        return {**data, "plans": kept + entries}
+    return kept + entries
 
 
 

@@ -178,9 +178,25 @@ def synthesize(collective: str, topology, *, pieces: int | None = None, spread: 
     return synth.program(pieces, spread=spread, add_on_arrival=add_on_arrival, name=name, command=command)
 
 
-def _check_program_args(name: str, spread: int, add_on_arrival: bool) -> None:
-    if not name.isidentifier():
+def check_name(name) -> str:
+    """``name`` if it can name the program's algorithm: a Python identifier,
+    no keyword, none of the names the program itself looks up."""
+    import keyword
+
+    from msc.synth.emit import global_names
+
+    if not isinstance(name, str) or not name.isidentifier():
         raise UsageError(f"the algorithm's name must be a Python identifier, got {name!r}")
+    if keyword.iskeyword(name):
+        raise UsageError(f"the algorithm's name {name!r} is a Python keyword: pick another")
+    if name in global_names():
+        raise UsageError(f"the algorithm's name {name!r} is a name the synthesized program uses itself "
+                         f"({', '.join(sorted(global_names()))}): pick another")
+    return name
+
+
+def _check_program_args(name: str, spread: int, add_on_arrival: bool) -> None:
+    check_name(name)
     if type(spread) is not int or spread < 1:
         raise UsageError(f"spread must be an int >= 1, got {spread!r}")
     if type(add_on_arrival) is not bool:

@@ -159,6 +159,25 @@ def sum_up(p, total, edges, index, scratch, channel, on_arrival):
 '''
 
 WIDTH = 100
+# the module-level names program_text writes besides the helpers' (def NAME, class NAME)
+CONSTANTS = ("msc", "RANKS", "PIECES", "SPREAD", "ADD_ON_ARRIVAL", "ROOT", "IN_TREES", "OUT_TREES", "STRAIGHT",
+             "RELAYED")
+
+
+def global_names() -> frozenset[str]:
+    """The module-level names and builtins a synthesized program looks up
+    when it runs: an algorithm named one of them would replace it."""
+    import builtins
+    import keyword
+    import io
+    import re
+    import tokenize
+
+    texts = [body.format(name="") for body in _BODIES.values()] + [_SPREAD_DOWN, _SCRATCH, _SUM_UP]
+    helpers = {m[1] for text in texts for m in re.finditer(r"^(?:def|class) (\w+)", text, re.M)}
+    tokens = {t.string for text in texts for t in tokenize.generate_tokens(io.StringIO(text).readline)
+              if t.type == tokenize.NAME}
+    return frozenset(helpers | set(CONSTANTS) | (tokens & set(dir(builtins)))) - set(keyword.kwlist)
 
 
 def program_text(collective: str, packing: LinkLoads, *, num_ranks: int, pieces: int, spread: int, name: str,

@@ -74,9 +74,11 @@ def parse_bytes(value, what: str) -> int | None:
         raise UsageError(f"{what} must be a byte count or a size such as \"1M\", got {value!r}")
     from msc.units import parse_size
 
+    from msc.ir.limits import MAX_BYTES
+
     n = parse_size(value) if isinstance(value, str) else value
-    if n < 0:
-        raise UsageError(f"{what} must be >= 0, got {value!r}")
+    if not 0 <= n <= MAX_BYTES:                  # no call is larger: a size past it is a mistake
+        raise UsageError(f"{what} must be from 0 to {MAX_BYTES} (msc's size limit), got {_short(value)}")
     return n
 
 
@@ -308,26 +310,62 @@ class PlanRegistry:
         return "\n".join(e.describe() for e in self._entries) or "(no plans)"
 
 
-def _read_index(path: Path, verify: bool) -> list[PlanEntry]:
+def _read_json(path: Path):
     try:
-        data = json.loads(path.read_text())
+        return json.loads(path.read_text())
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
     except json.JSONDecodeError as exc:
         raise UsageError(f"{path}:{exc.lineno}:{exc.colno}: not JSON: {exc.msg}") from None
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{path}: not JSON (byte {exc.start} is not UTF-8)") from None
+    except RecursionError:
+        raise UsageError(f"{path}: arrays or objects nested too deep to read") from None
+
+
+def _check_stated(item: dict, where: str) -> None:
+    """The values an entry states, each of its type and range (JSON's "false"
+    is a string, not false; 8.0 is not a rank count)."""
+    from msc.ir.limits import MAX_RANKS
+
+    file = item["file"]
+    if not isinstance(file, str) or not file:
+        raise UsageError(f"{where}: \"file\" must be a plan file's name, got {_short(file)}")
+    if "collective" in item and not isinstance(item["collective"], str):
+        raise UsageError(f"{where}: \"collective\" must be a name such as \"allreduce\", got {_short(item['collective'])}")
+    ranks = item.get("ranks", 1)
+    if type(ranks) is not int or not 1 <= ranks <= MAX_RANKS:
+        raise UsageError(f"{where}: \"ranks\" must be an int from 1 to {MAX_RANKS}, got {_short(ranks)}")
+    if "inplace" in item and type(item["inplace"]) is not bool:
+        raise UsageError(f"{where}: \"inplace\" must be true or false, got {_short(item['inplace'])}")
+    root, top = item.get("root", 0), ranks if "ranks" in item else MAX_RANKS
+    if type(root) is not int or not 0 <= root < top:
+        raise UsageError(f"{where}: \"root\" must be a rank, an int from 0 to {top - 1}, got {_short(root)}")
+
+
+def _short(value) -> str:
+    """``repr(value)`` cut short (a deeply nested value has no full repr)."""
+    import reprlib
+
+    return reprlib.repr(value)
+
+
+def _read_index(path: Path, verify: bool) -> list[PlanEntry]:
+    data = _read_json(path)
     items = data.get("plans") if isinstance(data, dict) else data
-    if isinstance(data, dict) and data.get("version", 1) != 1:
-        raise UsageError(f"{path}: index version {data.get('version')!r}, this msc reads version 1")
+    if isinstance(data, dict) and (type(data.get("version", 1)) is not int or data.get("version", 1) != 1):
+        raise UsageError(f"{path}: index version {_short(data.get('version'))}, this msc reads version 1")
     if not isinstance(items, list):
         raise UsageError(f"{path}: expected {{\"plans\": [...]}} or a list of entries")
     entries = []
     for i, item in enumerate(items):
         where = f"{path} entry {i}"
         if not isinstance(item, dict) or "file" not in item:
-            raise UsageError(f"{where}: expected an object with a \"file\" key, got {item!r}")
+            raise UsageError(f"{where}: expected an object with a \"file\" key, got {_short(item)}")
         unknown = sorted(k for k in item if k not in _ENTRY_KEYS and not str(k).startswith("_"))
         if unknown:
             raise UsageError(f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(_ENTRY_KEYS))})")
+        _check_stated(item, where)
         file = path.parent / item["file"]
         if "min_bytes" in item or "max_bytes" in item:
             lo = parse_bytes(item.get("min_bytes", 0), f"{where}: min_bytes") or 0
@@ -338,14 +376,14 @@ def _read_index(path: Path, verify: bool) -> list[PlanEntry]:
         if all(k in item for k in ("collective", "ranks", "inplace")):
             if not file.is_file():
                 raise UsageError(f"{where}: plan file {file} does not exist")
-            entries.append(PlanEntry(collective=item["collective"], num_ranks=int(item["ranks"]),
-                                     inplace=bool(item["inplace"]), root=int(item.get("root", 0)), min_bytes=lo,
+            entries.append(PlanEntry(collective=item["collective"], num_ranks=item["ranks"],
+                                     inplace=item["inplace"], root=item.get("root", 0), min_bytes=lo,
                                      max_bytes=hi, source=source, path=file, verify=verify))
         else:
             entry = PlanEntry.of(_load(file, verify), min_bytes=lo, max_bytes=hi, source=source)
             for k, attr in (("collective", "collective"), ("ranks", "num_ranks"), ("inplace", "inplace"),
                             ("root", "root")):
                 if k in item and normalize(item[k]) != normalize(getattr(entry, attr)):
-                    raise UsageError(f"{where}: says {k} {item[k]!r}, the plan has {getattr(entry, attr)!r}")
+                    raise UsageError(f"{where}: says {k} {_short(item[k])}, the plan has {getattr(entry, attr)!r}")
             entries.append(entry)
     return entries
