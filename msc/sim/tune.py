@@ -385,8 +385,7 @@ def merged_index(path: Path, entries: list[dict]):
     try:
         old = PlanRegistry.from_index(path, verify=False)
     except MscError as exc:
-        raise UsageError(f"{path} exists and cannot be merged with the tuned plans ({exc}): fix it or move "
-                         f"it away") from None
+        raise UsageError(f"{exc} (msc tune merges its plans into the index there: fix it or move it away)") from None
     data = json.loads(path.read_text())            # read above: the same entries, in the same order
     items = data["plans"] if isinstance(data, dict) else data
     tuned = {(normalize(e["collective"]), e["ranks"], e["inplace"], e.get("root", 0)) for e in entries}
