@@ -61,6 +61,7 @@ BAD_TOML = [
     (RING4.replace('ranks = 4', 'ranks = 4\nreduce_gbps = 1e-320'), "reduce_gbps must be a number"),
     (RING4.replace('ranks = 4', 'ranks = 4\nmachine = [1]'), "'machine' must be a string"),
     (RING4.replace('name = "t"', 'name = {a = 1}'), "'name' must be a string"),
+    (RING4.replace("ranks = 4", "ranks = 4\nforward = 1"), "'forward' must be true or false, got 1"),
 ]
 BAD_BYTES = b"ranks = 4\n\xff\xfe\n"           # not UTF-8
 

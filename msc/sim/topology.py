@@ -374,10 +374,10 @@ def topology_from_dict(data: dict, source: str = "<topology>") -> Graph:
     gpn = data.get("gpus_per_node")
     if gpn is not None and (type(gpn) is not int or gpn < 1 or n % gpn):
         raise bad(f"'gpus_per_node' must divide ranks ({n}), got {gpn!r}")
+    forward = data.get("forward", False)
+    if type(forward) is not bool:
+        raise bad(f"'forward' must be true or false, got {forward!r}")
     try:
-        forward = data.get("forward", False)
-        if type(forward) is not bool:
-            raise bad(f"'forward' must be true or false, got {forward!r}")
         return Graph(str(data.get("name", Path(source).stem)), n, links, forward, protocols=protocols,
                      gpus_per_node=gpn, description=str(data.get("description", "")),
                      machine=machine.name if "machine" in data else None, **kw)
