@@ -353,3 +353,16 @@ def test_a_warning_from_msc_itself_carries_no_location():
 
     assert one_line_warning(RuntimeWarning("overflow"), RuntimeWarning, internal.__file__, 10) == \
         "msc: warning: RuntimeWarning: overflow\n"
+
+
+@pytest.mark.parametrize("make,says", [
+    (lambda: __import__("msc.sim.protocols", fromlist=["x"]).LinkModel(-1.0, 0.5), "alpha_factor must be"),
+    (lambda: __import__("msc.sim.protocols", fromlist=["x"]).LinkModel(0.5, float("inf")), "bandwidth_factor must"),
+    (lambda: __import__("msc.sim.protocols", fromlist=["x"]).Protocol(launch_us=float("nan")), "launch_us must"),
+    (lambda: __import__("msc.sim.protocols", fromlist=["x"]).Protocol(tile=-1), "tile must be an int"),
+    (lambda: __import__("msc.sim.topology", fromlist=["x"]).Uniform(4, 1e308, 10.0), "alpha_us must be"),
+    (lambda: __import__("msc.sim.topology", fromlist=["x"]).Uniform(4, 1.0, float("inf")), "bandwidth_gbps must")])
+def test_cost_model_records_refuse_values_out_of_range_from_python_too(make, says):
+    """The Python API builds the same records the TOML reader does: they check themselves."""
+    with pytest.raises(UsageError, match=says):
+        make()

@@ -59,6 +59,10 @@ class LinkModel:
     alpha_factor: float
     bandwidth_factor: float
 
+    def __post_init__(self):          # a negative factor predicted 0 us: no model holds one
+        number_in("alpha_factor", self.alpha_factor, 0.0, ALPHA_FACTOR_MAX, above=True)
+        number_in("bandwidth_factor", self.bandwidth_factor, 0.0, 1.0, above=True)
+
 
 @dataclass(frozen=True)
 class Protocol:
@@ -76,6 +80,17 @@ class Protocol:
     tile: int = 0
     links: dict = field(default_factory=dict)
     step_us: float = 0.0
+
+    def __post_init__(self):
+        number_in("launch_us", self.launch_us, 0.0, ALPHA_US_MAX)
+        number_in("step_us", self.step_us, 0.0, ALPHA_US_MAX)
+        if self.threadblock_gbps is not None:
+            number_in("threadblock_gbps", self.threadblock_gbps, GBPS_MIN, GBPS_MAX)
+        if type(self.tile) is not int or not 0 <= self.tile <= MAX_TILE_BYTES:
+            raise UsageError(f"tile must be an int from 0 to {MAX_TILE_BYTES} (bytes), got {self.tile!r}")
+        for kind, model in self.links.items():
+            if not isinstance(model, LinkModel):
+                raise UsageError(f"links[{kind!r}] must be a LinkModel, got {model!r}")
 
     def link(self, kind: str) -> LinkModel:
         return self.links[kind]
