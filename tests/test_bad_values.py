@@ -15,6 +15,8 @@ import pytest
 
 import msc
 from msc.errors import UsageError
+from msc.sim.protocols import LinkModel, Protocol
+from msc.sim.topology import Uniform
 from msc.torch.registry import PlanRegistry
 
 RING4 = """name = "t"
@@ -356,12 +358,12 @@ def test_a_warning_from_msc_itself_carries_no_location():
 
 
 @pytest.mark.parametrize("make,says", [
-    (lambda: __import__("msc.sim.protocols", fromlist=["x"]).LinkModel(-1.0, 0.5), "alpha_factor must be"),
-    (lambda: __import__("msc.sim.protocols", fromlist=["x"]).LinkModel(0.5, float("inf")), "bandwidth_factor must"),
-    (lambda: __import__("msc.sim.protocols", fromlist=["x"]).Protocol(launch_us=float("nan")), "launch_us must"),
-    (lambda: __import__("msc.sim.protocols", fromlist=["x"]).Protocol(tile=-1), "tile must be an int"),
-    (lambda: __import__("msc.sim.topology", fromlist=["x"]).Uniform(4, 1e308, 10.0), "alpha_us must be"),
-    (lambda: __import__("msc.sim.topology", fromlist=["x"]).Uniform(4, 1.0, float("inf")), "bandwidth_gbps must")])
+    (lambda: LinkModel(-1.0, 0.5), "alpha_factor must be"),
+    (lambda: LinkModel(0.5, float("inf")), "bandwidth_factor must be"),
+    (lambda: Protocol(launch_us=float("nan")), "launch_us must be"),
+    (lambda: Protocol(tile=-1), "tile must be an int"),
+    (lambda: Uniform(4, 1e308, 10.0), "alpha_us must be"),
+    (lambda: Uniform(4, 1.0, float("inf")), "bandwidth_gbps must be")])
 def test_cost_model_records_refuse_values_out_of_range_from_python_too(make, says):
     """The Python API builds the same records the TOML reader does: they check themselves."""
     with pytest.raises(UsageError, match=says):
