@@ -315,11 +315,33 @@ def test_a_full_device_is_named_by_write_output(tmp_path):
 def test_synthesize_refuses_to_overwrite_its_topology(capsys, tmp_path):
     path = tmp_path / "t.py"                  # a TOML topology under a .py name
     path.write_text(RING4)
-    refused(capsys, ["synthesize", "allgather", "-t", path, "-o", path], named=f"-o {path}",
-            says="is the topology being read")
+    refused(capsys, ["synthesize", "allgather", "-t", path, "-o", path], named=f"-o {path} ",
+            says="is the file being read")
     refused(capsys, ["synthesize", "allgather", "-t", path, "-o", tmp_path / "x" / ".." / "t.py"],
-            named="is the topology", says="name another file")
+            named="is the file being read", says="name another file")
     assert path.read_text() == RING4
+
+
+def test_pictures_refuse_to_overwrite_what_they_read(capsys, tmp_path, ring_plan):
+    plan = tmp_path / "p.plan"
+    shutil.copy(ring_plan, plan)
+    topo = tmp_path / "t.toml"
+    topo.write_text(RING4)
+    refused(capsys, ["show", plan, "--png", plan], named=f"--png {plan} ", says="is the file being read")
+    refused(capsys, ["show", plan, "-t", topo, "--png", topo], named=f"--png {topo} ", says="is the file being read")
+    refused(capsys, ["simulate", plan, "-t", topo, "--plot", plan], named=f"--plot {plan} ", says="being read")
+    refused(capsys, ["tune", "allreduce/ring", "-n", 4, "-t", topo, "--plot", topo], named=f"--plot {topo} ",
+            says="being read")
+    assert plan.read_bytes() == ring_plan.read_bytes() and topo.read_text() == RING4
+
+
+def test_tune_synthesize_refuses_to_overwrite_an_algorithm_file_given(capsys, tmp_path):
+    mine = tmp_path / "allgather-synthesized_p1.py"
+    mine.write_text(ALLGATHER)
+    before = mine.read_text()
+    refused(capsys, ["tune", mine, "-n", 4, "-t", "ring:4", "--synthesize", "-o", tmp_path], named=f"{mine},",
+            says="is one of the algorithm files given")
+    assert mine.read_text() == before
 
 
 @pytest.mark.parametrize("name,says", [("class", "is a Python keyword"), ("None", "is a Python keyword"),
@@ -333,6 +355,17 @@ def test_synthesize_refuses_a_name_that_cannot_name_the_algorithm(capsys, tmp_pa
     refused(capsys, ["synthesize", "allreduce", "-t", "nvswitch", "--name", name, "-o", out],
             named="--name", says=says)
     assert not out.exists()
+
+
+ALLGATHER = """import msc
+
+
+@msc.algorithm("allgather")
+def direct(p):
+    for r in range(p.num_ranks):
+        for d in range(p.num_ranks):
+            p.chunk(r, "input", 0).copy(d, "output", r)
+"""
 
 
 def test_a_python_warning_is_one_line_without_its_source(tmp_path):

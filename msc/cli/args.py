@@ -121,3 +121,17 @@ def add_sweep_args(p, default_min: int, default_max: int) -> None:
     p.add_argument("-b", "--minbytes", type=size_arg, default=default_min, help="smallest size (bytes; K, M, G)")
     p.add_argument("-e", "--maxbytes", type=size_arg, default=default_max, help="largest size (bytes; K, M, G)")
     p.add_argument("-f", "--stepfactor", type=int, default=2, help="size multiplier between sizes")
+
+
+def check_not_input(output, inputs, flag: str) -> None:
+    """``flag OUTPUT`` must not name a file the command reads (writing it would
+    replace its input): the same path, or a link to it."""
+    from pathlib import Path
+
+    from msc.formats.files import same_file
+
+    if output is None:
+        return
+    for given in inputs:
+        if given is not None and Path(given).is_file() and same_file(given, output):
+            raise UsageError(f"{flag} {output} is the file being read ({given}); name another file")

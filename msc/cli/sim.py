@@ -11,7 +11,8 @@ import json
 from typing import Callable
 
 from msc.errors import UsageError
-from msc.cli.args import add_sweep_args, add_topology_args, param_value, split_param, topology_from_args
+from msc.cli.args import (add_sweep_args, add_topology_args, check_not_input, param_value, split_param,
+                          topology_from_args)
 from msc.units import TYPES, size_arg
 from msc.lower.runtimes import add_capacity_args, capacity_args
 from msc.sim.tune import DEFAULT_INSTANCES, MAX_THREADBLOCKS
@@ -69,6 +70,7 @@ def add_simulate_command(subparsers, load_plan: Callable) -> argparse.ArgumentPa
         from msc.units import sizes
 
         _check_simulate_args(args)
+        check_not_input(args.plot, [*args.plans, args.topology], "--plot")
         requested = sizes(args.minbytes, args.maxbytes, args.stepfactor)
         everything, series, topo = (_simulate_nccl(args, requested) if args.nccl
                                     else _simulate_plans(args, requested, load_plan))
@@ -198,6 +200,7 @@ def _tune(args) -> int:
     from msc.sim.tune import format_tune, index_entries, per_size, tune, write_plans
 
     # --param names a parameter of the files given; with --synthesize, of the programs made too
+    check_not_input(args.plot, [*args.files, args.topology], "--plot")
     user = None if args.synthesize else tune_params(args.files, args.param)
     if args.ranks is None or args.ranks < 1:
         raise UsageError(f"--ranks must be >= 1, got {args.ranks}")
@@ -280,6 +283,11 @@ def synthesized_files(files: list[str], topology, folder: str) -> list[str]:
                           command=f"msc synthesize {collective} --topology {topology.name} --pieces {pieces} "
                                   f"--spread {spread} --name {name} -o {name}.py")
         path = Path(folder) / f"{collective}-{name}.py"
+        try:
+            check_not_input(path, files, "--synthesize")
+        except UsageError:
+            raise UsageError(f"--synthesize writes {path}, which is one of the algorithm files given: give "
+                             f"-o another folder") from None
         write_output(path, s.text)
         out.append(str(path))
     return out
@@ -324,6 +332,7 @@ def add_show_command(subparsers, load_plan: Callable) -> argparse.ArgumentParser
     def cmd(args) -> int:
         from msc.cli.pictures import draw_schedule, draw_timeline
 
+        check_not_input(args.png, [args.plan, args.topology], "--png")
         plan = load_plan(args.plan)
         timed = args.topology is not None or args.alpha_us is not None or args.bandwidth_gbps is not None
         if args.size is not None and not timed:

@@ -10,7 +10,7 @@ import sys
 
 from msc.errors import UsageError
 from msc.units import format_size, size_arg
-from msc.cli.args import add_collective_on_topology_args
+from msc.cli.args import add_collective_on_topology_args, check_not_input
 from msc.synth import COLLECTIVES, SUMS, check_collective, check_name
 
 SIMULATE_UP_TO = 64          # ranks: above this the pieces come from the packing alone (simulating takes minutes)
@@ -58,7 +58,7 @@ def _run(args) -> int:
         check_name(args.name)                # before minutes of packing, not in the file written after
     except UsageError as exc:
         raise UsageError(f"--name: {exc}") from None
-    _check_not_input(args)
+    check_not_input(args.output, [args.topology], "-o")
     topo = bound_topology(args)
     command = "msc synthesize " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 2 else ""
     summary = _synthesize(args, collective, topo, command)
@@ -68,17 +68,6 @@ def _run(args) -> int:
     else:
         print(_describe(summary))
     return 0
-
-
-def _check_not_input(args) -> None:
-    """-o must not name the topology file being read (the program would replace it)."""
-    from pathlib import Path
-
-    from msc.formats.files import same_file
-
-    if args.topology and Path(args.topology).is_file() and same_file(args.topology, args.output):
-        raise UsageError(f"-o {args.output} is the topology being read (--topology {args.topology}); "
-                         f"name another file")
 
 
 def _synthesize(args, collective, topo, command) -> dict:
