@@ -220,8 +220,10 @@ def test_bad_plans_json_entries_are_usage_errors_naming_file_and_key(plan_dir, i
     assert str(raised.value).count(str(path)) == 1 and says in str(raised.value), str(raised.value)
 
 
-@pytest.mark.parametrize("data,says", [(DEEP, "arrays or objects nested too deep to read"),
-                                       ('{"plans": [{"file": ' + DEEP + "}]}", "arrays or objects nested too deep to read"),
+NESTED = "arrays or objects nested too deep to read"
+
+
+@pytest.mark.parametrize("data,says", [(DEEP, NESTED), ('{"plans": [{"file": ' + DEEP + "}]}", NESTED),
                                        (b"\xff\xfe[]", "not JSON (byte 0 is not UTF-8)")])
 def test_unreadable_plans_json_is_a_usage_error(plan_dir, data, says):
     path = plan_dir / "plans.json"
@@ -373,9 +375,8 @@ def test_a_python_warning_is_one_line_without_its_source(tmp_path):
     import sys
 
     path = tmp_path / "warns.py"
-    path.write_text("import warnings\nimport msc\n\n\n@msc.algorithm(\"allgather\")\ndef warns(p):\n"
-                    "    warnings.warn(\"careful\")\n    for r in range(p.num_ranks):\n"
-                    "        for d in range(p.num_ranks):\n            p.chunk(r, \"input\", 0).copy(d, \"output\", r)\n")
+    path.write_text(ALLGATHER.replace("import msc", "import warnings\nimport msc")
+                    .replace("def direct(p):\n", "def direct(p):\n    warnings.warn(\"careful\")  # line 7\n"))
     done = subprocess.run([sys.executable, "-m", "msc.cli", "verify", "warns.py", "-n", "2"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

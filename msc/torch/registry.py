@@ -332,7 +332,8 @@ def _check_stated(item: dict, where: str) -> None:
     if not isinstance(file, str) or not file:
         raise UsageError(f"{where}: \"file\" must be a plan file's name, got {_short(file)}")
     if "collective" in item and not isinstance(item["collective"], str):
-        raise UsageError(f"{where}: \"collective\" must be a name such as \"allreduce\", got {_short(item['collective'])}")
+        raise UsageError(f"{where}: \"collective\" must be a name such as \"allreduce\", "
+                         f"got {_short(item['collective'])}")
     ranks = item.get("ranks", 1)
     if type(ranks) is not int or not 1 <= ranks <= MAX_RANKS:
         raise UsageError(f"{where}: \"ranks\" must be an int from 1 to {MAX_RANKS}, got {_short(ranks)}")
