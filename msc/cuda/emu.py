@@ -30,6 +30,7 @@ import ctypes.util
 import mmap
 import os
 import queue
+import tempfile
 import threading
 import uuid
 from contextlib import nullcontext
@@ -225,8 +226,22 @@ class HostKernel:
         return int(out[0]), int(out[1])
 
 
-def load(path: Path, layout, dtype: str, op: str, cache_hit: bool, args_size: int) -> HostKernel:
-    lib = ctypes.CDLL(str(path))
+_ENTRY_POINTS = ("msc_launch", "msc_args_size", "msc_path_counts", "msc_round")
+
+
+def load(path: Path, layout, dtype: str, op: str, cache_hit: bool, args_size: int,
+         image: bytes | None = None) -> HostKernel:
+    """The kernel library: ``image`` (its bytes, as the cache checked them or
+    the build made them), loaded from a private copy that no one else can
+    swap; without ``image``, the file at ``path`` (the caller's own)."""
+    try:
+        lib = ctypes.CDLL(str(path)) if image is None else _load_private(image)
+    except OSError as exc:
+        raise UsageError(f"the emulated device cannot load the kernel library {path}: {exc}") from None
+    missing = [name for name in _ENTRY_POINTS if not hasattr(lib, name)]
+    if missing:
+        raise UsageError(f"{path} is not a kernel library msc built: it lacks {', '.join(missing)} (delete "
+                         f"{path.parent}; msc builds it again)")
     lib.msc_launch.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
     lib.msc_launch.restype = ctypes.c_int
     lib.msc_args_size.restype = ctypes.c_int64
@@ -237,6 +252,33 @@ def load(path: Path, layout, dtype: str, op: str, cache_hit: bool, args_size: in
         raise UsageError(f"the kernel in {path} takes a {size}-byte MscArgs, msc packs {args_size}: the library "
                          f"and this msc disagree (clear {path.parent})")
     return HostKernel(path, layout, dtype, op, cache_hit, lib)
+
+
+_PRIVATE_FDS: list[int] = []         # memory files of loaded libraries, open for good (see _load_private)
+
+
+def _load_private(image: bytes) -> ctypes.CDLL:
+    """dlopen ``image`` from an anonymous memory file (memfd), else from a
+    temporary file of this user's (0600, in a sticky /tmp) removed once
+    loaded. The memory file stays open: the loader knows a library by its
+    path, and a later /proc/self/fd/N that reused the number would get this one."""
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("msc-kernel", os.MFD_CLOEXEC)
+        try:
+            with os.fdopen(os.dup(fd), "wb") as f:
+                f.write(image)
+            lib = ctypes.CDLL(f"/proc/self/fd/{fd}")
+            _PRIVATE_FDS.append(fd)
+            return lib
+        except OSError:
+            os.close(fd)              # no /proc, or memory files are not executable here: a file
+    fd, name = tempfile.mkstemp(prefix="msc-kernel-", suffix=".so")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(image)
+        return ctypes.CDLL(name)
+    finally:
+        os.unlink(name)
 
 
 # -- IPC: shared memory files where CUDA IPC handles would be -----------------------------------
@@ -325,7 +367,8 @@ class EmuBackend:
                             allow_deadlock=allow_deadlock, sanitize=os.environ.get("MSC_EMU_SANITIZE") or None)
 
     def load(self, compiled, args_size: int):
-        return load(compiled.library, compiled.layout, compiled.dtype, compiled.op, compiled.cache_hit, args_size)
+        return load(compiled.library, compiled.layout, compiled.dtype, compiled.op, compiled.cache_hit, args_size,
+                    compiled.image)
 
     def resident_blocks(self, kernel, nthreads: int, index: int) -> int | None:
         return None                         # threads, not SMs: any grid is resident at once
