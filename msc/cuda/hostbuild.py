@@ -16,18 +16,20 @@ is the bytes that were checked. Builds run in a private temporary folder and
 are then copied into the cache (a cache that cannot be written, a full one,
 costs only the next build). With g++, the standard headers the shim needs
 (templates/host_includes.h.j2) are precompiled once per compiler and flags,
-cached like a library, and force-included from the build's folder, which
-halves a build (their include guards make the copy inside the kernel text a
+cached like a library, copied once per process into a private folder and
+force-included from there, which halves a build (their include guards make the copy inside the kernel text a
 no-op).
 """
 from __future__ import annotations
 
+import atexit
 import hashlib
 import os
 import shutil
 import stat
 import subprocess
 import tempfile
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
@@ -172,7 +174,7 @@ def _build(source: str, compiler: Compiler, cflags: tuple[str, ...], root: Path)
     try:
         src = work / "kernel.cpp"
         src.write_text(source)
-        pre = _precompiled(compiler, cflags, root, work) if compiler.gnu else None
+        pre = _precompiled(compiler, cflags, root) if compiler.gnu else None
         out = work / "kernel.so"
         cmd = [compiler.path, *cflags, *(["-include", str(pre)] if pre else []), "-shared", "-o", str(out),
                "-x", "c++", str(src)]
@@ -191,25 +193,37 @@ def _build(source: str, compiler: Compiler, cflags: tuple[str, ...], root: Path)
             shutil.rmtree(work, ignore_errors=True)
 
 
-def _precompiled(compiler: Compiler, cflags: tuple[str, ...], root: Path, work: Path) -> Path | None:
-    """The precompiled standard headers in ``work`` (their .h path, the .gch
-    beside it): the cache's copy, checked, or built once per compiler and
-    flags and cached; None when they cannot be built (the kernel then parses
-    the headers itself)."""
+_PCH_LOCK = threading.Lock()
+_PCH_COPIES: dict[tuple[str, str], Path] = {}   # (cache, entry) -> the header in this process's private folder
+
+
+def _precompiled(compiler: Compiler, cflags: tuple[str, ...], root: Path) -> Path | None:
+    """The precompiled standard headers (their .h path, the .gch beside it)
+    in a private folder of this process: the cache's copy, checked, or built
+    once per compiler and flags and cached; None when they cannot be built
+    (the kernel then parses the headers itself). One copy serves every build
+    of the process (the folder is removed at exit)."""
     from msc.cuda.codegen import environment
 
     text = environment().get_template("host_includes.h.j2").render()
     name = f"host/pch-{build_key(text, compiler, cflags)}/{INCLUDES}.gch"
-    header, pch = work / INCLUDES, work / f"{INCLUDES}.gch"
-    header.write_text(text)
-    image = kcache.read(root, name)
-    if image is not None:
-        pch.write_bytes(image)
+    with _PCH_LOCK:                     # concurrent builders of one process make it once
+        header = _PCH_COPIES.get((str(root), name))
+        if header is not None and header.with_name(f"{INCLUDES}.gch").is_file():
+            return header
+        folder = Path(tempfile.mkdtemp(prefix="msc-pch-"))
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        header, pch = folder / INCLUDES, folder / f"{INCLUDES}.gch"
+        header.write_text(text)
+        image = kcache.read(root, name)
+        if image is not None:
+            pch.write_bytes(image)
+        else:
+            done = subprocess.run([compiler.path, *cflags, "-x", "c++-header", str(header), "-o", str(pch)],
+                                  capture_output=True, text=True)
+            if done.returncode != 0 or not pch.is_file():
+                shutil.rmtree(folder, ignore_errors=True)
+                return None
+            kcache.write(root, name, pch.read_bytes())
+        _PCH_COPIES[(str(root), name)] = header
         return header
-    done = subprocess.run([compiler.path, *cflags, "-x", "c++-header", str(header), "-o", str(pch)],
-                          capture_output=True, text=True)
-    if done.returncode != 0 or not pch.is_file():
-        pch.unlink(missing_ok=True)
-        return None
-    kcache.write(root, name, pch.read_bytes())
-    return header
