@@ -76,6 +76,32 @@ def different_plans_case(rank: int, n: int, timeout: float) -> dict:
     return out
 
 
+def lone_close_case(rank: int, n: int, timeout: float) -> dict:
+    """After a good call, rank 0 closes while rank 1 does not come to the
+    release rendezvous for a while: rank 0's close raises after ``timeout``
+    and still frees its arena and unmaps rank 1's."""
+    import numpy as np
+    import torch.distributed as dist
+
+    from msc.cuda import Communicator
+
+    comm = Communicator(_plan(), "torchrun", device="emu", timeout_s=timeout)
+    dist.barrier()                        # built on both ranks: the first call's bootstrap meets at once
+    x = np.full(100, rank + 1.0, np.float32)
+    comm.all_reduce(x)
+    comm.synchronize()
+    if rank == 1:
+        time.sleep(timeout + 1.5)
+    try:
+        comm.close()
+        error = "no error"
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    out = {"sum": float(x[0]), "error": error, "mapped": len(comm.backend.memory.maps), "owned": len(comm._owned)}
+    dist.barrier()
+    return out
+
+
 def group_timeout_case(rank: int, n: int, group_s: float, env_s: str) -> dict:
     """msc.torch's communicators take the group's timeout, or MSC_TORCH_TIMEOUT;
     a peer that stalls after the agreement is then bounded by it."""

@@ -92,6 +92,13 @@ def test_a_bootstrap_that_times_out_frees_its_arena_and_leaves_no_file(pool2):
         assert g["owned"] == 0 and g["mapped"] == 0 and g["shared"] == 0 and g["files"] == [], g
 
 
+def test_close_frees_the_arena_even_when_a_peer_never_joins_the_release(pool2):
+    got = pool2.run(bootcases.lone_close_case, 3.0)
+    assert [g["sum"] for g in got] == [3.0, 3.0]
+    assert "at 'release/1'" in got[0]["error"] and "rank(s) 1" in got[0]["error"], got[0]
+    assert all(g["mapped"] == 0 and g["owned"] == 0 for g in got), got
+
+
 # -- msc.torch takes the group's timeout, or MSC_TORCH_TIMEOUT (item 3) --------------------------------
 
 def test_msc_torch_communicators_take_the_groups_timeout_or_msc_torch_timeout(pool2):

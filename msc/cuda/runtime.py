@@ -636,9 +636,11 @@ class Communicator:
                     backend.zero(d, ptr, arenas[r].size, backend.stream(d))
             for d in self.devices:
                 backend.synchronize(d)
-        except cu.DriverError as exc:
-            self._release()
-            raise UsageError(f"cannot allocate {mine} bytes of communicator buffers: {exc}") from None
+        except BaseException as exc:
+            self._drop()                 # no peer maps these yet: free them without meeting anyone
+            if isinstance(exc, cu.DriverError):
+                raise UsageError(f"cannot allocate {mine} bytes of communicator buffers: {exc}") from None
+            raise
         if self.placement == "torchrun":
             try:
                 bases = self._exchange(new)
