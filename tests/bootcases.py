@@ -73,6 +73,15 @@ def different_plans_case(rank: int, n: int, timeout: float) -> dict:
     out = {"error": error, "seconds": took, "owned": len(comm._owned), "mapped": len(comm.backend.memory.maps),
            "shared": len(shared), "files": leftovers()}
     comm.close()
+    import torch.distributed as dist
+
+    again = Communicator(_plan(), "torchrun", device="emu", timeout_s=30)     # the next one meets again
+    dist.barrier()
+    x = np.ones(100, np.float32)
+    again.all_reduce(x)
+    again.synchronize()
+    again.close()
+    out["after"] = float(x[0])
     return out
 
 

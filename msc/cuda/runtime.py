@@ -93,6 +93,7 @@ import ctypes
 import dataclasses
 import itertools
 from collections import OrderedDict
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -112,7 +113,7 @@ from msc.lower.runtimes import runtime_slots
 PLACEMENTS = ("virtual", "devices", "torchrun")
 ARGS_CACHE = 256          # uploaded MscArgs blocks kept per communicator
 DEFAULT_TIMEOUT_S = 300.0
-_SERIALS: dict[tuple, itertools.count] = {}    # torchrun communicators made here, per (plan content, group)
+_SERIALS: dict[tuple, itertools.count] = {}    # torchrun communicators made here, per group
 
 
 def content_key(plan: Plan) -> str:
@@ -302,15 +303,16 @@ class Communicator:
             raise UsageError(f"plan {plan.name!r} is for {n} ranks, the process group has "
                              f"{dist.get_world_size(group)}")
         self.rank = dist.get_rank(group)
-        # Bootstrap keys in the job-wide store: the plan's content (not its name: ranks may
-        # read one plan from files of other names, and msc.torch's agreement compares content),
-        # the group's global ranks and how many communicators for this plan this process has
-        # made on that group (every member makes them in the same order), so disjoint groups
-        # never read each other's keys.
+        # Bootstrap keys in the job-wide store: the group's global ranks, how many
+        # communicators this process has made on that group (every member makes them in the
+        # same order), and the plan's content (not its name: ranks may read one plan from
+        # files of other names, and msc.torch's agreement compares content). So disjoint
+        # groups never read each other's keys, and ranks that built communicators for
+        # different plans (a mistake they then report) stay in step for the next ones.
         members = tuple(dist.get_process_group_ranks(group)) if group is not None else tuple(range(n))
         self._group_key = "-".join(map(str, members))
         self._plan_key = content_key(plan)
-        self._serial = next(_SERIALS.setdefault((self._plan_key, members), itertools.count()))
+        self._serial = next(_SERIALS.setdefault(members, itertools.count()))
 
     def _check_devices(self) -> None:
         """Every GPU of ``self.devices`` exists and can be bound (the current one stays current)."""
@@ -579,7 +581,7 @@ class Communicator:
         gather(f"{tag}/{self._generation}", self.rank)
 
     def _prefix(self) -> str:
-        return f"msc-cuda/{self._plan_key}/ranks-{self._group_key}/{self._serial}"
+        return f"msc-cuda/ranks-{self._group_key}/{self._serial}/{self._plan_key}"
 
     def _track(self, i: int, L: Launch, stream) -> None:
         """Queue a copy of the launch's error word to host memory and an event."""
@@ -636,7 +638,10 @@ class Communicator:
                     backend.zero(d, ptr, arenas[r].size, backend.stream(d))
             for d in self.devices:
                 backend.synchronize(d)
-        except BaseException as exc:
+        except Exception as exc:
+            with suppress(Exception):    # a zeroing still queued must not write freed memory
+                for d in self.devices:
+                    backend.synchronize(d)
             self._drop()                 # no peer maps these yet: free them without meeting anyone
             if isinstance(exc, cu.DriverError):
                 raise UsageError(f"cannot allocate {mine} bytes of communicator buffers: {exc}") from None
@@ -675,9 +680,9 @@ class Communicator:
         backend = self.backend
         if not self._owned and not self._opened:
             return
+        for d in self.devices:
+            backend.synchronize(d)
         try:
-            for d in self.devices:
-                backend.synchronize(d)
             if self._arenas is not None and self._broken is None:
                 self.poll()
         finally:
