@@ -110,8 +110,11 @@ def hit_args_size() -> int:
     return ctypes.sizeof(MscArgsHeader)
 
 
-def test_planted_precompiled_headers_are_never_used(tmp_path, marker):
-    """A .gch built from the real headers plus a constructor, at the path msc would use: a miss."""
+@pytest.mark.parametrize("shared", [False, True])
+def test_planted_precompiled_headers_are_never_used(tmp_path, marker, shared):
+    """A .gch built from the real headers plus a constructor, at the path msc would use: a miss,
+    in a cache only this user can write (the checked .gch is then used in place) and in one that
+    others can write to (a checked copy in the build's private folder)."""
     cache = tmp_path / "cache"
     from msc.cuda.codegen import environment
 
@@ -126,12 +129,16 @@ def test_planted_precompiled_headers_are_never_used(tmp_path, marker):
     planted = (work / f"{hostbuild.INCLUDES}.gch").read_bytes()
     target = cache / "host" / f"pch-{key}" / f"{hostbuild.INCLUDES}.gch"
     plant(target, planted)
-    p = plan("allgather/ring:ring", 2, "Simple")
+    if shared:
+        for folder in (cache, cache / "host", target.parent):
+            folder.chmod(0o777)
+    p = plan("allgather/ring:ring", 2, "Simple" if shared else "LL")
     comm = Communicator(p, device="emu", cache=cache, timeout_s=30)
     check_run(comm, 77, "float32", "sum", seed=4)
     comm.close()
     assert not marker.exists()
     assert target.read_bytes() != planted                      # replaced by the user's own
+    assert (str(target.parent) in hostbuild._PCH_CHECKED) is not shared     # used in place only where private
 
 
 def test_a_planted_source_is_not_compiled_and_a_copied_entry_is_a_miss(tmp_path):

@@ -16,13 +16,13 @@ is the bytes that were checked. Builds run in a private temporary folder and
 are then copied into the cache (a cache that cannot be written, a full one,
 costs only the next build). With g++, the standard headers the shim needs
 (templates/host_includes.h.j2) are precompiled once per compiler and flags,
-cached like a library, copied once per process into a private folder and
-force-included from there, which halves a build (their include guards make the copy inside the kernel text a
-no-op).
+cached like a library and force-included, which halves a build (their
+include guards make the copy inside the kernel text a no-op): from the cache
+where only this user can write its folder, else from a checked copy in the
+build's private folder.
 """
 from __future__ import annotations
 
-import atexit
 import hashlib
 import os
 import shutil
@@ -36,6 +36,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from msc.cuda import kcache
+from msc.formats.files import write_atomic
 from msc.errors import CompileError, UsageError
 from msc.resources import cache_dir
 
@@ -174,7 +175,7 @@ def _build(source: str, compiler: Compiler, cflags: tuple[str, ...], root: Path)
     try:
         src = work / "kernel.cpp"
         src.write_text(source)
-        pre = _precompiled(compiler, cflags, root) if compiler.gnu else None
+        pre = _precompiled(compiler, cflags, root, work) if compiler.gnu else None
         out = work / "kernel.so"
         cmd = [compiler.path, *cflags, *(["-include", str(pre)] if pre else []), "-shared", "-o", str(out),
                "-x", "c++", str(src)]
@@ -194,36 +195,78 @@ def _build(source: str, compiler: Compiler, cflags: tuple[str, ...], root: Path)
 
 
 _PCH_LOCK = threading.Lock()
-_PCH_COPIES: dict[tuple[str, str], Path] = {}   # (cache, entry) -> the header in this process's private folder
+_PCH_CHECKED: dict[str, tuple] = {}      # private cache folder -> the stamp of the .gch checked there
 
 
-def _precompiled(compiler: Compiler, cflags: tuple[str, ...], root: Path) -> Path | None:
-    """The precompiled standard headers (their .h path, the .gch beside it)
-    in a private folder of this process: the cache's copy, checked, or built
-    once per compiler and flags and cached; None when they cannot be built
-    (the kernel then parses the headers itself). One copy serves every build
-    of the process (the folder is removed at exit)."""
+def _precompiled(compiler: Compiler, cflags: tuple[str, ...], root: Path, work: Path) -> Path | None:
+    """The precompiled standard headers (their .h path, the .gch beside it):
+    the cache's copy, checked, or built once per compiler and flags and
+    cached; None when they cannot be built (the kernel then parses the headers
+    itself). Used where they lie when only this user can write that folder
+    (checked once per process); else copied, as checked, into the build's
+    private folder for each build (a shared cache pays the copy)."""
     from msc.cuda.codegen import environment
 
     text = environment().get_template("host_includes.h.j2").render()
-    name = f"host/pch-{build_key(text, compiler, cflags)}/{INCLUDES}.gch"
-    with _PCH_LOCK:                     # concurrent builders of one process make it once
-        header = _PCH_COPIES.get((str(root), name))
-        if header is not None and header.with_name(f"{INCLUDES}.gch").is_file():
-            return header
-        folder = Path(tempfile.mkdtemp(prefix="msc-pch-"))
-        atexit.register(shutil.rmtree, folder, ignore_errors=True)
-        header, pch = folder / INCLUDES, folder / f"{INCLUDES}.gch"
-        header.write_text(text)
-        image = kcache.read(root, name)
-        if image is not None:
-            pch.write_bytes(image)
-        else:
-            done = subprocess.run([compiler.path, *cflags, "-x", "c++-header", str(header), "-o", str(pch)],
-                                  capture_output=True, text=True)
-            if done.returncode != 0 or not pch.is_file():
-                shutil.rmtree(folder, ignore_errors=True)
+    entry = f"host/pch-{build_key(text, compiler, cflags)}"
+    folder, gch = root / entry, f"{INCLUDES}.gch"
+    with _PCH_LOCK:                     # concurrent builders of one process check or make it once
+        seen = _PCH_CHECKED.get(str(folder))
+        if seen is not None and seen == _stamp(folder / gch) and _private(root, folder):
+            return folder / INCLUDES
+        image = kcache.read(root, f"{entry}/{gch}")
+        in_cache = image is not None
+        if image is None:
+            image = _build_pch(compiler, cflags, text, work)
+            if image is None:
                 return None
-            kcache.write(root, name, pch.read_bytes())
-        _PCH_COPIES[(str(root), name)] = header
-        return header
+            in_cache = kcache.write(root, f"{entry}/{gch}", image)
+        if in_cache and _private(root, folder):
+            try:                        # only this user's processes write here: what lies there is checked
+                write_atomic(folder / INCLUDES, text.encode())
+                stamp = _stamp(folder / gch)
+                if stamp is not None:
+                    _PCH_CHECKED[str(folder)] = stamp
+                    return folder / INCLUDES
+            except OSError:
+                pass                    # not written (full): the build's own copy below
+        (work / INCLUDES).write_text(text)
+        (work / gch).write_bytes(image)
+        return work / INCLUDES
+
+
+def _build_pch(compiler: Compiler, cflags: tuple[str, ...], text: str, work: Path) -> bytes | None:
+    pch = Path(tempfile.mkdtemp(dir=work))
+    header = pch / INCLUDES
+    header.write_text(text)
+    done = subprocess.run([compiler.path, *cflags, "-x", "c++-header", str(header), "-o", f"{header}.gch"],
+                          capture_output=True, text=True)
+    image = Path(f"{header}.gch").read_bytes() if done.returncode == 0 and Path(f"{header}.gch").is_file() else None
+    shutil.rmtree(pch, ignore_errors=True)
+    return image
+
+
+def _stamp(path: Path) -> tuple | None:
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _private(root: Path, folder: Path) -> bool:
+    """Whether only this user can change ``folder`` and what is in it: it,
+    the folders from the cache root down to it and its files are this user's
+    own, no links, and not writable by group or others."""
+    if not hasattr(os, "getuid"):
+        return False
+    paths = [root, *[p for p in folder.parents if root in p.parents], folder]
+    try:
+        paths += list(folder.iterdir())
+        for p in paths:
+            st = os.stat(p, follow_symlinks=False)
+            if stat.S_ISLNK(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+                return False
+    except OSError:
+        return False
+    return True
