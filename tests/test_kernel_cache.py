@@ -58,7 +58,8 @@ def plant(path: Path, data: bytes) -> None:
     path.with_name(path.name + ".sha256").write_text(hashlib.sha256(data).hexdigest())
     import hmac
 
-    path.with_name(path.name + kcache.SIDECAR).write_bytes(hmac.new(b"attacker" * 4, data, "sha256").hexdigest().encode())
+    mac = hmac.new(b"attacker" * 4, data, "sha256").hexdigest()
+    path.with_name(path.name + kcache.SIDECAR).write_text(mac)
 
 
 def evil_library(tmp: Path) -> bytes:

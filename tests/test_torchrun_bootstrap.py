@@ -69,7 +69,8 @@ def test_set_timeout_and_the_runtime_refuse_what_is_not_a_finite_time(value):
     if value is not None:
         with pytest.raises(UsageError, match="the msc.torch timeout must be a number of seconds > 0"):
             agree.set_timeout(value)
-    with pytest.raises(UsageError, match=f"timeout_s must be a number of seconds > 0 and at most .*got {re.escape(repr(value))}"):
+    shown = re.escape(repr(value))
+    with pytest.raises(UsageError, match=f"timeout_s must be a number of seconds > 0 and at most .*got {shown}"):
         cu.timeout_ns(value)
     assert cu.timeout_ns(2.5) == 2_500_000_000 and agree.timeout_s(3.0) == 3.0
 
