@@ -231,7 +231,7 @@ def build_main(spec_path: str) -> int:
         case = Case.from_json(d)
         plan = runtime_plan(make_plan(case))
         r = rendered(plan, dtype=case.dtype, op=check_op(plan, case.op, case.dtype), form=case.form)
-        sources[case.name] = hashlib.sha256(r.source_path.read_bytes()).hexdigest()
+        sources[case.name] = hashlib.sha256(r.source.encode()).hexdigest()
         for sanitize in spec["sanitize"]:
             key = (case.alg, case.ranks, case.params, case.protocol, case.inplace, case.form, case.dtype,
                    check_op(plan, case.op, case.dtype), sanitize)
@@ -397,7 +397,7 @@ def parse_reports(text: str) -> list[dict]:
         accesses = [s for s in rep["stacks"] if ACCESS.match("  " + s["head"])]
         rep["accesses"] = []
         for s in accesses:
-            kernel = [f for f in s["frames"] if f["module"].endswith("kernel.so")]
+            kernel = [f for f in s["frames"] if is_kernel_module(f["module"])]
             # the first frame in the rendered kernel text (not a libstdc++ header inlined into it)
             ours = [f for f in kernel if re.search(r"kernel\.cpp:\d+", f["where"])] or kernel or s["frames"]
             top = ours[0] if ours else {"func": "?", "where": "", "module": "?"}
@@ -408,6 +408,12 @@ def parse_reports(text: str) -> list[dict]:
         rep["source"] = [source_line(a["where"]) for a in rep["accesses"]]
         del rep["lines"]
     return reports
+
+
+def is_kernel_module(module: str) -> bool:
+    """A frame in the kernel library: msc.cuda.emu loads it from a memory file,
+    /proc/self/fd/N, which TSan names by its last part (N); or from a file kernel.so."""
+    return module.isdigit() or module.endswith("kernel.so") or module.startswith("msc-kernel-")
 
 
 def source_line(where: str) -> str:

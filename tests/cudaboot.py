@@ -436,7 +436,7 @@ def check_run(comm, count: int, dtype: str, op: str, seed: int, what: str = "") 
                              f"{bad[:5]}: {g[bad[:5]]} vs {w[bad[:5]]}")
 
 
-# -- the emulated device under torchrun (gloo processes, /dev/shm arenas) ----------------------
+# -- the emulated device under torchrun (gloo processes, memfd arenas) -------------------------
 def _emu_plan(key: str, n: int, protocol: str):
     import msc
     from msc.lower.pipeline import LowerOptions, lower

@@ -7,7 +7,7 @@ is the kernel's own code: its steps, protocols (Simple, LL), tile loops,
 counters that persist across launches, error words and timeouts; and the
 runtime's own code above it: arenas, pointer tables, argument packing,
 growth, deferred error reads, the broken state, the torchrun bootstrap
-(over gloo, with /dev/shm where CUDA IPC would be).
+(over gloo, with memory files where CUDA IPC would be).
 
 Every result is compared with msc.executor on random inputs (never zero)
 with poisoned outputs: bit-exact, but for avg (the kernel pre-multiplies by
@@ -492,7 +492,7 @@ def test_a_call_too_long_for_the_progress_counters_is_refused():
         launch_params(layout, count, dtype="float32", protocol="Simple", tile_bytes=32)
 
 
-# -- torchrun: one process per rank, shared memory where CUDA IPC would be ------------------------------
+# -- torchrun: one process per rank, memory files where CUDA IPC would be -------------------------------
 @pytest.fixture(scope="module")
 def gloo2():
     pytest.importorskip("torch")

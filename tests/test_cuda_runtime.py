@@ -269,7 +269,7 @@ def test_launch_shapes_and_devices():
 
 def test_timeout_is_in_global_timer_nanoseconds():
     assert timeout_ns(2.5) == 2_500_000_000 and timeout_ns(1e-12) == 1
-    with pytest.raises(UsageError, match="timeout_s must be > 0"):
+    with pytest.raises(UsageError, match="timeout_s must be a number of seconds > 0"):
         timeout_ns(0)
 
 

@@ -1,7 +1,7 @@
 """msc.torch on the msc CUDA runtime (backend="cuda"), on the emulated device.
 
 Without a GPU, ``MSC_DEVICE=emu`` runs the runtime's own code (the
-Communicator, placement "torchrun": arenas in /dev/shm, the bootstrap over
+Communicator, placement "torchrun": arenas in memory files, the bootstrap over
 the process group's store) with the plan's kernel built as host C++: these
 tests check msc.torch's side of it (engine choice, call forms, ops,
 communicator reuse, the DDP hook) on 2 gloo processes and under torchrun.

@@ -232,7 +232,6 @@ def emit_cuda(plan, plan_path, args) -> tuple[list, str]:
     """Write the plan's CUDA source (and, with --arch, its cubin) next to it,
     and for the table form the plan's tables as text (the kernel's source
     holds no plan then); returns the files and what was done, for the report."""
-    import shutil
 
     from msc.cuda import compile as compile_cuda
     from msc.cuda import render
@@ -250,7 +249,7 @@ def emit_cuda(plan, plan_path, args) -> tuple[list, str]:
     else:
         kernel = compile_cuda(plan, dtype=args.dtype, op=args.op, arch=args.arch, form=args.form)
         cubin = stem.with_name(f"{stem.name}.{tag}.{args.arch}.cubin")
-        shutil.copyfile(kernel.source_path, cu)
+        cu.write_text(kernel.source)            # the text the cubin was compiled from, as checked
         cubin.write_bytes(kernel.cubin)
         written.append(cubin)
         how = "taken from the kernel cache" if kernel.cache_hit else f"rendered and compiled with NVRTC for {args.arch}"

@@ -6,9 +6,10 @@ rendered source, cached on disk.
 Cache layout, under ``$MSC_CACHE_DIR/kernels/<key>/``: ``kernel.cu`` (the
 rendered source) and ``kernel.<arch>.nvrtc<version>.cubin``; under
 ``$MSC_CACHE_DIR/kernels/tables-<key>/tables.i32`` a table-form plan's
-tables. Every file has a SHA-256 sidecar
-checked on every read (msc.formats.files): an empty, altered or unreadable
-entry is a miss and is rebuilt. Keys hash everything the bytes depend on:
+tables. Every file has a sidecar with an HMAC under the user's key, checked
+on every read (msc.cuda.kcache): an empty, altered, planted or unreadable
+entry is a miss and is rebuilt, and what is compiled or run is the bytes
+that were checked. Keys hash everything the bytes depend on:
 the templates and msc's own code (codegen, and the verifier that computes
 the step facts: msc.verification.cache.msc_digest) always; for a
 straight-line kernel and for tables the collective (a custom one by what it
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from msc.formats.files import read_checked, write_checked
+from msc.cuda import kcache
 from msc.cuda.codegen import (KernelLayout, PlanTables, check_kernel, choose_form, kernel_layout, plan_tables, render,
                               table_width)
 from msc.errors import CompileError, UsageError
@@ -41,17 +42,15 @@ KERNEL_NAME = "msc_kernel"
 
 @dataclass(frozen=True)
 class Rendered:
-    """A plan's kernel source in the cache, and its launch layout."""
+    """A plan's kernel source (as checked or rendered: never read again from
+    the cache), where the cache keeps it, and its launch layout."""
 
     key: str
     folder: Path
     source_path: Path
     layout: KernelLayout
     cache_hit: bool
-
-    @property
-    def source(self) -> str:
-        return self.source_path.read_text()
+    source: str
 
 
 @dataclass(frozen=True)
@@ -70,15 +69,14 @@ class CompiledKernel:
     key: str
     cache_hit: bool
     kernel_name: str = KERNEL_NAME
-
-    @property
-    def source(self) -> str:
-        return self.source_path.read_text()
+    source: str = ""
 
 
 @dataclass(frozen=True)
 class HostCompiled:
-    """A plan built for the emulated device: a shared library (msc.cuda.emu loads it)."""
+    """A plan built for the emulated device: a shared library, its bytes as
+    checked or built (msc.cuda.emu loads those, never the cache's file again)
+    and where the cache keeps it."""
 
     library: Path
     source_path: Path
@@ -88,6 +86,7 @@ class HostCompiled:
     protocol: str
     key: str
     cache_hit: bool
+    image: bytes = b""
 
 
 @lru_cache(maxsize=1)
@@ -172,15 +171,18 @@ def rendered(plan: Plan, *, dtype: str = "float32", op: str = "sum", form: str |
     check_kernel(dtype, op, plan)            # also on a hit: a table-form kernel is shared by other plans
     form = choose_form(plan, form)
     key = source_key(plan, dtype=dtype, op=op, form=form, collective=collective)
-    folder = (cache or cache_dir()) / "kernels" / key
-    src_path = folder / "kernel.cu"
-    layout = kernel_layout(plan, form)
-    if read_checked(src_path) is not None:
-        return Rendered(key, folder, src_path, layout, True)
+    root = cache or cache_dir()
+    name = f"kernels/{key}/kernel.cu"
+    folder, layout = root / "kernels" / key, kernel_layout(plan, form)
+    cached = kcache.read(root, name)
+    if cached is not None:
+        try:
+            return Rendered(key, folder, root / name, layout, True, cached.decode())
+        except UnicodeDecodeError:
+            pass                        # not a text msc wrote: rendered again below
     source, _ = render(plan, dtype=dtype, op=op, form=form, collective=collective, allow_deadlock=allow_deadlock)
-    folder.mkdir(parents=True, exist_ok=True)
-    write_checked(src_path, source.encode())
-    return Rendered(key, folder, src_path, layout, False)
+    kcache.write(root, name, source.encode())
+    return Rendered(key, folder, root / name, layout, False, source)
 
 
 def tables(plan: Plan, *, op: str = "sum", collective=None, cache: Path | None = None,
@@ -193,17 +195,16 @@ def tables(plan: Plan, *, op: str = "sum", collective=None, cache: Path | None =
     if op not in REDUCE_OPS:
         raise UsageError(f"unknown reduction {op!r} (expected one of {', '.join(REDUCE_OPS)})")
     average = REDUCE_OPS[op].average
-    folder = (cache or cache_dir()) / "kernels" / f"tables-{tables_key(plan, average=average, collective=collective)}"
-    path = folder / "tables.i32"
-    raw = read_checked(path)
+    root = cache or cache_dir()
+    name = f"kernels/tables-{tables_key(plan, average=average, collective=collective)}/tables.i32"
+    raw = kcache.read(root, name)
     if raw is not None:
         try:
             return PlanTables.from_bytes(raw)
         except ValueError:
             pass                        # not ours after all: computed again below
     out = plan_tables(plan, op=op, collective=collective, allow_deadlock=allow_deadlock)
-    folder.mkdir(parents=True, exist_ok=True)
-    write_checked(path, out.to_bytes())
+    kcache.write(root, name, out.to_bytes())
     return out
 
 
@@ -213,14 +214,16 @@ def compile(plan: Plan, *, dtype: str = "float32", op: str = "sum", arch: str = 
     _check_arch(arch)
     r = rendered(plan, dtype=dtype, op=op, form=form, collective=collective, cache=cache,
                  allow_deadlock=allow_deadlock)
-    cubin_path = r.folder / f"kernel.{arch}.nvrtc{nvrtc_version()}.cubin"
-    cubin = read_checked(cubin_path)
+    root = cache or cache_dir()
+    name = f"kernels/{r.key}/kernel.{arch}.nvrtc{nvrtc_version()}.cubin"
+    cubin = kcache.read(root, name)
     hit = cubin is not None and r.cache_hit
     if cubin is None:
         cubin = nvrtc_compile(r.source, arch=arch, source_path=r.source_path)
-        write_checked(cubin_path, cubin)
+        kcache.write(root, name, cubin)
     key = cache_key(plan, dtype=dtype, op=op, arch=arch, form=r.layout.form, collective=collective)
-    return CompiledKernel(cubin, r.source_path, cubin_path, r.layout, arch, dtype, op, plan.protocol, key, hit)
+    return CompiledKernel(cubin, r.source_path, root / name, r.layout, arch, dtype, op, plan.protocol, key, hit,
+                          source=r.source)
 
 
 def compile_host(plan: Plan, *, dtype: str = "float32", op: str = "sum", form: str | None = None, collective=None,
@@ -230,8 +233,9 @@ def compile_host(plan: Plan, *, dtype: str = "float32", op: str = "sum", form: s
 
     r = rendered(plan, dtype=dtype, op=op, form=form, collective=collective, cache=cache,
                  allow_deadlock=allow_deadlock)
-    library, hit = build(r.source, sanitize=sanitize, cache=cache)
-    return HostCompiled(library, r.source_path, r.layout, dtype, op, plan.protocol, r.key, hit and r.cache_hit)
+    library, image, hit = build(r.source, sanitize=sanitize, cache=cache)
+    return HostCompiled(library, r.source_path, r.layout, dtype, op, plan.protocol, r.key, hit and r.cache_hit,
+                        image)
 
 
 def nvrtc_compile(source: str, *, arch: str, source_path: Path | None = None) -> bytes:

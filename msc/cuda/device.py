@@ -129,11 +129,15 @@ SHARED_GPU = ("their kernels would share the GPU by time-slicing: kernels of dif
               "wait would last a time slice (or the timeout)")
 
 
+MAX_TIMEOUT_S = 365 * 24 * 3600.0     # a spin-wait budget beyond a year is a mistake (inf, 1e400)
+
+
 def timeout_ns(timeout_s: float) -> int:
     """Spin-wait budget in nanoseconds (the kernel reads the GPU's global
     timer, which counts nanoseconds whatever the SM clock does)."""
-    if not timeout_s > 0:
-        raise UsageError(f"timeout_s must be > 0, got {timeout_s!r}")
+    if not (isinstance(timeout_s, (int, float)) and 0 < timeout_s <= MAX_TIMEOUT_S):
+        raise UsageError(f"timeout_s must be a number of seconds > 0 and at most {MAX_TIMEOUT_S:g} (a year), got "
+                         f"{timeout_s!r}")
     return max(1, int(timeout_s * 1e9))
 
 

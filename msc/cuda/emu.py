@@ -9,9 +9,11 @@ broken state, the torchrun bootstrap) is the runtime's own code, unchanged:
 - the kernel is the rendered CUDA text built as host C++ (msc.cuda.hostbuild)
   and loaded with ctypes; a launch runs grid x block std::threads at once;
 - memory is host memory mapped with mmap: private pages for the virtual and
-  devices placements, files in /dev/shm where CUDA IPC would be (torchrun:
-  one process per rank, the same bootstrap exchanging file names instead of
-  IPC handles);
+  devices placements, anonymous memory files (memfd) where CUDA IPC would be
+  (torchrun: one process per rank, the same bootstrap exchanging where peers
+  open them, /proc/<pid>/fd/<n>, instead of IPC handles). They have no name
+  in /dev/shm or anywhere, so nothing remains however a process ends (a
+  signal, a timeout, kill -9): the memory goes with its last mapping;
 - each emulated device has one stream, a worker thread that runs its queue
   in order (launches, zeroing, copies of the error word, events), so calls
   return before their kernels finish, as on a GPU;
@@ -30,6 +32,7 @@ import ctypes.util
 import mmap
 import os
 import queue
+import tempfile
 import threading
 import uuid
 from contextlib import nullcontext
@@ -41,7 +44,6 @@ from msc.errors import UsageError
 
 DEVICES = 64                     # emulated devices a process may address
 DEFAULT_THREADS = 4
-SHM = Path("/dev/shm")
 IPC_HANDLE_BYTES = 64
 
 
@@ -65,7 +67,8 @@ _MAP_FAILED = ctypes.c_void_p(-1).value
 class Mapping:
     ptr: int
     size: int
-    name: str | None = None          # /dev/shm file of a shareable allocation (until unlinked)
+    name: str | None = None          # where peers open a shareable allocation: "pid/fd/token" (until settled)
+    fd: int = -1                     # its memory file, open until every peer has mapped it
 
 
 def _map(size: int, fd: int = -1) -> int:
@@ -90,29 +93,38 @@ class HostMemory:
             ptr = _map(size)
             m = Mapping(ptr, size)
         else:
-            if not SHM.is_dir():
-                raise UsageError(f"the emulated torchrun placement shares memory through {SHM}, which this "
-                                 f"machine does not have")
-            name = f"msc-emu-{os.getpid()}-{uuid.uuid4().hex[:12]}"
-            fd = os.open(SHM / name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+            if not hasattr(os, "memfd_create") or not Path("/proc/self/fd").is_dir():
+                raise UsageError("the emulated torchrun placement shares memory through memory files (memfd_create) "
+                                 "that peers open in /proc: Linux only")
+            token = uuid.uuid4().hex[:16]
+            fd = os.memfd_create(f"msc-emu-{token}", os.MFD_CLOEXEC)
             try:
                 os.ftruncate(fd, size)
                 ptr = _map(size, fd)
-            finally:
+            except BaseException:
                 os.close(fd)
-            m = Mapping(ptr, size, name)
+                raise
+            m = Mapping(ptr, size, f"{os.getpid()}/{fd}/{token}", fd)
         with self.lock:
             self.maps[ptr] = m
         return ptr
 
     def attach(self, name: str, size: int) -> int:
-        """Map another process's shareable allocation."""
+        """Map another process's shareable allocation (``name``: "pid/fd/token")."""
+        pid, _, rest = name.partition("/")
+        fd_text, _, token = rest.partition("/")
+        path = f"/proc/{pid}/fd/{fd_text}"
+        if not (pid.isdigit() and fd_text.isdigit() and token.isalnum()):
+            raise UsageError(f"a peer's emulated device memory is named {name!r}, not pid/fd/token")
         try:
-            fd = os.open(SHM / name, os.O_RDWR)
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
         except OSError as exc:
-            raise UsageError(f"cannot open a peer's emulated device memory {SHM / name}: {exc.strerror} (is the peer "
-                             f"on this machine?)") from None
+            raise UsageError(f"cannot open a peer's emulated device memory {path}: {exc.strerror} (is the peer on "
+                             f"this machine, in this PID namespace, and still running?)") from None
         try:
+            if f"msc-emu-{token}" not in os.readlink(f"/proc/self/fd/{fd}"):
+                raise UsageError(f"{path} is not the peer's emulated device memory (the process or its file is "
+                                 f"gone)")
             ptr = _map(size, fd)
         finally:
             os.close(fd)
@@ -121,25 +133,20 @@ class HostMemory:
         return ptr
 
     def unlink(self, ptr: int) -> None:
-        """Remove a shareable allocation's name (its mappings stay)."""
+        """Close a shareable allocation's memory file (its mappings stay): no
+        peer can open it any more, and it goes with its last mapping."""
         m = self.maps.get(ptr)
-        if m is not None and m.name is not None:
-            try:
-                os.unlink(SHM / m.name)
-            except FileNotFoundError:
-                pass
-            m.name = None
+        if m is not None and m.fd >= 0:
+            os.close(m.fd)
+            m.fd, m.name = -1, None
 
     def free(self, ptr: int) -> None:
         with self.lock:
             m = self.maps.pop(ptr, None)
         if m is None:
             raise UsageError(f"emulated device: free of {ptr:#x}, which is not allocated")
-        if m.name is not None:
-            try:
-                os.unlink(SHM / m.name)
-            except FileNotFoundError:
-                pass
+        if m.fd >= 0:
+            os.close(m.fd)
         _libc.munmap(m.ptr, m.size)
 
     def size(self, ptr: int) -> int:
@@ -225,8 +232,22 @@ class HostKernel:
         return int(out[0]), int(out[1])
 
 
-def load(path: Path, layout, dtype: str, op: str, cache_hit: bool, args_size: int) -> HostKernel:
-    lib = ctypes.CDLL(str(path))
+_ENTRY_POINTS = ("msc_launch", "msc_args_size", "msc_path_counts", "msc_round")
+
+
+def load(path: Path, layout, dtype: str, op: str, cache_hit: bool, args_size: int,
+         image: bytes | None = None) -> HostKernel:
+    """The kernel library: ``image`` (its bytes, as the cache checked them or
+    the build made them), loaded from a private copy that no one else can
+    swap; without ``image``, the file at ``path`` (the caller's own)."""
+    try:
+        lib = ctypes.CDLL(str(path)) if image is None else _load_private(image)
+    except OSError as exc:
+        raise UsageError(f"the emulated device cannot load the kernel library {path}: {exc}") from None
+    missing = [name for name in _ENTRY_POINTS if not hasattr(lib, name)]
+    if missing:
+        raise UsageError(f"{path} is not a kernel library msc built: it lacks {', '.join(missing)} (delete "
+                         f"{path.parent}; msc builds it again)")
     lib.msc_launch.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
     lib.msc_launch.restype = ctypes.c_int
     lib.msc_args_size.restype = ctypes.c_int64
@@ -239,10 +260,38 @@ def load(path: Path, layout, dtype: str, op: str, cache_hit: bool, args_size: in
     return HostKernel(path, layout, dtype, op, cache_hit, lib)
 
 
+_PRIVATE_FDS: list[int] = []         # memory files of loaded libraries, open for good (see _load_private)
+
+
+def _load_private(image: bytes) -> ctypes.CDLL:
+    """dlopen ``image`` from an anonymous memory file (memfd), else from a
+    temporary file of this user's (0600, in a sticky /tmp) removed once
+    loaded. The memory file stays open: the loader knows a library by its
+    path, and a later /proc/self/fd/N that reused the number would get this one."""
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("msc-kernel", os.MFD_CLOEXEC)
+        try:
+            with os.fdopen(os.dup(fd), "wb") as f:
+                f.write(image)
+            lib = ctypes.CDLL(f"/proc/self/fd/{fd}")
+            _PRIVATE_FDS.append(fd)
+            return lib
+        except OSError:
+            os.close(fd)              # no /proc, or memory files are not executable here: a file
+    fd, name = tempfile.mkstemp(prefix="msc-kernel-", suffix=".so")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(image)
+        return ctypes.CDLL(name)
+    finally:
+        os.unlink(name)
+
+
 # -- IPC: shared memory files where CUDA IPC handles would be -----------------------------------
 class ShmIpc:
-    """The torchrun bootstrap's IPC for the emulated device: a handle names
-    the /dev/shm file of an allocation and its size."""
+    """The torchrun bootstrap's IPC for the emulated device: a handle says
+    where peers open an allocation's memory file (pid, fd, and a token its
+    name carries) and its size."""
 
     def __init__(self, memory: HostMemory):
         self.memory = memory
@@ -266,7 +315,7 @@ class ShmIpc:
         self.memory.free(ptr)
 
     def settle(self, ptr: int) -> None:
-        """Every peer has mapped our allocation: its name may go (nothing leaks if a process dies)."""
+        """Every peer has mapped our allocation: its file may close."""
         self.memory.unlink(ptr)
 
 
@@ -325,7 +374,8 @@ class EmuBackend:
                             allow_deadlock=allow_deadlock, sanitize=os.environ.get("MSC_EMU_SANITIZE") or None)
 
     def load(self, compiled, args_size: int):
-        return load(compiled.library, compiled.layout, compiled.dtype, compiled.op, compiled.cache_hit, args_size)
+        return load(compiled.library, compiled.layout, compiled.dtype, compiled.op, compiled.cache_hit, args_size,
+                    compiled.image)
 
     def resident_blocks(self, kernel, nthreads: int, index: int) -> int | None:
         return None                         # threads, not SMs: any grid is resident at once
@@ -419,12 +469,17 @@ class EmuBackend:
 
 
 def _host_id() -> str:
-    """Processes that share /dev/shm share this (the boot id, and the host name)."""
+    """Processes that can open each other's memory files share this: the
+    host name, the boot id, and the PID namespace (/proc/<pid> must be the peer)."""
     try:
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     except OSError:
         boot = ""
-    return f"{os.uname().nodename}/{boot}"
+    try:
+        pids = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        pids = ""
+    return f"{os.uname().nodename}/{boot}/{pids}"
 
 
 # -- host tensors -------------------------------------------------------------------------------

@@ -93,6 +93,7 @@ import ctypes
 import dataclasses
 import itertools
 from collections import OrderedDict
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -112,7 +113,15 @@ from msc.lower.runtimes import runtime_slots
 PLACEMENTS = ("virtual", "devices", "torchrun")
 ARGS_CACHE = 256          # uploaded MscArgs blocks kept per communicator
 DEFAULT_TIMEOUT_S = 300.0
-_SERIALS: dict[tuple, itertools.count] = {}    # torchrun communicators made here, per (plan name, group)
+_SERIALS: dict[tuple, itertools.count] = {}    # torchrun communicators made here, per group
+
+
+def content_key(plan: Plan) -> str:
+    """16 hex digits naming a plan's content, not its name: msc.torch.agree's
+    digest, so ranks whose calls agree meet under one key."""
+    from msc.torch.agree import plan_digest
+
+    return plan_digest(plan)
 
 
 def runtime_plan(plan: Plan) -> Plan:
@@ -241,8 +250,8 @@ class Communicator:
             plan = load_plan(plan)
         units(plan)
         self.backend = backend
+        self._timeout_ns = cu.timeout_ns(timeout_s)
         self.plan, self.placement, self.timeout_s, self.group = plan, placement, float(timeout_s), group
-        self._timeout_ns = cu.timeout_ns(self.timeout_s)
         self.kplan = runtime_plan(plan)
         self.slots = self.kplan.slots
         self.layout = kernel_layout(self.kplan, choose_form(self.kplan, form))
@@ -294,12 +303,16 @@ class Communicator:
             raise UsageError(f"plan {plan.name!r} is for {n} ranks, the process group has "
                              f"{dist.get_world_size(group)}")
         self.rank = dist.get_rank(group)
-        # Bootstrap keys in the job-wide store: the group's global ranks and how many
-        # communicators for this plan this process has made on that group (every member
-        # makes them in the same order), so disjoint groups never read each other's keys.
+        # Bootstrap keys in the job-wide store: the group's global ranks, how many
+        # communicators this process has made on that group (every member makes them in the
+        # same order), and the plan's content (not its name: ranks may read one plan from
+        # files of other names, and msc.torch's agreement compares content). So disjoint
+        # groups never read each other's keys, and ranks that built communicators for
+        # different plans (a mistake they then report) stay in step for the next ones.
         members = tuple(dist.get_process_group_ranks(group)) if group is not None else tuple(range(n))
         self._group_key = "-".join(map(str, members))
-        self._serial = next(_SERIALS.setdefault((plan.name, members), itertools.count()))
+        self._plan_key = content_key(plan)
+        self._serial = next(_SERIALS.setdefault(members, itertools.count()))
 
     def _check_devices(self) -> None:
         """Every GPU of ``self.devices`` exists and can be bound (the current one stays current)."""
@@ -568,7 +581,7 @@ class Communicator:
         gather(f"{tag}/{self._generation}", self.rank)
 
     def _prefix(self) -> str:
-        return f"msc-cuda/{self.plan.name}/ranks-{self._group_key}/{self._serial}"
+        return f"msc-cuda/ranks-{self._group_key}/{self._serial}/{self._plan_key}"
 
     def _track(self, i: int, L: Launch, stream) -> None:
         """Queue a copy of the launch's error word to host memory and an event."""
@@ -625,21 +638,20 @@ class Communicator:
                     backend.zero(d, ptr, arenas[r].size, backend.stream(d))
             for d in self.devices:
                 backend.synchronize(d)
-        except cu.DriverError as exc:
-            self._release()
-            raise UsageError(f"cannot allocate {mine} bytes of communicator buffers: {exc}") from None
+        except Exception as exc:
+            with suppress(Exception):    # a zeroing still queued must not write freed memory
+                for d in self.devices:
+                    backend.synchronize(d)
+            self._drop()                 # no peer maps these yet: free them without meeting anyone
+            if isinstance(exc, cu.DriverError):
+                raise UsageError(f"cannot allocate {mine} bytes of communicator buffers: {exc}") from None
+            raise
         if self.placement == "torchrun":
-            from msc.cuda.bootstrap import exchange, store_gather
-
-            ipc = self._ipc or backend.ipc()
-            d = self.devices[0]
-            with backend.context(d):
-                bases = exchange(self.rank, self.plan.num_ranks, self._owned[self.rank], new, self._generation,
-                                 peers(self.layout, self.rank), ipc=ipc,
-                                 gather=store_gather(self._prefix(), self.rank, self.plan.num_ranks, self.timeout_s,
-                                                     self.group),
-                                 host=backend.host_id(), device=backend.device_id(d), reach=backend.reach(d),
-                                 shared=backend.shared())
+            try:
+                bases = self._exchange(new)
+            except BaseException:
+                self._drop()             # the peers may never come: free ours without meeting them
+                raise
             self._opened = {r: b for r, b in enumerate(bases) if b is not None and r != self.rank}
         else:
             bases = [self._owned.get(r) for r in range(self.plan.num_ranks)]
@@ -647,8 +659,24 @@ class Communicator:
         self._args.clear()
         self._mirrors.clear()
 
+    def _exchange(self, capacity) -> list[int | None]:
+        """torchrun placement: every rank's arena base in this process (msc.cuda.bootstrap)."""
+        from msc.cuda.bootstrap import exchange, store_gather
+
+        backend = self.backend
+        d = self.devices[0]
+        with backend.context(d):
+            return exchange(self.rank, self.plan.num_ranks, self._owned[self.rank], capacity, self._generation,
+                            peers(self.layout, self.rank), ipc=self._ipc or backend.ipc(),
+                            gather=store_gather(self._prefix(), self.rank, self.plan.num_ranks, self.timeout_s,
+                                                self.group),
+                            host=backend.host_id(), device=backend.device_id(d), reach=backend.reach(d),
+                            shared=backend.shared())
+
     def _release(self) -> None:
-        """Free the arenas after every launch that uses them has finished."""
+        """Free the arenas after every launch that uses them has finished
+        (under torchrun, after the peers say they no longer map ours; ours
+        are freed even when a peer never says so)."""
         backend = self.backend
         if not self._owned and not self._opened:
             return
@@ -658,16 +686,28 @@ class Communicator:
             if self._arenas is not None and self._broken is None:
                 self.poll()
         finally:
-            ipc = self._ipc or backend.ipc()
-            for ptr in self._opened.values():
-                with backend.context(self.devices[0]):
-                    ipc.close(ptr)
-            self._opened = {}
-            if self.placement == "torchrun":
-                self._rendezvous("release")      # no peer still maps what we free
-            for r, ptr in self._owned.items():
-                backend.free(self.device_of[r], ptr)
-            self._owned = {}
+            try:
+                self._close_opened()
+                if self.placement == "torchrun":
+                    self._rendezvous("release")      # no peer still maps what we free
+            finally:
+                self._drop()
+
+    def _close_opened(self) -> None:
+        ipc = self._ipc or self.backend.ipc()
+        opened, self._opened = self._opened, {}
+        for ptr in opened.values():
+            with self.backend.context(self.devices[0]):
+                ipc.close(ptr)
+
+    def _drop(self) -> None:
+        """Free what this process allocated and unmap the peers' arenas, meeting no one."""
+        try:
+            self._close_opened()
+        finally:
+            owned, self._owned = self._owned, {}
+            for r, ptr in owned.items():
+                self.backend.free(self.device_of[r], ptr)
             self._bases = [None] * self.plan.num_ranks
             self._arenas = self._capacity = None
 

@@ -4,16 +4,11 @@
 over the target, so a concurrent reader sees the old file or the new one,
 never part of one, and a failed write leaves the old file as it was. Every
 file msc writes for its user (plans, MSCCL XML, plans.json) goes through
-``write_output``; the caches use ``write_atomic`` and, for the kernel caches
-(NVRTC cubins, rendered sources, emulated device libraries), ``write_checked``
-and ``read_checked``: each cached file has a sidecar ``NAME.sha256`` holding
-the SHA-256 of its bytes, written after it, and a reader gets the bytes only
-when both exist and agree; an empty, truncated, altered or half-written entry
-is a miss (and the caller rebuilds it).
+``write_output``; the caches use ``write_atomic`` (the kernel caches sign
+their entries: msc.cuda.kcache).
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import stat
 from contextlib import suppress
@@ -74,22 +69,3 @@ def same_file(a: str | Path, b: str | Path) -> bool:
         return os.path.samefile(a, b)
     except OSError:              # one of them does not exist (yet): compare where they would be
         return os.path.realpath(a) == os.path.realpath(b)
-
-
-def _sidecar(path: Path) -> Path:
-    return path.with_name(path.name + ".sha256")
-
-
-def write_checked(path: Path, data: bytes) -> None:
-    """``path`` and its digest (the digest last: a reader never trusts a file before its digest exists)."""
-    write_atomic(path, data)
-    write_atomic(_sidecar(path), hashlib.sha256(data).hexdigest().encode())
-
-
-def read_checked(path: Path) -> bytes | None:
-    """The bytes of ``path`` if it is non-empty and matches its digest, else None."""
-    try:
-        data, want = path.read_bytes(), _sidecar(path).read_text().strip()
-    except (OSError, UnicodeDecodeError):
-        return None
-    return data if data and hashlib.sha256(data).hexdigest() == want else None

@@ -88,8 +88,11 @@ refers to the group weakly: a process group kept alive past
 
 After the agreement every rank runs the same program, and its waits are
 torch.distributed's: a peer that dies closes its connections (gloo fails at
-once); one that stalls in the middle of a call is bounded only by the
-process group's timeout: set it with ``init_process_group(timeout=...)``.
+once); one that stalls in the middle of a call is bounded by the process
+group's timeout (``init_process_group(timeout=...)``); on the CUDA runtime
+by its communicator's ``timeout_s``, which is ``timeout_s(the group's
+timeout)``: this module's setting where made, else the group's
+(msc.torch.backends.runtime_timeout).
 
 ``MSC_TORCH_AGREE=0`` (on every rank alike) turns the check off: then a
 disagreement is undefined behaviour again, as for torch.distributed's own
@@ -113,6 +116,7 @@ from msc.dsl.collectives import compact_ranges
 from msc.errors import UsageError
 
 DEFAULT_TIMEOUT_S = 300.0
+MAX_TIMEOUT_S = 365 * 24 * 3600.0     # the CUDA runtime's limit too (msc.cuda.device.MAX_TIMEOUT_S)
 FIELDS = ("plan", "collective", "op", "dtype", "count", "transport", "backend", "device")
 _OK, _ERROR, _ABORT = b"=", b"E", b"!"       # a record's tag: a signature's digest, a local error, a claim
 _PREFIX = "msc-torch"
@@ -164,8 +168,9 @@ def set_timeout(seconds: float | None) -> None:
     """How long a call waits for the other ranks to make it (every rank
     alike); None: back to ``MSC_TORCH_TIMEOUT`` or the default."""
     global _timeout_override
-    if seconds is not None and not (isinstance(seconds, (int, float)) and seconds > 0):
-        raise UsageError(f"the msc.torch timeout must be a number of seconds > 0, got {seconds!r}")
+    if seconds is not None and not (isinstance(seconds, (int, float)) and 0 < seconds <= MAX_TIMEOUT_S):
+        raise UsageError(f"the msc.torch timeout must be a number of seconds > 0 and at most {MAX_TIMEOUT_S:g} (a "
+                         f"year), got {seconds!r}")
     _timeout_override = None if seconds is None else float(seconds)
 
 
@@ -179,8 +184,9 @@ def timeout_s(default: float = DEFAULT_TIMEOUT_S) -> float:
             value = float(env)
         except ValueError:
             value = 0.0
-        if not value > 0:
-            raise UsageError(f"MSC_TORCH_TIMEOUT must be a number of seconds > 0, got {env!r}")
+        if not 0 < value <= MAX_TIMEOUT_S:          # inf and 1e400 too: every wait would then end at once
+            raise UsageError(f"MSC_TORCH_TIMEOUT must be a number of seconds > 0 and at most {MAX_TIMEOUT_S:g} (a "
+                             f"year), got {env!r}")
         return value
     return default
 

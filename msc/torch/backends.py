@@ -16,7 +16,7 @@ Two engines run the same verified plans:
 The runtime's *device* is ``$MSC_DEVICE`` (msc.cuda.backend): "cuda" (the
 default: a CUDA driver and GPU, CUDA tensors) or "emu", the emulated device
 (msc.cuda.emu: the same kernel built as host C++ and run by threads, CPU
-tensors, /dev/shm where CUDA IPC would be), which tries the runtime on any
+tensors, memory files where CUDA IPC would be), which tries the runtime on any
 machine. With ``MSC_DEVICE=emu`` this machine behaves, for msc.torch, as a
 GPU node would: the runtime is available, its tensors are CPU tensors, and
 "auto" picks it where it would pick it on GPUs.
@@ -218,7 +218,8 @@ def communicator(prepared, group, device, dtype, op: str):
     in the constructor, and reused after (kernels of other dtypes and ops
     compile at their first call; the runtime then meets the ranks at a
     barrier). Keyed by the identities of the plan and the group (held, so
-    they stay unique), the runtime's device and the GPU index."""
+    they stay unique), the runtime's device and the GPU index. Its waits
+    last ``runtime_timeout``: taken when it is built."""
     import torch.distributed as dist
 
     from msc.cuda.runtime import Communicator
@@ -232,9 +233,37 @@ def communicator(prepared, group, device, dtype, op: str):
     if hit is not None and hit[0] is prepared.plan and hit[1] is custom and hit[2] is pg:
         return hit[3]
     comm = Communicator(prepared.plan, "torchrun", devices=index, device=name, group=group, collective=custom,
-                        dtypes=(kernel_dtype(dtype),), ops=(op,))
+                        dtypes=(kernel_dtype(dtype),), ops=(op,), timeout_s=runtime_timeout(pg, device))
     _COMMUNICATORS[key] = (prepared.plan, custom, pg, comm)
     return comm
+
+
+def runtime_timeout(pg, device) -> float:
+    """How long the CUDA runtime's waits last (a kernel's spin-wait for a
+    peer, its bootstrap's wait for the peers' handles): ``MSC_TORCH_TIMEOUT``
+    or ``msc.torch.agree.set_timeout`` where set, else the process group's
+    timeout (``init_process_group(timeout=...)``, ``new_group(timeout=...)``),
+    as for the torch executor, whose waits are the group's."""
+    from msc.torch import agree
+
+    return agree.timeout_s(group_timeout_s(pg, device))
+
+
+def group_timeout_s(pg, device) -> float:
+    """The timeout of ``pg``'s backend for tensors on ``device``; else the
+    default store's (init_process_group's timeout); else torch's default."""
+    import torch.distributed as dist
+
+    try:
+        seconds = pg._get_backend(device).options._timeout.total_seconds()      # private: guarded
+    except Exception:
+        try:
+            seconds = dist.distributed_c10d._get_default_store().timeout.total_seconds()
+        except Exception:
+            seconds = dist.default_pg_timeout.total_seconds()
+    from msc.torch.agree import MAX_TIMEOUT_S
+
+    return min(float(seconds), MAX_TIMEOUT_S) if seconds > 0 else float(dist.default_pg_timeout.total_seconds())
 
 
 def _custom_collective(prepared):

@@ -179,6 +179,25 @@ def remember(text: str | bytes, reader: str, plan_collective: str, collective=No
         pass              # a read-only cache: the next load verifies again, nothing is lost
 
 
+def user_key() -> bytes | None:
+    """The user's cache key (``verified/key``, made if absent), which the
+    kernel caches sign their entries with too (msc.cuda.kcache); None where
+    no key can be trusted or made (warned once, as for this cache). Not
+    turned off by ``MSC_VERIFY_CACHE=0``, which concerns verdicts only."""
+    if not _SUPPORTED:
+        return None
+    try:
+        folder = _open_folder(create=True)
+        if folder is None:
+            return None
+        try:
+            return _key(folder, create=True)
+        finally:
+            os.close(folder)
+    except OSError:
+        return None
+
+
 # -- the folder, without following links ---------------------------------------
 def _is_link(exc: OSError, path: Path) -> bool:
     return exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK) and path.is_symlink()
