@@ -34,7 +34,7 @@ from msc.lower.dag import allocate_scratch, build_dag, compact_scratch, replicat
 from msc.errors import DeadlockError, LoweringError, RuntimeLimitError, UsageError
 from msc.lower.fusion import drop_dead_stores, forwarding_pairs, fuse_forwarding, fuse_local
 from msc.ir import Plan
-from msc.ir.limits import MAX_INSTANCES, MAX_TILE_BYTES, check
+from msc.ir.limits import MAX_CHUNK_MOVES, MAX_INSTANCES, MAX_TILE_BYTES, MAX_TOTAL_CHUNKS, check
 from msc.ir.ops import DEFAULT_PROTOCOL, PROTOCOL_NAMES
 from msc.perf import pause_gc
 from msc.verification import crosscheck
@@ -85,6 +85,8 @@ def lower(program, options: LowerOptions = LowerOptions(), *, collective=None, b
     layout = program.layout
     n = layout.num_ranks
     physical = set(layout.physical_sizes)
+    _check_totals(n * sum(layout.physical_sizes.values()) + sum(program.scratch_sizes.values()),
+                  program.chunk_ops(), options.instances)
     ops, scratch_sizes = replicate(program.ops, options.instances, program.scratch_sizes)
     ops, scratch = allocate_scratch(ops, physical, scratch_sizes, n)
     fields = dict(name=program.name, collective=layout.name, chunk_factor=layout.chunk_factor * options.instances,
@@ -108,6 +110,8 @@ def lower(program, options: LowerOptions = LowerOptions(), *, collective=None, b
                 continue
             if crosscheck.ENABLED:     # lowering builds valid plans by construction: tests check
                 check_plan(plan)
+            if 2 * program.chunk_ops() * options.instances > MAX_CHUNK_MOVES:   # a send and its receive: 2 steps
+                _check_moves(plan)
             problem = _exceeds(plan, target)
             if problem is not None:
                 tried.append((priority, problem))
@@ -117,6 +121,24 @@ def lower(program, options: LowerOptions = LowerOptions(), *, collective=None, b
                 return verified
             tried.append((priority, None if verified is None else verified.slots))
     raise _no_fit(outcomes, target, room, options.protocol)
+
+
+def _check_totals(chunks: int, chunk_ops: int, instances: int) -> None:
+    """The program's ``chunks`` and ``chunk_ops`` (within msc.ir.limits), times
+    ``instances``, within the limits too, before replicating: the plan holds
+    that many chunks and moves at least that many."""
+    for what, value, limit in (("buffers of all ranks would hold", chunks * instances, MAX_TOTAL_CHUNKS),
+                               ("steps would move at least", chunk_ops * instances, MAX_CHUNK_MOVES)):
+        if value > limit:
+            raise UsageError(f"with {instances} instance(s) the plan's {what} {value} chunks, over msc's limit "
+                             f"of {limit}: use fewer instances")
+
+
+def _check_moves(plan: Plan) -> None:
+    moved = sum(step.count for rp in plan.ranks for tb in rp.threadblocks for step in tb.steps)
+    if moved > MAX_CHUNK_MOVES:
+        raise UsageError(f"the plan's steps would move {moved} chunks, over msc's limit of {MAX_CHUNK_MOVES}"
+                         f"{': use fewer instances' if plan.instances > 1 else ''}")
 
 
 def _plans(ops, scratch, n, options: LowerOptions, fields: dict, use_bulk: bool, columns=None, ways: int = 1):

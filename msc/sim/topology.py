@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from msc.errors import UsageError
+from msc.formats.inputs import read_input
+from msc.ir.limits import MAX_RANKS, MAX_TEXT_FILE_BYTES
 from msc.sim.machines import MACHINES
 from msc.sim.protocols import DEFAULT_PROTOCOLS, GB, KINDS, LINK, US, Protocol, protocols_from_tables
 
@@ -54,6 +56,8 @@ class Topology:
                  gpus_per_node: int | None = None, description: str = "", machine: str | None = None):
         if type(num_ranks) is not int or num_ranks < 1:
             raise UsageError(f"topology {name!r}: ranks must be an int >= 1, got {num_ranks!r}")
+        if num_ranks > MAX_RANKS:
+            raise UsageError(f"topology {name!r} has {num_ranks} ranks, over msc's limit of {MAX_RANKS}")
         for what, v in (("reduce_gbps", reduce_gbps), ("copy_gbps", copy_gbps),
                         ("threadblock_gbps", threadblock_gbps)):
             if not (isinstance(v, (int, float)) and v > 0):
@@ -334,9 +338,9 @@ def load_topology(path: str | Path) -> Graph:
     """A ``Graph`` topology from a TOML file (format: README, "Topologies")."""
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text())
-    except OSError as exc:
-        raise UsageError(f"cannot read topology {path}: {exc.strerror}") from None
+        data = tomllib.loads(read_input(path, MAX_TEXT_FILE_BYTES, what="topology").decode())
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"cannot read topology {path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"{path}: {exc}") from None
     return topology_from_dict(data, source=str(path))
@@ -352,6 +356,8 @@ def topology_from_dict(data: dict, source: str = "<topology>") -> Graph:
     n = data.get("ranks")
     if type(n) is not int or n < 1:
         raise bad(f"'ranks' must be an int >= 1, got {n!r}")
+    if n > MAX_RANKS:
+        raise bad(f"'ranks' is {n}, over msc's limit of {MAX_RANKS}")
     machine = MACHINES.get(data.get("machine", "textbook"))
     if machine is None:
         raise bad(f"'machine' must be one of {', '.join(MACHINES)}, got {data['machine']!r}")
