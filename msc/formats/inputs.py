@@ -38,8 +38,7 @@ def read_input(path: str | Path, limit: int, *, what: str = "file", error: type[
             kind = next((name for test, name in _KINDS if test(st.st_mode)), "not a regular file")
             raise error(f"cannot read {what} {path}: it is {kind}, not a regular file")
         if head is None and st.st_size > limit:
-            raise error(f"cannot read {what} {path}: it has {st.st_size} bytes, over msc's limit of {limit} "
-                        f"bytes for a {what}")
+            raise error(f"cannot read {what} {path}: it has {st.st_size} bytes, over msc's limit of {limit}")
         with os.fdopen(os.dup(fd), "rb") as f:
             data = f.read(limit + 1 if head is None else head)
     except OSError as exc:
@@ -47,5 +46,5 @@ def read_input(path: str | Path, limit: int, *, what: str = "file", error: type[
     finally:
         os.close(fd)
     if len(data) > limit:                 # it grew after fstat
-        raise error(f"cannot read {what} {path}: it has over {limit} bytes, msc's limit for a {what}")
+        raise error(f"cannot read {what} {path}: it has over {limit} bytes, msc's limit")
     return data

@@ -27,7 +27,7 @@ MAX_STEPS = 1 << 26               # steps of a plan
 MAX_TILES = 1 << 20               # tile iterations of one chunk the simulator models
 MAX_XML_BYTES = (1 << 63) - 1     # MSCCL-IR's minBytes/maxBytes are 64-bit integers
 MAX_PLAN_FILE_BYTES = 1 << 30     # a plan or MSCCL XML file (the 1024-rank ring allreduce's plan is ~0.2 GB)
-MAX_TEXT_FILE_BYTES = 1 << 24     # a TOML topology or calibration, a plans.json, an algorithm's source
+MAX_TEXT_FILE_BYTES = 1 << 26     # a TOML topology or calibration, a plans.json, an algorithm's source
 
 
 def check(value: int, limit: int, what: str) -> int:
