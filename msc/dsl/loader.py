@@ -19,7 +19,7 @@ from msc.resources import data_dir
 def resolve(path: str) -> Path:
     """A file path, or a library name such as ``allreduce/ring``."""
     p = Path(path)
-    if p.is_file():
+    if p.is_file() or p.exists() and not p.is_dir():     # a device or FIFO: read_source says why it is refused
         return p
     name = path[:-3] if path.endswith(".py") else path
     name = name.removeprefix("algorithms/")
