@@ -65,7 +65,11 @@ Which cuts, per topology (msc.sim.topology):
   (max-flow; exact where routes cross at most two shared links), over every
   cut up to ALL_CUTS ranks, beyond that over single ranks, their complements,
   nodes (gpus_per_node) and aligned blocks of 2^j ranks: any cut gives a
-  valid bound, so this is a certified bound, not always the best.
+  valid bound, so this is a certified bound, not always the best. Over
+  ROUTE_CUT_RANKS ranks a TOML graph's cuts (the same sides) take the links
+  at each side's edge instead of the routes' min cut, and the latency the
+  farthest rank from and to the root (_link_model): links x log ranks of
+  work where the routes' all pairs and per-cut max-flows grow as n^3.
 The exactness is of the data/capacity part: a cut with a slightly larger
 capacity but a longer latency into it may add a little (at most alpha).
 
