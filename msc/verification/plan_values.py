@@ -99,7 +99,8 @@ def _check_totals(plan: Plan) -> None:
     the executor memory, and a few bytes of plan can ask for billions
     (``scratch 67108864`` on every rank, a step of ``count`` 2^24 repeated)."""
     user = sum(v for v in user_buffer_sizes(plan).values() if type(v) is int and v > 0)
-    scratch = sum(rp.scratch for rp in plan.ranks if type(rp.scratch) is int and rp.scratch > 0)
+    # a rank's own bad scratch is named by the rank loop, with its rank
+    scratch = sum(rp.scratch for rp in plan.ranks if type(rp.scratch) is int and 0 < rp.scratch <= MAX_CHUNKS)
     total = plan.num_ranks * user + scratch
     if total > MAX_TOTAL_CHUNKS:
         raise PlanError(f"the buffers of all {plan.num_ranks} ranks hold {total} chunks ({plan.num_ranks} x {user} "
