@@ -115,6 +115,8 @@ class PlanError(MscError):
         where = ""
         if line is not None:
             where = f"{path or '<plan>'}:{line}" + (f":{column}" if column is not None else "") + ": "
+        elif path is not None:         # a plan-wide value (a total, a header field the reader did not place)
+            where = f"{path}: "
         at = [f"{name} {value}" for name, value in (("rank", rank), ("threadblock", tb), ("step", step))
               if value is not None]
         super().__init__(where + (", ".join(at) + ": " if at else "") + message)

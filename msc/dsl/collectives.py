@@ -375,7 +375,7 @@ class Layout:
     def validate(self) -> None:
         """Ranks and chunks within msc's limits, buffer sizes are counts, and an
         in-place alias fits in its target on every rank."""
-        from msc.ir.limits import MAX_BUFFER_CHUNKS, MAX_CHUNK_FACTOR, MAX_RANKS, check
+        from msc.ir.limits import MAX_BUFFER_CHUNKS, MAX_CHUNK_FACTOR, MAX_RANKS, MAX_TOTAL_CHUNKS, check
 
         check(self.num_ranks, MAX_RANKS, f"{self.name}: the number of ranks")
         check(self.chunk_factor, MAX_CHUNK_FACTOR, f"{self.name}: chunk_factor")
@@ -383,6 +383,8 @@ class Layout:
             if type(size) is not int or size < 0:
                 raise UsageError(f"{self.name}: {name} size must be an int >= 0 chunks, got {size!r}")
             check(size, MAX_BUFFER_CHUNKS, f"{self.name}: the {name} buffer's chunks")
+        check(self.num_ranks * sum(self.physical_sizes.values()), MAX_TOTAL_CHUNKS,
+              f"{self.name}: the chunks of the input and output buffers of all {self.num_ranks} ranks")
         if not self.inplace:
             return
         n, k = self.num_ranks, self.chunk_factor

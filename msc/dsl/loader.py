@@ -11,13 +11,15 @@ from pathlib import Path
 
 from msc.dsl.program import PASS_THROUGH, Algorithm, describe
 from msc.errors import AlgorithmError, MscError, SourceLine, UsageError
+from msc.formats.inputs import read_input
+from msc.ir.limits import MAX_TEXT_FILE_BYTES
 from msc.resources import data_dir
 
 
 def resolve(path: str) -> Path:
     """A file path, or a library name such as ``allreduce/ring``."""
     p = Path(path)
-    if p.is_file():
+    if p.is_file() or p.exists() and not p.is_dir():     # a device or FIFO: read_source says why it is refused
         return p
     name = path[:-3] if path.endswith(".py") else path
     name = name.removeprefix("algorithms/")
@@ -36,7 +38,7 @@ def read_source(path: Path) -> str:
     file and line."""
     import tokenize
 
-    data = path.read_bytes()
+    data = read_input(path, MAX_TEXT_FILE_BYTES, what="algorithm file")
     try:
         encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
     except SyntaxError as exc:           # an unknown coding, or a BOM that contradicts it

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable
 from msc.dsl.collectives import Collective, Layout, get_collective
 from msc.errors import AlgorithmError, MscError, OperationError, SourceLine, UsageError
 from msc.ir import Op, OpKind
-from msc.ir.limits import MAX_BUFFER_CHUNKS
+from msc.ir.limits import MAX_BUFFER_CHUNKS, MAX_CHUNK_MOVES, MAX_TOTAL_CHUNKS
 from msc.perf import pause_gc
 from msc.resources import PACKAGE_DIR
 
@@ -96,6 +96,9 @@ class Program:
         self._physical = layout.physical_sizes
         self._logical = layout.logical_sizes
         self._alias = layout.alias_table
+        # chunks of every buffer of every rank, and chunks moved: bounded as the trace grows (msc.ir.limits)
+        self._chunks = layout.num_ranks * sum(self._physical.values())
+        self._moves = 0
 
     # -- description ------------------------------------------------------
     @property
@@ -209,12 +212,27 @@ class Program:
             raise OperationError(f"{kind.value}: source rank {src.rank} {src.buffer}[{src.index}] and destination "
                                  f"{dst.buffer}[{dst.index}] (size {size}) overlap", rank=dst.rank,
                                  buffer=dst.buffer, index=dst.index, where=user_line(3))
+        self._moves += size
+        if self._moves > MAX_CHUNK_MOVES:
+            raise AlgorithmError(f"{kind.value}: the operations so far move {self._moves} chunks, over msc's limit "
+                                 f"of {MAX_CHUNK_MOVES}", where=user_line(3))
         if dbuf not in self._physical:
             key = (dst.rank, dbuf)
-            if self.scratch_sizes.get(key, 0) < di + size:
-                self.scratch_sizes[key] = di + size
+            had = self.scratch_sizes.get(key, 0)
+            if had < di + size:
+                self._grow_scratch(kind, dst, key, had, di + size)
         self.ops.append(Op(kind, src.rank, sbuf, si, dst.rank, dbuf, di, size,
                            channel, sendtb, recvtb, user_line(3)))
+
+    def _grow_scratch(self, kind: OpKind, dst: Ref, key: tuple, had: int, size: int) -> None:
+        """Scratch buffer ``key`` now holds ``size`` chunks: the verifiers hold
+        every chunk up to the highest index named, so the total is bounded."""
+        self._chunks += size - had
+        if self._chunks > MAX_TOTAL_CHUNKS:
+            raise AlgorithmError(f"{kind.value}: rank {dst.rank} {dst.buffer}[{dst.index}:{dst.index + dst.size}] "
+                                 f"grows the buffers of all ranks to {self._chunks} chunks, over msc's limit of "
+                                 f"{MAX_TOTAL_CHUNKS}", where=user_line(4))
+        self.scratch_sizes[key] = size
 
     def seal(self) -> None:
         self.ops = tuple(self.ops)

@@ -11,7 +11,8 @@ from msc.errors import DeadlockError, PlanError, UsageError, VerificationError
 from msc.formats.plan_text import decode_utf8, parse_plan
 from msc.formats.xml_import import xml_to_plan
 from msc.ir import Plan
-from msc.ir.limits import MAX_SLOTS
+from msc.formats.inputs import read_input
+from msc.ir.limits import MAX_PLAN_FILE_BYTES, MAX_SLOTS
 from msc.lower.runtimes import slots_note, xml_runtime
 from msc.verification import cache as verified_texts
 from msc.verification import plan as plan_verifier     # looked up at each call, as a replacement would be
@@ -44,10 +45,7 @@ def read_plan_file(path: str | Path, *, verify: bool = True, collective=None, sl
         raise UsageError(f"slots must be an int in 1..{MAX_SLOTS}, got {slots!r}")
     rt = None if runtime is None else xml_runtime(runtime)
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise PlanError(f"cannot read {path}: {exc.strerror or exc}") from None
+    data = read_input(path, MAX_PLAN_FILE_BYTES, what="plan", error=PlanError)
     reader = _reader(path, data)
     if reader == "xml":
         plan = xml_to_plan(data, path=str(path), slots=slots, runtime=runtime)   # bytes: expat reads the encoding
@@ -72,11 +70,7 @@ def _reader(path: Path, data: bytes) -> str:
 def is_xml_file(path: str | Path) -> bool:
     """Whether load_plan reads ``path`` as MSCCL XML (a plan for the MSCCL runtimes)."""
     path = Path(path)
-    try:
-        with path.open("rb") as f:
-            head = f.read(4096)
-    except OSError as exc:
-        raise PlanError(f"cannot read {path}: {exc.strerror or exc}") from None
+    head = read_input(path, MAX_PLAN_FILE_BYTES, what="plan", error=PlanError, head=4096)
     return _reader(path, head) == "xml"
 
 

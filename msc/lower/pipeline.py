@@ -34,13 +34,13 @@ from msc.lower.dag import allocate_scratch, build_dag, compact_scratch, replicat
 from msc.errors import DeadlockError, LoweringError, RuntimeLimitError, UsageError
 from msc.lower.fusion import drop_dead_stores, forwarding_pairs, fuse_forwarding, fuse_local
 from msc.ir import Plan
-from msc.ir.limits import MAX_INSTANCES, MAX_TILE_BYTES, check
+from msc.ir.limits import MAX_CHUNK_MOVES, MAX_INSTANCES, MAX_TILE_BYTES, MAX_TOTAL_CHUNKS, check
 from msc.ir.ops import DEFAULT_PROTOCOL, PROTOCOL_NAMES
 from msc.perf import pause_gc
 from msc.verification import crosscheck
 from msc.lower.placement import assign, place_auto, place_manual, spread_channels, spread_flows
 from msc.verification.plan_fast import prepare
-from msc.verification.plan_values import check_plan
+from msc.verification.plan_values import check_plan, user_buffer_sizes
 from msc.verification.plan import check_races, verify_plan
 from msc.lower.runtimes import DEFAULT_TARGET, Runtime, get_runtime
 from msc.lower.schedule import PRIORITIES, build_plan, order
@@ -85,6 +85,10 @@ def lower(program, options: LowerOptions = LowerOptions(), *, collective=None, b
     layout = program.layout
     n = layout.num_ranks
     physical = set(layout.physical_sizes)
+    if program.chunk_ops() * options.instances > MAX_CHUNK_MOVES:    # replicate makes an op per chunk and instance
+        raise UsageError(f"with {options.instances} instance(s) the plan's steps would move at least "
+                         f"{program.chunk_ops() * options.instances} chunks, over msc's limit of {MAX_CHUNK_MOVES}: "
+                         f"use fewer instances")
     ops, scratch_sizes = replicate(program.ops, options.instances, program.scratch_sizes)
     ops, scratch = allocate_scratch(ops, physical, scratch_sizes, n)
     fields = dict(name=program.name, collective=layout.name, chunk_factor=layout.chunk_factor * options.instances,
@@ -108,6 +112,7 @@ def lower(program, options: LowerOptions = LowerOptions(), *, collective=None, b
                 continue
             if crosscheck.ENABLED:     # lowering builds valid plans by construction: tests check
                 check_plan(plan)
+            _check_totals(plan, 2 * program.chunk_ops() * options.instances > MAX_CHUNK_MOVES)
             problem = _exceeds(plan, target)
             if problem is not None:
                 tried.append((priority, problem))
@@ -117,6 +122,20 @@ def lower(program, options: LowerOptions = LowerOptions(), *, collective=None, b
                 return verified
             tried.append((priority, None if verified is None else verified.slots))
     raise _no_fit(outcomes, target, room, options.protocol)
+
+
+def _check_totals(plan: Plan, count_moves: bool) -> None:
+    """The plan within msc.ir.limits' totals before it is verified (the
+    program is, but instances multiply it, and a send and its receive are
+    two steps): its chunks, and, with ``count_moves``, the chunks its steps move."""
+    fewer = ": use fewer instances" if plan.instances > 1 else ""
+    chunks = plan.num_ranks * sum(user_buffer_sizes(plan).values()) + sum(rp.scratch for rp in plan.ranks)
+    if chunks > MAX_TOTAL_CHUNKS:
+        raise UsageError(f"the plan's buffers of all ranks would hold {chunks} chunks, over msc's limit of "
+                         f"{MAX_TOTAL_CHUNKS}{fewer}")
+    moved = sum(step.count for rp in plan.ranks for tb in rp.threadblocks for step in tb.steps) if count_moves else 0
+    if moved > MAX_CHUNK_MOVES:
+        raise UsageError(f"the plan's steps would move {moved} chunks, over msc's limit of {MAX_CHUNK_MOVES}{fewer}")
 
 
 def _plans(ops, scratch, n, options: LowerOptions, fields: dict, use_bulk: bool, columns=None, ways: int = 1):

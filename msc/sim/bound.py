@@ -65,7 +65,11 @@ Which cuts, per topology (msc.sim.topology):
   (max-flow; exact where routes cross at most two shared links), over every
   cut up to ALL_CUTS ranks, beyond that over single ranks, their complements,
   nodes (gpus_per_node) and aligned blocks of 2^j ranks: any cut gives a
-  valid bound, so this is a certified bound, not always the best.
+  valid bound, so this is a certified bound, not always the best. Over
+  ROUTE_CUT_RANKS ranks a TOML graph's cuts (the same sides) take the links
+  at each side's edge instead of the routes' min cut, and the latency the
+  farthest rank from and to the root (_link_model): links x log ranks of
+  work where the routes' all pairs and per-cut max-flows grow as n^3.
 The exactness is of the data/capacity part: a cut with a slightly larger
 capacity but a longer latency into it may add a little (at most alpha).
 
@@ -74,6 +78,7 @@ copies (gamma, delta), the threadblock's rate, slots, tiles.
 """
 from __future__ import annotations
 
+import heapq
 import math
 from collections import deque
 from dataclasses import dataclass
@@ -81,11 +86,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from msc.errors import UsageError
-from msc.sim.topology import GB, Nodes, Topology, Torus, Uniform
+from msc.sim.topology import GB, Graph, Nodes, Topology, Torus, Uniform, _scaled
 
 COLLECTIVES = ("allgather", "reducescatter", "allreduce", "broadcast", "reduce", "alltoall")
 ROOTED = ("broadcast", "reduce")
 ALL_CUTS = 12          # TOML topologies up to this many ranks: every cut (2^n - 2 max-flows)
+ROUTE_CUT_RANKS = 64   # TOML topologies over this many ranks: cuts at the sides' own links (_link_model)
 
 
 @dataclass(frozen=True)
@@ -251,6 +257,8 @@ def cut_model(topology: Topology, root: int = 0) -> CutModel:
         return _nodes(topology)
     if kind is Torus:
         return _torus(topology)
+    if kind is Graph and topology.num_ranks > ROUTE_CUT_RANKS:
+        return _link_model(topology, root)
     return _routes_model(topology, root)
 
 
@@ -392,8 +400,12 @@ def _torus(t: Torus) -> CutModel:
         pos = np.empty(n, dtype=np.int64)
         pos[order] = np.arange(n)
         ks = np.arange(1, n)
-        inside = pos[None, :] < ks[:, None]                        # cut k-1: the first k ranks in this order
-        count = (~inside[:, U] & inside[:, V]).sum(axis=1) if len(U) else np.zeros(n - 1, dtype=np.int64)
+        # link u -> v enters the first k ranks in this order where pos[v] < k <= pos[u]: count per k
+        # by differences (O(n), where a k x links table took 931 GiB at a million ranks)
+        pu, pv = pos[U], pos[V]
+        into = pv < pu
+        starts = np.bincount(pv[into] + 1, minlength=n + 1) - np.bincount(pu[into] + 1, minlength=n + 1)
+        count = np.cumsum(starts)[1:n]
         line = C if name == "row" else R
         for k, c in zip(ks.tolist(), count.tolist()):
             cap = c * bw if c else math.inf
@@ -437,6 +449,140 @@ def _routes_model(t: Topology, root: int) -> CutModel:
     if g and 1 < g < n:
         parts.append(_route_partition(t, routes, [r // g for r in range(n)], n // g, "every node out"))
     return CutModel(n, cuts, tuple(p for p in parts if p is not None), far, labels, n <= ALL_CUTS)
+
+
+def _link_model(t: Graph, root: int) -> CutModel:
+    """A large TOML graph's cut model from its links, in O(links x log ranks)
+    where _routes_model's all-pairs routes and cuts grow as n^3 (a 512-rank
+    star took 94 s). A route from T to A leaves T's ranks by a link out of
+    one of them and enters A's ranks by a link into one, so the shared links
+    out of T, and those into A, are each a set every route crosses (none if
+    one of them is not shared); the least latency of a link into A is no more
+    than any route's into it. Sides as _sides. Latency: the farthest rank
+    from the root and to it on paths through any vertex, which no chain of
+    routes beats. A certified bound: a cut's capacity may exceed the routes'
+    min cut (a bottleneck inside the network is not seen)."""
+    n = t.num_ranks
+    e = _edges(t)
+    src_rank, dst_rank = e["src"] < n, e["dst"] < n
+    cuts = []
+    sizes = sorted({1 << j for j in range(n.bit_length()) if 1 << j < n}
+                   | ({t.gpus_per_node} if t.gpus_per_node and t.gpus_per_node < n else set()))
+    into_rank_alpha = float(e["alpha"][dst_rank].min()) if dst_rank.any() else math.inf
+    for size in sizes:
+        m = n // size                                        # whole aligned blocks of this size
+        bs = np.where(src_rank, e["src"] // size, -1)
+        bd = np.where(dst_rank, e["dst"] // size, -1)
+        cross = bs != bd
+        per = {}
+        for name, sel, block in (("in", cross & (bd >= 0) & (bd < m), bd), ("out", cross & (bs >= 0) & (bs < m), bs),
+                                 ("rank_out", src_rank & ~dst_rank & (bs < m), bs),
+                                 ("switch_in", ~src_rank & dst_rank & (bd < m), bd),
+                                 ("in_from_rank", cross & src_rank & dst_rank & (bd < m), bd),
+                                 ("out_to_rank", cross & src_rank & dst_rank & (bs < m), bs)):
+            per[name] = _per_block(e, sel, block, m)
+        whole = {name: _per_block(e, sel, np.zeros(len(sel), dtype=np.int64), 1)
+                 for name, sel in (("rank_out", src_rank & ~dst_rank), ("switch_in", ~src_rank & dst_rank))}
+        alpha_in = np.full(m, math.inf)
+        sel = cross & (bd >= 0) & (bd < m)
+        np.minimum.at(alpha_in, bd[sel], e["alpha"][sel])
+        for b in range(m):
+            block = frozenset(range(b * size, (b + 1) * size))
+            # A = the block: links into it; or links out of the other ranks (to a switch, or into the block)
+            options = [_pick(per["in"], b), _add(_sub(_pick(whole["rank_out"], 0), _pick(per["rank_out"], b)),
+                                                 _pick(per["in_from_rank"], b))]
+            cuts.append(_link_cut(n, block, options, alpha_in[b], root))
+            if size < n - 1 or size == 1:
+                rest = frozenset(range(n)) - block
+                # A = the rest: links into it (from a switch, or from the block); or links out of the block
+                options = [_add(_sub(_pick(whole["switch_in"], 0), _pick(per["switch_in"], b)),
+                                _pick(per["out_to_rank"], b)), _pick(per["out"], b)]
+                cuts.append(_link_cut(n, rest, options, into_rank_alpha, root))
+    parts = []
+    if n > 1:
+        everyone = np.zeros(len(e["src"]), dtype=np.int64)
+        options = [_pick(_per_block(e, src_rank, everyone, 1), 0), _pick(_per_block(e, dst_rank, everyone, 1), 0)]
+        cap, links = _cheaper(options)
+        parts.append(Partition(n, cap, into_rank_alpha, f"every rank out ({_links_text({'link': links}, cap)})"))
+    far_from, far_to = _farthest(t, e, root, reverse=False), _farthest(t, e, root, reverse=True)
+    far = (max(far_from[0], far_to[0]), far_from[0], far_to[0])
+    labels = (f"rank {root} -> rank {far_from[1]}, or back: at least {far[0] * 1e6:g} us",
+              f"rank {root} -> rank {far_from[1]}: at least {far[1] * 1e6:g} us",
+              f"rank {far_to[1]} -> rank {root}: at least {far[2] * 1e6:g} us")
+    return CutModel(n, tuple(cuts), tuple(parts), far, labels, False)
+
+
+def _edges(t: Graph) -> dict[str, np.ndarray]:
+    """The graph's links as arrays (src, dst, alpha, capacity, shared), scaled for the view's protocol."""
+    rows = []
+    for u, out in enumerate(t.adj):
+        for v, alpha, bw, shared, _, kind in out:
+            if t._model is not None:
+                alpha, bw = _scaled(t._model, kind, alpha, bw)
+            rows.append((u, v, alpha, bw, shared))
+    src, dst, alpha, cap, shared = zip(*rows) if rows else ((), (), (), (), ())
+    return {"src": np.array(src, dtype=np.int64), "dst": np.array(dst, dtype=np.int64),
+            "alpha": np.array(alpha, dtype=float), "cap": np.array(cap, dtype=float),
+            "shared": np.array(shared, dtype=bool), "nv": len(t.adj)}
+
+
+def _per_block(e: dict, sel: np.ndarray, block: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per block, over the links ``sel`` picks: (shared capacity, links, links not shared)."""
+    b = block[sel]
+    return (np.bincount(b, weights=e["cap"][sel] * e["shared"][sel], minlength=m)[:m],
+            np.bincount(b, minlength=m)[:m], np.bincount(b, weights=~e["shared"][sel], minlength=m)[:m])
+
+
+def _pick(sums, b):
+    return tuple(float(x[b]) for x in sums)
+
+
+def _add(a, b):
+    return tuple(x + y for x, y in zip(a, b))
+
+
+def _sub(a, b):
+    return tuple(x - y for x, y in zip(a, b))
+
+
+def _cheaper(options: list[tuple]) -> tuple[float, int]:
+    """(capacity, links) of the cheaper link set; one with a link not shared caps no sum: infinite."""
+    return min((math.inf if round(unshared) else cap, int(round(count))) for cap, count, unshared in options)
+
+
+def _link_cut(n: int, side: frozenset, options: list[tuple], alpha: float, root: int) -> Cut:
+    """The cut of ``side`` by the cheaper of ``options`` (capacity, links, unshared links: infinite if any)."""
+    cap, links = _cheaper(options)
+    rest = n - len(side)
+    where = (f"rank {min(side)} in" if len(side) == 1 else
+             f"rank {min(set(range(n)) - side)} out" if rest == 1 else
+             f"ranks {_ranks_text(side)} | {_ranks_text(set(range(n)) - side)}")
+    text = _links_text({'link': links}, cap) if math.isfinite(cap) else "a link not shared"
+    return Cut(len(side), (root in side,), cap, alpha, f"{where} ({text})")
+
+
+def _farthest(t: Graph, e: dict, root: int, reverse: bool) -> tuple[float, int]:
+    """(the largest least latency from ``root`` to a rank, or to ``root``
+    from one with ``reverse``, on paths through any vertex; that rank)."""
+    nv = e["nv"]
+    adj = [[] for _ in range(nv)]
+    ends = (e["dst"], e["src"]) if reverse else (e["src"], e["dst"])
+    for u, v, a in zip(ends[0].tolist(), ends[1].tolist(), e["alpha"].tolist()):
+        adj[u].append((v, a))
+    dist = [math.inf] * nv
+    dist[root] = 0.0
+    heap = [(0.0, root)]
+    while heap:
+        d, u = heapq.heappop(heap)
+        if d > dist[u]:
+            continue
+        for v, a in adj[u]:
+            if d + a < dist[v]:
+                dist[v] = d + a
+                heapq.heappush(heap, (d + a, v))
+    ranks = dist[:t.num_ranks]
+    far = max(range(t.num_ranks), key=lambda r: (ranks[r], -r))
+    return ranks[far], far
 
 
 def _sides(n: int, g: int | None) -> list[frozenset]:

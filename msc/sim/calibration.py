@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from msc.errors import UsageError
+from msc.formats.inputs import read_input
+from msc.ir.limits import MAX_TEXT_FILE_BYTES
 
 LARGE = 256 * 1024 * 1024          # from here the bar is 15%, below 25%
 PLATEAU_SIZE = 4 << 30             # where a plateau figure without a size is compared
@@ -84,7 +86,7 @@ class Comparison:
 
 
 def load_rows(path: str | Path) -> list[Row]:
-    data = tomllib.loads(Path(path).read_text())
+    data = tomllib.loads(read_input(path, MAX_TEXT_FILE_BYTES, what="calibration").decode())
     rows = []
     for i, r in enumerate(data.get("row", [])):
         rows.append(Row(i, r["system"], r["collective"], r.get("size"), r.get("busbw_gbps"), r.get("algbw_gbps"),

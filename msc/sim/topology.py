@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from msc.errors import UsageError
+from msc.formats.inputs import read_input
+from msc.ir.limits import MAX_RANKS, MAX_TEXT_FILE_BYTES
 from msc.sim.machines import MACHINES
 from msc.sim.protocols import (ALPHA_US_MAX, DEFAULT_PROTOCOLS, GB, GBPS_MAX, GBPS_MIN, KINDS, LINK, US,
                                 Protocol, number_in, protocols_from_tables)
@@ -55,6 +57,8 @@ class Topology:
                  gpus_per_node: int | None = None, description: str = "", machine: str | None = None):
         if type(num_ranks) is not int or num_ranks < 1:
             raise UsageError(f"topology {name!r}: ranks must be an int >= 1, got {num_ranks!r}")
+        if num_ranks > MAX_RANKS:
+            raise UsageError(f"topology {name!r} has {num_ranks} ranks, over msc's limit of {MAX_RANKS}")
         for what, v in (("reduce_gbps", reduce_gbps), ("copy_gbps", copy_gbps),
                         ("threadblock_gbps", threadblock_gbps)):
             number_in(what, v, GBPS_MIN, GBPS_MAX, free=True)
@@ -337,9 +341,7 @@ def load_topology(path: str | Path) -> Graph:
     """A ``Graph`` topology from a TOML file (format: README, "Topologies")."""
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text())
-    except OSError as exc:
-        raise UsageError(f"cannot read topology {path}: {exc.strerror}") from None
+        data = tomllib.loads(read_input(path, MAX_TEXT_FILE_BYTES, what="topology").decode())
     except UnicodeDecodeError as exc:
         raise UsageError(f"{path}: not TOML (byte {exc.start} is not UTF-8)") from None
     except tomllib.TOMLDecodeError as exc:
@@ -359,6 +361,8 @@ def topology_from_dict(data: dict, source: str = "<topology>") -> Graph:
     n = data.get("ranks")
     if type(n) is not int or n < 1:
         raise bad(f"'ranks' must be an int >= 1, got {n!r}")
+    if n > MAX_RANKS:
+        raise bad(f"'ranks' is {n}, over msc's limit of {MAX_RANKS}")
     for key in ("name", "description", "machine"):
         if key in data and not isinstance(data[key], str):
             raise bad(f"'{key}' must be a string, got {data[key]!r}")

@@ -105,8 +105,22 @@ class Synthesizer:
         if type(pieces) is not int or pieces < 1:
             raise UsageError(f"pieces must be an int >= 1, got {pieces!r}")
         if pieces not in self._packings:
+            self._check_pieces(pieces)
             self._packings[pieces] = self._pack(pieces)
         return self._packings[pieces]
+
+    def _check_pieces(self, pieces: int) -> None:
+        """The program of ``pieces`` pieces within msc's limits (chunk factor,
+        buffers), checked before packing: --pieces 100000 packed for 50 s
+        before its trace met the limit."""
+        from msc.dsl.collectives import get_collective
+
+        n = self.topology.num_ranks
+        factor = n * pieces if self.collective == "allreduce" else pieces     # as msc.synth.emit writes it
+        try:
+            get_collective(self.collective).layout(n, factor, False, self.root)
+        except UsageError as exc:
+            raise UsageError(f"{pieces} pieces on {n} ranks: {exc}") from None
 
     def _pack(self, pieces: int):
         if self.collective == "alltoall":

@@ -41,7 +41,9 @@ import json
 from pathlib import Path
 
 from msc.errors import PlanError, UsageError
+from msc.formats.inputs import read_input
 from msc.ir import Plan
+from msc.ir.limits import MAX_PLAN_FILE_BYTES, MAX_TEXT_FILE_BYTES
 from msc.units import format_size
 
 INDEX = "plans.json"
@@ -152,10 +154,7 @@ def file_range(path: Path) -> tuple[int, int | None]:
         return 0, None
     from msc.formats.xml_import import xml_byte_range
 
-    try:
-        text = path.read_bytes()
-    except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+    text = read_input(path, MAX_PLAN_FILE_BYTES, what="plan")
     return xml_byte_range(text, path=str(path))
 
 
@@ -312,9 +311,7 @@ class PlanRegistry:
 
 def _read_json(path: Path):
     try:
-        return json.loads(path.read_text())
-    except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+        return json.loads(read_input(path, MAX_TEXT_FILE_BYTES, what="plans.json").decode())
     except json.JSONDecodeError as exc:
         raise UsageError(f"{path}:{exc.lineno}:{exc.colno}: not JSON: {exc.msg}") from None
     except UnicodeDecodeError as exc:

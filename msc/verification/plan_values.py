@@ -9,7 +9,8 @@ from __future__ import annotations
 from msc.dsl.collectives import get_collective
 from msc.errors import MscError, PlanError
 from msc.ir import Plan
-from msc.ir.limits import MAX_BUFFER_CHUNKS, MAX_CHUNK_FACTOR, MAX_INSTANCES, MAX_RANKS, MAX_SLOTS, MAX_TILE_BYTES
+from msc.ir.limits import (MAX_BUFFER_CHUNKS, MAX_CHUNK_FACTOR, MAX_CHUNK_MOVES, MAX_INSTANCES, MAX_RANKS, MAX_SLOTS,
+                          MAX_TILE_BYTES, MAX_TOTAL_CHUNKS)
 from msc.ir.ops import PROTOCOL_NAMES
 # Chunks a buffer may have: far beyond any real schedule, small enough that
 # executing a plan symbolically cannot exhaust memory on a hostile file.
@@ -18,15 +19,18 @@ MAX_CHUNKS = MAX_BUFFER_CHUNKS
 
 def buffer_sizes(plan: Plan, rank: int) -> dict[str, int]:
     """Chunks of every physical buffer of ``rank``."""
-    try:
-        layout = get_collective(plan.collective).layout(plan.num_ranks, plan.chunk_factor, plan.inplace, plan.root)
-        sizes = dict(layout.physical_sizes)
-    except MscError:          # a custom collective: trust the plan's own sizes
-        sizes = {"input": plan.input_chunks}
-        if not plan.inplace:
-            sizes["output"] = plan.output_chunks
+    sizes = user_buffer_sizes(plan)
     sizes["scratch"] = plan.ranks[rank].scratch
     return sizes
+
+
+def user_buffer_sizes(plan: Plan) -> dict[str, int]:
+    """Chunks of every physical buffer but scratch (the same on every rank)."""
+    try:
+        layout = get_collective(plan.collective).layout(plan.num_ranks, plan.chunk_factor, plan.inplace, plan.root)
+        return dict(layout.physical_sizes)
+    except MscError:          # a custom collective: trust the plan's own sizes
+        return {"input": plan.input_chunks} | ({} if plan.inplace else {"output": plan.output_chunks})
 
 
 def check_plan(plan: Plan) -> None:
@@ -59,8 +63,10 @@ def check_plan(plan: Plan) -> None:
         raise PlanError(f"chunk_factor {plan.chunk_factor} x {n} ranks exceeds {MAX_CHUNKS} chunks per buffer")
     if plan.root is not None and not 0 <= plan.root < n:
         raise PlanError(f"root {plan.root} is not a rank (0..{n - 1})")
+    _check_totals(plan)
     sends: dict[tuple, list] = {}
     recvs: dict[tuple, list] = {}
+    moved = 0
     for r, rp in enumerate(plan.ranks):
         if rp.rank != r:
             raise PlanError(f"rank sections out of order: section {r} is rank {rp.rank}")
@@ -77,12 +83,33 @@ def check_plan(plan: Plan) -> None:
                 raise PlanError(f"channel {tb.channel} must be >= 0", rank=r, tb=t)
             for s, step in enumerate(tb.steps):
                 _check_step(plan, r, t, s, step, tb, sizes, rp)
+                moved += step.count
                 if step.op.sends:
                     sends.setdefault((r, tb.send, tb.channel), []).append((t, s, step.count))
                 if step.op.receives:
                     recvs.setdefault((tb.recv, r, tb.channel), []).append((t, s, step.count))
+    _check_moves(moved)
     for conn in sorted(set(sends) | set(recvs), key=str):
         _check_connection(conn, sends.get(conn, []), recvs.get(conn, []))
+
+
+def _check_totals(plan: Plan) -> None:
+    """The chunks of all buffers of all ranks within msc's limit (and, in
+    _check_moves, the chunks all steps move): each costs the verifiers and
+    the executor memory, and a few bytes of plan can ask for billions
+    (``scratch 67108864`` on every rank, a step of ``count`` 2^24 repeated)."""
+    user = sum(v for v in user_buffer_sizes(plan).values() if type(v) is int and v > 0)
+    # a rank's own bad scratch is named by the rank loop, with its rank
+    scratch = sum(rp.scratch for rp in plan.ranks if type(rp.scratch) is int and 0 < rp.scratch <= MAX_CHUNKS)
+    total = plan.num_ranks * user + scratch
+    if total > MAX_TOTAL_CHUNKS:
+        raise PlanError(f"the buffers of all {plan.num_ranks} ranks hold {total} chunks ({plan.num_ranks} x {user} "
+                        f"input/output, {scratch} scratch), over msc's limit of {MAX_TOTAL_CHUNKS}")
+
+
+def _check_moves(moved: int) -> None:
+    if moved > MAX_CHUNK_MOVES:
+        raise PlanError(f"the steps move {moved} chunks in all, over msc's limit of {MAX_CHUNK_MOVES}")
 
 
 def _check_step(plan, r, t, s, step, tb, sizes, rp):

@@ -1,0 +1,288 @@
+"""Memory and time bounded by the input's size (issue 27, items 5, 6 and 7):
+a few bytes of plan, DSL, XML or TOML that ask for billions of chunks, ranks
+or bytes are refused at once with the total and msc's limit (exit 2), and a
+file that is not a regular file, or is over its kind's size, is refused
+before it is read. The reproducers of the issue, each as a test."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+
+import pytest
+
+import msc
+from msc.errors import AlgorithmError, PlanError, UsageError
+from msc.formats.inputs import read_input
+from msc.formats.load import load_plan
+from msc.formats.plan_text import parse_plan, save_plan
+from msc.formats.xml_export import plan_to_xml
+from msc.formats.xml_import import xml_to_plan
+from msc.ir.limits import (MAX_CHUNK_MOVES, MAX_PLAN_FILE_BYTES, MAX_RANKS, MAX_TEXT_FILE_BYTES, MAX_TOTAL_CHUNKS)
+from msc.lower.pipeline import LowerOptions, lower
+from msc.sim.bound import COLLECTIVES, _link_model, _routes_model, cut_model, lower_bound
+from msc.sim.presets import get_topology, ring
+from msc.sim.topology import load_topology, topology_from_dict
+from msc.torch.registry import PlanRegistry
+from library import algorithms
+
+RING = algorithms()["allreduce/ring:ring"]
+HEADER = ("msc-plan 1\nname \"x\" collective allgather ranks {n} chunk_factor {k}\n"
+          "input_chunks {k} output_chunks {out} inplace false root 0\nprotocol Simple instances 1 slots 2 tile 0\n\n")
+
+
+def _msc(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "msc.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=60)
+
+
+def _header(n: int, k: int = 1) -> str:
+    return HEADER.format(n=n, k=k, out=n * k)
+
+
+# -- item 5: memory from tiny inputs ------------------------------------------------------
+def test_a_700_byte_plan_with_24_ranks_of_huge_scratch_is_refused(tmp_path):
+    text = _header(24) + "".join(f"rank {r} scratch 67108864\n" for r in range(24))
+    assert len(text) < 800
+    with pytest.raises(PlanError, match=f"the buffers of all 24 ranks hold 1610613336 chunks .* over msc's limit "
+                                        f"of {MAX_TOTAL_CHUNKS}"):
+        parse_plan(text)
+    (tmp_path / "big.plan").write_text(text)
+    start = time.perf_counter()
+    done = _msc("verify", "big.plan", cwd=tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr and "MemoryError" not in done.stderr
+    assert "big.plan" in done.stderr and f"over msc's limit of {MAX_TOTAL_CHUNKS}" in done.stderr
+    assert time.perf_counter() - start < 30
+
+
+def test_scratch_summed_over_ranks_is_bounded_but_a_plan_at_the_limit_is_read():
+    per = MAX_TOTAL_CHUNKS // 2 - 3                    # 2 ranks x (1 input + 2 output + scratch): the limit exactly
+    plan = parse_plan(_header(2) + f"rank 0 scratch {per}\nrank 1 scratch {per}\n")
+    assert [rp.scratch for rp in plan.ranks] == [per, per]
+    with pytest.raises(PlanError, match="hold 67108865 chunks"):
+        parse_plan(_header(2) + f"rank 0 scratch {per + 1}\nrank 1 scratch {per}\n")
+
+
+def test_steps_moving_billions_of_chunks_are_refused():
+    # 2 KB of plan whose 30 steps each copy 2^23 chunks: 4.5 GB and 13 s in the verifier before
+    steps = "".join(f"    {s}: copy scratch[0:8388608] -> scratch[8388608:16777216]\n" for s in range(30))
+    text = _header(2) + "rank 0 scratch 16777216\n  tb 0 send - recv - channel 0\n" + steps + "rank 1 scratch 0\n"
+    with pytest.raises(PlanError, match=f"the steps move 251658240 chunks in all, over msc's limit of "
+                                        f"{MAX_CHUNK_MOVES}"):
+        parse_plan(text)
+
+
+def test_xml_with_s_chunks_of_2_to_the_26_is_refused_at_once():
+    xml = plan_to_xml(lower(msc.trace(RING, 4), LowerOptions()))
+    big = xml.replace('s_chunks="0"', 's_chunks="67108864"')
+    assert big != xml
+    start = time.perf_counter()
+    with pytest.raises(PlanError, match="hold 268435472 chunks"):
+        xml_to_plan(big)
+    assert time.perf_counter() - start < 5              # 14 s and 4.2 GB in the verifier before
+
+
+def _algorithm(tmp_path, body: str, collective: str = "allgather", factor: int = 1):
+    path = tmp_path / "alg.py"
+    path.write_text(f"import msc\n\n@msc.algorithm('{collective}', chunk_factor={factor})\ndef alg(p):\n{body}")
+    [alg] = msc.load_algorithms(path)
+    return alg
+
+
+def test_a_24_operation_program_cannot_grow_scratch_past_the_total(tmp_path):
+    # each op names scratch[2^26 - 1] on another rank: 7.9 GB and a MemoryError before
+    alg = _algorithm(tmp_path, "    for r in range(p.num_ranks):\n"
+                               "        p.chunk(r, 'input', 0).copy((r + 1) % p.num_ranks, 'scratch', 67108863)\n")
+    with pytest.raises(AlgorithmError, match=r"alg.py:6: copy: rank 1 scratch\[67108863:67108864\] grows the "
+                                             f"buffers of all ranks to 67109440 chunks, over msc's limit of "
+                                             f"{MAX_TOTAL_CHUNKS}"):
+        msc.trace(alg, 24)
+
+
+def test_a_program_cannot_move_more_chunks_than_the_limit(tmp_path):
+    alg = _algorithm(tmp_path, "    for _ in range(300):\n"
+                               "        p.chunk(0, 'input', 0, 65536).copy(1, 'output', 0)\n", factor=65536)
+    with pytest.raises(AlgorithmError, match=f"alg.py:6: copy: the operations so far move {MAX_CHUNK_MOVES + 65536} "
+                                             f"chunks, over msc's limit of {MAX_CHUNK_MOVES}"):
+        msc.trace(alg, 2)
+
+
+def test_buffers_of_all_ranks_are_bounded_before_tracing():
+    alg = algorithms()["allgather/ring:ring"]
+    start = time.perf_counter()
+    with pytest.raises(UsageError, match="the chunks of the input and output buffers of all 9000 ranks is 81000000, "
+                                         f"over msc's limit of {MAX_TOTAL_CHUNKS}"):
+        msc.trace(alg, 9000)
+    assert time.perf_counter() - start < 5
+
+
+def test_instances_cannot_multiply_a_program_past_the_totals(tmp_path):
+    # 6 operations of 65536 chunks: 393216 chunk operations, 25 million with 64 instances
+    alg = _algorithm(tmp_path, "    for r in range(2):\n"
+                               "        for _ in range(3):\n"
+                               "            p.chunk(r, 'input', 0, 65536).copy(1 - r, 'output', r * 65536)\n",
+                     factor=65536)
+    program = msc.trace(alg, 2)
+    start = time.perf_counter()
+    with pytest.raises(UsageError, match=f"with 64 instance.s. the plan's steps would move at least 25165824 chunks, "
+                                         f"over msc's limit of {MAX_CHUNK_MOVES}: use fewer instances"):
+        lower(program, LowerOptions(instances=64))
+    assert time.perf_counter() - start < 2
+
+
+# -- item 6: topology sizes held to the rank limit -----------------------------------------
+@pytest.mark.parametrize("ranks", [10 ** 17, 10 ** 6, MAX_RANKS + 1])
+def test_toml_ranks_are_held_to_the_rank_limit(ranks, tmp_path):
+    start = time.perf_counter()
+    with pytest.raises(UsageError, match=f"'ranks' is {ranks}, over msc's limit of {MAX_RANKS}"):
+        topology_from_dict({"ranks": ranks, "link": [{"from": 0, "to": 1, "alpha_us": 1, "bandwidth_gbps": 1}]})
+    (tmp_path / "t.toml").write_text(f"ranks = {ranks}\n")
+    with pytest.raises(UsageError, match=f"t.toml: 'ranks' is {ranks}, over msc's limit"):
+        load_topology(tmp_path / "t.toml")
+    assert time.perf_counter() - start < 2
+
+
+@pytest.mark.parametrize("spec, ranks", [("ring:1000000", 10 ** 6), ("torus:100000x100000", 10 ** 10),
+                                         ("uniform:20000", 20000), ("ib:4096", 32768), ("dgx-a100:2049", 16392)])
+def test_presets_are_held_to_the_rank_limit(spec, ranks):
+    start = time.perf_counter()
+    with pytest.raises(UsageError, match=f"has {ranks} ranks, over msc's limit of {MAX_RANKS}"):
+        get_topology(spec, None, **({"alpha_us": 1.0, "bandwidth_gbps": 1.0} if spec.startswith("uniform") else {}))
+    assert time.perf_counter() - start < 1
+
+
+def test_msc_bound_on_a_toml_of_10_to_the_17_ranks_exits_2(tmp_path):
+    (tmp_path / "t.toml").write_text("ranks = 100000000000000000\n")
+    done = _msc("bound", "allreduce", "-t", "t.toml", cwd=tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr and "over msc's limit of 16384" in done.stderr
+
+
+def test_a_ring_at_the_rank_limit_has_its_cuts_without_a_ranks_by_links_table():
+    model = cut_model(ring(MAX_RANKS).view("Simple"))
+    assert len(model.cuts) == MAX_RANKS - 1 and model.exact
+    # any k consecutive ranks of a ring: two links in, so every cut has the same capacity
+    assert {c.capacity for c in model.cuts} == {2 * ring(2).view("Simple").bandwidth}
+
+
+def _star(n: int, **link) -> dict:
+    return {"name": f"star{n}", "ranks": n,
+            "link": [{"from": list(range(n)), "to": ["sw"] * n, "alpha_us": 0.5, "bandwidth_gbps": 100, **link}]}
+
+
+def test_a_large_toml_graph_takes_its_cuts_from_its_links():
+    big = topology_from_dict(_star(65))
+    assert not cut_model(big).exact and cut_model(topology_from_dict(_star(64))).exact is False
+    model = cut_model(big)
+    assert len(model.cuts) < 8 * 65                     # singles, complements, aligned blocks: O(n), not 2^n
+    small = topology_from_dict(_star(8))
+    for c in COLLECTIVES:          # a star: the links' cuts are the routes' min cuts; a cut's hop is its last link's
+        [mine], [routes] = (lower_bound(c, small, [1 << 26], cuts=model) for model in (_link_model, _routes_model))
+        assert mine.seconds <= routes.seconds and mine.seconds == pytest.approx(routes.seconds, abs=0.51e-6), c
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_the_link_model_never_bounds_above_the_route_model(seed):
+    """Seeded random TOML graphs (switches, direct and one-way links, some not
+    shared, forwarding ranks): the links' cuts give a valid bound, at most
+    the all-cuts bound of the routes, at every size and collective."""
+    from test_bound import connected, random_topology
+
+    topo = random_topology(seed + 1000, max_ranks=7)
+    if not connected(topo):
+        pytest.skip("not every rank reaches every other")
+    for c in COLLECTIVES:
+        sizes = [1, 4096, 1 << 26]
+        for a, b in zip(lower_bound(c, topo, sizes, cuts=_link_model), lower_bound(c, topo, sizes,
+                                                                                   cuts=_routes_model)):
+            assert a.seconds <= b.seconds * (1 + 1e-12), (c, a, b)
+
+
+# -- item 7: unbounded reads ----------------------------------------------------------------
+@pytest.fixture
+def files(tmp_path):
+    save_plan(lower(msc.trace(RING, 4), LowerOptions()), tmp_path / "ring.plan")
+    for name in ("zero.plan", "zero.xml", "zero.toml", "zero.json", "zero.py"):
+        os.symlink("/dev/zero", tmp_path / name)
+    os.mkfifo(tmp_path / "fifo.plan")
+    (tmp_path / "folder.plan").mkdir()
+    with open(tmp_path / "huge.plan", "wb") as f:      # sparse: no disk used
+        f.truncate(MAX_PLAN_FILE_BYTES + 1)
+    with open(tmp_path / "huge.toml", "wb") as f:
+        f.truncate(MAX_TEXT_FILE_BYTES + 1)
+    return tmp_path
+
+
+@pytest.mark.parametrize("name, kind", [("zero.plan", "a character device"), ("zero.xml", "a character device"),
+                                        ("fifo.plan", "a FIFO"), ("folder.plan", "a folder")])
+def test_a_plan_that_is_not_a_regular_file_is_refused(files, name, kind):
+    start = time.perf_counter()
+    with pytest.raises(PlanError, match=f"cannot read plan .*{name}: it is {kind}, not a regular file"):
+        load_plan(files / name)
+    assert time.perf_counter() - start < 2               # a FIFO with no writer: no wait
+
+
+def test_files_over_their_size_are_refused_before_reading(files):
+    with pytest.raises(PlanError, match=f"huge.plan: it has {MAX_PLAN_FILE_BYTES + 1} bytes, over msc's limit of "
+                                        f"{MAX_PLAN_FILE_BYTES}"):
+        load_plan(files / "huge.plan")
+    with pytest.raises(UsageError, match=f"huge.toml: it has {MAX_TEXT_FILE_BYTES + 1} bytes, over msc's limit"):
+        load_topology(files / "huge.toml")
+    assert read_input(files / "ring.plan", 10 ** 6) == (files / "ring.plan").read_bytes()
+    with pytest.raises(UsageError, match=f"ring.plan: it has {(files / 'ring.plan').stat().st_size} bytes, over "
+                                         f"msc's limit of 1000"):
+        read_input(files / "ring.plan", 1000)
+
+
+def test_topology_plans_json_and_algorithm_files_linked_to_dev_zero_are_refused(files):
+    with pytest.raises(UsageError, match="cannot read topology .*zero.toml: it is a character device"):
+        load_topology(files / "zero.toml")
+    with pytest.raises(UsageError, match="cannot read plans.json .*zero.json: it is a character device"):
+        PlanRegistry.from_index(files / "zero.json")
+    with pytest.raises(UsageError, match="cannot read algorithm file .*zero.py: it is a character device"):
+        msc.load_algorithms(files / "zero.py")
+    (files / "plans.json").write_text(json.dumps({"plans": [{"collective": "allgather", "file": "zero.xml"}]}))
+    with pytest.raises(PlanError, match="zero.xml: it is a character device"):
+        PlanRegistry.from_index(files / "plans.json")
+
+
+@pytest.mark.parametrize("args", [("diff", "ring.plan", "/dev/zero"), ("verify", "zero.plan"),
+                                  ("simulate", "ring.plan", "-t", "zero.toml"), ("verify", "fifo.plan"),
+                                  ("bound", "allreduce", "-t", "huge.toml")])
+def test_the_command_line_refuses_them_with_exit_2(files, args):
+    done = _msc(*args, cwd=files)
+    assert done.returncode == 2 and "Traceback" not in done.stderr and "MemoryError" not in done.stderr
+    assert "cannot read" in done.stderr and ("not a regular file" in done.stderr or "over msc's limit" in done.stderr)
+
+
+# -- msc synthesize --pieces: the limit before the work -----------------------------------------
+@pytest.mark.parametrize("collective, factor", [("allgather", 100000), ("allreduce", 400000)])
+def test_synthesize_checks_pieces_before_packing(collective, factor):
+    from msc.synth import synthesize
+
+    start = time.perf_counter()
+    with pytest.raises(UsageError, match=f"100000 pieces on 4 ranks: {collective}: chunk_factor is {factor}, over "
+                                         f"msc's limit of 65536"):
+        synthesize(collective, get_topology("ring:4", None), pieces=100000)
+    assert time.perf_counter() - start < 5               # ~50 s of packing before
+
+
+def test_random_tiny_plans_never_raise_memory_errors():
+    """Seeded headers and rank sections with huge scratch, ranks, chunk
+    factors and counts: each is parsed or refused with a PlanError."""
+    rng = random.Random(27)
+    refused = 0
+    for _ in range(40):
+        n = rng.choice([1, 2, 3, 24, 300])
+        k = rng.choice([1, 2, 64, 65536])
+        scratch = [rng.choice([0, 1, 1 << 20, 1 << 25, 1 << 26]) for _ in range(min(n, 4))]
+        text = _header(n, k) + "".join(f"rank {r} scratch {scratch[r] if r < len(scratch) else 0}\n"
+                                       for r in range(n))
+        try:
+            parse_plan(text)
+        except PlanError as exc:
+            assert "over msc's limit" in str(exc) or "exceeds" in str(exc), exc
+            refused += 1
+    assert refused > 0
