@@ -111,7 +111,7 @@ def hit_args_size() -> int:
     return ctypes.sizeof(MscArgsHeader)
 
 
-@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize("shared", [False, pytest.param(True, marks=pytest.mark.slow)])   # each builds a header
 def test_planted_precompiled_headers_are_never_used(tmp_path, marker, shared):
     """A .gch built from the real headers plus a constructor, at the path msc would use: a miss,
     in a cache only this user can write (the checked .gch is then used in place) and in one that

@@ -77,6 +77,7 @@ def test_set_timeout_and_the_runtime_refuse_what_is_not_a_finite_time(value):
 
 # -- equal plans under other names meet (item 2) --------------------------------------------------------
 
+@pytest.mark.slow          # 10 s of worker start-ups and kernel builds: CI's slow run
 def test_ranks_whose_plans_differ_only_in_name_meet(pool2):
     got = pool2.run(bootcases.renamed_plan_case)
     assert [g["values"] for g in got] == [[3.0], [3.0]]
@@ -103,6 +104,7 @@ def test_close_frees_the_arena_even_when_a_peer_never_joins_the_release(pool2):
 
 # -- msc.torch takes the group's timeout, or MSC_TORCH_TIMEOUT (item 3) --------------------------------
 
+@pytest.mark.slow          # 10 s of worker start-ups and kernel builds: CI's slow run
 def test_msc_torch_communicators_take_the_groups_timeout_or_msc_torch_timeout(pool2):
     got = pool2.run(bootcases.group_timeout_case, 3.0, "2.5")
     for rank, g in enumerate(got):
