@@ -22,6 +22,7 @@ dist = pytest.importorskip("torch.distributed")
 
 import torchdist  # noqa: E402
 from torchdist import library_plan  # noqa: E402
+from emu_skip import needs_emu  # noqa: E402
 
 import msc.torch as mt  # noqa: E402
 from msc.errors import UsageError  # noqa: E402
@@ -32,17 +33,6 @@ ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
 
 
-def emu_usable() -> bool:
-    try:
-        from msc.cuda.hostbuild import find_compiler
-
-        find_compiler()
-        return True
-    except Exception:
-        return False
-
-
-needs_emu = pytest.mark.skipif(not emu_usable(), reason="the emulated device needs a C++20 compiler (g++)")
 
 # torch's own crash at interpreter exit (gloo, under heavy load; seen with plain DDP and no msc at all):
 # rank exit -6 after every line of the script has run

@@ -21,6 +21,7 @@ torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
 import bootcases  # noqa: E402
+from emu_skip import needs_emu  # noqa: E402
 import torchdist  # noqa: E402
 
 from msc.errors import UsageError  # noqa: E402
@@ -28,18 +29,7 @@ from msc.errors import UsageError  # noqa: E402
 HERE = Path(__file__).resolve().parent
 
 
-def emu_usable() -> bool:
-    try:
-        from msc.cuda.hostbuild import find_compiler
-
-        find_compiler()
-        return True
-    except Exception:
-        return False
-
-
-pytestmark = [pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available"),
-              pytest.mark.skipif(not emu_usable(), reason="the emulated device needs a C++20 compiler")]
+pytestmark = [pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available"), needs_emu]
 
 
 @pytest.fixture(scope="module")
