@@ -284,6 +284,7 @@ def connected(topo) -> bool:
     return True
 
 
+@pytest.mark.slow          # 7-14 s: CI's slow run; the default run stays short
 def test_never_above_the_simulator_on_the_builtin_topologies():
     for key, plan in plans(8, protocols=("Simple",)):
         for topo in builtins(8):

@@ -57,6 +57,7 @@ def _text_or_error(fn):
         return f"{type(exc).__name__}: {exc}"
 
 
+@pytest.mark.slow          # 7-14 s: CI's slow run; the default run stays short
 def test_bulk_lowering_gives_the_pipelines_plans_on_the_library():
     seen, taken = Counter(), 0
     for name, program, options, *_ in _cases():

@@ -558,6 +558,7 @@ def test_msc_run_on_the_emulated_device(tmp_path):
     assert bad.returncode == 2 and "no data type 'int64'" in bad.stderr and "Traceback" not in bad.stderr
 
 
+@pytest.mark.slow          # 7-14 s: CI's slow run; the default run stays short
 def test_torchrun_communicators_of_disjoint_subgroups_stay_apart():
     pytest.importorskip("torch")
     import cudaboot

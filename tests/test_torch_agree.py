@@ -102,6 +102,7 @@ def test_repeated_calls_build_the_signature_once_and_leave_no_records(pool):
         assert r["built_new"] == after["signatures_built"] + 1          # a new count: a new signature
 
 
+@pytest.mark.slow          # 7-14 s: CI's slow run; the default run stays short
 def test_over_a_file_store_too():
     """A FileStore (the other torch.distributed tests' pools) is polled by
     msc, not by its own 10 ms sleeps and whole-second timeouts: the
