@@ -255,35 +255,48 @@ def topology_consistent(topo, tmp_plans: dict) -> None:
             assert math.isfinite(r["time"]) and r["time"] > 0 and r["bound_pct"] <= 100 + 1e-6, r
 
 
-def test_mutated_toml_topologies_are_refused_or_read_consistently(tmp_path):
-    from msc.sim.topology import load_topology
-
-    rng = random.Random(20261126)
-    plans = {n: lower(msc.trace(algorithms()["allreduce/ring:ring"], n), LowerOptions()) for n in (2, 3, 4)}
+def fuzz_reader(label: str, mutants: int, path, make_text, read, check, on_refused=lambda exc: None) -> dict:
+    """Write mutant i (``make_text(i)``) to ``path`` and ``read(path)`` it, each within BUDGET_S: a refusal
+    must be an msc error (``on_refused`` checks it), an accepted result must pass ``check``; anything else
+    fails naming the mutant. Returns the counts of mutants tried, refused and accepted."""
     counts = {"tried": 0, "refused": 0, "accepted": 0}
-    path = tmp_path / "t.toml"
     start = time.perf_counter()
-    for i in range(TOML_MUTANTS):
-        text = mutate_toml(TOML_BASES[i % len(TOML_BASES)], rng)
+    for i in range(mutants):
+        text = make_text(i)
         path.write_text(text)
         counts["tried"] += 1
         try:
             with budget(BUDGET_S):
                 try:
-                    topo = load_topology(path)
+                    result = read(path)
                 except msc.MscError as exc:
-                    assert str(exc).count(str(path)) == 1, f"file named {str(exc).count(str(path))} times: {exc}"
+                    on_refused(exc)
                     counts["refused"] += 1
                     continue
                 counts["accepted"] += 1
-                topology_consistent(topo, plans)
+                check(result)
         except Hang:
-            pytest.fail(f"TOML mutant {i} ran over {BUDGET_S} s:\n{text[:3000]}")
+            pytest.fail(f"{label} mutant {i} ran over {BUDGET_S} s:\n{text[:3000]}")
         except AssertionError as exc:
-            raise AssertionError(f"TOML mutant {i}: {exc}\n{text[:3000]}") from None
+            raise AssertionError(f"{label} mutant {i}: {exc}\n{text[:3000]}") from None
         except Exception as exc:          # noqa: BLE001 - the point: only msc errors
-            pytest.fail(f"TOML mutant {i}: {type(exc).__name__}: {str(exc)[:300]}\n{text[:2000]}")
-    print(f"\ntoml: {counts} in {time.perf_counter() - start:.1f} s")
+            pytest.fail(f"{label} mutant {i}: {type(exc).__name__}: {str(exc)[:300]}\n{text[:2000]}")
+    print(f"\n{label}: {counts} in {time.perf_counter() - start:.1f} s")
+    return counts
+
+
+def test_mutated_toml_topologies_are_refused_or_read_consistently(tmp_path):
+    from msc.sim.topology import load_topology
+
+    rng = random.Random(20261126)
+    plans = {n: lower(msc.trace(algorithms()["allreduce/ring:ring"], n), LowerOptions()) for n in (2, 3, 4)}
+    path = tmp_path / "t.toml"
+
+    def named_once(exc):
+        assert str(exc).count(str(path)) == 1, f"file named {str(exc).count(str(path))} times: {exc}"
+
+    counts = fuzz_reader("TOML", TOML_MUTANTS, path, lambda i: mutate_toml(TOML_BASES[i % len(TOML_BASES)], rng),
+                         load_topology, lambda topo: topology_consistent(topo, plans), named_once)
     assert counts["accepted"] > 50 and counts["refused"] > 50, counts
 
 
@@ -360,26 +373,6 @@ def test_mutated_plans_json_is_refused_or_read_consistently(tmp_path):
         save_plan(lower(msc.trace(algorithms()[key], 4, inplace=inplace), LowerOptions()), tmp_path / name)
     path = tmp_path / "plans.json"
     bases = index_bases()
-    counts = {"tried": 0, "refused": 0, "accepted": 0}
-    start = time.perf_counter()
-    for i in range(INDEX_MUTANTS):
-        text = mutate_index(bases[i % len(bases)], rng)
-        path.write_text(text)
-        counts["tried"] += 1
-        try:
-            with budget(BUDGET_S):
-                try:
-                    reg = PlanRegistry.from_dir(tmp_path)
-                except msc.MscError:
-                    counts["refused"] += 1
-                    continue
-                counts["accepted"] += 1
-                registry_consistent(reg)
-        except Hang:
-            pytest.fail(f"plans.json mutant {i} ran over {BUDGET_S} s:\n{text[:3000]}")
-        except AssertionError as exc:
-            raise AssertionError(f"plans.json mutant {i}: {exc}\n{text[:3000]}") from None
-        except Exception as exc:          # noqa: BLE001 - the point: only msc errors
-            pytest.fail(f"plans.json mutant {i}: {type(exc).__name__}: {str(exc)[:300]}\n{text[:2000]}")
-    print(f"\nplans.json: {counts} in {time.perf_counter() - start:.1f} s")
+    counts = fuzz_reader("plans.json", INDEX_MUTANTS, path, lambda i: mutate_index(bases[i % len(bases)], rng),
+                         lambda _: PlanRegistry.from_dir(tmp_path), registry_consistent)
     assert counts["accepted"] > 50 and counts["refused"] > 50, counts
