@@ -487,7 +487,10 @@ def test_tune_refuses_a_parameter_no_algorithm_has(capsys):
 
 @pytest.mark.parametrize("flag,value", [("--alpha-us", "inf"), ("--alpha-us", "nan"), ("--alpha-us", "-1"),
                                         ("--bandwidth-gbps", "inf"), ("--bandwidth-gbps", "0"),
-                                        ("--bandwidth-gbps", "-inf")])
+                                        ("--bandwidth-gbps", "-inf"),
+                                        # numbers that overflow the model's times (issue 27)
+                                        ("--alpha-us", "1e308"), ("--alpha-us", "2e6"),
+                                        ("--bandwidth-gbps", "1e-300"), ("--bandwidth-gbps", "1e300")])
 def test_simulate_refuses_infinite_nan_and_negative_model_numbers(capsys, ring_plan, flag, value):
     other = {"--alpha-us": ("--bandwidth-gbps", "10"), "--bandwidth-gbps": ("--alpha-us", "1")}[flag]
     with pytest.raises(SystemExit) as done:
