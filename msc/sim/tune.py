@@ -378,15 +378,14 @@ def merged_index(path: Path, entries: list[dict]):
     with "plans"), those for the calls of ``entries`` replaced. A file the
     plan registry cannot read, or a kept entry whose plan file a new entry
     would overwrite, is refused (the user's index is never lost)."""
-    from msc.torch.registry import PlanRegistry, normalize
+    from msc.torch.registry import normalize, read_index
 
     if not path.exists():
         return entries
     try:
-        old = PlanRegistry.from_index(path, verify=False)
+        data, old = read_index(path, verify=False)     # one read: old[i] is the entry of item i
     except MscError as exc:
         raise UsageError(f"{exc} (msc tune merges its plans into the index there: fix it or move it away)") from None
-    data = json.loads(path.read_text())            # read above: the same entries, in the same order
     items = data["plans"] if isinstance(data, dict) else data
     tuned = {(normalize(e["collective"]), e["ranks"], e["inplace"], e.get("root", 0)) for e in entries}
     new_files = {e["file"] for e in entries}

@@ -349,6 +349,13 @@ def _short(value) -> str:
 
 
 def _read_index(path: Path, verify: bool) -> list[PlanEntry]:
+    return read_index(path, verify)[1]
+
+
+def read_index(path: Path, verify: bool = True) -> tuple[object, list[PlanEntry]]:
+    """plans.json at ``path`` as read (a list, or an object with "plans") and
+    its entries, one per item in the file's order; UsageError naming the
+    file, entry and key for anything the registry cannot take."""
     data = _read_json(path)
     items = data.get("plans") if isinstance(data, dict) else data
     if isinstance(data, dict) and (type(data.get("version", 1)) is not int or data.get("version", 1) != 1):
@@ -384,4 +391,4 @@ def _read_index(path: Path, verify: bool) -> list[PlanEntry]:
                 if k in item and normalize(item[k]) != normalize(getattr(entry, attr)):
                     raise UsageError(f"{where}: says {k} {_short(item[k])}, the plan has {getattr(entry, attr)!r}")
             entries.append(entry)
-    return entries
+    return data, entries
