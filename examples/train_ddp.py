@@ -8,6 +8,9 @@ noise), so the loss falls within a few dozen steps; tiny dimensions, so a
 CPU runs it in seconds (gloo; NCCL when CUDA is available).
 
     --plans DIR        plans for the hook (a directory, with plans.json size ranges or not)
+    --on-msc-backend   no hook: the process group is the "msc" torch.distributed backend
+                       (msc.torch.process_group), so DDP's own allreduce calls run on the plans
+                       (and --check-stock trains again on a stock gloo group)
     --backend B        which engine runs the plans (msc.torch.backends): "torch" the
                        torch.distributed executor, "cuda" the msc CUDA runtime, "auto" (default)
                        the runtime for GPU gradients on one node, else the executor
@@ -111,13 +114,15 @@ def plans_for(args, world: int):
     return registry
 
 
-def train(args, use_msc: bool, registry, device) -> list[float]:
+def train(args, use_msc: bool, registry, device, group=None, meter=None) -> list[float]:
+    """DDP over ``group``, reduced by msc's hook when ``use_msc`` with a
+    registry; losses averaged over ``meter`` (default: the world)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(args.seed)                       # the same initial weights on every rank and in every run
     model = TinyLM(args.vocab, args.dim, args.heads, args.layers, args.seq).to(device)
     ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
-              bucket_cap_mb=args.bucket_cap_mb)
-    if use_msc:
+              bucket_cap_mb=args.bucket_cap_mb, process_group=group)
+    if use_msc and registry is not None:
         import msc.torch as mt
 
         ddp.register_comm_hook(None, mt.allreduce_hook(registry, backend=args.backend))
@@ -130,7 +135,7 @@ def train(args, use_msc: bool, registry, device) -> list[float]:
         loss.backward()
         opt.step()
         mean = loss.detach().clone()
-        dist.all_reduce(mean)
+        dist.all_reduce(mean, group=meter)
         losses.append(mean.item() / world)
         if rank == 0 and not args.quiet:
             print(f"{'msc' if use_msc else 'stock'} step {step:3d} loss {losses[-1]:.6f}", flush=True)
@@ -144,6 +149,8 @@ def main(argv=None) -> int:
                    help="the engine running the plans: the msc CUDA runtime, the torch.distributed executor, "
                         "or auto")
     p.add_argument("--stock", action="store_true", help="stock DDP allreduce, no msc")
+    p.add_argument("--on-msc-backend", action="store_true",
+                   help="no hook: run DDP on the 'msc' torch.distributed backend (plans from --plans or MSC_PLANS)")
     p.add_argument("--check-stock", action="store_true", help="compare the msc losses with a stock DDP run")
     p.add_argument("--compile-missing", action="store_true", help="ring allreduce for sizes --plans lacks")
     p.add_argument("--steps", type=int, default=20)
@@ -164,31 +171,45 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.stock and args.check_stock:
         p.error("--check-stock compares an msc run with stock DDP; leave out --stock")
+    if args.on_msc_backend and (args.stock or args.compile_missing or args.backend != "auto"):
+        p.error("--on-msc-backend takes its engine from MSC_ENGINE and its plans from --plans/MSC_PLANS; "
+                "leave out --stock, --compile-missing and --backend")
 
     cuda = torch.cuda.is_available() and os.environ.get("MSC_DEVICE") != "emu"   # emu: CPU tensors
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     # a peer that stalls mid-call is bounded by the group's timeout (msc.torch agrees on each call first)
-    dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=args.timeout))
+    if args.on_msc_backend:
+        import msc.torch as mt
+
+        mt.configure(plans=args.plans)
+    dist.init_process_group("msc" if args.on_msc_backend else "nccl" if cuda else "gloo",
+                            timeout=timedelta(seconds=args.timeout))
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
     rank, world = dist.get_rank(), dist.get_world_size()
+    # on the msc backend: the stock run and the loss averaging use a stock group
+    stock_group = dist.new_group(backend="nccl" if cuda else "gloo") if args.on_msc_backend else None
     status = 0
     try:
-        registry = None if args.stock else plans_for(args, world)
-        losses = train(args, not args.stock, registry, device)
+        registry = None if args.stock or args.on_msc_backend else plans_for(args, world)
+        losses = train(args, not args.stock, registry, device, meter=stock_group)
+        if args.on_msc_backend and rank == 0 and not args.quiet:
+            print(mt.report(), flush=True)
         result = {"mode": "stock" if args.stock else "msc", "world": world, "losses": losses}
         if not args.stock:
             from msc.torch import backends
 
             # which engine ran: a communicator per plan the CUDA runtime ran, none for the executor
             result.update(backend=args.backend, cuda_communicators=len(backends.communicators()))
+            if args.on_msc_backend:
+                result.update(calls=mt.served.counts(), totals=mt.served.totals())
             if rank == 0 and not args.quiet:
                 engine = (f"the msc CUDA runtime, on {backends.cuda_runtime_status()[1]}" if backends.communicators()
                           else "the torch.distributed executor")
                 print(f"gradients reduced by {engine}", flush=True)
         if args.check_stock:
-            stock = train(args, False, None, device)
+            stock = train(args, False, None, device, group=stock_group, meter=stock_group)
             worst = max((abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses, stock)), default=0.0)
             result.update(stock_losses=stock, max_relative_difference=worst)
             if rank == 0:

@@ -15,12 +15,19 @@ import tempfile
 import traceback
 
 
-def _worker(rank: int, n: int, init_method: str, jobs, results) -> None:
+def _worker(rank: int, n: int, init_method: str, jobs, results, backend: str = "gloo", env=None) -> None:
+    os.environ.update(env or {})
     import torch
     import torch.distributed as dist
 
+    if backend == "msc":
+        import msc.torch  # noqa: F401  (registers the backend)
     torch.set_num_threads(1)           # n processes share the machine's cores
-    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=n)
+    try:
+        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=n)
+    except BaseException:
+        results.put((rank, False, traceback.format_exc()))
+        return
     while True:
         job = jobs.get()
         if job is None:
@@ -38,7 +45,7 @@ class Pool:
     TCPStore that rank 0 hosts, as under torchrun (a FileStore polls, and
     counts its timeouts in whole seconds)."""
 
-    def __init__(self, n: int, timeout: float = 60.0, *, tcp: bool = False):
+    def __init__(self, n: int, timeout: float = 60.0, *, tcp: bool = False, backend: str = "gloo", env=None):
         import torch.multiprocessing as mp
 
         self.n, self.timeout = n, timeout
@@ -57,7 +64,7 @@ class Pool:
             init_method = f"file://{self._init_file}"
         self.jobs = [ctx.Queue() for _ in range(n)]
         self.results = ctx.Queue()
-        self.procs = [ctx.Process(target=_worker, args=(r, n, init_method, self.jobs[r], self.results),
+        self.procs = [ctx.Process(target=_worker, args=(r, n, init_method, self.jobs[r], self.results, backend, env),
                                   daemon=True) for r in range(n)]
         for p in self.procs:
             p.start()

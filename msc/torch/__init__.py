@@ -36,6 +36,11 @@
   ``cuda_runtime_available()``.
 - ``run_local(plan, buffers, count=, op=)``: every rank in this process, for
   tests and debugging.
+- The torch.distributed backend "msc" (msc.torch.process_group):
+  ``dist.init_process_group("msc")`` runs every collective of any torch code
+  (FSDP, DDP) on the plans in ``$MSC_PLANS`` (or ``configure(plans=...)``),
+  passing the rest through to gloo/NCCL; ``report()`` says which calls msc
+  served and why the others passed through (msc.torch.served).
 
 Importing msc.torch does not import torch; the names that need it load it
 on first use and say how to install it when it is missing.
@@ -44,7 +49,10 @@ from __future__ import annotations
 
 import importlib
 
+from msc.torch import backend_registration
 from msc.torch.registry import NoPlanError, PlanEntry, PlanRegistry
+from msc.torch.served import report
+from msc.torch.settings import configure
 
 _LAZY = {
     "run_plan": "msc.torch.calls", "all_reduce": "msc.torch.calls", "all_gather": "msc.torch.calls",
@@ -54,6 +62,8 @@ _LAZY = {
     "run_local": "msc.torch.execute", "prepare": "msc.torch.execute", "Prepared": "msc.torch.execute",
     "clear_caches": "msc.torch.execute",
     "BackendUnavailableError": "msc.torch.backends", "cuda_runtime_available": "msc.torch.backends",
+    "close_communicators": "msc.torch.backends",
+    "MscProcessGroup": "msc.torch.process_group", "StrictModeError": "msc.torch.process_group",
 }
 
 
@@ -71,4 +81,6 @@ def __getattr__(name: str):
     return value
 
 
-__all__ = ["NoPlanError", "PlanEntry", "PlanRegistry", *_LAZY]
+backend_registration.install()          # dist.init_process_group("msc") works once torch.distributed loads
+
+__all__ = ["NoPlanError", "PlanEntry", "PlanRegistry", "configure", "report", *_LAZY]

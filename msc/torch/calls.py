@@ -206,12 +206,13 @@ def run_plan(plan, input: torch.Tensor | None, output: torch.Tensor | None = Non
 
 
 def _run(get_plan, input, output, *, op="sum", group=None, backend: str = "auto", transport: str = "auto",
-         collective=None) -> torch.Tensor:
+         collective=None, engine_used: list | None = None) -> torch.Tensor:
     """A call: ``get_plan()`` (the plan, or what ``prepare`` takes), the
     checks, the ranks' agreement (msc.torch.agree), then the engine. What
     fails on this rank before the agreement is published to the other
     ranks (``Gate.fail``), so that they raise at once instead of waiting
-    for this rank until the timeout."""
+    for this rank until the timeout. The engine chosen ("torch" or
+    "cuda") is appended to ``engine_used`` where given."""
     rank, n = _group_info(group)
     gate = agree.gate(group, rank, n)
     try:
@@ -230,6 +231,8 @@ def _run(get_plan, input, output, *, op="sum", group=None, backend: str = "auto"
         raise
     if gate is not None:
         gate.agree(sig, f"{prepared.collective.name} with plan {prepared.plan.name!r}")
+    if engine_used is not None:
+        engine_used.append(chosen)
     if chosen == "cuda":
         _physical(prepared, call, backends.cuda_runner(prepared, call, op, group))   # the msc CUDA runtime
         return call.output

@@ -104,6 +104,7 @@ def op_name(op) -> str:
         import torch.distributed as dist
 
         names = {getattr(dist.ReduceOp, o.torch_op): o.name for o in REDUCE_OPS.values()}
+        op = getattr(op, "op", op)          # a ReduceOp object (as in AllreduceOptions) holds its RedOpType
         try:
             key = names.get(op)
         except TypeError:
@@ -196,10 +197,17 @@ class DistTransport:
         self.dist, self.group, self.tag = dist, group, tag
         self.pg = group if group is not None else dist.distributed_c10d._get_default_group()
         self.backend = dist.get_backend(self.pg)
+        # the msc backend (msc.torch.process_group): its messages go to the fallback of their device
+        self.carrier = getattr(self.pg, "fallback_name", None)
+
+    def _gloo(self, tensors) -> bool:
+        if self.carrier is not None:
+            return all(self.carrier(t.device) == "gloo" for t in tensors)
+        return self.backend == "gloo"
 
     def p2p(self, sends, recvs) -> None:
         dist, tag = self.dist, self.tag
-        if self.backend == "gloo":
+        if self._gloo([t for _, t in sends] + [t for _, t in recvs]):
             works = [self.pg.recv([t], p, tag) for p, t in recvs]
             works += [self.pg.send([t], p, tag) for p, t in sends]
         else:
@@ -224,7 +232,9 @@ def choose_transport(transport: str, group, n: int) -> str:
         import torch.distributed as dist
 
         pg = group if group is not None else dist.distributed_c10d._get_default_group()
-        return "mixed" if dist.get_backend(pg) == "gloo" else "p2p"
+        carrier = getattr(pg, "fallback_name", None)         # the msc backend: what carries its messages
+        kind = carrier(None) if carrier is not None else dist.get_backend(pg)
+        return "mixed" if kind == "gloo" else "p2p"
     if transport not in TRANSPORTS:
         raise UsageError(f"unknown transport {transport!r} (expected auto or one of {', '.join(TRANSPORTS)})")
     return transport

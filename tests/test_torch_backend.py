@@ -1,0 +1,229 @@
+"""The "msc" torch.distributed backend (msc.torch.process_group): every
+call form served by plans with gloo's results, async Works, coalescing,
+pass-through with its reason in the report, strict mode, settings, and
+registration without importing torch.
+
+Two pool workers (tests/torchdist.py) whose default group is the msc
+backend over a directory of library plans for 2 ranks; the examples
+(FSDP2, DDP) train under torchrun in the slow run.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+
+import backendcases  # noqa: E402
+import torchdist  # noqa: E402
+from emu_skip import needs_emu  # noqa: E402
+from torchdist import library_plan  # noqa: E402
+
+from msc.errors import UsageError  # noqa: E402
+from msc.formats.plan_text import save_plan  # noqa: E402
+from msc.torch import served, settings  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
+ROOT = Path(__file__).resolve().parent.parent
+PLANS_2 = (("allreduce/ring:ring", True, 0), ("allgather/ring:ring", True, 0),
+           ("reducescatter/ring:ring", False, 0), ("alltoall/allpairs:allpairs", False, 0),
+           ("broadcast/chain:chain", True, 0), ("broadcast/chain:chain", True, 1), ("reduce/ring:ring", True, 0))
+
+
+def write_plans(folder: Path, n: int = 2) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for key, inplace, root in PLANS_2:
+        name = key.split(":")[0].replace("/", "-")
+        save_plan(library_plan(key, n, inplace, 1, root), folder / f"{name}-r{root}-n{n}.plan")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory):
+    plans = write_plans(tmp_path_factory.mktemp("plans"))
+    env = {"MSC_PLANS": str(plans), "MSC_DEVICE": ""}
+    p = torchdist.Pool(2, timeout=120, backend="msc", env=env)
+    yield p
+    p.close()
+
+
+def test_every_call_form_is_served_with_gloos_results(pool):
+    results = pool.run(backendcases.forms_case)
+    for rank, r in enumerate(results):
+        wrong = [name for name, ok in r["same"].items() if not ok]
+        assert not wrong, f"rank {rank}: differs from gloo: {wrong}"
+        assert r["async"], f"rank {rank}: async Work not complete with its tensors"
+        rows = {(row["collective"], row["outcome"]): row for row in r["rows"]}
+        for coll in ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "reduce"):
+            assert (coll, "served") in rows, (coll, r["report"])
+        served_calls = {c: sum(x["calls"] for x in r["rows"] if x["collective"] == c and x["outcome"] == "served")
+                        for c in ("allreduce", "allgather", "alltoall", "broadcast")}
+        # allreduce: sum, max, avg, async, 2 coalesced, complex (torch passes its float32 view);
+        # allgather: 3 forms; alltoall: 2; broadcast: one per root
+        assert served_calls == {"allreduce": 7, "allgather": 3, "alltoall": 2, "broadcast": 2}, r["report"]
+        why = {row["how"] for row in r["rows"] if row["outcome"] == "passed"}
+        assert any("unsupported reduction op" in w and "BAND" in w for w in why), why
+        assert any(w.startswith("uneven splits") for w in why), why
+        assert any("unsupported dtype torch.int8" in w for w in why), why
+        assert "msc has no plans for barrier" in why
+        assert ("msc has no plans for send" if rank == 0 else "msc has no plans for recv") in why
+        assert "served: allreduce-ring-r0-n2.plan on the torch executor" in r["report"]
+
+
+def test_strict_mode_refuses_pass_through_on_every_rank_before_data_moves(pool):
+    for rank, r in enumerate(pool.run(backendcases.strict_case)):
+        assert r["band"].startswith("MSC_STRICT: allreduce of 256 int32 over 2 ranks would pass through to gloo: "
+                                    "unsupported reduction op"), r["band"]
+        assert r["untouched"] and r["served equal"], r
+
+
+def test_a_group_without_plans_is_refused_at_creation(monkeypatch):
+    from msc.torch import process_group
+
+    monkeypatch.delenv("MSC_PLANS", raising=False)
+    settings.reset()
+    with pytest.raises(UsageError, match=r"needs plans: set MSC_PLANS .* msc.torch.configure\(plans=DIR\)"):
+        process_group.create(dist.HashStore(), 0, 1, timedelta(seconds=5))
+    monkeypatch.setenv("MSC_PLANS", "/nonexistent/plans")
+    with pytest.raises(UsageError, match="MSC_PLANS: /nonexistent/plans does not exist"):
+        process_group.create(dist.HashStore(), 0, 1, timedelta(seconds=5))
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("gloo", {"cpu": "gloo", "cuda": "gloo"}),
+    ("cuda:gloo", {"cpu": "gloo", "cuda": "gloo"}),
+    ("cpu:gloo,cuda:nccl", {"cpu": "gloo", "cuda": "nccl"}),
+    (" NCCL ", {"cpu": "nccl", "cuda": "nccl"}),
+])
+def test_fallback_spellings(text, expected):
+    assert settings.parse_fallback(text) == expected
+
+
+@pytest.mark.parametrize("text, message", [
+    ("", "is empty"), ("msc", "cannot be msc itself"), ("gloo,nccl", "one backend name or a device map"),
+    ("tpu:gloo", "unknown device 'tpu'"), ("cpu:", "not DEVICE:BACKEND"), ("g l o o", "not a backend name"),
+])
+def test_bad_fallbacks_are_refused_by_name(text, message):
+    with pytest.raises(UsageError, match=message):
+        settings.parse_fallback(text)
+
+
+def test_settings_from_the_environment_and_configure(monkeypatch):
+    settings.reset()
+    monkeypatch.setenv("MSC_ENGINE", "warp")
+    with pytest.raises(UsageError, match="msc engine 'warp' is not one of auto, torch, cuda"):
+        settings.current()
+    monkeypatch.setenv("MSC_ENGINE", "torch")
+    monkeypatch.setenv("MSC_STRICT", "maybe")
+    with pytest.raises(UsageError, match="MSC_STRICT must be 1 or 0"):
+        settings.current()
+    monkeypatch.setenv("MSC_STRICT", "yes")
+    monkeypatch.setenv("MSC_FALLBACK", "gloo")
+    got = settings.current()
+    assert (got.engine, got.strict, got.fallback) == ("torch", True, {"cpu": "gloo", "cuda": "gloo"})
+    try:
+        settings.configure(plans="p", strict=False, engine="auto")
+        got = settings.current()
+        assert (got.plans, got.engine, got.strict) == ("p", "auto", False)     # configure wins over the env
+        with pytest.raises(UsageError, match="msc engine 'gpu'"):
+            settings.configure(engine="gpu")
+    finally:
+        settings.reset()
+
+
+def test_report_table_counts_and_reasons():
+    served.clear()
+    try:
+        served.served("allgather", 1 << 20, "float32", "ag.plan", "the torch executor")
+        served.served("allgather", 1 << 20, "float32", "ag.plan", "the torch executor")
+        served.passed("allreduce", 80, "int64", "unsupported reduction op BAND")
+        served.passed("barrier", None, None, "msc has no plans for barrier")
+        assert served.totals() == {"served": 2, "passed": 2}
+        text = served.report().splitlines()
+        assert text[0] == "msc backend: 2 calls served by msc plans, 2 passed through"
+        assert text[2].split() == ["allgather", "1M", "float32", "2", "served:", "ag.plan", "on", "the", "torch",
+                                   "executor"]
+        assert text[3].split()[:4] == ["allreduce", "80", "int64", "1"] and text[3].endswith("BAND")
+        assert text[4].split()[:4] == ["barrier", "-", "-", "1"]
+    finally:
+        served.clear()
+
+
+@pytest.mark.parametrize("order", ["msc first", "torch first"])
+def test_importing_msc_torch_registers_the_backend_in_either_order(order):
+    imports = "import msc.torch; import torch.distributed as dist" if order == "msc first" else \
+        "import torch.distributed as dist; import msc.torch"
+    code = f"{imports}; print('msc' in dist.Backend.backend_list, dist.Backend.MSC)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.split() == ["True", "msc"], done.stderr[-2000:]
+
+
+# -- the examples under torchrun (CI's slow run) ------------------------------------------------------
+
+def _torchrun(script: str, n: int, plans: Path, out: Path, *args, env=None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MSC_PLANS": str(plans), **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(n),
+         str(ROOT / "examples" / script), "--check-stock", "--steps", "3", "--losses", str(out), *args],
+        capture_output=True, text=True, timeout=300, env=env)
+
+
+def _tuned_plans(folder: Path, n: int) -> Path:
+    """What the README's FSDP walkthrough writes: msc tune of allgather, reducescatter and allreduce."""
+    for algorithms in (["allgather/ring", "allgather/recursive_doubling"], ["reducescatter/ring",
+                                                                            "reducescatter/allpairs"],
+                       ["allreduce/ring", "allreduce/allpairs"]):
+        done = subprocess.run([sys.executable, "-m", "msc.cli", "tune", *algorithms, "--ranks", str(n), "-t",
+                               f"ring:{n}", "-o", str(folder)], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+    return folder
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n", [2, 4])
+def test_fsdp2_example_on_the_msc_backend_matches_stock(tmp_path, n):
+    plans = _tuned_plans(tmp_path / "plans", n)
+    out = tmp_path / "losses.json"
+    done = _torchrun("train_fsdp.py", n, plans, out, "--strict")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    if n == 2:
+        assert result["losses"] == result["stock_losses"]          # bit for bit
+    assert result["max_relative_difference"] <= result["tolerance"] == (0.0 if n == 2 else 1e-5)
+    assert result["totals"]["passed"] == 0 and result["totals"]["served"] >= 3 * 3
+    assert {r["collective"] for r in result["calls"]} == {"allgather", "reducescatter"}
+    assert result["losses"][-1] < result["losses"][0]
+
+
+@pytest.mark.slow
+def test_ddp_without_a_hook_on_the_msc_backend_matches_stock(tmp_path):
+    plans = _tuned_plans(tmp_path / "plans", 2)
+    out = tmp_path / "losses.json"
+    done = _torchrun("train_ddp.py", 2, plans, out, "--on-msc-backend", "--tolerance", "0")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["losses"] == result["stock_losses"]
+    allreduce = [r for r in result["calls"] if r["collective"] == "allreduce"]
+    assert allreduce and all(r["outcome"] == "served" for r in allreduce)
+    # DDP's start-up broadcasts have no plan here: they pass through, and say so
+    assert all(r["how"] == "no broadcast plans" for r in result["calls"] if r["collective"] == "broadcast")
+
+
+@needs_emu
+@pytest.mark.slow
+def test_fsdp2_example_on_the_emulated_cuda_runtime_matches_stock(tmp_path):
+    plans = _tuned_plans(tmp_path / "plans", 2)
+    out = tmp_path / "losses.json"
+    done = _torchrun("train_fsdp.py", 2, plans, out, env={"MSC_DEVICE": "emu"})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["losses"] == result["stock_losses"]
+    assert result["totals"]["passed"] == 0
+    assert all("the CUDA runtime (emulated)" in r["how"] for r in result["calls"])
