@@ -18,6 +18,19 @@ within 1.25x of gloo from 1 MB up) is met.
 
     python bench/torch_dist.py [--ranks 2 4] [--min 4K] [--max 64M] [--factor 4] [--json]
 
+``--backend`` measures the "msc" torch.distributed backend instead
+(msc.torch.process_group), for allreduce, reducescatter and allgather
+(float32; default 1M to 64M, 2 processes): ``gloo`` is the call on a plain
+gloo group; ``backend`` the same torch.distributed call on an msc group
+whose MSC_PLANS hold the library ring of each collective (served:
+msc.torch's torch executor over the wrapped gloo); ``run_plan`` that ring
+through ``msc.torch.run_plan`` on the gloo group (the plan without the
+backend around it); ``pass`` the call on an msc group with no plan for it
+(passed through to its gloo). Goals: backend within 1.25x of gloo from 1M
+up, pass within 5% of gloo.
+
+    python bench/torch_dist.py --backend [--ranks 2] [--min 1M] [--max 64M]
+
 More processes than cores oversubscribe the machine: every process spins
 in its own communication, so such timings say little about either side.
 """
@@ -115,6 +128,159 @@ def _worker(rank: int, n: int, init_file: str, sizes: list[int], args, out_file:
     dist.destroy_process_group()
 
 
+def _timed(run: dict, t_for, methods, args) -> dict:
+    """Per method, the fastest of ``args.repeats`` interleaved batches'
+    mean call time (the slowest rank's), batch length from one warm call."""
+    import torch
+    import torch.distributed as dist
+
+    stock = _stock()
+    iters, best = {}, {}
+    for m in methods:
+        run[m](t_for(m))
+        start = time.perf_counter()
+        run[m](t_for(m))
+        spent = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+        dist.all_reduce(spent, op=dist.ReduceOp.MAX, group=stock)
+        iters[m] = max(2, min(200, int(args.batch_seconds / max(spent.item(), 1e-6))))
+    for _ in range(args.repeats):
+        for m in methods:
+            dist.barrier(group=stock)
+            start = time.perf_counter()
+            for _ in range(iters[m]):
+                run[m](t_for(m))
+            spent = torch.tensor([(time.perf_counter() - start) / iters[m]], dtype=torch.float64)
+            dist.all_reduce(spent, op=dist.ReduceOp.MAX, group=stock)
+            best[m] = min(best.get(m, float("inf")), spent.item())
+    return best
+
+
+_STOCK = []
+
+
+def _stock():
+    import torch.distributed as dist
+
+    return _STOCK[0] if _STOCK else dist.distributed_c10d._get_default_group()
+
+
+BACKEND_COLLECTIVES = ("allreduce", "reducescatter", "allgather")
+BACKEND_METHODS = ("gloo", "backend", "run_plan", "pass")
+PASS_GOAL = 1.05
+
+
+def _backend_worker(rank: int, n: int, init_file: str, sizes: list[int], args, out_file: str, plans: str,
+                    empty: str) -> None:
+    import warnings
+
+    import torch
+    import torch.distributed as dist
+
+    import msc.torch as mt
+
+    warnings.simplefilter("ignore", FutureWarning)     # all_gather_into_tensor & co are being renamed
+    torch.set_num_threads(args.threads)
+    mt.configure(plans=plans)
+    dist.init_process_group("msc", init_method=f"file://{init_file}", rank=rank, world_size=n)
+    stock = dist.new_group(backend="gloo")
+    _STOCK.append(stock)
+    mt.configure(plans=empty)
+    passing = dist.new_group(backend="msc")
+    registry = mt.PlanRegistry.from_dir(plans)
+    calls = {
+        "allreduce": lambda g, t: dist.all_reduce(t["x"], group=g),
+        "reducescatter": lambda g, t: dist.reduce_scatter_tensor(t["part"], t["whole"], group=g),
+        "allgather": lambda g, t: dist.all_gather_into_tensor(t["whole"], t["part"], group=g),
+    }
+    plan_calls = {
+        "allreduce": lambda t: mt.all_reduce(registry, t["x"], group=stock),
+        "reducescatter": lambda t: mt.reduce_scatter(registry, t["part"], t["whole"], group=stock),
+        "allgather": lambda t: mt.all_gather(registry, t["whole"], t["part"], group=stock),
+    }
+    rows = []
+    for coll in BACKEND_COLLECTIVES:
+        for size in sizes:
+            elems = size // 4
+            t = {"x": torch.rand(elems) + 1, "whole": torch.rand(elems) + 1, "part": torch.rand(elems // n) + 1}
+            call = calls[coll]
+            run = {"gloo": lambda _, c=call: c(stock, t), "backend": lambda _, c=call: c(dist.group.WORLD, t),
+                   "run_plan": lambda _, c=plan_calls[coll]: c(t), "pass": lambda _, c=call: c(passing, t)}
+            best = _timed(run, lambda m: None, BACKEND_METHODS, args)
+            rows.append({"collective": coll, "bytes": size,
+                         **{f"{m}_us": round(best[m] * 1e6, 1) for m in BACKEND_METHODS}})
+            if rank == 0 and not args.json:
+                print(f"... {coll} {n} processes, {size} bytes: "
+                      + ", ".join(f"{m} {best[m] * 1e6:.0f} us" for m in BACKEND_METHODS), file=sys.stderr)
+    totals = mt.served.totals()
+    if rank == 0:
+        Path(out_file).write_text(json.dumps({"rows": rows, "totals": totals, "report": mt.report()}))
+    dist.destroy_process_group(passing)
+    dist.destroy_process_group(stock)
+    dist.destroy_process_group()
+
+
+def _backend_plans(folder: Path, n: int) -> None:
+    """The library ring of each measured collective, for all sizes."""
+    import msc
+    from msc.formats.plan_text import save_plan
+    from msc.lower.pipeline import LowerOptions, lower
+
+    for coll in BACKEND_COLLECTIVES:
+        [alg] = msc.load_algorithms(f"{coll}/ring")
+        for inplace in (True, False):
+            try:
+                program = msc.trace(alg, n, inplace=inplace)
+            except msc.MscError:
+                continue                          # an algorithm of one form only
+            msc.verify(program)
+            save_plan(lower(program, LowerOptions(instances=1)), folder / f"{coll}-ring-{'in' if inplace else 'out'}.plan")
+
+
+def measure_backend(n: int, sizes: list[int], args) -> dict:
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        plans, empty = Path(tmp, "plans"), Path(tmp, "empty")
+        plans.mkdir()
+        empty.mkdir()
+        _backend_plans(plans, n)
+        # the pass-through group needs plans of something else: a broadcast it never uses
+        import msc
+        from msc.formats.plan_text import save_plan
+        from msc.lower.pipeline import LowerOptions, lower
+
+        [chain] = msc.load_algorithms("broadcast/chain")
+        program = msc.trace(chain, n, inplace=True, root=0)
+        msc.verify(program)
+        save_plan(lower(program, LowerOptions()), empty / "broadcast-chain.plan")
+        init_file, out_file = os.path.join(tmp, "init"), os.path.join(tmp, "rows.json")
+        mp.spawn(_backend_worker, args=(n, init_file, sizes, args, out_file, str(plans), str(empty)), nprocs=n)
+        return json.loads(Path(out_file).read_text())
+
+
+def render_backend(n: int, result: dict) -> str:
+    rows = result["rows"]
+    lines = [f"{n} processes (gloo, CPU, float32; times in us; ratio = method / gloo): backend = the torch.distributed "
+             f"call on the msc backend (ring plans, served), run_plan = msc.torch.run_plan of the same ring on the "
+             f"gloo group, pass = the call on an msc group without a plan for it (passed through to gloo)",
+             f"{'collective':>13} {'size':>6} {'gloo':>10} " + " ".join(f"{m:>10} {'ratio':>6}"
+                                                                        for m in BACKEND_METHODS[1:])]
+    for row in rows:
+        g = row["gloo_us"]
+        lines.append(f"{row['collective']:>13} {_size(row['bytes']):>6} {g:10.1f} "
+                     + " ".join(f"{row[m + '_us']:10.1f} {row[m + '_us'] / g:6.2f}" for m in BACKEND_METHODS[1:]))
+    big = [r for r in rows if r["bytes"] >= GOAL_FROM]
+    if big:
+        worst = max(r["backend_us"] / r["gloo_us"] for r in big)
+        lines.append(f"goal: the msc backend within {GOAL_RATIO}x of gloo from 1M up: "
+                     f"{'met' if worst <= GOAL_RATIO else 'MISSED'} (worst {worst:.2f}x)")
+        worst_pass = max(r["pass_us"] / r["gloo_us"] for r in big)
+        lines.append(f"goal: pass-through within {PASS_GOAL:.2f}x of gloo: "
+                     f"{'met' if worst_pass <= PASS_GOAL else 'MISSED'} (worst {worst_pass:.2f}x)")
+    lines.append(f"calls counted by the msc backend on rank 0 (warm-up included): {result['totals']}")
+    return "\n".join(lines)
+
+
 def measure(n: int, sizes: list[int], args) -> list[dict]:
     import torch.multiprocessing as mp
 
@@ -166,7 +332,11 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=5, help="batches per method and size (fastest counts)")
     parser.add_argument("--batch-seconds", type=float, default=0.1, help="target length of one batch")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    parser.add_argument("--backend", action="store_true",
+                        help="measure the msc torch.distributed backend (allreduce, reducescatter, allgather)")
     args = parser.parse_args(argv)
+    if args.backend:
+        return backend_main(parser, args, argv or sys.argv[1:])
     sizes, size = [], parse_size(args.min)
     while size <= parse_size(args.max):
         sizes.append(size)
@@ -179,6 +349,29 @@ def main(argv=None) -> int:
         results[n] = measure(n, sizes, args)
         if not args.json:
             print(render(n, results[n]) + "\n", flush=True)
+    if args.json:
+        print(json.dumps({"cores": os.cpu_count(), "results": results}, indent=2))
+    return 0
+
+
+def backend_main(parser, args, argv) -> int:
+    from msc.units import parse_size
+
+    given = " ".join(argv)
+    ranks = args.ranks if "--ranks" in given else [2]
+    lo = parse_size(args.min if "--min" in given else "1M")
+    hi = parse_size(args.max)
+    sizes = []
+    while lo <= hi:
+        sizes.append(lo)
+        lo *= args.factor
+    results = {}
+    for n in ranks:
+        if any((size // 4) % n for size in sizes):
+            parser.error(f"every size's element count must be divisible by {n} processes")
+        results[n] = measure_backend(n, sizes, args)
+        if not args.json:
+            print(render_backend(n, results[n]) + "\n", flush=True)
     if args.json:
         print(json.dumps({"cores": os.cpu_count(), "results": results}, indent=2))
     return 0

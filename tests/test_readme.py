@@ -45,18 +45,25 @@ def test_the_emulated_device_section_runs_as_written(tmp_path):
 
 @pytest.mark.slow
 def test_the_training_walkthrough_runs_as_written(tmp_path):
-    """Step 1 compiles the plans, step 3 trains with them under torchrun and
+    """The msc backend's block tunes plans and trains FSDP2 and DDP on it
+    against stock gloo (printing the report the README shows); the hook's
+    step 1 compiles plans, step 3 trains with them under torchrun and
     compares with stock DDP, and the CUDA runtime's command does the same on
     the emulated device. The multi-node command needs other machines: left out."""
     pytest.importorskip("torch")
     (tmp_path / "examples").symlink_to(README.parent / "examples")
-    commands = [code for lang, code in blocks("Use it in training") if lang == "bash" and "--nnodes" not in code]
-    assert len(commands) == 3 and "MSC_DEVICE=emu" in commands[2]
-    for code in commands:
+    found = blocks("Use it in training")
+    commands = [code for lang, code in found if lang == "bash" and "--nnodes" not in code]
+    assert len(commands) == 4 and "MSC_DEVICE=emu" in commands[3]
+    [report] = [code for lang, code in found if lang == "text"]
+    for i, code in enumerate(commands):
         done = run_block("bash", code, tmp_path)
         assert done.returncode == 0, f"failed:\n{code}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
         if "torchrun" in code:
             assert "msc losses match stock DDP" in done.stdout, done.stdout[-2000:]
+        if i == 0:      # the backend: FSDP matches stock gloo and prints the report the README shows
+            assert "msc losses match stock FSDP on gloo: max relative difference 0 " in done.stdout
+            assert report in done.stdout, done.stdout[-3000:]
     assert "the msc CUDA runtime, on the emulated device" in done.stdout
 
 

@@ -52,6 +52,9 @@ from msc.torch.registry import NoPlanError, normalize
 from msc.units import format_size
 
 
+_REMEMBERED = 4096          # call shapes whose plan (or its absence) a group keeps
+
+
 class StrictModeError(UsageError):
     """MSC_STRICT: a collective that has plans would have passed through."""
 
@@ -124,6 +127,7 @@ class MscProcessGroup(dist.ProcessGroup):
         self.registry = calls.registry_of(settings.plans)     # read and verified now: bad plans fail at init
         self._store, self._timeout = store, timeout
         self._backends: dict[str, object] = {}
+        self._entries: dict[tuple, object] = {}                # call shape -> registry entry or why none
         self._local = threading.local()
         self._backend_for("cpu")                                # gloo connects all ranks now, as init does
 
@@ -200,10 +204,9 @@ class MscProcessGroup(dist.ProcessGroup):
         except UsageError as exc:
             return self._pass(name, tensors, str(exc), fallback)
         nbytes = call.nbytes()
-        try:
-            entry = self.registry.entry(name, self.size(), nbytes, call.inplace, req.root or 0)
-        except NoPlanError as exc:
-            return self._pass(name, tensors, self._missing(name, nbytes, req.root), fallback, detail=str(exc))
+        entry = self._entry(name, nbytes, call.inplace, req.root)
+        if isinstance(entry, tuple):
+            return self._pass(name, tensors, entry[0], fallback, detail=entry[1])
         plan = entry.plan
         transport = self.settings.transport
         if transport == "auto":
@@ -216,6 +219,21 @@ class MscProcessGroup(dist.ProcessGroup):
                 req.after()
         served.served(name, nbytes, str(call.dtype).replace("torch.", ""), _label(entry), _engine_label(engine[0]))
         return _done(req.result)
+
+    def _entry(self, name: str, nbytes: int, inplace: bool, root: int | None):
+        """The registry's entry for a call, or (reason, detail) when none
+        covers it; remembered per call shape (a miss builds a long message)."""
+        key = (name, nbytes, inplace, root)
+        found = self._entries.get(key)
+        if found is None:
+            try:
+                found = self.registry.entry(name, self.size(), nbytes, inplace, root or 0)
+            except NoPlanError as exc:
+                found = (self._missing(name, nbytes, root), str(exc))
+            if len(self._entries) >= _REMEMBERED:
+                self._entries.clear()
+            self._entries[key] = found
+        return found
 
     def _missing(self, collective: str, nbytes: int, root: int | None) -> str:
         """Why no plan serves the call, shortest first: no plan of the
