@@ -227,3 +227,25 @@ def test_fsdp2_example_on_the_emulated_cuda_runtime_matches_stock(tmp_path):
     assert result["losses"] == result["stock_losses"]
     assert result["totals"]["passed"] == 0
     assert all("the CUDA runtime (emulated)" in r["how"] for r in result["calls"])
+
+
+@pytest.mark.slow
+def test_device_mapped_form_and_the_report_at_exit(tmp_path):
+    """init_process_group("cpu:msc,cuda:msc") makes an msc group too, and
+    MSC_REPORT=1 prints the report once, on rank 0, at exit."""
+    plans = write_plans(tmp_path / "plans")
+    script = tmp_path / "mapped.py"
+    script.write_text("import torch, torch.distributed as dist, msc.torch\n"
+                      "dist.init_process_group('cpu:msc,cuda:msc')\n"
+                      "x = torch.ones(1000) * (dist.get_rank() + 1)\n"
+                      "dist.all_reduce(x)\n"
+                      f"open(r'{tmp_path}/rank%d' % dist.get_rank(), 'w').write("
+                      "f'{type(dist.group.WORLD).__name__} {x[0].item()}')\n"
+                      "dist.destroy_process_group()\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MSC_PLANS": str(plans), "MSC_REPORT": "1"}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           str(script)], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [(tmp_path / f"rank{r}").read_text() for r in range(2)] == ["MscProcessGroup 3.0"] * 2
+    assert done.stdout.count("msc backend: 1 calls served by msc plans, 0 passed through") == 1
+    assert "served: allreduce-ring-r0-n2.plan on the torch executor" in done.stdout
