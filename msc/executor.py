@@ -92,7 +92,9 @@ class Executor:
         check_plan(plan)
         self.plan = plan
         self.k = plan.chunk_factor
-        self.collective = get_collective(collective or plan.collective)
+        from msc.verification.plan import plan_collective
+
+        self.collective = plan_collective(plan, collective)
         self.layout = self.collective.layout(plan.num_ranks, plan.chunk_factor, plan.inplace, plan.root)
         self.capacity = plan.slots if slots is None else slots
         if type(self.capacity) is not int or self.capacity < 1:

@@ -15,7 +15,7 @@ import pytest
 import msc
 from msc.verification import reference
 from msc.cli import run as runner
-from msc.errors import UsageError
+from msc.errors import PlanError, UsageError
 from msc.executor import (ExecutionError, Executor, chunk_bounds, load_inputs, poison, read_outputs,
                           run_collective, run_plan)
 from msc.ir import Plan, RankPlan, Slice, Step, StepOp, Threadblock
@@ -265,10 +265,13 @@ def test_custom_collective_runs_and_avg_divides_by_its_contributions():
             p.chunk(0, "output", 0).copy(r, "output", 0)
 
     plan = lower(msc.trace(gather_then_spread, 3), collective=allsum)
-    with pytest.raises(UsageError, match="unknown collective"):
-        Executor(plan)
     ins = [np.array([-7, 1, 30], np.int64) * (r + 1) for r in range(3)]
     assert [x.tolist() for x in run_collective(plan, ins, "avg", collective=allsum)] == [[-14, 2, 60]] * 3
+    # the plan states its collective (msc.ir.Contract): no definition needed, the same result
+    assert plan.contract is not None
+    assert [x.tolist() for x in run_collective(plan, ins, "avg")] == [[-14, 2, 60]] * 3
+    with pytest.raises(PlanError, match="not built in, and does not state what it requires"):
+        Executor(replace(plan, contract=None))
 
 
 # -- reference ----------------------------------------------------------------------------------------

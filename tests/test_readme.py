@@ -141,3 +141,16 @@ def test_the_readme_nccl_block_runs_as_written(tmp_path):
     done = run_block("bash", found[0], tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "NCCL's algorithm, protocol and channels" in done.stdout and " LL " in done.stdout
+
+
+@pytest.mark.slow
+def test_the_custom_collective_section_runs_as_written(tmp_path):
+    """The example compiles, runs (max over int32, checked against the contract),
+    simulates, exports and verifies its XML; the plan's contract is the one shown."""
+    found = blocks("Your own collectives")
+    [code] = [body for lang, body in found if lang == "bash"]
+    [contract] = [body for lang, body in found if lang == "text"]
+    done = run_block("bash", code, tmp_path)
+    assert done.returncode == 0, f"failed:\n{code}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+    assert "Out of bounds values : 0 OK" in done.stdout and "outputs right" in done.stdout
+    assert contract in (tmp_path / "pairs.plan").read_text()

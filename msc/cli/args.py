@@ -135,3 +135,22 @@ def check_not_input(output, inputs, flag: str) -> None:
     for given in inputs:
         if given is not None and Path(given).is_file() and same_file(given, output):
             raise UsageError(f"{flag} {output} is the file being read ({given}); name another file")
+
+
+def add_collective_arg(parser) -> None:
+    """``--collective FILE.py:NAME`` for a command that reads plans: the
+    definition of a custom collective whose plan does not state it."""
+    parser.add_argument("--collective", metavar="FILE.py:NAME",
+                        help="a custom collective's definition (the CustomCollective NAME in FILE.py; NAME may be "
+                             "left out when the file defines one), for a plan that does not state its collective "
+                             "(MSCCL XML; plans msc writes state it)")
+
+
+def collective_kw(args) -> dict:
+    """``collective=`` for a plan loader, where --collective was given."""
+    spec = getattr(args, "collective", None)
+    if not spec:
+        return {}
+    from msc.dsl.loader import load_collective
+
+    return {"collective": load_collective(spec)}

@@ -24,7 +24,8 @@ import json
 import time
 from typing import Callable
 
-from msc.dsl.collectives import get_collective
+from msc.cli.args import add_collective_arg, collective_kw
+from msc.dsl.collectives import BUILTIN
 from msc.errors import UsageError
 from msc.ir.ops import REDUCE_OP_NAMES
 from msc.lower.runtimes import add_capacity_args, capacity_args
@@ -36,10 +37,10 @@ from msc.units import TYPES, format_size, format_table, parse_dtype, parse_size,
 OPS = REDUCE_OP_NAMES
 
 
-def _sim(plan):
+def _sim(plan, collective=None):
     from msc.executor import Executor, load_inputs, read_outputs
 
-    ex = Executor(plan)
+    ex = Executor(plan, collective=collective)
 
     def run(inputs, *, count, op):
         buffers, _ = load_inputs(ex, inputs, count)      # fresh: in-place runs overwrite their input
@@ -48,11 +49,11 @@ def _sim(plan):
     return run
 
 
-def _emu(plan):
+def _emu(plan, collective=None):
     from msc.cuda.bench import run_numpy
     from msc.cuda.runtime import Communicator
 
-    comm = Communicator(plan, "virtual", device="emu", dtypes=(), ops=())
+    comm = Communicator(plan, "virtual", device="emu", dtypes=(), ops=(), collective=collective)
 
     def run(inputs, *, count, op):
         return run_numpy(comm, inputs, count, op)
@@ -65,18 +66,19 @@ def _emu(plan):
     return run
 
 
-# Backend name -> factory(plan) -> run(inputs, *, count, op) -> outputs, on per-rank logical numpy arrays.
+# Backend name -> factory(plan, collective) -> run(inputs, *, count, op) -> outputs, on per-rank logical numpy arrays.
 BACKENDS: dict[str, Callable] = {"sim": _sim, "emu": _emu}
 BACKEND_HELP = {"sim": "the reference executor (numpy, one process)",
                 "emu": "the plan's CUDA kernel on the emulated device (host threads; no GPU needed)"}
 
 
 def sweep(plan, *, min_bytes, max_bytes, factor: int = 2, dtype="float", op: str = "sum", iters: int = 1,
-          seed: int = 0, backend: str = "sim") -> list[dict]:
+          seed: int = 0, backend: str = "sim", collective=None) -> list[dict]:
     """One record per size (JSON-ready dicts, see format_table)."""
     import numpy as np
 
     from msc.verification import reference
+    from msc.verification.plan import plan_collective
     from msc.executor import buffer_elements
 
     if op not in OPS:
@@ -86,16 +88,16 @@ def sweep(plan, *, min_bytes, max_bytes, factor: int = 2, dtype="float", op: str
     if backend not in BACKENDS:
         raise UsageError(f"unknown backend {backend!r} (available: {', '.join(BACKENDS)})")
     tname, dt = parse_dtype(dtype)
-    coll = get_collective(plan.collective)
-    if coll.name not in reference.COLLECTIVES:
-        raise UsageError(f"no reference results for collective {plan.collective!r}: msc run checks built-ins only")
+    coll = plan_collective(plan, collective)
+    builtin = coll.name in reference.COLLECTIVES and type(coll) is BUILTIN[coll.name]
     n, k = plan.num_ranks, plan.chunk_factor
     chunks_in, chunks_big = plan.input_chunks, max(plan.input_chunks, plan.output_chunks)
     _check_memory(plan, max(sizes(parse_size(min_bytes), parse_size(max_bytes), factor), default=0), dt.itemsize)
-    run = BACKENDS[backend](plan)
+    run = BACKENDS[backend](plan, collective)
     if hasattr(run, "prepare"):
         run.prepare(dt.name, op)
-    reducing = coll.name in reference.REDUCING
+    reducing = coll.name in reference.REDUCING if builtin else \
+        any(step.op.reduces for _, _, _, step in plan.steps())
     rng = np.random.default_rng(seed)
     records = []
     for requested in sizes(parse_size(min_bytes), parse_size(max_bytes), factor):
@@ -107,7 +109,8 @@ def sweep(plan, *, min_bytes, max_bytes, factor: int = 2, dtype="float", op: str
             start = time.perf_counter()
             outputs = run([x.copy() for x in inputs], count=count, op=op)
             seconds += time.perf_counter() - start
-        wrong = reference.check(coll.name, inputs, outputs, op=op, root=plan.root)
+        wrong = reference.check(coll.name, inputs, outputs, op=op, root=plan.root) if builtin else \
+            reference.check_stated(coll, inputs, outputs, k=k, count=count, op=op, root=plan.root)
         records.append({
             "size": size, "count": count, "type": tname, "redop": op if reducing else "none",
             "root": plan.root if coll.has_root else -1, "host_time": seconds / iters * 1e6,
@@ -162,13 +165,19 @@ def add_run_command(subparsers, load_plan: Callable) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the records as JSON")
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show Python tracebacks")
     add_capacity_args(p)
+    add_collective_arg(p)
 
     def cmd_run(args) -> int:
-        plan = load_plan(args.plan, **capacity_args(args))
-        if args.root is not None and get_collective(plan.collective).has_root and args.root != plan.root:
+        from msc.verification.plan import plan_collective
+
+        coll = collective_kw(args)
+        plan = load_plan(args.plan, **capacity_args(args), **coll)
+        if args.root is not None and plan_collective(plan, coll.get("collective")).has_root and \
+                args.root != plan.root:
             raise UsageError(f"the plan was built for root {plan.root}, not {args.root}; compile one for that root")
         records = sweep(plan, min_bytes=args.minbytes, max_bytes=args.maxbytes, factor=args.stepfactor,
-                        dtype=args.dtype, op=args.op, iters=args.iters, seed=args.seed, backend=args.backend)
+                        dtype=args.dtype, op=args.op, iters=args.iters, seed=args.seed, backend=args.backend,
+                        **coll)
         wrong = sum(r["wrong"] for r in records)
         if args.json:
             print(json.dumps({"plan": plan.name, "collective": plan.collective, "ranks": plan.num_ranks,

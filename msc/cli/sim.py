@@ -11,8 +11,8 @@ import json
 from typing import Callable
 
 from msc.errors import UsageError
-from msc.cli.args import (add_sweep_args, add_topology_args, check_not_input, param_value, split_param,
-                          topology_from_args)
+from msc.cli.args import (add_collective_arg, add_sweep_args, add_topology_args, check_not_input, collective_kw,
+                          param_value, split_param, topology_from_args)
 from msc.units import TYPES, size_arg
 from msc.lower.runtimes import add_capacity_args, capacity_args
 from msc.sim.tune import DEFAULT_INSTANCES, MAX_THREADBLOCKS
@@ -60,6 +60,7 @@ def add_simulate_command(subparsers, load_plan: Callable) -> argparse.ArgumentPa
     p.add_argument("-d", "--dtype", default="float", help=f"element type, for the count column ({', '.join(TYPES)})")
     p.add_argument("--tile", type=int, help="bytes per chunk and iteration (default: the plan's, else the protocol's)")
     add_capacity_args(p)       # --slots, --runtime: applied at load, so the plan is verified with them
+    add_collective_arg(p)
     p.add_argument("--engine", choices=("auto", "fast", "events"), default="auto",
                    help="auto: max-plus, event-driven where links are contended; fast: ignore contention")
     p.add_argument("--json", action="store_true", help="print the records as a JSON list")
@@ -112,7 +113,7 @@ def _simulate_plans(args, requested, load_plan):
 
     everything, series, topo = [], [], None
     for path in args.plans:
-        plan = load_plan(path, **capacity_args(args))
+        plan = load_plan(path, **capacity_args(args), **collective_kw(args))
         topo = topology_from_args(args, plan.num_ranks)
         records = Simulator(plan, topo, tile=args.tile, slots=simulated_slots(plan, path, args),
                             dtype=args.dtype).records(requested, engine=args.engine)
@@ -325,6 +326,7 @@ def add_show_command(subparsers, load_plan: Callable) -> argparse.ArgumentParser
     p = subparsers.add_parser("show", help="draw a plan's schedule, or its simulated timeline on a topology")
     p.add_argument("plan", help="plan file")
     p.add_argument("--png", required=True, metavar="FILE", help="the picture to write")
+    add_collective_arg(p)
     add_topology_args(p)
     p.add_argument("--size", type=size_arg, help="message size for the timeline (bytes; K, M, G; default 1M)")
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show Python tracebacks")
@@ -333,7 +335,7 @@ def add_show_command(subparsers, load_plan: Callable) -> argparse.ArgumentParser
         from msc.cli.pictures import draw_schedule, draw_timeline
 
         check_not_input(args.png, [args.plan, args.topology], "--png")
-        plan = load_plan(args.plan)
+        plan = load_plan(args.plan, **collective_kw(args))
         timed = args.topology is not None or args.alpha_us is not None or args.bandwidth_gbps is not None
         if args.size is not None and not timed:
             raise UsageError("--size draws a simulated timeline: give --topology (or --alpha-us and --bandwidth-gbps)")

@@ -186,7 +186,7 @@ def bench(plan, *, min_bytes, max_bytes, factor: int = 2, iters: int = 20, warmu
     from msc.cuda.backend import choose
     from msc.cuda.runtime import Communicator
     from msc.cuda.validate import check_op
-    from msc.dsl.collectives import get_collective
+    from msc.verification.plan import plan_collective
     from msc.units import TYPES, parse_dtype, parse_size, sizes
 
     runtime = choose(backend)
@@ -203,7 +203,7 @@ def bench(plan, *, min_bytes, max_bytes, factor: int = 2, iters: int = 20, warmu
     kernel_dtype = TYPES[tname]
     comm = Communicator(plan, "virtual", None if host else dev, device=runtime.name, timeout_s=timeout_s,
                         dtypes=(kernel_dtype,), ops=(check_op(plan, op, kernel_dtype),))
-    run = _Run(comm, plan, get_collective(plan.collective), tname, dt, _torch_dtype(tname), op, check, seed, iters,
+    run = _Run(comm, plan, plan_collective(plan), tname, dt, _torch_dtype(tname), op, check, seed, iters,
                warmup, graphs, host, "cpu" if host else dev, baselines, np.random.default_rng(seed))
     try:
         records = [_record(run, requested) for requested in sizes(parse_size(min_bytes), parse_size(max_bytes),
@@ -389,11 +389,11 @@ def run_once(comm, ins: list, outs: list, count: int, op: str) -> list:
     arrays or tensors, as the device takes them; ``ins`` may be overwritten), in the form the plan
     runs: in place, the input in its unit of the output (allgather) or the output over the input.
     Returns the logical outputs (not synchronized)."""
-    from msc.dsl.collectives import get_collective
+    from msc.verification.plan import plan_collective
 
     plan = comm.plan
     n, k = plan.num_ranks, plan.chunk_factor
-    coll = get_collective(plan.collective)
+    coll = plan_collective(plan)
     if not plan.inplace:
         return comm.run(ins, outs, op)
     alias, target, _ = coll.inplace_alias(0, n, k)
@@ -418,11 +418,11 @@ def check_on_device(comm, count: int, op: str, tdtype, where, seed: int = 0) -> 
     import torch
 
     from msc.cuda.validate import units
-    from msc.dsl.collectives import get_collective
+    from msc.verification.plan import plan_collective
 
     plan = comm.plan
     n = plan.num_ranks
-    coll = get_collective(plan.collective)
+    coll = plan_collective(plan)
     if op not in EXACT_OPS:
         raise UsageError(f"an on-device check needs an op exact in any order ({', '.join(EXACT_OPS)}), not {op!r}")
     if n * 8 >= 256:

@@ -119,6 +119,8 @@ def collective_digest(plan: Plan, collective=None) -> str:
     from msc.dsl.collectives import Collective
 
     if not isinstance(collective, Collective):
+        if collective is None and plan.contract is not None:      # stated by the plan itself
+            return "contract:" + hashlib.sha256(repr(plan.contract).encode()).hexdigest()
         return f"builtin:{collective or plan.collective}"
     n, k, root = plan.num_ranks, plan.chunk_factor, plan.root
     h = hashlib.sha256(f"{type(collective).__qualname__}:{collective.name}".encode())

@@ -247,11 +247,12 @@ class Communicator:
         if isinstance(plan, (str, Path)):
             from msc.formats.load import load_plan
 
-            plan = load_plan(plan)
+            plan = load_plan(plan, collective=collective)
         units(plan)
         self.backend = backend
         self._timeout_ns = cu.timeout_ns(timeout_s)
         self.plan, self.placement, self.timeout_s, self.group = plan, placement, float(timeout_s), group
+        self.collective = collective
         self.kplan = runtime_plan(plan)
         self.slots = self.kplan.slots
         self.layout = kernel_layout(self.kplan, choose_form(self.kplan, form))
@@ -514,16 +515,17 @@ class Communicator:
     def _logical_outputs(self, ins, outs, count: int) -> list:
         if not self.plan.inplace:
             return outs
-        from msc.dsl.collectives import get_collective
+        from msc.verification.plan import plan_collective
 
         n, k = self.plan.num_ranks, self.plan.chunk_factor
-        alias, target, _ = get_collective(self.plan.collective).inplace_alias(0, n, k)
+        coll = plan_collective(self.plan, self.collective)
+        alias, target, _ = coll.inplace_alias(0, n, k)
         if target == "output":
             return outs
         _, out_units = units(self.plan)
         views = []
         for i, r in enumerate(self.ranks_here):
-            off = get_collective(self.plan.collective).inplace_alias(r, n, k)[2] // k
+            off = coll.inplace_alias(r, n, k)[2] // k
             t = ins[i]
             views.append(t if self.backend.describe(t).numel == out_units * count and off == 0
                          else t.reshape(-1)[off * count:(off + out_units) * count])

@@ -71,11 +71,21 @@ def check_op(plan: Plan, op: str, dtype: str | None = None) -> str:
     """The kernel op for ``op`` on this plan's collective."""
     if op not in OPS:
         raise UsageError(f"unknown reduction {op!r} (the CUDA kernels do {', '.join(OPS)})")
-    if plan.collective not in REDUCING:
+    if not _reduces(plan):
         return "sum"                                # no reduction happens: one kernel serves every op
     if REDUCE_OPS[op].average and dtype is not None and not DTYPES[dtype].floating:
         raise UsageError(f"{op} on the CUDA runtime needs a floating type (it scales inputs by 1/n), not {dtype}")
     return op
+
+
+def _reduces(plan: Plan) -> bool:
+    """Whether the plan combines values: a reducing built-in, or a custom
+    collective's plan with a reducing step."""
+    if plan.collective in REDUCING:
+        return True
+    if plan.contract is None:
+        return False
+    return any(step.op.reduces for _, _, _, step in plan.steps())
 
 
 def check_collective(plan: Plan, wanted: str) -> None:
@@ -115,7 +125,9 @@ def check_call(plan: Plan, inputs, outputs, *, op: str, ranks: tuple[int, ...], 
     """Check a call (see the module doc); ``inputs``/``outputs``: a
     TensorDesc per rank of ``ranks`` (or None), ``devices``: each rank's
     expected device ("cuda:3")."""
-    coll = get_collective(collective or plan.collective)
+    from msc.verification.plan import plan_collective
+
+    coll = plan_collective(plan, collective)
     n, k = plan.num_ranks, plan.chunk_factor
     in_units, out_units = units(plan)
     ins, outs = _list(inputs, "inputs", ranks), _list(outputs, "outputs", ranks)

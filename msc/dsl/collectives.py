@@ -319,6 +319,42 @@ class CustomCollective(Collective):
         return found
 
 
+class StatedCollective(CustomCollective):
+    """A custom collective read back from a plan's Contract (msc.ir): the
+    tables hold its pre- and postcondition for that plan's rank count and
+    chunk factor only, and asking for another is a UsageError."""
+
+    def __init__(self, name: str, n: int, k: int, input_chunks: int, output_chunks: int, contract):
+        self.n, self.k, self.contract = n, k, contract
+        pre = None if contract.pre is None else (lambda r, i, n_, k_: self._at(n_, k_) or contract.pre[r][i])
+        super().__init__(name, input_chunks=self._sized(input_chunks), output_chunks=self._sized(output_chunks),
+                         postcondition=lambda r, i, n_, k_: self._at(n_, k_) or contract.post[r][i],
+                         precondition=pre)
+
+    def _sized(self, chunks: int):
+        return lambda n, k: self._at(n, k) or chunks
+
+    def _at(self, n: int, k: int) -> None:
+        if (n, k) != (self.n, self.k):
+            raise UsageError(f"collective {self.name!r} is known from a plan for {self.n} ranks and chunk factor "
+                             f"{self.k} only, not {n} ranks and chunk factor {k}: pass its CustomCollective "
+                             f"definition (--collective FILE.py:NAME)")
+
+
+def contract_of(collective: Collective, n: int, k: int, root: int = 0):
+    """``collective``'s requirements at ``n`` ranks and chunk factor ``k`` as
+    an msc.ir.Contract (what a plan of a custom collective carries)."""
+    from msc.ir import Contract
+
+    post = tuple(tuple(None if e is None else tuple(sorted(lab for lab, c in e.counts.items() for _ in range(c)))
+                       for e in collective.postconditions(r, n, k, root)) for r in range(n))
+    pre = None
+    if not collective.labels_are_positions:
+        pre = tuple(tuple(collective.precondition(r, i, n, k, root) for i in range(collective.input_chunks(n, k)))
+                    for r in range(n))
+    return Contract(post=post, pre=pre)
+
+
 def _as_label(value, context: str) -> Label:
     try:
         rank, index = value

@@ -106,6 +106,33 @@ def load_algorithms(path: str | Path) -> list[Algorithm]:
     return found
 
 
+def load_collective(spec: str):
+    """The Collective ``FILE.py:NAME`` names (the variable NAME of the file,
+    or of a library algorithm file), or the file's only Collective object
+    when ``:NAME`` is left out; a built-in's name is that built-in."""
+    from msc.dsl.collectives import BUILTIN, Collective, get_collective
+
+    if spec.lower().replace("_", "").replace("-", "") in BUILTIN:
+        return get_collective(spec)
+    path, sep, name = spec.rpartition(":") if ":" in spec else (spec, "", "")
+    if not sep or not path:
+        path, name = spec, ""
+    p = resolve(path)
+    digest = hashlib.sha1(str(p.resolve()).encode()).hexdigest()[:12]
+    module = _import_file(p, f"_msc_algorithms_{p.stem}_{digest}")
+    found = {k: v for k, v in vars(module).items() if isinstance(v, Collective)}
+    if name:
+        if name not in found:
+            raise UsageError(f"{p} has no collective named {name!r} (it defines: "
+                             f"{', '.join(sorted(found)) or 'none'})")
+        return found[name]
+    distinct = {id(v): v for v in found.values()}
+    if len(distinct) != 1:
+        raise UsageError(f"{p} defines {len(distinct)} collectives ({', '.join(sorted(found)) or 'none'}): "
+                         f"name one, --collective {path}:NAME")
+    return next(iter(distinct.values()))
+
+
 def is_msccl_script(path: str | Path) -> bool:
     """Whether a file uses the MSCCLang compatibility layer (it then runs as
     a script and its programs are collected as it defines them)."""

@@ -4,6 +4,7 @@ both readers and the verifier, so neither reader needs the other."""
 from __future__ import annotations
 
 import re
+import warnings
 from dataclasses import replace
 from pathlib import Path
 
@@ -51,6 +52,7 @@ def read_plan_file(path: str | Path, *, verify: bool = True, collective=None, sl
         plan = xml_to_plan(data, path=str(path), slots=slots, runtime=runtime)   # bytes: expat reads the encoding
     else:
         plan = parse_plan(decode_utf8(data, str(path)), path=str(path))
+    plan = stating(plan, collective)
     if rt is not None:
         slots = rt.connection_slots(plan.protocol)
     if slots is not None and slots != plan.slots:
@@ -58,9 +60,66 @@ def read_plan_file(path: str | Path, *, verify: bool = True, collective=None, sl
     # what the text means depends on the capacity it is read with, where the text does not fix it
     key = reader if reader == "plan" and slots is None else f"{reader} slots {plan.slots}"
     if verify and not verified_texts.known(data, key, plan.collective, collective):
+        if states_nothing(plan):
+            verify_at_capacity(plan, collective=structural(plan))        # no results to check them against
+            warnings.warn(f"{path}: {UNCHECKED}", UncheckedWarning, stacklevel=2)
+            return plan, data, reader
         verify_at_capacity(plan, collective=collective)
         verified_texts.remember(data, key, plan.collective, collective)
     return plan, data, reader
+
+
+class UncheckedWarning(UserWarning):
+    """A plan of a custom collective that does not state it: verified for
+    deadlock, races and limits only."""
+
+
+UNCHECKED = ("the plan's collective is custom and not stated in the file (MSCCL XML not written by msc): checked "
+             "for deadlock, races and limits only, not its results; give its definition with --collective "
+             "FILE.py:NAME to check them")
+
+
+def states_nothing(plan: Plan) -> bool:
+    """Whether nothing says what ``plan`` must compute: a collective that is
+    not built in, with no contract (a definition given to the reader attaches one)."""
+    from msc.dsl.collectives import BUILTIN
+
+    return plan.contract is None and plan.collective.lower().replace("_", "").replace("-", "") not in BUILTIN
+
+
+def structural(plan: Plan):
+    """A collective of the plan's shape that accepts any result: verifying
+    against it checks deadlock, races and limits only."""
+    from msc.dsl.collectives import StatedCollective
+    from msc.ir import Contract
+
+    anything = Contract(post=tuple((None,) * plan.output_chunks for _ in range(plan.num_ranks)))
+    return StatedCollective(plan.collective, plan.num_ranks, plan.chunk_factor, plan.input_chunks,
+                            plan.output_chunks, anything)
+
+
+def stating(plan: Plan, collective) -> Plan:
+    """``plan`` carrying ``collective``'s requirements (msc.ir.Contract) when
+    ``collective`` is a custom one given for a plan that states none; for
+    MSCCL XML, which records no chunk factor for custom collectives, the
+    chunk factor at which the definition has the plan's buffer sizes."""
+    from msc.dsl.collectives import BUILTIN, Collective, contract_of
+
+    if not isinstance(collective, Collective) or type(collective) is BUILTIN.get(collective.name):
+        return plan
+    if plan.contract is not None:
+        return plan
+    n = plan.num_ranks
+    sizes = (plan.input_chunks, plan.output_chunks)
+    if (collective.input_chunks(n, plan.chunk_factor), collective.output_chunks(n, plan.chunk_factor)) != sizes:
+        fits = [k for k in range(1, max(sizes) + 1)
+                if (collective.input_chunks(n, k), collective.output_chunks(n, k)) == sizes]
+        if not fits:
+            raise UsageError(f"collective {collective.name!r} has no chunk factor at which its buffers are the "
+                             f"plan's ({plan.input_chunks} input and {plan.output_chunks} output chunks at {n} ranks)")
+        plan = replace(plan, chunk_factor=fits[0])
+    return replace(plan, collective=collective.name,
+                   contract=contract_of(collective, n, plan.chunk_factor, plan.root))
 
 
 def _reader(path: Path, data: bytes) -> str:

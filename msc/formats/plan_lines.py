@@ -19,7 +19,8 @@ from __future__ import annotations
 import json
 import re
 
-from msc.errors import SourceLine
+from msc.errors import PlanError, SourceLine
+from msc.formats.contract_text import build_contract
 from msc.ir import Plan, RankPlan, Slice, Step, StepOp, Threadblock
 
 _WS = r"[ \t\f\r]"                        # what lark's WS skips within a line
@@ -46,6 +47,8 @@ STEP = re.compile(
     rf"(?:{_WS}+@{_WS}*({_STRING}){_WS}*:{_WS}*({_INT}))?{_END}")
 SLICE_PARTS = re.compile(rf"(input|output|scratch){_WS}*\[{_WS}*({_INT}){_WS}*(?::{_WS}*({_INT}){_WS}*)?\]")
 BLANK = re.compile(_END)
+CONTRACT = re.compile(rf"{_WS}*contract{_END}")
+CONTRACT_ROW = re.compile(rf"{_WS}*(post|pre){_WS}+({_INT}){_WS}*:((?:{_WS}+(?:\*|-|[0-9]+\.[0-9]+(?:\+[0-9]+\.[0-9]+)*))*){_END}")
 OPS = {op.value: op for op in StepOp}
 
 
@@ -83,9 +86,34 @@ class _Reader:
         body = text[head.end():].split("\n")
         if not BLANK.match(body[0]):
             raise _Fallback
+        contract, used = self.contract(body, first_line)
+        if used:
+            body, first_line = body[used:], first_line + used
         ranks = self.ranks(body, first_line)
         return Plan(name, h[2], int(h[3]), int(h[4]), h[7] == "true", int(h[5]), int(h[6]), ranks,
-                    int(h[8]), h[9], int(h[10]), int(h[11]), int(h[12]))
+                    int(h[8]), h[9], int(h[10]), int(h[11]), int(h[12]), contract)
+
+    def contract(self, body: list[str], first_line: int):
+        """(the Contract, lines of ``body`` it took, up to the last before the
+        first rank) where a contract follows the header; (None, 0) otherwise."""
+        at = 1
+        while at < len(body) and BLANK.match(body[at]):
+            at += 1
+        if at >= len(body) or CONTRACT.match(body[at]) is None:
+            return None, 0
+        rows, at = [], at + 1
+        while at < len(body) and RANK.match(body[at]) is None:
+            m = CONTRACT_ROW.match(body[at])
+            if m is None:
+                if not BLANK.match(body[at]):
+                    raise _Fallback
+            else:
+                rows.append((m[1], int(m[2]), m[3].split(), first_line + at))
+            at += 1
+        try:
+            return build_contract(rows), at - 1
+        except PlanError:                # the grammar's reader says it, with the file's name
+            raise _Fallback from None
 
     def ranks(self, body: list[str], first_line: int) -> tuple[RankPlan, ...]:
         """The ranks from the text after the header, split into lines:

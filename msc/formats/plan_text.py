@@ -20,6 +20,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from msc.errors import PlanError, SourceLine
+from msc.formats.contract_text import build_contract, contract_lines
 from msc.formats.files import write_output
 from msc.verification import cache as verified_texts
 from msc.ir import Plan, RankPlan, Slice, Step, StepOp, Threadblock
@@ -53,6 +54,9 @@ def dump_plan(plan: Plan) -> str:
         f"inplace {'true' if plan.inplace else 'false'} root {plan.root}",
         f"protocol {plan.protocol} instances {plan.instances} slots {plan.slots} tile {plan.tile}",
     ]
+    if plan.contract is not None:
+        out.append("")
+        out += contract_lines(plan.contract)
     for rp in plan.ranks:
         out.append("")
         out.append(f"rank {rp.rank} scratch {rp.scratch}")
@@ -198,6 +202,10 @@ def _int(tok, what, low=None, path=None) -> int:
 
 def _build(tree, lines, path) -> Plan:
     header, *sections = tree.children
+    contract = None
+    if sections and sections[0].data == "contract":
+        contract = build_contract([_contract_row(row, path) for row in sections[0].children], path)
+        sections = sections[1:]
     h = header.children
     version = _number(h[0], path)
     if version != FORMAT_VERSION:
@@ -233,7 +241,15 @@ def _build(tree, lines, path) -> Plan:
                                      _int(ch_tok, "channel", 0, path), tuple(parsed)))
         ranks.append(RankPlan(rank, _int(scratch_tok, "scratch", 0, path), tuple(built)))
     return Plan(name, collective, num_ranks, chunk_factor, inplace, input_chunks, output_chunks, tuple(ranks),
-                root, protocol, instances, slots, tile)
+                root, protocol, instances, slots, tile, contract)
+
+
+def _contract_row(row, path) -> tuple[str, int, list[str], int]:
+    """A contract row of the parse tree as build_contract takes it."""
+    rank_tok, *items = row.children
+    kind = "post" if row.data == "post_row" else "pre"
+    return kind, _int(rank_tok, f"contract {kind} rank", 0, path), ["+".join(map(str, it.children)) for it in items], \
+        rank_tok.line
 
 
 def _peer_value(tree, path=None) -> int | None:

@@ -51,6 +51,7 @@ import xml.etree.ElementTree as ET
 from typing import NamedTuple
 
 from msc.dsl.collectives import get_collective
+from msc.formats.contract_text import contract_lines
 from msc.errors import MscError, PlanError, RuntimeLimitError, UsageError
 from msc.ir import Plan, RankPlan, Slice, Step, StepOp
 from msc.ir.limits import MAX_BYTES, check
@@ -118,6 +119,10 @@ def plan_to_xml(plan: Plan, *, runtime: str = "msccl", min_bytes: int = 0, max_b
         attrs["msc_tile"] = str(plan.tile)
     if plan.instances != 1:
         attrs["msc_instances"] = str(plan.instances)
+    if coll == "custom" and plan.contract is not None:     # what the custom collective requires, for msc's reader
+        attrs["msc_collective"] = plan.collective
+        attrs["msc_chunk_factor"] = str(plan.chunk_factor)
+        attrs["msc_contract"] = "; ".join(line.strip() for line in contract_lines(plan.contract)[1:])
     algo = ET.Element("algo", attrs)
     for rp, tb_steps, flags in zip(plan.ranks, ranks, flagged):
         sizes = buffer_sizes(plan, rp.rank)

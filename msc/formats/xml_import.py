@@ -52,6 +52,7 @@ from msc.errors import MscError, PlanError
 from msc.ir import Plan, RankPlan, Slice, Step, StepOp, Threadblock
 from msc.ir.ops import PROTOCOL_NAMES
 from msc.verification.plan_values import check_plan
+from msc.formats.contract_text import build_contract
 from msc.formats.plan_text import clipped, shown
 from msc.lower.runtimes import CapacityWarning, xml_capacity
 
@@ -274,12 +275,34 @@ class _Reader:
         if layout is not None and inplace:
             self.alias = layout.alias
         ranks = tuple(self.rank(by_id[r], r, n, nchannels, sizes) for r in range(n))
+        if collective == "custom" and algo.get("msc_contract") is not None:     # msc wrote what it requires
+            collective, k, extra["contract"] = self.contract(algo, sizes)
         plan = Plan(name, collective, n, k, inplace, sizes["input"], sizes["output"], ranks, **extra)
         try:
             check_plan(plan)
         except PlanError as exc:
             raise self.located(exc, by_id) from None
         return plan
+
+    def contract(self, algo, sizes) -> tuple:
+        """(collective name, chunk factor, Contract) from msc's attributes of a custom collective."""
+        name = self.text(algo, "msc_collective")
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) or name.lower() == "custom":
+            raise self.error(algo, f"<algo> msc_collective={name!r:.40} is not a collective name")
+        k = self.int(algo, "msc_chunk_factor", 1, max(1, sizes["input"], sizes["output"]))
+        rows = []
+        for row in algo.get("msc_contract").split(";"):
+            if not row.strip():
+                continue
+            m = re.fullmatch(r"\s*(post|pre)\s+([0-9]{1,9})\s*:(.*)", row, flags=re.S)
+            if m is None:
+                raise self.error(algo, f"<algo> msc_contract: {row.strip()[:40]!r} is not a row 'post R: ...' or "
+                                       f"'pre R: ...'")
+            rows.append((m[1], int(m[2]), m[3].split(), self.lines.get(algo)))
+        try:
+            return name, k, build_contract(rows)
+        except PlanError as exc:          # its message without a place: the <algo> element's
+            raise self.error(algo, f"<algo> msc_contract: {str(exc).removeprefix('<plan>: ')}") from None
 
     def capacity(self, protocol: str, runtime: str | None) -> int:
         """Slots for XML that records none: the runtimes' (a warning where

@@ -191,6 +191,24 @@ class RankPlan:
 
 
 @dataclass(frozen=True)
+class Contract:
+    """What a collective that is not built in requires, as data, for one
+    plan's rank count and chunk factor (msc.dsl.collectives.CustomCollective
+    tabulated): a plan carries it so that every reader can verify and run
+    the plan with no definition at hand.
+
+    ``post[r][i]``: the labels ``(origin_rank, origin_index)`` output chunk
+    i of rank r must hold, sorted (a label twice: reduced in twice), or None
+    for "anything". ``pre[r][i]``: the label input chunk i of rank r starts
+    with, or None for "starts empty"; ``pre`` None: every input chunk starts
+    as its own position, (r, i).
+    """
+
+    post: tuple[tuple[tuple[tuple[int, int], ...] | None, ...], ...]
+    pre: tuple[tuple[tuple[int, int] | None, ...], ...] | None = None
+
+
+@dataclass(frozen=True)
 class Plan:
     """A lowered schedule for every rank.
 
@@ -216,6 +234,7 @@ class Plan:
     instances: int = 1
     slots: int = 1
     tile: int = 0
+    contract: Contract | None = None      # a custom collective's requirements (None: built in)
 
     @property
     def scratch_chunks(self) -> int:

@@ -33,6 +33,7 @@ from msc.lower.bulk import bulk_plans, fits
 from msc.lower.dag import allocate_scratch, build_dag, compact_scratch, replicate
 from msc.errors import DeadlockError, LoweringError, RuntimeLimitError, UsageError
 from msc.lower.fusion import drop_dead_stores, forwarding_pairs, fuse_forwarding, fuse_local
+from msc.dsl.collectives import BUILTIN, contract_of
 from msc.ir import Plan
 from msc.ir.limits import MAX_CHUNK_MOVES, MAX_INSTANCES, MAX_TILE_BYTES, MAX_TOTAL_CHUNKS, check
 from msc.ir.ops import DEFAULT_PROTOCOL, PROTOCOL_NAMES
@@ -119,9 +120,17 @@ def lower(program, options: LowerOptions = LowerOptions(), *, collective=None, b
                 continue
             verified = verified_with_fewest_slots(plan, collective)
             if verified is not None and verified.slots <= room:
-                return verified
+                return _stating(verified, collective)
             tried.append((priority, None if verified is None else verified.slots))
     raise _no_fit(outcomes, target, room, options.protocol)
+
+
+def _stating(plan: Plan, collective) -> Plan:
+    """A plan of a custom collective carries its requirements (msc.ir.Contract),
+    so that any reader can verify and run it without the definition."""
+    if collective.name in BUILTIN and type(collective) is BUILTIN[collective.name]:
+        return plan
+    return replace(plan, contract=contract_of(collective, plan.num_ranks, plan.chunk_factor, plan.root))
 
 
 def _check_totals(plan: Plan, count_moves: bool) -> None:

@@ -27,8 +27,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from msc.dsl.collectives import get_collective
-from msc.errors import UsageError
+from msc.errors import MscError, UsageError
 from msc.ir import Plan
+from msc.verification.plan import plan_collective
 from msc.ir.limits import MAX_TILES
 from msc.lower.runtimes import runtime_slots
 from msc.units import BUSBW_FACTOR, parse_dtype
@@ -285,8 +286,8 @@ class Simulator:
         so #wrong is 0) plus ``iterations``, ``engine`` and ``contended``."""
         plan = self.plan
         try:
-            has_root = get_collective(plan.collective).has_root
-        except UsageError:                 # a custom collective: no nccl-tests bus factor, busbw = algbw
+            has_root = plan_collective(plan).has_root
+        except MscError:                 # a custom collective: no nccl-tests bus factor, busbw = algbw
             has_root = False
         factor = BUSBW_FACTOR.get(plan.collective, lambda n: 1.0)(plan.num_ranks)
         out = []

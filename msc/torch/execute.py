@@ -48,7 +48,9 @@ class Prepared:
 
     def __init__(self, plan: Plan, collective=None):
         self.plan = plan
-        self.collective = get_collective(collective or plan.collective)
+        from msc.verification.plan import plan_collective
+
+        self.collective = plan_collective(plan, collective)
         self.layout = self.collective.layout(plan.num_ranks, plan.chunk_factor, plan.inplace, plan.root)
         self.rounds = schedule(plan)          # checks the plan's values and that it cannot get stuck
         self._programs: OrderedDict[tuple[int, int, str], Program] = OrderedDict()

@@ -24,6 +24,7 @@ from __future__ import annotations
 import bisect
 import time
 from dataclasses import dataclass
+from functools import lru_cache
 
 from msc.verification import plan_fast
 from msc.dsl.collectives import Collective, get_collective
@@ -46,11 +47,13 @@ class PlanReport:
     connections: int
     slots: int
     seconds: float
+    results_checked: bool = True      # False: a custom collective nothing states, checked structurally
 
     def to_dict(self) -> dict:
         return {"plan": self.name, "collective": self.collective, "ranks": self.num_ranks,
                 "threadblocks": self.threadblocks, "steps": self.steps, "connections": self.connections,
-                "slots": self.slots, "seconds": round(self.seconds, 6), "verified": True}
+                "slots": self.slots, "seconds": round(self.seconds, 6), "verified": True,
+                "results_checked": self.results_checked}
 
 
 @pause_gc
@@ -70,13 +73,33 @@ def _may_race(plan: Plan) -> bool:
     return any(len(rp.threadblocks) > 1 for rp in plan.ranks)
 
 
-def plan_collective(plan: Plan) -> Collective:
-    """The built-in collective a plan names (a custom one must be passed in)."""
+def plan_collective(plan: Plan, collective: Collective | str | None = None) -> Collective:
+    """The collective a plan is checked against: ``collective`` where given
+    (a Collective, or a built-in's name), else the built-in the plan names,
+    else the custom collective its contract states (msc.ir.Contract)."""
+    if collective is not None:
+        return get_collective(collective)
     try:
         return get_collective(plan.collective)
     except UsageError:
-        raise PlanError(f"the plan is for collective {plan.collective!r}, which is not built in: verify it from "
-                        f"Python with verify_plan(plan, collective=...) and the CustomCollective it was made for") from None
+        if plan.contract is not None:
+            return stated_collective(plan)
+        raise PlanError(f"the plan is for collective {plan.collective!r}, which is not built in, and does not state "
+                        f"what it requires: pass its definition (--collective FILE.py:NAME, or collective= the "
+                        f"CustomCollective it was made for, from Python)") from None
+
+
+def stated_collective(plan: Plan) -> Collective:
+    """The custom collective ``plan.contract`` states, for the plan's rank count and chunk factor."""
+    return _stated(plan.collective, plan.num_ranks, plan.chunk_factor, plan.input_chunks, plan.output_chunks,
+                   plan.contract)
+
+
+@lru_cache(maxsize=16)      # one per plan read: its expectations are built once
+def _stated(name: str, n: int, k: int, input_chunks: int, output_chunks: int, contract) -> Collective:
+    from msc.dsl.collectives import StatedCollective
+
+    return StatedCollective(name, n, k, input_chunks, output_chunks, contract)
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,14 @@ def check_plan(plan: Plan) -> None:
             raise PlanError(f"{name} must be an int >= {low}, got {value!r}")
         if value > high:
             raise PlanError(f"{name} is {value}, over msc's limit of {high}")
+    if plan.contract is not None:
+        from msc.dsl.collectives import BUILTIN
+        from msc.formats.contract_text import check_contract
+
+        if plan.collective.lower().replace("_", "").replace("-", "") in BUILTIN:
+            raise PlanError(f"a plan of the built-in collective {plan.collective} carries a contract: only a custom "
+                            f"collective's plan states its requirements")
+        check_contract(plan.contract, n, plan.input_chunks, plan.output_chunks)
     try:
         layout = get_collective(plan.collective).layout(n, plan.chunk_factor, plan.inplace, plan.root)
         if (layout.logical_sizes["input"], layout.logical_sizes["output"]) != (plan.input_chunks, plan.output_chunks):

@@ -174,3 +174,65 @@ def check(collective: str, inputs: list[np.ndarray], outputs: list[np.ndarray | 
     rtol = tolerance(dtype, len(inputs), op, collective)
     scale = _scales(collective, inputs, op, root) if rtol else None
     return count_wrong(outputs, expected, rtol=rtol, scale=scale)
+
+
+def check_stated(collective, inputs: list[np.ndarray], outputs: list[np.ndarray | None], *, k: int, count: int,
+                 op: str = "sum", root: int = 0) -> list[int]:
+    """Wrong elements per rank for any collective, custom ones included,
+    straight from its pre- and postcondition: output chunk i of rank r must
+    equal ``op`` over the input chunks its labels name (a label twice: taken
+    twice; one label: copied, exact); chunks that may hold anything are not
+    checked. Floats within the tolerance of a sum of that many terms."""
+    n = len(inputs)
+    xs = [np.asarray(x) for x in inputs]
+    source = _label_sources(collective, xs, n, k, count, root)
+    expected, scales, terms = [], [], 1
+    for r in range(n):
+        out = None if outputs[r] is None else np.asarray(outputs[r])
+        want = np.array(out if out is not None else np.zeros(0, xs[0].dtype), copy=True)
+        scale = np.zeros(want.shape, np.float64)
+        posts = collective.postconditions(r, n, k, root)
+        if out is None and any(e is not None for e in posts):
+            expected.append(np.zeros(0, xs[0].dtype))          # an output is required: all of it is wrong
+            scales.append(None)
+            continue
+        for i, e in enumerate(posts):
+            if e is None:
+                continue
+            lo, hi = chunk_bounds(i, count, k)
+            parts = [source[label] for label, times in e.counts.items() for _ in range(times)]
+            if not parts:
+                raise UsageError(f"{collective.name}: output {i} of rank {r} must hold nothing; msc run cannot "
+                                 f"check a value for it")
+            if any(p.size != hi - lo for p in parts):
+                raise UsageError(f"{collective.name}: output {i} of rank {r} is {hi - lo} elements at count {count}, "
+                                 f"its inputs differ in length: pick a count divisible by the chunk factor {k}")
+            want[lo:hi] = parts[0] if len(parts) == 1 else reduce_ranks(np.stack(parts), op)
+            scale[lo:hi] = np.abs(np.stack(parts).astype(np.float64)).sum(axis=0) / (len(parts) if op == "avg" else 1)
+            terms = max(terms, len(parts))
+        expected.append(want if out is not None else None)
+        scales.append(scale)
+    dtype = xs[0].dtype
+    reduces = terms > 1
+    rtol = 0.0 if not reduces or (op in OPS and REDUCE_OPS[op].exact) or _is_int(dtype) else \
+        (terms + 2) * UNIT_ROUNDOFF[np.dtype(dtype)] * (2 if dtype == np.float64 else 1)
+    return count_wrong(outputs, expected, rtol=rtol, scale=None if op == "prod" or not rtol else scales)
+
+
+def _label_sources(collective, xs, n: int, k: int, count: int, root: int) -> dict:
+    """label -> the elements of the input chunk that starts with it."""
+    chunks = collective.input_chunks(n, k)
+    source = {}
+    for r in range(n):
+        for i in range(chunks):
+            label = collective.precondition(r, i, n, k, root)
+            if label is not None:
+                lo, hi = chunk_bounds(i, count, k)
+                source[label] = xs[r][lo:hi]
+    return source
+
+
+def chunk_bounds(index: int, count: int, k: int) -> tuple[int, int]:
+    from msc.executor import chunk_bounds as bounds
+
+    return bounds(index, count, k)
