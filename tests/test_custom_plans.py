@@ -110,6 +110,9 @@ def test_every_command_takes_the_plan_with_no_definition(plans, name):
 def test_the_emulated_device_runs_a_custom_plan(plans):
     out = ok(cli("run", "neighbours.plan", "--backend", "emu", "-e", "4K", cwd=plans))
     assert "Out of bounds values : 0 OK" in out
+    # a custom plan that reduces gets the kernel of the op asked for (max), not sum's
+    out = ok(cli("run", "neighbours.plan", "--backend", "emu", "-e", "4K", "-o", "max", "-d", "int32", cwd=plans))
+    assert "Out of bounds values : 0 OK" in out
 
 
 def _plain(folder: Path, name: str) -> Path:
