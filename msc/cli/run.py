@@ -26,6 +26,7 @@ from typing import Callable
 
 from msc.dsl.collectives import get_collective
 from msc.errors import UsageError
+from msc.cli.args import refuse_inapplicable
 from msc.ir.ops import REDUCE_OP_NAMES
 from msc.lower.runtimes import add_capacity_args, capacity_args
 from msc.units import TYPES, format_size, format_table, parse_dtype, parse_size, size_arg, sizes
@@ -71,9 +72,12 @@ BACKEND_HELP = {"sim": "the reference executor (numpy, one process)",
                 "emu": "the plan's CUDA kernel on the emulated device (host threads; no GPU needed)"}
 
 
-def sweep(plan, *, min_bytes, max_bytes, factor: int = 2, dtype="float", op: str = "sum", iters: int = 1,
+def sweep(plan, *, min_bytes=None, max_bytes, factor: int = 2, dtype="float", op: str = "sum", iters: int = 1,
           seed: int = 0, backend: str = "sim") -> list[dict]:
-    """One record per size (JSON-ready dicts, see format_table)."""
+    """One record per size (JSON-ready dicts, see format_table). ``min_bytes``
+    None: 8, or the plan's smallest size (smallest_size) where that is more; a
+    size below the smallest is an error saying it. A size that is not whole
+    elements per unit is rounded down (the record says ``rounded``)."""
     import numpy as np
 
     from msc.verification import reference
@@ -91,14 +95,20 @@ def sweep(plan, *, min_bytes, max_bytes, factor: int = 2, dtype="float", op: str
         raise UsageError(f"no reference results for collective {plan.collective!r}: msc run checks built-ins only")
     n, k = plan.num_ranks, plan.chunk_factor
     chunks_in, chunks_big = plan.input_chunks, max(plan.input_chunks, plan.output_chunks)
-    _check_memory(plan, max(sizes(parse_size(min_bytes), parse_size(max_bytes), factor), default=0), dt.itemsize)
+    least = smallest_size(plan, dt.itemsize)
+    min_bytes = max(DEFAULT_MIN_BYTES, least) if min_bytes is None else parse_size(min_bytes)
+    if min_bytes < least:
+        raise UsageError(f"size {min_bytes} B is too small for plan {plan.name!r} ({n}-rank {plan.collective}, "
+                         f"{chunks_big} chunks of {tname} per rank in its largest buffer): it would hold no "
+                         f"element, and run 0 bytes; the smallest size that runs is {least} B (-b {least})")
+    _check_memory(plan, max(sizes(min_bytes, parse_size(max_bytes), factor), default=0), dt.itemsize)
     run = BACKENDS[backend](plan)
     if hasattr(run, "prepare"):
         run.prepare(dt.name, op)
     reducing = coll.name in reference.REDUCING
     rng = np.random.default_rng(seed)
     records = []
-    for requested in sizes(parse_size(min_bytes), parse_size(max_bytes), factor):
+    for requested in sizes(min_bytes, parse_size(max_bytes), factor):
         count = requested * k // (dt.itemsize * chunks_big) if chunks_big else 0
         size = buffer_elements(chunks_big, count, k) * dt.itemsize
         inputs = reference.random_inputs(rng, dt, op, n, buffer_elements(chunks_in, count, k))
@@ -115,6 +125,16 @@ def sweep(plan, *, min_bytes, max_bytes, factor: int = 2, dtype="float", op: str
             "requested_size": requested, "rounded": size != requested,
         })
     return records
+
+
+DEFAULT_MIN_BYTES = 8             # msc run's -b where the plan runs it
+
+
+def smallest_size(plan, itemsize: int) -> int:
+    """The least size (bytes, as -b takes it) that gives ``plan`` one element
+    per data unit: below it the count is 0 and a run moves nothing."""
+    chunks_big = max(plan.input_chunks, plan.output_chunks)
+    return -(-itemsize * chunks_big // plan.chunk_factor) if chunks_big else 0
 
 
 # Arrays of a run at its largest size, in multiples of one rank's largest buffer: the inputs, a
@@ -150,14 +170,18 @@ def add_run_command(subparsers, load_plan: Callable) -> argparse.ArgumentParser:
     p.add_argument("plan", help="plan file")
     p.add_argument("--backend", choices=tuple(BACKENDS), default="sim",
                    help="; ".join(f"{name}: {text}" for name, text in BACKEND_HELP.items()))
-    p.add_argument("-b", "--minbytes", type=size_arg, default=8, help="smallest size (bytes; K, M, G)")
+    p.add_argument("-b", "--minbytes", type=size_arg,
+                   help=f"smallest size (bytes; K, M, G; default {DEFAULT_MIN_BYTES}, or the plan's smallest if "
+                        "more: one element per data unit; a smaller -b is an error saying it)")
     p.add_argument("-e", "--maxbytes", type=size_arg, default=1024 ** 2, help="largest size (bytes; K, M, G)")
     p.add_argument("-f", "--stepfactor", type=int, default=2, help="size multiplier between runs")
     p.add_argument("-n", "--iters", type=int, default=1, help="runs per size (host time is their mean)")
     p.add_argument("-d", "--dtype", default="float", help=f"one of {', '.join(TYPES)}")
-    p.add_argument("-o", "--op", choices=OPS, default="sum", help="the reduction (default sum; ignored by data movement)")
+    p.add_argument("-o", "--op", choices=OPS,
+                   help="the reduction (default sum; an error for collectives that do not reduce)")
     p.add_argument("-r", "--root", type=int,
-                   help="rooted collectives: must match the plan's root (a plan is built for one root)")
+                   help="rooted collectives: must match the plan's root (a plan is built for one root; an error "
+                        "for the others)")
     p.add_argument("--seed", type=int, default=0, help="seed for the random inputs")
     p.add_argument("--json", action="store_true", help="print the records as JSON")
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show Python tracebacks")
@@ -165,10 +189,12 @@ def add_run_command(subparsers, load_plan: Callable) -> argparse.ArgumentParser:
 
     def cmd_run(args) -> int:
         plan = load_plan(args.plan, **capacity_args(args))
+        refuse_inapplicable(plan.collective, op=args.op, root=args.root)
         if args.root is not None and get_collective(plan.collective).has_root and args.root != plan.root:
             raise UsageError(f"the plan was built for root {plan.root}, not {args.root}; compile one for that root")
         records = sweep(plan, min_bytes=args.minbytes, max_bytes=args.maxbytes, factor=args.stepfactor,
-                        dtype=args.dtype, op=args.op, iters=args.iters, seed=args.seed, backend=args.backend)
+                        dtype=args.dtype, op=args.op or "sum", iters=args.iters, seed=args.seed,
+                        backend=args.backend)
         wrong = sum(r["wrong"] for r in records)
         if args.json:
             print(json.dumps({"plan": plan.name, "collective": plan.collective, "ranks": plan.num_ranks,
