@@ -105,6 +105,8 @@ def refuse_inapplicable(collective: str, *, op: str | None = None, op_flag: str 
     """A reduction op given for a built-in collective that does not reduce, or
     a root for one that has none, is an error naming the collective: a flag
     that does not apply is not ignored (None: not given)."""
+    if op is None and root is None:
+        return
     from msc.dsl.collectives import BUILTIN
 
     if collective not in BUILTIN:              # a custom collective: its own definition decides
