@@ -11,8 +11,9 @@ Sizes are nccl-tests sizes: bytes per rank of the largest buffer, i.e. the
 per-rank buffer for allreduce/broadcast/reduce and the whole gathered array
 (count * nranks * typesize) for allgather, reducescatter and alltoall. The
 count column is the element count per data unit (the NCCL count). A size
-that is not a whole number of elements per unit is rounded down; the record
-keeps the requested size and says ``rounded``.
+below one element per unit (a run of 0 bytes) is an error naming the smallest
+size that runs; a size that is not a whole number of elements per unit is
+rounded down, and the record keeps the requested size and says ``rounded``.
 
 Inputs are random and never zero (msc.verification.reference.random_inputs,
 seeded). Outputs start poisoned (bytes 0xA5).
