@@ -152,7 +152,10 @@ def jobs_for(protocols) -> list[tuple]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--protocols", type=lambda v: tuple(v.split(",")), default=("Simple", "LL128"))
+    from msc.cli.args import protocol_arg
+
+    ap.add_argument("--protocols", type=lambda v: tuple(protocol_arg(p) for p in v.split(",")),
+                    default=("Simple", "LL128"), help="comma-separated: Simple, LL, LL128 (any case)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="algorithms measured at once (processes)")
     ap.add_argument("--out", default=str(ROOT / "bench/results" / f"nccl-baselines-{datetime.date.today()}"))
     args = ap.parse_args()

@@ -20,6 +20,19 @@ class SourceLine:
         return f"{self.file}:{self.line}"
 
 
+def did_you_mean(word: str, names, *, fold_case: bool = False) -> str:
+    """``" (did you mean 'x'?)"``: the names close to a mistyped ``word``
+    (difflib's ratio; ``fold_case``: compared in lower case), for the end of
+    an error message; "" if none is close."""
+    import difflib
+
+    keys = {(n.lower() if fold_case else n): n for n in map(str, names)}
+    close = difflib.get_close_matches(str(word).lower() if fold_case else str(word), list(keys), n=3, cutoff=0.6)
+    if not close:
+        return ""
+    return f" (did you mean {' or '.join(repr(keys[c]) for c in close)}?)"
+
+
 class MscError(Exception):
     """Base of every error msc raises on purpose."""
 

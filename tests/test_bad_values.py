@@ -282,6 +282,7 @@ UNIFORM = ["--alpha-us", "1", "--bandwidth-gbps", "10"]
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
 @pytest.mark.parametrize("how", ["show", "timeline", "simulate", "tune"])
 def test_a_picture_that_cannot_be_written_is_exit_2(capsys, ring_plan, how):
+    pytest.importorskip("matplotlib")        # pictures need it (msc[plot]); without it the error says so
     args = {"show": ["show", ring_plan, "--png", "/dev/full"],
             "timeline": ["show", ring_plan, "--png", "/dev/full", *UNIFORM],
             "simulate": ["simulate", ring_plan, *UNIFORM, "-b", "1M", "-e", "1M", "--plot", "/dev/full"],
@@ -292,6 +293,7 @@ def test_a_picture_that_cannot_be_written_is_exit_2(capsys, ring_plan, how):
 
 
 def test_a_picture_in_a_format_matplotlib_lacks_names_the_file(capsys, tmp_path, ring_plan):
+    pytest.importorskip("matplotlib")
     refused(capsys, ["show", ring_plan, "--png", tmp_path / "x.nope"], named="x.nope", says="not supported")
 
 

@@ -807,7 +807,7 @@ def test_lower_tile_and_protocol_reach_the_plan():
 
 # -- options ------------------------------------------------------------------------
 @pytest.mark.parametrize("kwargs, words", [
-    ({"protocol": "ll"}, "protocol must be one of Simple, LL, LL128"),
+    ({"protocol": "LX"}, "unknown protocol 'LX': expected one of Simple, LL, LL128 (any case)"),
     ({"protocol": None}, "protocol must be one of"),
     ({"instances": 0}, "instances must be an int >= 1"),
     ({"instances": -2}, "instances must be an int >= 1"),
@@ -832,6 +832,8 @@ def test_lower_options_defaults_and_accepted_values():
     assert (opts.protocol, opts.instances, opts.threadblocks, opts.fuse, opts.tile) == ("Simple", 1, "auto", True, 0)
     for protocol in ("Simple", "LL", "LL128"):
         LowerOptions(protocol=protocol, instances=8, threadblocks="manual", tile=0)
+    for typed, canonical in (("ll", "LL"), ("simple", "Simple"), ("Ll128", "LL128")):   # any case, kept canonical
+        assert LowerOptions(protocol=typed).protocol == canonical
 
 
 # -- regressions: bugs found while writing these tests ------------------------------------

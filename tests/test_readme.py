@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from emu_skip import needs_emu
+
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 
@@ -33,6 +35,7 @@ def run_block(lang: str, code: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
+@needs_emu
 def test_the_emulated_device_section_runs_as_written(tmp_path):
     found = blocks("Testing kernels without a GPU: the emulated device")
     assert [lang for lang, _ in found] == ["bash", "python"]

@@ -34,6 +34,7 @@ def test_the_grammar_spells_the_step_ops_of_the_registry():
 
 
 def test_pictures_colour_every_step_op_apart():
+    pytest.importorskip("matplotlib")
     from matplotlib.colors import to_rgba
 
     from msc.cli.pictures import OP_COLORS

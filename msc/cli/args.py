@@ -89,6 +89,39 @@ def _number(text: str, *, zero: bool) -> float:
     return value
 
 
+def protocol_arg(text: str) -> str:
+    """argparse's type for a protocol flag: any case (``ll``, ``simple``), the
+    canonical name back (msc.ir.ops.protocol_name)."""
+    from msc.ir.ops import protocol_name
+
+    try:
+        return protocol_name(text)
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def refuse_inapplicable(collective: str, *, op: str | None = None, op_flag: str = "-o/--op",
+                        root: int | None = None, root_flag: str = "-r/--root") -> None:
+    """A reduction op given for a built-in collective that does not reduce, or
+    a root for one that has none, is an error naming the collective: a flag
+    that does not apply is not ignored (None: not given)."""
+    if op is None and root is None:
+        return
+    from msc.dsl.collectives import BUILTIN
+
+    if collective not in BUILTIN:              # a custom collective: its own definition decides
+        return
+    from msc.verification.reference import REDUCING
+
+    if op is not None and collective not in REDUCING:
+        raise UsageError(f"{op_flag} {op}: {collective} does not reduce (a reduction op applies to "
+                         f"{', '.join(REDUCING)}); leave it out")
+    if root is not None and not BUILTIN[collective].has_root:
+        rooted = ", ".join(name for name, c in BUILTIN.items() if c.has_root)
+        raise UsageError(f"{root_flag} {root}: {collective} has no root (a root applies to {rooted}); "
+                         f"leave it out")
+
+
 def add_collective_on_topology_args(p: argparse.ArgumentParser, collectives: tuple[str, ...]) -> None:
     """COLLECTIVE, the topology, ``--ranks`` and ``--root``: what msc bound and
     msc synthesize are asked about."""
@@ -97,7 +130,8 @@ def add_collective_on_topology_args(p: argparse.ArgumentParser, collectives: tup
     p.add_argument("--ranks", "-n", type=int,
                    help="number of ranks (default: the topology's; needed for ib, ring, torus without a size "
                         "and for the uniform model)")
-    p.add_argument("--root", "-r", type=int, default=0, help="root rank of broadcast and reduce (default 0)")
+    p.add_argument("--root", "-r", type=int,
+                   help="root rank of broadcast and reduce (default 0; an error for the others)")
 
 
 def add_topology_args(p: argparse.ArgumentParser) -> None:

@@ -9,7 +9,7 @@ import json
 from msc.errors import UsageError
 from msc.ir.ops import PROTOCOL_NAMES
 from msc.units import TYPES
-from msc.cli.args import add_collective_on_topology_args, add_sweep_args
+from msc.cli.args import add_collective_on_topology_args, add_sweep_args, protocol_arg, refuse_inapplicable
 
 COLLECTIVE_NAMES = ("allgather", "reducescatter", "allreduce", "broadcast", "reduce", "alltoall")   # msc.sim.bound's
 
@@ -22,8 +22,8 @@ def add_bound_command(subparsers) -> argparse.ArgumentParser:
     add_sweep_args(p, 8, 128 * 1024 ** 2)
     p.add_argument("-d", "--dtype", default="float",
                    help=f"element type: sizes round down to whole elements per rank ({', '.join(TYPES)})")
-    p.add_argument("--protocol", action="append", choices=PROTOCOL_NAMES, metavar="PROTOCOL",
-                   help=f"bound plans of this protocol only (repeatable; {', '.join(PROTOCOL_NAMES)}; "
+    p.add_argument("--protocol", action="append", type=protocol_arg, choices=PROTOCOL_NAMES, metavar="PROTOCOL",
+                   help=f"bound plans of this protocol only (repeatable; {', '.join(PROTOCOL_NAMES)}, any case; "
                         "default: whichever of the topology's protocols allows the least time)")
     p.add_argument("--json", action="store_true", help="print the records as a JSON list")
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show Python tracebacks")
@@ -33,6 +33,8 @@ def add_bound_command(subparsers) -> argparse.ArgumentParser:
         from msc.units import BUSBW_FACTOR, parse_dtype, sizes
 
         collective = collective_name(args.collective)
+        refuse_inapplicable(collective, root=args.root)
+        args.root = args.root or 0
         topo = bound_topology(args)
         n = topo.num_ranks
         type_name, dt = parse_dtype(args.dtype)
@@ -65,7 +67,7 @@ def add_bound_command(subparsers) -> argparse.ArgumentParser:
 def bound_topology(args):
     """The topology of --topology (or the uniform model), sized by itself or
     by --ranks, which must then agree with it."""
-    from msc.sim.presets import get_topology
+    from msc.sim.presets import get_topology, what_fits
 
     n = args.ranks
     if n is not None and n < 1:
@@ -78,7 +80,8 @@ def bound_topology(args):
             raise                          # the message says what is missing (a size, --ranks)
         topo = get_topology(args.topology, n, **kw)
     if n is not None and topo.num_ranks != n:
-        raise UsageError(f"--ranks {n} does not match topology {topo.name!r}, which has {topo.num_ranks} ranks")
+        raise UsageError(f"--ranks {n} does not match topology {topo.name!r}, which has {topo.num_ranks} ranks"
+                         + what_fits(n))
     return topo
 
 

@@ -14,7 +14,8 @@ from typing import Any
 
 from msc.errors import MscError, UsageError, VerificationError
 from msc.ir.ops import DEFAULT_PROTOCOL, PROTOCOL_NAMES, REDUCE_OP_NAMES
-from msc.cli.args import add_collective_arg, collective_kw, param_value, split_param
+from msc.cli.args import (add_collective_arg, collective_kw, param_value, protocol_arg, refuse_inapplicable,
+                          split_param)
 from msc.units import size_arg
 
 
@@ -60,7 +61,29 @@ def trace_from_args(args):
         raise UsageError(f"arguments after -- ({' '.join(args.script_args)}) are for MSCCLang scripts; "
                          f"{args.file} is an @msc.algorithm file: use --ranks and --param")
     inplace = None if args.inplace is None else args.inplace == "in"
-    return msc.trace(alg, args.ranks, inplace=inplace, **algorithm_params(alg, args.param))
+    params = algorithm_params(alg, args.param)
+    if inplace and not alg.inplace:
+        return forced_in_place(alg, args.ranks, params)
+    return msc.trace(alg, args.ranks, inplace=inplace, **params)
+
+
+def forced_in_place(alg, ranks: int, params: dict):
+    """The in-place form of an algorithm declared out-of-place only
+    (``inplace=False``), traced and verified now, so that a failure says
+    that plainly, naming the algorithm, before the verifier's detail."""
+    import msc
+
+    try:
+        program = msc.trace(alg, ranks, inplace=True, **params)
+        msc.verify(program)
+    except (VerificationError, UsageError) as exc:
+        what = (f"algorithm {alg.name!r} is out-of-place only (@msc.algorithm(..., inplace=False)); its in-place "
+                f"form (--inplace in) does not work")
+        if isinstance(exc, UsageError):
+            raise UsageError(f"{what}: {exc}") from exc
+        raise VerificationError(f"{what}: {exc.detail}", rank=exc.rank, buffer=exc.buffer, index=exc.index,
+                                expected=exc.expected, found=exc.found, where=exc.where) from exc
+    return program
 
 
 def is_plan_file(path: str) -> bool:
@@ -162,6 +185,9 @@ def lower_options(args, overrides: dict | None = None):
     return LowerOptions(**values)
 
 
+DEFAULT_DTYPE = "float32"      # msc compile --emit cuda's
+
+
 def default_plan_name(program, options) -> str:
     parts = [program.collective, program.name, f"n{program.num_ranks}"]
     if options.instances != 1:
@@ -186,8 +212,10 @@ def cmd_compile(args) -> int:
                          f"and writes a plan; to check this one use `msc verify {args.file}`, to run it "
                          f"`msc run {args.file}`" + ("; `msc import` reads it into a .plan file" if
                                                       args.file.endswith(".xml") else ""))
-    if args.emit is None and (args.arch or args.form):
-        raise UsageError("--arch and --form go with --emit cuda")
+    cuda_only = [flag for flag in ("arch", "form", "dtype", "op") if getattr(args, flag) is not None]
+    if args.emit is None and cuda_only:
+        raise UsageError(f"{', '.join('--' + f for f in cuda_only)} go{'es' if len(cuda_only) == 1 else ''} with "
+                         f"--emit cuda")
     with time_limit(args.timeout, f"msc compile {args.file}"):   # CUDA emission too
         start = time.perf_counter()
         if is_msccl_script(args.file):
@@ -206,6 +234,8 @@ def cmd_compile(args) -> int:
             jobs = [(prog, lower_options(args))]
         if args.output and len(jobs) > 1:
             raise UsageError(f"{args.file} defines {len(jobs)} programs; -o names one file (leave it out)")
+        for prog, _ in jobs:                     # before anything is written
+            refuse_inapplicable(prog.collective, op=args.op, op_flag="--op")
         for prog, options in jobs:
             already_checked(prog) or msc.verify(prog)
             plan = lower(prog, options)           # ends with the plan verifier, against the program's collective
@@ -250,16 +280,17 @@ def emit_cuda(plan, plan_path, args) -> tuple[list, str]:
     from msc.cuda.codegen import choose_form, describe_tables
     from msc.cuda.compiler import tables
 
+    dtype, op = args.dtype or DEFAULT_DTYPE, args.op or "sum"
     stem = plan_path.with_suffix("")
-    tag = f"{args.dtype}-{args.op}"
+    tag = f"{dtype}-{op}"
     cu = stem.with_name(f"{stem.name}.{tag}.cu")
     written = [cu]
     if args.arch is None:
-        source, _ = render(plan, dtype=args.dtype, op=args.op, form=args.form)
+        source, _ = render(plan, dtype=dtype, op=op, form=args.form)
         cu.write_text(source)
         how = "source rendered"
     else:
-        kernel = compile_cuda(plan, dtype=args.dtype, op=args.op, arch=args.arch, form=args.form)
+        kernel = compile_cuda(plan, dtype=dtype, op=op, arch=args.arch, form=args.form)
         cubin = stem.with_name(f"{stem.name}.{tag}.{args.arch}.cubin")
         cu.write_text(kernel.source)            # the text the cubin was compiled from, as checked
         cubin.write_bytes(kernel.cubin)
@@ -267,7 +298,7 @@ def emit_cuda(plan, plan_path, args) -> tuple[list, str]:
         how = "taken from the kernel cache" if kernel.cache_hit else f"rendered and compiled with NVRTC for {args.arch}"
     if choose_form(plan, args.form) == "table":
         text = stem.with_name(f"{stem.name}.{tag}.tables.txt")
-        text.write_text(describe_tables(tables(plan, op=args.op)))
+        text.write_text(describe_tables(tables(plan, op=op)))
         written.append(text)
     return written, how
 
@@ -533,9 +564,9 @@ def _add_compile_parser(sub) -> None:
 
     p = sub.add_parser("compile", help="verify an algorithm, lower it to a plan, verify the plan, write it")
     _add_algorithm_args(p)
-    p.add_argument("--protocol", choices=PROTOCOL_NAMES, default=DEFAULT_PROTOCOL,
+    p.add_argument("--protocol", type=protocol_arg, choices=PROTOCOL_NAMES, default=DEFAULT_PROTOCOL,
                    help="transport: Simple (default), LL (low latency: data and flag in one 8-byte store) or "
-                        "LL128")
+                        "LL128 (any case)")
     p.add_argument("--instances", type=int, default=1, help="replicate the schedule on more channels")
     p.add_argument("--threadblocks", choices=("auto", "manual"), default="auto",
                    help="manual: honour the sendtb/recvtb hints")
@@ -551,10 +582,10 @@ def _add_compile_parser(sub) -> None:
     p.add_argument("--emit", choices=("cuda",), help="also write the CUDA source next to the plan")
     p.add_argument("--arch", help="with --emit cuda: compile with NVRTC for this arch (sm_90, sm_80...) and "
                                   "write the .cubin too")
-    p.add_argument("--dtype", default="float32", help="with --emit cuda: data type (float32, bfloat16, float16, "
-                                                      "float64, int32)")
-    p.add_argument("--op", default="sum", choices=REDUCE_OP_NAMES,
-                   help="with --emit cuda: the reduction")
+    p.add_argument("--dtype", help=f"with --emit cuda: data type ({DEFAULT_DTYPE} (default), bfloat16, float16, "
+                                   "float64, int32)")
+    p.add_argument("--op", choices=REDUCE_OP_NAMES,
+                   help="with --emit cuda: the reduction (default sum; an error for collectives that do not reduce)")
     p.add_argument("--form", choices=("straight", "table"),
                    help="with --emit cuda: straight-line or table-driven kernel (default: by plan size)")
     p.add_argument("--json", action="store_true", help="print a JSON summary")

@@ -525,9 +525,10 @@ def draw_timeline(sim, size: int, path: str):
         ax.set_ylabel("rank")
     ax.set_xlabel("time (us)")
     ax.set_title(f"{plan.name} on {sim.topology.name}, {_size_label(res.size)}B: {total:.1f} us "
-                 f"({res.iterations} tile iteration(s), {plan.protocol}, {res.engine} engine); "
-                 + ("pale: computing, solid: transmitting, gaps: latency and waits" if lanes
-                    else "threadblocks transmitting per rank"), fontsize=9)
+                 f"({res.iterations} tile iteration(s), {plan.protocol}, {res.engine} engine)"
+                 + ("; pale: computing, solid: transmitting, gaps: latency and waits" if lanes
+                    else f"\n{sp.num_tbs} threadblocks, over {SHOW_LANES}: a row per rank, coloured by how many "
+                         f"of its threadblocks transmit"), fontsize=9)
     fig.tight_layout()
     save_figure(plt, fig, path, dpi=110)
     return fig

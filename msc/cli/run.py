@@ -11,8 +11,9 @@ Sizes are nccl-tests sizes: bytes per rank of the largest buffer, i.e. the
 per-rank buffer for allreduce/broadcast/reduce and the whole gathered array
 (count * nranks * typesize) for allgather, reducescatter and alltoall. The
 count column is the element count per data unit (the NCCL count). A size
-that is not a whole number of elements per unit is rounded down; the record
-keeps the requested size and says ``rounded``.
+below one element per unit (a run of 0 bytes) is an error naming the smallest
+size that runs; a size that is not a whole number of elements per unit is
+rounded down, and the record keeps the requested size and says ``rounded``.
 
 Inputs are random and never zero (msc.verification.reference.random_inputs,
 seeded). Outputs start poisoned (bytes 0xA5).
@@ -24,7 +25,7 @@ import json
 import time
 from typing import Callable
 
-from msc.cli.args import add_collective_arg, collective_kw
+from msc.cli.args import add_collective_arg, collective_kw, refuse_inapplicable
 from msc.dsl.collectives import BUILTIN
 from msc.errors import UsageError
 from msc.ir.ops import REDUCE_OP_NAMES
@@ -72,9 +73,12 @@ BACKEND_HELP = {"sim": "the reference executor (numpy, one process)",
                 "emu": "the plan's CUDA kernel on the emulated device (host threads; no GPU needed)"}
 
 
-def sweep(plan, *, min_bytes, max_bytes, factor: int = 2, dtype="float", op: str = "sum", iters: int = 1,
+def sweep(plan, *, min_bytes=None, max_bytes, factor: int = 2, dtype="float", op: str = "sum", iters: int = 1,
           seed: int = 0, backend: str = "sim", collective=None) -> list[dict]:
-    """One record per size (JSON-ready dicts, see format_table)."""
+    """One record per size (JSON-ready dicts, see format_table). ``min_bytes``
+    None: 8, or the plan's smallest size (smallest_size) where that is more; a
+    size below the smallest is an error saying it. A size that is not whole
+    elements per unit is rounded down (the record says ``rounded``)."""
     import numpy as np
 
     from msc.verification import reference
@@ -92,7 +96,13 @@ def sweep(plan, *, min_bytes, max_bytes, factor: int = 2, dtype="float", op: str
     builtin = coll.name in reference.COLLECTIVES and type(coll) is BUILTIN[coll.name]
     n, k = plan.num_ranks, plan.chunk_factor
     chunks_in, chunks_big = plan.input_chunks, max(plan.input_chunks, plan.output_chunks)
-    _check_memory(plan, max(sizes(parse_size(min_bytes), parse_size(max_bytes), factor), default=0), dt.itemsize)
+    least = smallest_size(plan, dt.itemsize)
+    min_bytes = max(DEFAULT_MIN_BYTES, least) if min_bytes is None else parse_size(min_bytes)
+    if min_bytes < least:
+        raise UsageError(f"size {min_bytes} B is too small for plan {plan.name!r} ({n}-rank {plan.collective}, "
+                         f"{chunks_big} chunks of {tname} per rank in its largest buffer): it would hold no "
+                         f"element, and run 0 bytes; the smallest size that runs is {least} B (-b {least})")
+    _check_memory(plan, max(sizes(min_bytes, parse_size(max_bytes), factor), default=0), dt.itemsize)
     run = BACKENDS[backend](plan, collective)
     if hasattr(run, "prepare"):
         run.prepare(dt.name, op)
@@ -100,7 +110,7 @@ def sweep(plan, *, min_bytes, max_bytes, factor: int = 2, dtype="float", op: str
         any(step.op.reduces for _, _, _, step in plan.steps())
     rng = np.random.default_rng(seed)
     records = []
-    for requested in sizes(parse_size(min_bytes), parse_size(max_bytes), factor):
+    for requested in sizes(min_bytes, parse_size(max_bytes), factor):
         count = requested * k // (dt.itemsize * chunks_big) if chunks_big else 0
         size = buffer_elements(chunks_big, count, k) * dt.itemsize
         inputs = reference.random_inputs(rng, dt, op, n, buffer_elements(chunks_in, count, k))
@@ -118,6 +128,16 @@ def sweep(plan, *, min_bytes, max_bytes, factor: int = 2, dtype="float", op: str
             "requested_size": requested, "rounded": size != requested,
         })
     return records
+
+
+DEFAULT_MIN_BYTES = 8             # msc run's -b where the plan runs it
+
+
+def smallest_size(plan, itemsize: int) -> int:
+    """The least size (bytes, as -b takes it) that gives ``plan`` one element
+    per data unit: below it the count is 0 and a run moves nothing."""
+    chunks_big = max(plan.input_chunks, plan.output_chunks)
+    return -(-itemsize * chunks_big // plan.chunk_factor) if chunks_big else 0
 
 
 # Arrays of a run at its largest size, in multiples of one rank's largest buffer: the inputs, a
@@ -153,14 +173,18 @@ def add_run_command(subparsers, load_plan: Callable) -> argparse.ArgumentParser:
     p.add_argument("plan", help="plan file")
     p.add_argument("--backend", choices=tuple(BACKENDS), default="sim",
                    help="; ".join(f"{name}: {text}" for name, text in BACKEND_HELP.items()))
-    p.add_argument("-b", "--minbytes", type=size_arg, default=8, help="smallest size (bytes; K, M, G)")
+    p.add_argument("-b", "--minbytes", type=size_arg,
+                   help=f"smallest size (bytes; K, M, G; default {DEFAULT_MIN_BYTES}, or the plan's smallest if "
+                        "more: one element per data unit; a smaller -b is an error saying it)")
     p.add_argument("-e", "--maxbytes", type=size_arg, default=1024 ** 2, help="largest size (bytes; K, M, G)")
     p.add_argument("-f", "--stepfactor", type=int, default=2, help="size multiplier between runs")
     p.add_argument("-n", "--iters", type=int, default=1, help="runs per size (host time is their mean)")
     p.add_argument("-d", "--dtype", default="float", help=f"one of {', '.join(TYPES)}")
-    p.add_argument("-o", "--op", choices=OPS, default="sum", help="the reduction (default sum; ignored by data movement)")
+    p.add_argument("-o", "--op", choices=OPS,
+                   help="the reduction (default sum; an error for collectives that do not reduce)")
     p.add_argument("-r", "--root", type=int,
-                   help="rooted collectives: must match the plan's root (a plan is built for one root)")
+                   help="rooted collectives: must match the plan's root (a plan is built for one root; an error "
+                        "for the others)")
     p.add_argument("--seed", type=int, default=0, help="seed for the random inputs")
     p.add_argument("--json", action="store_true", help="print the records as JSON")
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show Python tracebacks")
@@ -172,12 +196,13 @@ def add_run_command(subparsers, load_plan: Callable) -> argparse.ArgumentParser:
 
         coll = collective_kw(args)
         plan = load_plan(args.plan, **capacity_args(args), **coll)
+        refuse_inapplicable(plan.collective, op=args.op, root=args.root)
         if args.root is not None and plan_collective(plan, coll.get("collective")).has_root and \
                 args.root != plan.root:
             raise UsageError(f"the plan was built for root {plan.root}, not {args.root}; compile one for that root")
         records = sweep(plan, min_bytes=args.minbytes, max_bytes=args.maxbytes, factor=args.stepfactor,
-                        dtype=args.dtype, op=args.op, iters=args.iters, seed=args.seed, backend=args.backend,
-                        **coll)
+                        dtype=args.dtype, op=args.op or "sum", iters=args.iters, seed=args.seed,
+                        backend=args.backend, **coll)
         wrong = sum(r["wrong"] for r in records)
         if args.json:
             print(json.dumps({"plan": plan.name, "collective": plan.collective, "ranks": plan.num_ranks,

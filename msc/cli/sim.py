@@ -12,7 +12,7 @@ from typing import Callable
 
 from msc.errors import UsageError
 from msc.cli.args import (add_collective_arg, add_sweep_args, add_topology_args, check_not_input, collective_kw,
-                          param_value, split_param, topology_from_args)
+                          param_value, protocol_arg, split_param, topology_from_args)
 from msc.units import TYPES, size_arg
 from msc.lower.runtimes import add_capacity_args, capacity_args
 from msc.sim.tune import DEFAULT_INSTANCES, MAX_THREADBLOCKS
@@ -53,8 +53,8 @@ def add_simulate_command(subparsers, load_plan: Callable) -> argparse.ArgumentPa
                         "its tuning model) as an msc plan, simulated (dgx-h100, dgx-a100, nvswitch and ib; no NVLS)")
     p.add_argument("--nccl-algo", metavar="ALGO", type=lambda t: _list(t, str),
                    help="with --nccl: the algorithms NCCL may use, as NCCL_ALGO (ring, tree)")
-    p.add_argument("--nccl-proto", metavar="PROTO", type=lambda t: _list(t, str),
-                   help="with --nccl: the protocols NCCL may use, as NCCL_PROTO (LL, LL128, Simple)")
+    p.add_argument("--nccl-proto", metavar="PROTO", type=lambda t: _list(t, protocol_arg),
+                   help="with --nccl: the protocols NCCL may use, as NCCL_PROTO (LL, LL128, Simple; any case)")
     add_topology_args(p)
     add_sweep_args(p, 8, 128 * 1024 ** 2)
     p.add_argument("-d", "--dtype", default="float", help=f"element type, for the count column ({', '.join(TYPES)})")
@@ -170,8 +170,8 @@ def add_tune_command(subparsers, load_plan: Callable | None = None) -> argparse.
     p.add_argument("--ranks", "-n", type=int, required=True, help="number of ranks")
     add_topology_args(p)
     add_sweep_args(p, 1024, 256 * 1024 ** 2)
-    p.add_argument("--protocols", type=lambda t: _list(t, str), default=("Simple", "LL"),
-                   help="comma-separated: Simple, LL, LL128 (default Simple,LL)")
+    p.add_argument("--protocols", type=lambda t: _list(t, protocol_arg), default=("Simple", "LL"),
+                   help="comma-separated: Simple, LL, LL128, any case (default Simple,LL)")
     p.add_argument("--instances", type=lambda t: _list(t, int), default=DEFAULT_INSTANCES,
                    help="comma-separated instance counts (default 1,2,4,8,16,32: those within "
                         "--max-threadblocks)")
@@ -217,9 +217,11 @@ def _tune(args) -> int:
                       max_threadblocks=args.max_threadblocks, user_params=user, inplace=inplace)
     if args.output:
         write_plans(result, args.output)
+    mine = library_rows(result, set(args.files)) if args.synthesize else None
     if args.json:
+        extra = {} if mine is None else {"library_best": mine}
         print(json.dumps({"collective": result.collective, "ranks": result.ranks, "topology": result.topology,
-                          "per_size": per_size(result), "chosen": index_entries(result),
+                          "per_size": per_size(result), **extra, "chosen": index_entries(result),
                           "candidates": [{"label": c.label, "algorithm": c.algorithm, "params": c.params,
                                           "protocol": c.protocol, "instances": c.instances,
                                           "time_us": [t * 1e6 for t in c.times], "exact": c.known}
@@ -227,6 +229,8 @@ def _tune(args) -> int:
                           "skipped": result.skipped}))
     else:
         print(format_tune(result, args.output))
+        if mine is not None:
+            print(format_library_rows(mine))
     if args.plot:
         _tune_plot(args, result)
     return 0
@@ -257,10 +261,40 @@ def _tune_plot(args, result) -> None:
 def library_best(result, files: set[str]) -> list[float]:
     """Per swept size, the least exact time (s) of the candidates from
     ``files`` (the user's, not the synthesized ones)."""
-    from msc.sim.tune import exact_best
+    return [row["library_us"] / 1e6 for row in library_rows(result, files)]
+
+
+def library_rows(result, files: set[str]) -> list[dict]:
+    """Per swept size, the fastest candidate from ``files`` (the library's or
+    the user's, not the synthesized ones; exact) beside the winner: with
+    --synthesize the winner may be synthesized everywhere, and the margin is
+    what the user wants to see. ``vs_library``: its time / the winner's."""
+    from msc.sim.tune import exact_best, per_size
 
     mine = [c for c in result.candidates if c.file in files]
-    return [exact_best(mine, j, size)[0] for j, size in enumerate(result.sizes)]
+    if not mine:
+        return []
+    rows = []
+    for j, (size, won) in enumerate(zip(result.sizes, per_size(result))):
+        t = exact_best(mine, j, size)[0]
+        best = min((c for c in mine if c.known[j]), key=lambda c: c.times[j])
+        rows.append({"size": size, "library_best": best.label, "library_us": t * 1e6, "winner": won["winner"],
+                     "vs_library": t * 1e6 / won["time_us"] if won["time_us"] > 0 else None})
+    return rows
+
+
+def format_library_rows(rows: list[dict]) -> str:
+    """The library's best per size under msc tune --synthesize's table."""
+    from msc.units import format_size
+
+    w = max([len(r["library_best"]) for r in rows] + [12])
+    lines = ["# the library's best (the files given, no synthesized plan) per size, beside the winner:",
+             f"#{'size':>10}  {'library best':<{w}} {'time(us)':>9}  {'winner x':>8}"]
+    for r in rows:
+        x = f"{r['vs_library']:.2f}x" if r["vs_library"] else "-"
+        lines.append(f"{format_size(r['size']):>11}  {r['library_best']:<{w}} {r['library_us']:9.2f}  {x:>8}")
+    lines.append("# winner x: the library's best time / the winner's (1.00x: the library's plan is the winner)")
+    return "\n".join(lines)
 
 
 def synthesized_files(files: list[str], topology, folder: str) -> list[str]:

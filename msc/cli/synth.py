@@ -10,7 +10,7 @@ import sys
 
 from msc.errors import UsageError
 from msc.units import format_size, size_arg
-from msc.cli.args import add_collective_on_topology_args, check_not_input
+from msc.cli.args import add_collective_on_topology_args, check_not_input, refuse_inapplicable
 from msc.synth import COLLECTIVES, SUMS, check_collective, check_name
 
 SIMULATE_UP_TO = 64          # ranks: above this the pieces come from the packing alone (simulating takes minutes)
@@ -49,6 +49,8 @@ def _run(args) -> int:
 
     collective = collective_name(args.collective)
     check_collective(collective)
+    refuse_inapplicable(collective, root=args.root)
+    args.root = args.root or 0
     if args.add_on_arrival is not None and collective not in SUMS:
         flag = "--add-on-arrival" if args.add_on_arrival else "--no-add-on-arrival"
         raise UsageError(f"{flag}: a {collective} adds nothing up (it is for {', '.join(SUMS)})")

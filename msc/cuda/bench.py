@@ -486,7 +486,8 @@ def add_bench_command(subparsers, load_plan) -> argparse.ArgumentParser:
     p.add_argument("-G", "--cudagraph", type=int, default=0,
                    help="capture the -n iterations in a CUDA graph and replay it this many times (0: no graph)")
     p.add_argument("-d", "--dtype", default="float", help=f"one of {', '.join(TYPES)}")
-    p.add_argument("-o", "--op", choices=OPS, default="sum", help="the reduction (default sum; ignored by data movement)")
+    p.add_argument("-o", "--op", choices=OPS,
+                   help="the reduction (default sum; an error for collectives that do not reduce)")
     p.add_argument("-c", "--check", type=int, default=1, help="1: count wrong elements of one run per size")
     p.add_argument("--device", type=int, help="GPU index (default: the current one)")
     p.add_argument("--no-baselines", action="store_true", help="time msc only")
@@ -497,15 +498,17 @@ def add_bench_command(subparsers, load_plan) -> argparse.ArgumentParser:
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show Python tracebacks")
 
     def cmd_bench(args) -> int:
+        from msc.cli.args import refuse_inapplicable
         from msc.cuda import device as cu
         from msc.units import format_table
 
         if args.backend == "cuda":
             cu.require_driver()                 # exit 2 with the reason, before reading anything else
         plan = load_plan(args.plan)
+        refuse_inapplicable(plan.collective, op=args.op)
         out = bench(plan, min_bytes=args.minbytes, max_bytes=args.maxbytes, factor=args.stepfactor,
                     iters=args.iters, warmup=args.warmup_iters, graphs=args.cudagraph, dtype=args.dtype,
-                    op=args.op, device=args.device, check=bool(args.check), seed=args.seed,
+                    op=args.op or "sum", device=args.device, check=bool(args.check), seed=args.seed,
                     baselines=not args.no_baselines, backend=args.backend, timeout_s=args.timeout)
         if args.json:
             print(json.dumps(out))

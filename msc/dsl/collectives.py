@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Callable, Iterable
 
-from msc.errors import UsageError
+from msc.errors import UsageError, did_you_mean
 
 Label = tuple[int, int]
 
@@ -373,7 +373,8 @@ def get_collective(spec: str | Collective) -> Collective:
         return spec
     key = str(spec).lower().replace("_", "").replace("-", "")
     if key not in BUILTIN:
-        raise UsageError(f"unknown collective {spec!r}; expected one of {', '.join(BUILTIN)} or a Collective object")
+        raise UsageError(f"unknown collective {spec!r}; expected one of {', '.join(BUILTIN)} or a Collective object"
+                         + did_you_mean(key, BUILTIN))
     return BUILTIN[key]()
 
 

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from msc.dsl.program import PASS_THROUGH, Algorithm, describe
-from msc.errors import AlgorithmError, MscError, SourceLine, UsageError
+from msc.errors import AlgorithmError, MscError, SourceLine, UsageError, did_you_mean
 from msc.formats.inputs import read_input
 from msc.ir.limits import MAX_TEXT_FILE_BYTES
 from msc.resources import data_dir
@@ -29,7 +29,17 @@ def resolve(path: str) -> Path:
         lib = None
     if lib is not None and lib.is_file():
         return lib
-    raise UsageError(f"no such algorithm file: {path}")
+    raise UsageError(f"no such algorithm file: {path}" + did_you_mean(name, library_names()))
+
+
+def library_names() -> list[str]:
+    """The library's algorithm names (``allreduce/ring``...), for suggestions."""
+    try:
+        root = data_dir("algorithms")
+    except FileNotFoundError:
+        return []
+    return sorted(p.relative_to(root).with_suffix("").as_posix() for p in root.glob("*/*.py")
+                  if p.name != "__init__.py")
 
 
 def read_source(path: Path) -> str:

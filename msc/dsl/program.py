@@ -99,6 +99,9 @@ class Program:
         # chunks of every buffer of every rank, and chunks moved: bounded as the trace grows (msc.ir.limits)
         self._chunks = layout.num_ranks * sum(self._physical.values())
         self._moves = 0
+        # in place, the buffers each aliased op was written with (op index -> src buffer, index, dst
+        # buffer, index): errors name what the user wrote, not the physical buffer it maps to
+        self.written_as: dict[int, tuple[str, int, str, int]] = {}
 
     # -- description ------------------------------------------------------
     @property
@@ -221,6 +224,8 @@ class Program:
             had = self.scratch_sizes.get(key, 0)
             if had < di + size:
                 self._grow_scratch(kind, dst, key, had, di + size)
+        if self._alias is not None and (sbuf, dbuf) != (src.buffer, dst.buffer):
+            self.written_as[len(self.ops)] = (src.buffer, src.index, dst.buffer, dst.index)
         self.ops.append(Op(kind, src.rank, sbuf, si, dst.rank, dbuf, di, size,
                            channel, sendtb, recvtb, user_line(3)))
 
@@ -237,6 +242,16 @@ class Program:
     def seal(self) -> None:
         self.ops = tuple(self.ops)
         self._sealed = True
+
+    def describe_op(self, index: int) -> str:
+        """Operation ``index`` in the words the algorithm wrote it (in place:
+        ``output[0]`` where that is what it named, not the input it aliases)."""
+        op = self.ops[index]
+        names = self.written_as.get(index)
+        if names is not None and names != (op.src_buffer, op.src_index, op.dst_buffer, op.dst_index):
+            sb, si, db, di = names
+            op = op._replace(src_buffer=sb, src_index=si, dst_buffer=db, dst_index=di)
+        return op.describe()
 
     def with_ops(self, ops) -> Program:
         """A sealed copy of this program with other operations (for tests and tools)."""

@@ -73,3 +73,15 @@ PROTOCOLS: dict[str, ProtocolSpec] = {p.name: p for p in (
 )}
 PROTOCOL_NAMES = tuple(PROTOCOLS)
 DEFAULT_PROTOCOL = "Simple"
+
+
+def protocol_name(text: str) -> str:
+    """The protocol ``text`` names, in its canonical spelling (``ll``, ``Ll``:
+    ``LL``); users type them in any case, plans hold the canonical one."""
+    from msc.errors import UsageError, did_you_mean
+
+    found = {name.lower(): name for name in PROTOCOL_NAMES}.get(str(text).strip().lower())
+    if found is None:
+        raise UsageError(f"unknown protocol {text!r}: expected one of {', '.join(PROTOCOL_NAMES)} (any case)"
+                         + did_you_mean(str(text).strip(), PROTOCOL_NAMES, fold_case=True))
+    return found

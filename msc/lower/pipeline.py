@@ -36,7 +36,7 @@ from msc.lower.fusion import drop_dead_stores, forwarding_pairs, fuse_forwarding
 from msc.dsl.collectives import BUILTIN, contract_of
 from msc.ir import Plan
 from msc.ir.limits import MAX_CHUNK_MOVES, MAX_INSTANCES, MAX_TILE_BYTES, MAX_TOTAL_CHUNKS, check
-from msc.ir.ops import DEFAULT_PROTOCOL, PROTOCOL_NAMES
+from msc.ir.ops import DEFAULT_PROTOCOL, PROTOCOL_NAMES, protocol_name
 from msc.perf import pause_gc
 from msc.verification import crosscheck
 from msc.lower.placement import assign, place_auto, place_manual, spread_channels, spread_flows
@@ -64,8 +64,9 @@ class LowerOptions:
     runtime: str = DEFAULT_TARGET
 
     def __post_init__(self):
-        if self.protocol not in PROTOCOL_NAMES:
+        if not isinstance(self.protocol, str):
             raise UsageError(f"protocol must be one of {', '.join(PROTOCOL_NAMES)}, got {self.protocol!r}")
+        object.__setattr__(self, "protocol", protocol_name(self.protocol))     # "ll": the plan says "LL"
         if type(self.instances) is not int or self.instances < 1:
             raise UsageError(f"instances must be an int >= 1, got {self.instances!r}")
         check(self.instances, MAX_INSTANCES, "instances")

@@ -85,7 +85,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from msc.errors import UsageError
+from msc.errors import UsageError, did_you_mean
 from msc.sim.topology import GB, Graph, Nodes, Topology, Torus, Uniform, _scaled
 
 COLLECTIVES = ("allgather", "reducescatter", "allreduce", "broadcast", "reduce", "alltoall")
@@ -148,7 +148,8 @@ def collective_name(spec: str) -> str:
     """The collective's name as msc.dsl.collectives spells it ("reduce-scatter": reducescatter)."""
     name = str(spec).lower().replace("_", "").replace("-", "")
     if name not in COLLECTIVES:
-        raise UsageError(f"no bound for collective {spec!r}: expected one of {', '.join(COLLECTIVES)}")
+        raise UsageError(f"no bound for collective {spec!r}: expected one of {', '.join(COLLECTIVES)}"
+                         + did_you_mean(name, COLLECTIVES))
     return name
 
 

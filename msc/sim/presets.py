@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from msc.errors import UsageError
+from msc.errors import UsageError, did_you_mean
 from msc.sim.machines import A100, H100, Machine
 from msc.sim.topology import Nodes, Topology, Torus, Uniform, load_topology
 
@@ -95,7 +95,7 @@ def _nodes_arg(spec: str, arg: str | None, n: int | None) -> int:
     if arg:
         return _int_arg(spec, arg)
     if n % 8:
-        raise UsageError(f"{spec}: nodes of 8 GPUs, but the plan has {n} ranks")
+        raise UsageError(f"{spec}: nodes of 8 GPUs, but the plan has {n} ranks{what_fits(n)}")
     return n // 8
 
 
@@ -134,10 +134,29 @@ PRESETS: tuple[Preset, ...] = (
            lambda arg, n, spec: ring(_int_arg(spec, arg) if arg else n)),
     Preset("torus", "RxC", "a torus of H100 joined by 50 GB/s NVLink links, shortest-way routing",
            lambda arg, n, spec: _torus_arg(spec, arg, n)),
-    Preset("uniform", "N", "fully connected, a link per rank pair of --alpha-us and --bandwidth-gbps "
-           "(the textbook alpha-beta model)", None),
+    Preset("uniform", "N", "N ranks fully connected, a link per rank pair of --alpha-us and --bandwidth-gbps "
+           "(the textbook alpha-beta model); those two flags without --topology mean the same", None),
 )
 PRESET_NAMES = tuple(f"{p.name}[:{p.arg}]" if p.arg else p.name for p in PRESETS)
+
+
+def fitting_presets(n: int) -> list[str]:
+    """The built-in topologies of exactly ``n`` ranks, as --topology spells them."""
+    specs = []
+    if n % 8 == 0:
+        nodes = n // 8
+        specs += ["dgx-h100", "dgx-a100", "nvswitch", "pcie"] if nodes == 1 else [f"dgx-h100:{nodes}",
+                                                                                   f"dgx-a100:{nodes}", f"ib:{nodes}"]
+    specs.append(f"ring:{n}")
+    rows = max(d for d in range(1, math.isqrt(n) + 1) if n % d == 0)
+    if rows > 1:
+        specs.append(f"torus:{rows}x{n // rows}")
+    return specs + [f"uniform:{n} (with --alpha-us US --bandwidth-gbps GBPS)"]
+
+
+def what_fits(n: int | None) -> str:
+    """``"; for N ranks: ring:N, ..."``: the end of a wrong-size message."""
+    return f"; for {n} ranks use {', '.join(fitting_presets(n))}, or a TOML file" if n and n >= 1 else ""
 
 
 def preset(spec: str, n: int | None) -> Topology:
@@ -151,7 +170,8 @@ def preset(spec: str, n: int | None) -> Topology:
                 raise UsageError(f"topology {spec!r} takes its size from the rank count: give --ranks N "
                                  f"(or {name}:{p.arg})")
             return p.build(arg or None, n, spec)
-    raise UsageError(f"unknown topology {spec!r}: expected a TOML file or one of {', '.join(PRESET_NAMES)}")
+    raise UsageError(f"unknown topology {spec!r}: expected a TOML file or one of {', '.join(PRESET_NAMES)}"
+                     + did_you_mean(name, [p.name for p in PRESETS]))
 
 
 def get_topology(spec: str | None, num_ranks: int | None, *, alpha_us: float | None = None,
@@ -177,7 +197,8 @@ def get_topology(spec: str | None, num_ranks: int | None, *, alpha_us: float | N
     else:
         topo = preset(spec, num_ranks)
     if num_ranks is not None and topo.num_ranks != num_ranks:
-        raise UsageError(f"topology {topo.name!r} has {topo.num_ranks} ranks, the plan {num_ranks}")
+        raise UsageError(f"topology {topo.name!r} has {topo.num_ranks} ranks, the plan {num_ranks}"
+                         + what_fits(num_ranks))
     return topo
 
 

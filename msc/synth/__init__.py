@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from msc.errors import UsageError
+from msc.errors import UsageError, did_you_mean
 
 COLLECTIVES = ("allgather", "reducescatter", "allreduce", "broadcast", "reduce", "alltoall")
 SUMS = ("reducescatter", "reduce", "allreduce")       # the collectives whose programs sum up trees
@@ -74,7 +74,8 @@ def default_spread(pieces: int) -> int:
 def check_collective(collective: str) -> None:
     """UsageError unless msc synthesize makes ``collective``."""
     if collective not in COLLECTIVES:
-        raise UsageError(f"msc synthesize makes {', '.join(COLLECTIVES)}, not {collective!r}")
+        raise UsageError(f"msc synthesize makes {', '.join(COLLECTIVES)}, not {collective!r}"
+                         + did_you_mean(collective, COLLECTIVES))
 
 
 class Synthesizer:

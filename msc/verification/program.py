@@ -238,7 +238,7 @@ def _mismatch(program, rank, index, buf, pidx, expected, found, writer):
     where, how = None, "it still holds its initial value"
     if opi >= 0:
         op = program.ops[opi]
-        where, how = op.where, f"last written by {op.describe()}"
+        where, how = op.where, f"last written by {program.describe_op(opi)}"
     raise contribution_error(rank, index, expected.counts, found, how, where)
 
 
