@@ -89,7 +89,7 @@ def test_a_compiled_plan_states_its_collective(plans):
     assert plan.contract.pre is None
 
 
-@pytest.mark.parametrize("name", ["hand_off", "neighbours"])
+@pytest.mark.parametrize("name", [pytest.param("hand_off", marks=pytest.mark.slow), "neighbours"])
 def test_every_command_takes_the_plan_with_no_definition(plans, name):
     out = ok(cli("verify", f"{name}.plan", cwd=plans))
     assert "outputs right" in out
@@ -108,8 +108,6 @@ def test_every_command_takes_the_plan_with_no_definition(plans, name):
 
 @needs_emu
 def test_the_emulated_device_runs_a_custom_plan(plans):
-    out = ok(cli("run", "neighbours.plan", "--backend", "emu", "-e", "4K", cwd=plans))
-    assert "Out of bounds values : 0 OK" in out
     # a custom plan that reduces gets the kernel of the op asked for (max), not sum's
     out = ok(cli("run", "neighbours.plan", "--backend", "emu", "-e", "4K", "-o", "max", "-d", "int32", cwd=plans))
     assert "Out of bounds values : 0 OK" in out

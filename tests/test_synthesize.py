@@ -54,7 +54,8 @@ def traced(text: str, tmp_path, n: int, root: int, inplace: bool):
     return msc.trace(alg, n, inplace=inplace, **kw)
 
 
-@pytest.mark.parametrize("n", [2, 3, 5, 8, 13, 24, pytest.param(64, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("n", [2, 3, 5, 8, 13, pytest.param(24, marks=pytest.mark.slow),
+                               pytest.param(64, marks=pytest.mark.slow)])
 def test_every_synthesized_program_verifies_on_random_topologies(n, tmp_path):
     topo = random_topology(n, seed=n)
     for collective in COLLECTIVES:

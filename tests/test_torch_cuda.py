@@ -169,6 +169,7 @@ CASES = [
 
 
 @needs_emu
+@pytest.mark.slow        # 10 s: the default run has the runtime under the msc backend and the emulated sweep
 def test_collectives_on_the_runtime_match_the_torch_executor(pool2):
     """mt.all_reduce, all_gather, reduce_scatter, all_to_all, broadcast,
     reduce and run_plan with backend="cuda": the torch executor's results
