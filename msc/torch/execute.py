@@ -21,6 +21,8 @@ Not thread-safe: one call at a time per process (as collectives are).
 """
 from __future__ import annotations
 
+import functools
+
 from collections import OrderedDict
 
 import torch
@@ -98,22 +100,30 @@ def clear_caches() -> None:
     _PREPARED.clear()
 
 
+_ALIASES = {alias: o.name for o in REDUCE_OPS.values() for alias in o.aliases}
+
+
+@functools.cache
+def _torch_op_names() -> dict:
+    """torch.distributed's RedOpType -> msc's op name (built once: every collective call asks)."""
+    import torch.distributed as dist
+
+    return {getattr(dist.ReduceOp, o.torch_op): o.name for o in REDUCE_OPS.values()}
+
+
 def op_name(op) -> str:
     """"sum" etc. from a name or a torch.distributed.ReduceOp."""
     if isinstance(op, str):
         key = op.lower()
     else:
-        import torch.distributed as dist
-
-        names = {getattr(dist.ReduceOp, o.torch_op): o.name for o in REDUCE_OPS.values()}
         op = getattr(op, "op", op)          # a ReduceOp object (as in AllreduceOptions) holds its RedOpType
         try:
-            key = names.get(op)
+            key = _torch_op_names().get(op)
         except TypeError:
             key = None
         if key is None:
             raise UsageError(f"unsupported reduction op {op!r} (msc runs {', '.join(OPS)})")
-    key = {alias: o.name for o in REDUCE_OPS.values() for alias in o.aliases}.get(key, key)
+    key = _ALIASES.get(key, key)
     if key not in COMBINE:
         raise UsageError(f"unknown reduction op {op!r} (expected one of {', '.join(OPS)})")
     return key

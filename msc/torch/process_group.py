@@ -196,8 +196,13 @@ class MscProcessGroup(dist.ProcessGroup):
 
     def _serve(self, req: _Request, tensors, fallback):
         name = req.collective
-        if any(t is not None and t.numel() == 0 for t in (req.input, req.output)):
+        given = [t for t in (req.input, req.output) if t is not None]
+        if any(t.numel() == 0 for t in given):
             return self._pass(name, tensors, "empty tensor", fallback)
+        # no plan for the size in either form: pass at once (the common pass-through, kept cheap)
+        entry = self._entry(name, max(t.numel() * t.element_size() for t in given), True, req.root)
+        if isinstance(entry, tuple):
+            return self._pass(name, tensors, entry[0], fallback, detail=entry[1])
         try:
             op = op_name(req.op)
             call = calls._Call(get_collective(name), self.size(), 1, self.rank(), req.input, req.output)
