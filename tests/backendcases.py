@@ -144,3 +144,20 @@ def strict_case(rank: int, n: int) -> dict:
     out["served equal"] = torch.equal(x, y)
     dist.destroy_process_group(group)
     return out
+
+
+def explicit_call_case(rank: int, n: int) -> dict:
+    """msc.torch's own calls on an msc group (the default one): the plan
+    runs, and its messages are not counted as the user's sends."""
+    import torch
+
+    import msc.torch as mt
+
+    mt.served.clear()
+    x = _data(rank, 7, 1000)
+    mt.all_reduce(mt.PlanRegistry.from_dir(__import__("os").environ["MSC_PLANS"]), x)
+    y = _data(rank, 7, 1000)
+    import torch.distributed as dist
+
+    dist.all_reduce(y, group=stock_group())
+    return {"equal": torch.equal(x, y), "rows": mt.served.counts()}

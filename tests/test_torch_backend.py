@@ -77,6 +77,11 @@ def test_every_call_form_is_served_with_gloos_results(pool):
         assert "served: allreduce-ring-r0-n2.plan on the torch executor" in r["report"]
 
 
+def test_msc_torch_calls_on_an_msc_group_leave_the_report_alone(pool):
+    for r in pool.run(backendcases.explicit_call_case):
+        assert r["equal"] and r["rows"] == [], r
+
+
 def test_strict_mode_refuses_pass_through_on_every_rank_before_data_moves(pool):
     for rank, r in enumerate(pool.run(backendcases.strict_case)):
         assert r["band"].startswith("MSC_STRICT: allreduce of 256 int32 over 2 ranks would pass through to gloo: "

@@ -18,6 +18,7 @@ rank before that point tells the others, which raise at once.
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -233,11 +234,16 @@ def _run(get_plan, input, output, *, op="sum", group=None, backend: str = "auto"
         gate.agree(sig, f"{prepared.collective.name} with plan {prepared.plan.name!r}")
     if engine_used is not None:
         engine_used.append(chosen)
-    if chosen == "cuda":
-        _physical(prepared, call, backends.cuda_runner(prepared, call, op, group))   # the msc CUDA runtime
-        return call.output
-    comm = DistTransport(group)
-    _physical(prepared, call, lambda phys: execute(prog, phys, op, comm))
+    # on the msc backend (msc.torch.process_group) msc's own messages go to its fallback, uncounted
+    import torch.distributed as dist
+
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    with getattr(pg, "serving", nullcontext)():
+        if chosen == "cuda":
+            _physical(prepared, call, backends.cuda_runner(prepared, call, op, group))   # the msc CUDA runtime
+            return call.output
+        comm = DistTransport(group)
+        _physical(prepared, call, lambda phys: execute(prog, phys, op, comm))
     return call.output
 
 

@@ -160,16 +160,17 @@ class MscProcessGroup(dist.ProcessGroup):
 
     # -- serve or pass -----------------------------------------------------------------------------
     @contextmanager
-    def _serving(self):
-        self._local.serving = True
+    def serving(self):
+        """While msc itself calls this group (its executor's messages, the
+        runtime's bootstrap): those calls go straight to the fallback, uncounted."""
+        self._local.serving = getattr(self._local, "serving", 0) + 1
         try:
             yield
         finally:
-            self._local.serving = False
+            self._local.serving -= 1
 
     def _inside(self) -> bool:
-        """Whether msc itself is calling (its executor's messages, the runtime's bootstrap)."""
-        return getattr(self._local, "serving", False)
+        return getattr(self._local, "serving", 0) > 0
 
     def _has_plans(self, collective: str) -> bool:
         name = normalize(collective)
@@ -217,7 +218,7 @@ class MscProcessGroup(dist.ProcessGroup):
         if transport == "auto":
             transport = "mixed" if self.fallback_name(call.device) == "gloo" else "p2p"
         engine: list[str] = []
-        with self._serving():
+        with self.serving():
             calls._run(lambda: plan, req.input, req.output, op=op, group=self, backend=self.settings.engine,
                        transport=transport, engine_used=engine)
             if req.after is not None:
