@@ -185,8 +185,9 @@ def _tuned_plans(folder: Path, n: int) -> Path:
     for algorithms in (["allgather/ring", "allgather/recursive_doubling"], ["reducescatter/ring",
                                                                             "reducescatter/allpairs"],
                        ["allreduce/ring", "allreduce/allpairs"]):
+        form = ["--inplace", "out"] if algorithms[0].startswith("reducescatter") else []     # as FSDP calls it
         done = subprocess.run([sys.executable, "-m", "msc.cli", "tune", *algorithms, "--ranks", str(n), "-t",
-                               f"ring:{n}", "-o", str(folder)], capture_output=True, text=True, timeout=300)
+                               f"ring:{n}", "-o", str(folder), *form], capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-2000:]
     return folder
 
