@@ -74,10 +74,11 @@ def _nbytes(tensors) -> int:
     return max((t.numel() * t.element_size() for t in tensors if t is not None), default=None)
 
 
-def _dtype(tensors) -> str | None:
+def _dtype(tensors):
+    """The first tensor's dtype (the report spells it)."""
     for t in tensors:
         if t is not None:
-            return str(t.dtype).replace("torch.", "")
+            return t.dtype
     return None
 
 
@@ -170,7 +171,7 @@ class MscProcessGroup(dist.ProcessGroup):
             self._local.serving -= 1
 
     def _inside(self) -> bool:
-        return getattr(self._local, "serving", 0) > 0
+        return self._local.__dict__.get("serving", 0) > 0
 
     def _has_plans(self, collective: str) -> bool:
         name = normalize(collective)
@@ -181,8 +182,8 @@ class MscProcessGroup(dist.ProcessGroup):
         if self.settings.strict and self._has_plans(collective):
             where = self.fallback_name(next((t.device for t in tensors if t is not None), None))
             raise StrictModeError(
-                f"MSC_STRICT: {collective} of {format_size(nbytes)} {dtype} over {self.size()} ranks would pass "
-                f"through to {where}: {reason}{f' ({detail})' if detail else ''}")
+                f"MSC_STRICT: {collective} of {format_size(nbytes)} {served.spelled(dtype)} over {self.size()} ranks "
+                f"would pass through to {where}: {reason}{f' ({detail})' if detail else ''}")
         served.passed(collective, nbytes, dtype, reason)
         return fallback()
 
@@ -223,7 +224,7 @@ class MscProcessGroup(dist.ProcessGroup):
                        transport=transport, engine_used=engine)
             if req.after is not None:
                 req.after()
-        served.served(name, nbytes, str(call.dtype).replace("torch.", ""), _label(entry), _engine_label(engine[0]))
+        served.served(name, nbytes, call.dtype, _label(entry), _engine_label(engine[0]))
         return _done(req.result)
 
     def _entry(self, name: str, nbytes: int, inplace: bool, root: int | None):

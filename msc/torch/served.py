@@ -18,11 +18,11 @@ _LOCK = threading.Lock()
 _COUNTS: Counter = Counter()          # (collective, nbytes, dtype, outcome) -> calls
 
 
-def served(collective: str, nbytes: int, dtype: str, plan: str, engine: str) -> None:
+def served(collective: str, nbytes: int, dtype, plan: str, engine: str) -> None:
     _add(collective, nbytes, dtype, ("served", f"{plan} on {engine}"))
 
 
-def passed(collective: str, nbytes: int | None, dtype: str | None, reason: str) -> None:
+def passed(collective: str, nbytes: int | None, dtype, reason: str) -> None:
     _add(collective, nbytes, dtype, ("passed", reason))
 
 
@@ -41,11 +41,16 @@ def counts() -> list[dict]:
     {"collective", "bytes", "dtype", "outcome": "served"|"passed", "how": plan/engine or reason, "calls"}."""
     with _LOCK:
         items = list(_COUNTS.items())
-    rows = [{"collective": c, "bytes": b, "dtype": d, "outcome": o[0], "how": o[1], "calls": k}
+    rows = [{"collective": c, "bytes": b, "dtype": spelled(d), "outcome": o[0], "how": o[1], "calls": k}
             for (c, b, d, o), k in items]
     rows.sort(key=lambda r: (r["collective"], -1 if r["bytes"] is None else r["bytes"], str(r["dtype"]),
                              r["outcome"] != "served", r["how"]))
     return rows
+
+
+def spelled(dtype) -> str | None:
+    """"float32" for torch.float32 (kept as the object while counting: every call counts)."""
+    return None if dtype is None else str(dtype).replace("torch.", "")
 
 
 def totals() -> dict[str, int]:
