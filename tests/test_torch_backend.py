@@ -255,3 +255,38 @@ def test_device_mapped_form_and_the_report_at_exit(tmp_path):
     assert [(tmp_path / f"rank{r}").read_text() for r in range(2)] == ["MscProcessGroup 3.0"] * 2
     assert done.stdout.count("msc backend: 1 calls served by msc plans, 0 passed through") == 1
     assert "served: allreduce-ring-r0-n2.plan on the torch executor" in done.stdout
+
+
+def test_ranks_with_different_plans_are_refused_when_the_group_is_made(tmp_path):
+    """Each rank decides alone which calls msc serves: different plans would
+    make ranks call different things and hang, so the group's creation
+    compares every rank's plans (through its store) and refuses on all ranks."""
+    import threading
+
+    from msc.torch import process_group
+    from msc.torch.registry import PlanRegistry
+
+    same, other = write_plans(tmp_path / "same"), tmp_path / "other"
+    other.mkdir()
+    save_plan(library_plan("allreduce/allpairs:allpairs", 2, True), other / "allreduce-allpairs.plan")
+    for dirs, refused in (((same, same), False), ((same, other), True)):
+        store, errors = dist.HashStore(), {}
+
+        def rank(r):
+            try:
+                process_group._same_plans_everywhere(store, r, 2, timedelta(seconds=20),
+                                                     PlanRegistry.from_dir(dirs[r]), str(dirs[r]))
+            except UsageError as exc:
+                errors[r] = str(exc)
+        threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        if not refused:
+            assert errors == {}
+            continue
+        assert sorted(errors) == [0, 1], errors
+        for text in errors.values():
+            assert "needs the same plans on every rank" in text
+            assert f"rank 0: plans {same} (digest" in text and f"rank 1: plans {other} (digest" in text

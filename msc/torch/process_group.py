@@ -130,6 +130,7 @@ class MscProcessGroup(dist.ProcessGroup):
         self._backends: dict[str, object] = {}
         self._entries: dict[tuple, object] = {}                # call shape -> registry entry or why none
         self._local = threading.local()
+        _same_plans_everywhere(store, rank, size, timeout, self.registry, settings.plans)
         self._backend_for("cpu")                                # gloo connects all ranks now, as init does
 
     # -- identity ----------------------------------------------------------------------------------
@@ -455,6 +456,31 @@ def _engine_label(engine: str) -> str:
 
         return "the CUDA runtime (emulated)" if runtime_device() == "emu" else "the CUDA runtime"
     return "the torch executor"
+
+
+def _same_plans_everywhere(store, rank: int, size: int, timeout: timedelta, registry, source) -> None:
+    """Every rank must hold the same plans: each decides alone whether a
+    call is served or passed through, so ranks with different plans would
+    make different calls (one waiting for msc's agreement, another inside
+    gloo) and hang. Checked once, at the group's creation, through its store."""
+    import hashlib
+
+    mine = hashlib.blake2b("".join(e.digest() for e in registry).encode(), digest_size=8).hexdigest()
+    store.set(f"msc-plans/{rank}", f"{mine} {source}")
+    keys = [f"msc-plans/{r}" for r in range(size)]
+    try:
+        store.wait(keys, timeout)
+    except Exception as exc:                 # the store's timeout: a rank never came
+        raise UsageError(f"the msc backend: not every rank published its plans within {timeout}: {exc}") from None
+    records = [store.get(k).decode() for k in keys]
+    if len(set(r.split(" ", 1)[0] for r in records)) > 1:
+        groups: dict[str, list[int]] = {}
+        for r, rec in enumerate(records):
+            groups.setdefault(rec, []).append(r)
+        listing = "; ".join(f"rank{'s' if len(rs) > 1 else ''} {','.join(map(str, rs))}: plans {rec.split(' ', 1)[1]} "
+                            f"(digest {rec.split(' ', 1)[0]})" for rec, rs in groups.items())
+        raise UsageError(f"the msc backend needs the same plans on every rank (each rank decides alone which "
+                         f"calls msc serves): {listing}")
 
 
 def _equal_list(tensors, like) -> bool:

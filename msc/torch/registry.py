@@ -125,6 +125,20 @@ class PlanEntry:
     def covers(self, nbytes: int) -> bool:
         return self.min_bytes <= nbytes and (self.max_bytes is None or nbytes < self.max_bytes)
 
+    def digest(self) -> str:
+        """16 hex digits naming what the entry serves and with what: its key,
+        size range and plan (a plan not read yet: its file's bytes)."""
+        import hashlib
+
+        h = hashlib.blake2b(repr((self.key, self.min_bytes, self.max_bytes)).encode(), digest_size=8)
+        if self._plan is None and self._path is not None:
+            h.update(read_input(self._path, MAX_PLAN_FILE_BYTES, what="plan", error=PlanError))
+        else:
+            from msc.torch.agree import plan_digest
+
+            h.update(plan_digest(self.plan).encode())
+        return h.hexdigest()
+
     def overlaps(self, other: PlanEntry) -> bool:
         lo = max(self.min_bytes, other.min_bytes)
         his = [h for h in (self.max_bytes, other.max_bytes) if h is not None]
