@@ -28,9 +28,9 @@ once, get_future() is done): correct, but a served call does not overlap
 computation the way an asynchronous NCCL call does. Pass-through calls get
 the wrapped backend's own Work.
 
-The agreement check (msc.torch.agree) applies to served calls: ranks that
-would serve a call differently (different plans, a rank passing through)
-raise instead of hanging.
+The agreement check (msc.torch.agree) applies to served calls. Every rank
+decides alone whether msc serves a call, so the group's creation checks
+that all ranks hold the same plans (``_same_plans_everywhere``).
 """
 from __future__ import annotations
 
