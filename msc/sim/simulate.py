@@ -109,6 +109,10 @@ class Simulator:
         contested = {r for r, cs in users.items()
                      if len(cs) > 1 and sum(self.rate[c] for c in cs) > self.capacity[r] * (1 + 1e-9)}
         self.conn_watch = [tuple(r for r in res if r in contested) for res in self.res]
+        # the watched links of each connection, flat (for _contended's gathers)
+        self._watch_len = np.array([len(w) for w in self.conn_watch], dtype=np.int64)
+        self._watch_ptr = np.concatenate([[0], np.cumsum(self._watch_len)]).astype(np.int64)
+        self._watch_flat = np.array([r for w in self.conn_watch for r in w], dtype=np.int64)
         watched = np.array([bool(w) for w in self.conn_watch] + [False])
         self.watch = watched[self.send_conn] if contested else None
 
@@ -202,8 +206,9 @@ class Simulator:
             return clash
         _, g, t0, t1 = sends
         conns = self.send_conn[g]
-        nres = np.array([len(self.conn_watch[c]) for c in conns])
-        res = np.array([r for c in conns for r in self.conn_watch[c]], dtype=np.int64)
+        nres = self._watch_len[conns]
+        first = np.repeat(self._watch_ptr[conns] - (np.cumsum(nres) - nres), nres)
+        res = self._watch_flat[first + np.arange(int(nres.sum()))]     # each step's watched links, in order
         rate = np.repeat(self.rate[conns], nres)
         t0, t1 = np.repeat(t0, nres, axis=0), np.repeat(t1, nres, axis=0)
         cap = np.asarray(self.capacity)

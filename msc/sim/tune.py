@@ -80,7 +80,8 @@ class Candidate:
         """The time at swept size j, simulating contention if the fast
         engine's was only a bound."""
         if not self.known[j]:
-            self.times[j] = self.time_at(size)
+            # only a contended size is not known: "auto" would rerun the fast engine to find that again
+            self.times[j] = self.sim.run([size], engine="events")[0].seconds
             self.known[j] = True
         return self.times[j]
 

@@ -23,7 +23,8 @@ from msc.synth import SUMS, Synthesis, Synthesizer, spread_choices
 @dataclass(frozen=True)
 class Choice:
     """The chosen synthesis, its instances, and its simulated time (s) at
-    ``size`` next to the other candidates' (label -> s); ``synthesizer``
+    ``size`` next to the other candidates' (label -> s: exact for the
+    winner, a lower bound where another could not win); ``synthesizer``
     writes the same packing with another spread."""
 
     synthesis: Synthesis
@@ -50,7 +51,7 @@ def choose_by_simulation(collective: str, topology, size: int, *, root: int = 0,
             if collective in ("broadcast", "reduce"):
                 params["root"] = [root]
             result = tune([str(path)], topology.num_ranks, topology, [size], protocols=protocols,
-                          user_params=params, refine=False)
+                          user_params=params, refine=False, runner_up=False)   # the winner alone decides
             for c in result.candidates:
                 shown = " ".join(f"{key}={v}" for key, v in c.params.items() if key != "root")
                 tried[f"pieces={k} {shown} {c.protocol} x{c.instances}"] = c.times[0]
