@@ -27,7 +27,7 @@ RATE_CACHE = 65_536          # sets of flows whose max-min rates are kept per Ev
 class _Flow:
     __slots__ = ("t", "conn", "rem", "rate", "last", "res", "cap", "ver")
 
-    def __init__(self, t, conn, rem, res, cap, now):
+    def __init__(self, t, rem, res, cap, now, conn=-1):
         self.t, self.conn, self.rem, self.res, self.cap, self.last = t, conn, rem, res, cap, now
         self.rate, self.ver = 0.0, 0
 
@@ -162,7 +162,7 @@ class _Replay:
         if sc < 0:
             self.finish(tb)
             return
-        f = _Flow(tb, sc, nbytes * self.tlen[it], self.res[sc], self.cap[sc], now)
+        f = _Flow(tb, nbytes * self.tlen[it], self.res[sc], self.cap[sc], now, sc)
         if not f.res:
             f.rate = f.cap
             self.push(now + f.rem / f.rate, _FLOW, (f, 0))

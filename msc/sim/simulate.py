@@ -31,6 +31,7 @@ from msc.errors import UsageError
 from msc.ir import Plan
 from msc.ir.limits import MAX_TILES
 from msc.lower.runtimes import runtime_slots
+from msc.progress import steps
 from msc.units import BUSBW_FACTOR, parse_dtype
 from msc.sim.events import EventSim
 from msc.sim.fast import JUMP_MIN, evaluate, layers, prepare
@@ -136,7 +137,9 @@ class Simulator:
         q = -(-count // k)
         return buffer_elements(big, count, k) * self.itemsize, count, float(q * self.itemsize)
 
-    def run(self, requested: list[int], *, engine: str = "auto") -> list[SimResult]:
+    def run(self, requested: list[int], *, engine: str = "auto", progress: str | None = None) -> list[SimResult]:
+        """A SimResult per size; ``progress`` names the work for a bar over
+        the event engine's sizes on a terminal (msc.progress)."""
         if engine not in ENGINES:
             raise UsageError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
         geo = [self.chunk_geometry(s) for s in requested]
@@ -151,12 +154,13 @@ class Simulator:
             if n == 0:
                 out[i] = SimResult(geo[i][0], geo[i][1], 0.0, 0, "none", False)
         if engine == "events":
-            for i in todo:
+            for i in steps(todo, progress or "", unit="size") if progress else todo:
                 out[i] = SimResult(geo[i][0], geo[i][1], self._events_time(geo[i][2]), iters[i], "events", False)
             return self._launched(out)
         if self._layers is None:
             self._layers = layers(self.sp, self.slots)
             self._levels = prepare(self._layers, self.alpha, self.comp, self.tx, self.watch, self.fixed)
+        contended = []                # sizes whose transfers shared a link: the event engine's
         for batch in self._batches(todo, iters):
             imax = max(iters[i] for i in batch)
             tlen = np.array([[self._tlen(geo[i][2], it) for i in batch] for it in range(imax)])
@@ -164,9 +168,11 @@ class Simulator:
             clash = self._contended(res.sends, len(batch))
             for j, i in enumerate(batch):
                 if clash[j] and engine == "auto":
-                    out[i] = SimResult(geo[i][0], geo[i][1], self._events_time(geo[i][2]), iters[i], "events", True)
+                    contended.append(i)
                 else:
                     out[i] = SimResult(geo[i][0], geo[i][1], float(res.seconds[j]), iters[i], "fast", bool(clash[j]))
+        for i in steps(contended, progress, unit="size") if progress and len(contended) > 1 else contended:
+            out[i] = SimResult(geo[i][0], geo[i][1], self._events_time(geo[i][2]), iters[i], "events", True)
         return self._launched(out)
 
     def _launched(self, results: list[SimResult]) -> list[SimResult]:
@@ -295,7 +301,8 @@ class Simulator:
             has_root = False
         factor = BUSBW_FACTOR.get(plan.collective, lambda n: 1.0)(plan.num_ranks)
         out = []
-        for req, r in zip(requested, self.run(requested, engine=engine)):
+        what = f"simulating {plan.name} with link contention (event engine)"
+        for req, r in zip(requested, self.run(requested, engine=engine, progress=what)):
             us = r.seconds * 1e6
             algbw = r.size / us / 1e3 if us > 0 else 0.0
             out.append({"plan": plan.name, "size": r.size, "count": r.count, "type": self.type_name,

@@ -17,6 +17,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from msc.progress import steps
 from msc.synth import SUMS, Synthesis, Synthesizer, spread_choices
 
 
@@ -42,7 +43,8 @@ def choose_by_simulation(collective: str, topology, size: int, *, root: int = 0,
     synth = Synthesizer(collective, topology, root=root)
     tried, best = {}, None            # best: (seconds, pieces, candidate)
     with tempfile.TemporaryDirectory(prefix="msc-synthesize-") as tmp:
-        for k in synth.piece_choices():
+        for k in steps(synth.piece_choices(), f"synthesizing and simulating {collective} by piece count",
+                       unit="count"):
             path = Path(tmp) / f"{name}_pieces{k}.py"
             path.write_text(synth.program(k, name=name, command=command).text)
             params = {"spread": list(spread_choices(k))}
