@@ -78,7 +78,7 @@ def test_the_top_level_shows_the_stages():
     """What help(msc) lists: the stage packages and a few shared modules."""
     top = {m.name for m in pkgutil.iter_modules(msc.__path__)}
     assert top == {"cli", "compat", "cuda", "dsl", "errors", "executor", "formats", "ir", "lower", "perf",
-                   "resources", "sim", "synth", "torch", "units", "verification"}
+                   "progress", "resources", "sim", "synth", "torch", "units", "verification"}
 
 
 def test_the_core_does_not_import_the_mscclang_layer():
