@@ -79,7 +79,7 @@ def test_the_top_level_shows_the_stages():
     ``__main__`` (``python -m msc``)."""
     top = {m.name for m in pkgutil.iter_modules(msc.__path__)}
     assert top == {"__main__", "cli", "compat", "cuda", "dsl", "errors", "executor", "formats", "ir", "lower",
-                   "perf", "resources", "sim", "synth", "torch", "units", "verification"}
+                   "perf", "progress", "resources", "sim", "synth", "torch", "units", "verification"}
 
 
 def test_the_core_does_not_import_the_mscclang_layer():

@@ -692,13 +692,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args) -> int:
+    from msc import progress
     from msc.dsl.program import TimeLimitExceeded, describe
 
     try:
         if args.script_args and args.command not in SCRIPT_COMMANDS:
             raise UsageError(f"msc {args.command} takes no arguments after -- (only msc verify and msc compile "
                              f"pass them to an MSCCLang script); got {' '.join(args.script_args)}")
-        return args.func(args)
+        with progress.quiet(getattr(args, "json", False)):      # --json: stdout and stderr stay machine-readable
+            return args.func(args)
     except VerificationError as exc:
         return _fail(args, 1, "verification failed", exc, exc.to_dict())
     except MscError as exc:

@@ -30,6 +30,7 @@ from msc.dsl.collectives import BUILTIN
 from msc.errors import UsageError
 from msc.ir.ops import REDUCE_OP_NAMES
 from msc.lower.runtimes import add_capacity_args, capacity_args
+from msc.progress import steps
 from msc.units import TYPES, format_size, format_table, parse_dtype, parse_size, size_arg, sizes
 
 # numpy (and the executor) are imported where used: registering the command
@@ -110,7 +111,8 @@ def sweep(plan, *, min_bytes=None, max_bytes, factor: int = 2, dtype="float", op
         any(step.op.reduces for _, _, _, step in plan.steps())
     rng = np.random.default_rng(seed)
     records = []
-    for requested in sizes(min_bytes, parse_size(max_bytes), factor):
+    for requested in steps(sizes(min_bytes, parse_size(max_bytes), factor),
+                           f"running {plan.name} ({backend}) and checking it against numpy", unit="size"):
         count = requested * k // (dt.itemsize * chunks_big) if chunks_big else 0
         size = buffer_elements(chunks_big, count, k) * dt.itemsize
         inputs = reference.random_inputs(rng, dt, op, n, buffer_elements(chunks_in, count, k))

@@ -186,6 +186,7 @@ def bench(plan, *, min_bytes, max_bytes, factor: int = 2, iters: int = 20, warmu
     from msc.cuda.backend import choose
     from msc.cuda.runtime import Communicator
     from msc.cuda.validate import check_op
+    from msc.progress import steps
     from msc.verification.plan import plan_collective
     from msc.units import TYPES, parse_dtype, parse_size, sizes
 
@@ -206,8 +207,9 @@ def bench(plan, *, min_bytes, max_bytes, factor: int = 2, iters: int = 20, warmu
     run = _Run(comm, plan, plan_collective(plan), tname, dt, _torch_dtype(tname), op, check, seed, iters,
                warmup, graphs, host, "cpu" if host else dev, baselines, np.random.default_rng(seed))
     try:
-        records = [_record(run, requested) for requested in sizes(parse_size(min_bytes), parse_size(max_bytes),
-                                                                   factor)]
+        swept = sizes(parse_size(min_bytes), parse_size(max_bytes), factor)
+        records = [_record(run, requested)
+                   for requested in steps(swept, f"timing {plan.name} on the GPU against torch", unit="size")]
         comm.synchronize()
     finally:
         comm.close()

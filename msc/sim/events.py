@@ -21,13 +21,14 @@ from heapq import heappop, heappush
 from msc.errors import DeadlockError
 
 _COMPUTED, _FLOW, _ARRIVE, _CREDIT = 0, 1, 2, 3
+RATE_CACHE = 65_536          # sets of flows whose max-min rates are kept per EventSim (bounds memory)
 
 
 class _Flow:
-    __slots__ = ("t", "rem", "rate", "last", "res", "cap", "ver")
+    __slots__ = ("t", "conn", "rem", "rate", "last", "res", "cap", "ver")
 
-    def __init__(self, t, rem, res, cap, now):
-        self.t, self.rem, self.res, self.cap, self.last = t, rem, res, cap, now
+    def __init__(self, t, rem, res, cap, now, conn=-1):
+        self.t, self.conn, self.rem, self.res, self.cap, self.last = t, conn, rem, res, cap, now
         self.rate, self.ver = 0.0, 0
 
 
@@ -74,6 +75,10 @@ class EventSim:
     def __init__(self, steps, per_iter, alpha, cap, res, capacity, slots, names):
         self.steps, self.per_iter, self.alpha, self.cap, self.res = steps, per_iter, alpha, cap, res
         self.capacity, self.slots, self.names = capacity, slots, names
+        # max-min rates per multiset of connections with flows (sorted tuple -> {conn: rate}): a
+        # flow's rate depends only on its connection's cap and links and on the others', so
+        # the periodic regime's repeated sets of flows are solved once, with the same floats
+        self.rates: dict = {}
 
     def run(self, tlen: list[float], record: bool = False):
         """Makespan (s) for a size whose tile iteration ``it`` moves
@@ -94,12 +99,13 @@ class _Replay:
     event heap; the flows on each shared link (``members``)."""
 
     __slots__ = ("alpha", "arrived", "cap", "capacity", "credits", "cur", "dirty", "done", "end", "heap", "iters",
-                 "lens", "log", "members", "now", "nxt", "per_iter", "record", "res", "seq", "slots", "steps", "tlen",
+                 "lens", "log", "members", "now", "nxt", "per_iter", "rates", "record", "res", "seq", "slots", "steps", "tlen",
                  "waiting")
 
     def __init__(self, sim: EventSim, tlen: list[float], record: bool):
         self.steps, self.per_iter, self.alpha, self.slots = sim.steps, sim.per_iter, sim.alpha, sim.slots
         self.res, self.cap, self.capacity = sim.res, sim.cap, sim.capacity
+        self.rates = sim.rates
         self.tlen, self.iters, self.record = tlen, len(tlen), record
         ntb, nconn = len(sim.steps), len(sim.per_iter)
         self.lens = [len(s) for s in sim.steps]
@@ -156,7 +162,7 @@ class _Replay:
         if sc < 0:
             self.finish(tb)
             return
-        f = _Flow(tb, nbytes * self.tlen[it], self.res[sc], self.cap[sc], now)
+        f = _Flow(tb, nbytes * self.tlen[it], self.res[sc], self.cap[sc], now, sc)
         if not f.res:
             f.rate = f.cap
             self.push(now + f.rem / f.rate, _FLOW, (f, 0))
@@ -185,7 +191,15 @@ class _Replay:
         for f in flows:
             f.rem = max(f.rem - f.rate * (now - f.last), 0.0)
             f.last = now
-        for f, rate in maxmin(flows, self.capacity, members).items():
+        key = tuple(sorted(f.conn for f in flows))
+        per_conn = self.rates.get(key)
+        if per_conn is None:
+            if len(self.rates) >= RATE_CACHE:
+                self.rates.clear()
+            per_conn = {f.conn: rate for f, rate in maxmin(flows, self.capacity, members).items()}
+            self.rates[key] = per_conn
+        for f in flows:
+            rate = per_conn[f.conn]
             if rate != f.rate:
                 f.rate = rate
                 f.ver += 1

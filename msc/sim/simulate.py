@@ -32,6 +32,7 @@ from msc.ir import Plan
 from msc.verification.plan import plan_collective
 from msc.ir.limits import MAX_TILES
 from msc.lower.runtimes import runtime_slots
+from msc.progress import steps
 from msc.units import BUSBW_FACTOR, parse_dtype
 from msc.sim.events import EventSim
 from msc.sim.fast import JUMP_MIN, evaluate, layers, prepare
@@ -110,6 +111,10 @@ class Simulator:
         contested = {r for r, cs in users.items()
                      if len(cs) > 1 and sum(self.rate[c] for c in cs) > self.capacity[r] * (1 + 1e-9)}
         self.conn_watch = [tuple(r for r in res if r in contested) for res in self.res]
+        # the watched links of each connection, flat (for _contended's gathers)
+        self._watch_len = np.array([len(w) for w in self.conn_watch], dtype=np.int64)
+        self._watch_ptr = np.concatenate([[0], np.cumsum(self._watch_len)]).astype(np.int64)
+        self._watch_flat = np.array([r for w in self.conn_watch for r in w], dtype=np.int64)
         watched = np.array([bool(w) for w in self.conn_watch] + [False])
         self.watch = watched[self.send_conn] if contested else None
 
@@ -133,7 +138,9 @@ class Simulator:
         q = -(-count // k)
         return buffer_elements(big, count, k) * self.itemsize, count, float(q * self.itemsize)
 
-    def run(self, requested: list[int], *, engine: str = "auto") -> list[SimResult]:
+    def run(self, requested: list[int], *, engine: str = "auto", progress: str | None = None) -> list[SimResult]:
+        """A SimResult per size; ``progress`` names the work for a bar over
+        the event engine's sizes on a terminal (msc.progress)."""
         if engine not in ENGINES:
             raise UsageError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
         geo = [self.chunk_geometry(s) for s in requested]
@@ -148,12 +155,13 @@ class Simulator:
             if n == 0:
                 out[i] = SimResult(geo[i][0], geo[i][1], 0.0, 0, "none", False)
         if engine == "events":
-            for i in todo:
+            for i in steps(todo, progress or "", unit="size") if progress else todo:
                 out[i] = SimResult(geo[i][0], geo[i][1], self._events_time(geo[i][2]), iters[i], "events", False)
             return self._launched(out)
         if self._layers is None:
             self._layers = layers(self.sp, self.slots)
             self._levels = prepare(self._layers, self.alpha, self.comp, self.tx, self.watch, self.fixed)
+        contended = []                # sizes whose transfers shared a link: the event engine's
         for batch in self._batches(todo, iters):
             imax = max(iters[i] for i in batch)
             tlen = np.array([[self._tlen(geo[i][2], it) for i in batch] for it in range(imax)])
@@ -161,9 +169,11 @@ class Simulator:
             clash = self._contended(res.sends, len(batch))
             for j, i in enumerate(batch):
                 if clash[j] and engine == "auto":
-                    out[i] = SimResult(geo[i][0], geo[i][1], self._events_time(geo[i][2]), iters[i], "events", True)
+                    contended.append(i)
                 else:
                     out[i] = SimResult(geo[i][0], geo[i][1], float(res.seconds[j]), iters[i], "fast", bool(clash[j]))
+        for i in steps(contended, progress, unit="size") if progress and len(contended) > 1 else contended:
+            out[i] = SimResult(geo[i][0], geo[i][1], self._events_time(geo[i][2]), iters[i], "events", True)
         return self._launched(out)
 
     def _launched(self, results: list[SimResult]) -> list[SimResult]:
@@ -203,8 +213,9 @@ class Simulator:
             return clash
         _, g, t0, t1 = sends
         conns = self.send_conn[g]
-        nres = np.array([len(self.conn_watch[c]) for c in conns])
-        res = np.array([r for c in conns for r in self.conn_watch[c]], dtype=np.int64)
+        nres = self._watch_len[conns]
+        first = np.repeat(self._watch_ptr[conns] - (np.cumsum(nres) - nres), nres)
+        res = self._watch_flat[first + np.arange(int(nres.sum()))]     # each step's watched links, in order
         rate = np.repeat(self.rate[conns], nres)
         t0, t1 = np.repeat(t0, nres, axis=0), np.repeat(t1, nres, axis=0)
         cap = np.asarray(self.capacity)
@@ -291,7 +302,8 @@ class Simulator:
             has_root = False
         factor = BUSBW_FACTOR.get(plan.collective, lambda n: 1.0)(plan.num_ranks)
         out = []
-        for req, r in zip(requested, self.run(requested, engine=engine)):
+        what = f"simulating {plan.name} with link contention (event engine)"
+        for req, r in zip(requested, self.run(requested, engine=engine, progress=what)):
             us = r.seconds * 1e6
             algbw = r.size / us / 1e3 if us > 0 else 0.0
             out.append({"plan": plan.name, "size": r.size, "count": r.count, "type": self.type_name,

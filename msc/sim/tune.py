@@ -39,6 +39,7 @@ from pathlib import Path
 
 from msc.errors import AlgorithmError, LoweringError, MscError, UsageError
 from msc.ir.ops import DEFAULT_PROTOCOL, PROTOCOL_NAMES
+from msc.progress import steps
 from msc.units import BUSBW_FACTOR, format_size
 
 MAX_VARIANTS = 12
@@ -80,7 +81,8 @@ class Candidate:
         """The time at swept size j, simulating contention if the fast
         engine's was only a bound."""
         if not self.known[j]:
-            self.times[j] = self.time_at(size)
+            # only a contended size is not known: "auto" would rerun the fast engine to find that again
+            self.times[j] = self.sim.run([size], engine="events")[0].seconds
             self.known[j] = True
         return self.times[j]
 
@@ -209,7 +211,7 @@ def tune(files: list[str], ranks: int, topology, requested: list[int], *, protoc
         raise UsageError(f"the threadblock budget must be an int >= 1, got {max_threadblocks!r}")
     user = user_params or {}
     skipped, cands, collective = [], [], None
-    for path in files:
+    for path in steps(files, "tracing, verifying and lowering algorithms", unit="file"):
         algs = load_algorithms(path)
         if not algs:
             raise UsageError(f"{path} defines no @msc.algorithm")
@@ -250,12 +252,13 @@ def _simulate(cands, baseline, requested, exact: int = 2):
     fastest (by default the winner and the runner-up) are exact and the
     rest are bounds."""
     everyone = cands + ([baseline] if baseline is not None and baseline not in cands else [])
-    for c in everyone:
+    for c in steps(everyone, f"simulating {len(everyone)} candidates at {len(requested)} sizes (fast engine)",
+                   unit="plan"):
         res = c.sim.run(requested, engine="fast")
         floor = link_floor(c.sim, requested)
         c.times = [r.seconds if not r.contended else max(r.seconds, f) for r, f in zip(res, floor)]
         c.known = [not r.contended for r in res]
-    for j in range(len(requested)):
+    for j in steps(range(len(requested)), "simulating the fastest with contention (event engine)", unit="size"):
         exact_best(cands, j, requested[j], count=exact)
         if baseline is not None:
             baseline.exact(j, requested[j])

@@ -17,13 +17,15 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from msc.progress import steps
 from msc.synth import SUMS, Synthesis, Synthesizer, spread_choices
 
 
 @dataclass(frozen=True)
 class Choice:
     """The chosen synthesis, its instances, and its simulated time (s) at
-    ``size`` next to the other candidates' (label -> s); ``synthesizer``
+    ``size`` next to the other candidates' (label -> s: exact for the
+    winner, a lower bound where another could not win); ``synthesizer``
     writes the same packing with another spread."""
 
     synthesis: Synthesis
@@ -41,7 +43,8 @@ def choose_by_simulation(collective: str, topology, size: int, *, root: int = 0,
     synth = Synthesizer(collective, topology, root=root)
     tried, best = {}, None            # best: (seconds, pieces, candidate)
     with tempfile.TemporaryDirectory(prefix="msc-synthesize-") as tmp:
-        for k in synth.piece_choices():
+        for k in steps(synth.piece_choices(), f"synthesizing and simulating {collective} by piece count",
+                       unit="count"):
             path = Path(tmp) / f"{name}_pieces{k}.py"
             path.write_text(synth.program(k, name=name, command=command).text)
             params = {"spread": list(spread_choices(k))}
@@ -50,7 +53,7 @@ def choose_by_simulation(collective: str, topology, size: int, *, root: int = 0,
             if collective in ("broadcast", "reduce"):
                 params["root"] = [root]
             result = tune([str(path)], topology.num_ranks, topology, [size], protocols=protocols,
-                          user_params=params, refine=False)
+                          user_params=params, refine=False, runner_up=False)   # the winner alone decides
             for c in result.candidates:
                 shown = " ".join(f"{key}={v}" for key, v in c.params.items() if key != "root")
                 tried[f"pieces={k} {shown} {c.protocol} x{c.instances}"] = c.times[0]
