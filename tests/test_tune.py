@@ -183,3 +183,24 @@ def test_link_floor_is_a_lower_bound_on_contended_plans():
     floor = link_floor(sim, sizes)
     assert all(f <= e * (1 + 1e-9) for f, e in zip(floor, exact))
     assert floor[1] > fast[1] * 1.5          # where the NIC is the bottleneck it is much the tighter bound
+
+
+def test_each_form_and_root_tunes_into_one_folder(tmp_path, capsys):
+    """Plan file names carry the call they serve (out of place: -out; root R:
+    -rootR), so tuning the other form or root into the same -o folder keeps
+    what is there; a root is tuned one at a time."""
+    from msc.torch.registry import PlanRegistry
+
+    base = ["--ranks", 4, "--alpha-us", 1, "--bandwidth-gbps", 50, "-b", "4K", "-e", "64K", "-f", 16,
+            "--instances", "1", "--protocols", "Simple", "-o", tmp_path]
+    for extra in (["allgather/ring"], ["allgather/ring", "--inplace", "out"], ["broadcast/chain"],
+                  ["broadcast/chain", "--param", "root=2"]):
+        rc, _, err = run_cli(["tune", *extra, *base], capsys)
+        assert rc == 0, err
+    keys = {e.key for e in PlanRegistry.from_dir(tmp_path)}
+    assert keys == {("allgather", 4, True, 0), ("allgather", 4, False, 0), ("broadcast", 4, True, 0),
+                    ("broadcast", 4, True, 2)}
+    names = sorted(p.name for p in tmp_path.glob("*.plan"))
+    assert any(n.endswith("-n4-out.plan") for n in names) and any(n.endswith("-n4-root2.plan") for n in names)
+    rc, _, err = run_cli(["tune", "broadcast/chain", "--param", "root=1,2", *base], capsys)
+    assert rc == 2 and "--param root takes one value, got 2" in err

@@ -6,7 +6,7 @@ Parameter variations (unless ``--param name=v1,v2`` lists them): an int
 parameter with default d tries d, d/2, 2d and 4d (``chunks``: more or fewer
 pipeline pieces); ``gpus_per_node`` also tries the topology's node size;
 a bool tries both; anything else keeps its default. ``root`` is never
-varied. At most MAX_VARIANTS combinations per algorithm, defaults first.
+varied: ``--param root=R`` tunes the plans for root R (one value). At most MAX_VARIANTS combinations per algorithm, defaults first.
 
 Ranges follow MSCCL: a plan serves min_bytes <= size < max_bytes. The first
 range starts at 0 and the last is open (max_bytes null), so every size has a
@@ -70,8 +70,12 @@ class Candidate:
         return f"{self.algorithm}{extra} {self.protocol} x{self.instances}"
 
     def filename(self, ranks: int) -> str:
-        extra = "".join(f"-{k}{v}" for k, v in self.varied.items())
-        name = f"{self.plan.collective}-{self.algorithm}{extra}-{self.protocol}-i{self.instances}-n{ranks}.plan"
+        """Names differ for every call a plan serves (form, root), so that
+        tuning the other form or root into the same folder keeps both."""
+        extra = "".join(f"-{k}{v}" for k, v in self.varied.items() if k != "root")
+        call = ("" if self.plan.inplace else "-out") + (f"-root{self.plan.root}" if self.plan.root else "")
+        name = (f"{self.plan.collective}-{self.algorithm}{extra}-{self.protocol}-i{self.instances}-n{ranks}"
+                f"{call}.plan")
         return re.sub(r"[^A-Za-z0-9_.=-]", "_", name)
 
     def time_at(self, size: int) -> float:
@@ -104,7 +108,12 @@ class TuneResult:
 def variants(alg, topology, user: dict) -> list[dict]:
     options = {}
     for key, default in alg.params.items():
-        if key == "root":
+        if key == "root":            # one root per tune: plans for other roots serve other calls
+            if key in user:
+                if len(user[key]) != 1:
+                    raise UsageError(f"--param root takes one value, got {len(user[key])}: a plan for another "
+                                     f"root serves another call; tune each root on its own (-o keeps them all)")
+                options[key] = list(user[key])
             continue
         if key in user:
             options[key] = list(user[key])
