@@ -268,9 +268,16 @@ def test_tune_refuses_a_plans_json_it_cannot_merge_and_leaves_it(capsys, tmp_pat
 
 
 def test_tune_refuses_to_overwrite_a_plan_another_entry_uses(capsys, tmp_path):
+    """The tuner's file names differ per call (form, root); an index whose entry
+    for another call names such a file by hand is refused, not overwritten."""
     assert run_main(capsys, "tune", "allreduce/ring", "-n", 8, *TUNE, "--inplace", "in", "-o", tmp_path)[0] == 0
+    index = tmp_path / "plans.json"
+    entries = json.loads(index.read_text())
+    for e in entries:                  # by hand: the in-place plan's file, listed for the out-of-place call
+        e["inplace"] = False
+    index.write_text(json.dumps(entries))
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
-    refused(capsys, ["tune", "allreduce/ring", "-n", 8, *TUNE, "--inplace", "out", "-o", tmp_path],
+    refused(capsys, ["tune", "allreduce/ring", "-n", 8, *TUNE, "--inplace", "in", "-o", tmp_path],
             named="allreduce-ring-Simple-i1-n8.plan,", says="give msc tune another -o folder")
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
 
