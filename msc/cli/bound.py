@@ -6,12 +6,11 @@ from __future__ import annotations
 import argparse
 import json
 
+from msc.dsl.collectives import COLLECTIVE_NAMES, COLLECTIVES
 from msc.errors import UsageError
 from msc.ir.ops import PROTOCOL_NAMES
 from msc.units import TYPES
 from msc.cli.args import add_collective_on_topology_args, add_sweep_args, protocol_arg, refuse_inapplicable
-
-COLLECTIVE_NAMES = ("allgather", "reducescatter", "allreduce", "broadcast", "reduce", "alltoall")   # msc.sim.bound's
 
 
 def add_bound_command(subparsers) -> argparse.ArgumentParser:
@@ -42,7 +41,8 @@ def add_bound_command(subparsers) -> argparse.ArgumentParser:
         rounded = [nccl_size(collective, n, s, dt.itemsize) for s in requested]
         bounds = lower_bound(collective, topo, [s for s, _ in rounded], root=args.root,      # checks the root
                              protocols=tuple(args.protocol) if args.protocol else None)
-        exact = cut_model(topo, args.root if collective in ("broadcast", "reduce") else 0).exact
+        rooted = COLLECTIVES[collective].has_root
+        exact = cut_model(topo, args.root if rooted else 0).exact
         factor = BUSBW_FACTOR[collective](n)
         records = []
         for req, (size, count), b in zip(requested, rounded, bounds):
@@ -50,7 +50,7 @@ def add_bound_command(subparsers) -> argparse.ArgumentParser:
             algbw = size / us / 1e3 if us > 0 else 0.0
             records.append({"collective": collective, "topology": topo.name, "ranks": n, "size": size,
                             "count": count, "type": type_name,
-                            "root": args.root if collective in ("broadcast", "reduce") else -1,
+                            "root": args.root if rooted else -1,
                             "time": us, "algbw": algbw, "busbw": algbw * factor, "term": b.term, "limit": b.limit,
                             "protocol": b.protocol, "requested_size": req, "rounded": size != req,
                             "exact": exact})

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
+from msc.dsl.collectives import REDUCING
 from msc.errors import UsageError
 from msc.ir import Plan, StepOp
 from msc.ir.ops import PROTOCOLS, REDUCE_OP_NAMES, REDUCE_OPS
@@ -109,8 +110,8 @@ def check_kernel(dtype: str, op: str, plan: Plan) -> DType:
     dt = _check_kind(dtype, op)
     if REDUCE_OPS[op].average and not dt.floating:
         raise UsageError(f"{op} on the CUDA backend needs a floating type (it scales inputs by 1/n), not {dtype}")
-    if REDUCE_OPS[op].average and plan.collective not in ("allreduce", "reducescatter", "reduce"):
-        raise UsageError(f"{op} on the CUDA backend is for allreduce, reducescatter and reduce, not {plan.collective}")
+    if REDUCE_OPS[op].average and plan.collective not in REDUCING:
+        raise UsageError(f"{op} on the CUDA backend is for {', '.join(REDUCING)}, not {plan.collective}")
     proto = PROTOCOLS.get(plan.protocol)
     if proto is not None and proto.transport is None:
         rendered = " and ".join(p.name for p in PROTOCOLS.values() if p.transport)

@@ -17,14 +17,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from msc.dsl.collectives import get_collective
+from msc.dsl.collectives import REDUCING, get_collective
 from msc.cuda.codegen import DTYPES, OPS
 from msc.cuda.tables import UserBuffers
 from msc.errors import UsageError
 from msc.ir import Plan
 from msc.ir.ops import REDUCE_OPS
-
-REDUCING = ("allreduce", "reducescatter", "reduce")
 
 
 @dataclass(frozen=True)

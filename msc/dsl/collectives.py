@@ -363,15 +363,119 @@ def _as_label(value, context: str) -> Label:
         raise UsageError(f"{context} must give (origin_rank, origin_index) pairs, got {value!r}") from None
 
 
-BUILTIN: dict[str, type[Collective]] = {
-    c.name: c for c in (AllReduce, AllGather, ReduceScatter, AllToAll, Broadcast, Reduce)
-}
+# -- the registry of built-in collectives ----------------------------------------
+@dataclass(frozen=True)
+class Arrays:
+    """What a collective's reference needs of the per-rank inputs (1-D
+    arrays of numpy or torch): the library's stack, cat and the reduction over
+    axis 0 (in the reference's or the baseline's precision)."""
+
+    xs: list
+    root: int
+    stack: Callable
+    cat: Callable
+    reduce: Callable
+
+    @property
+    def n(self) -> int:
+        return len(self.xs)
+
+    def units(self):
+        """The inputs as [source rank, unit, element]: n equal units each."""
+        for rank, x in enumerate(self.xs):
+            if len(x) % self.n:
+                raise UsageError(f"rank {rank}: input of {len(x)} elements is not {self.n} equal units")
+        return self.stack(self.xs).reshape(self.n, self.n, -1)
+
+
+@dataclass(frozen=True)
+class CollectiveSpec:
+    """A built-in collective: every fact of it a module needs. Units per rank
+    of its buffers are its Collective's chunks at chunk factor 1."""
+
+    cls: type[Collective]                   # its pre- and postcondition (and name, has_root)
+    reduces: bool                           # combines values: takes a reduce op, tolerances, reducing kernels
+    busbw: Callable[[int], float]           # nccl-tests' bus-bandwidth factor at n ranks (doc/PERFORMANCE.md)
+    demand: Callable[[int, int, bool], float]   # bytes per byte of size that must cross into a side of k of n
+    #                                         ranks (root inside it?): msc.sim.bound
+    latency: int | None                     # the path latency bounding it (msc.sim.bound's CutModel.latency:
+    #                                         0 any pair, 1 from the root, 2 to the root); None: neighbours only
+    reference: Callable[[Arrays], list]     # per rank, the output from the inputs (None: unspecified)
+    msccl: bool = True                      # MSCCL XML has it (coll=); else exported as coll="custom" + contract
+    torch: str | None = None                # torch.distributed's call (msc.torch's), None: torch has none
+    nccl: bool = True                       # NCCL runs it as a collective (msc simulate --nccl models it)
+    synthesizes: bool = True                # msc synthesize makes it
+    baseline: str | None = None             # the library algorithm msc tune compares with ("vs ring")
+    partition_demand: Callable[[int], float] | None = None   # bytes per byte crossing a partition into p parts
+
+    @property
+    def name(self) -> str:
+        return self.cls.name
+
+    @property
+    def has_root(self) -> bool:
+        return self.cls.has_root
+
+    def units(self, n: int) -> tuple[int, int]:
+        """Data units per rank of the (input, output) at n ranks."""
+        c = self.cls()
+        return c.input_chunks(n, 1), c.output_chunks(n, 1)
+
+
+def _everyone(a: Arrays, out) -> list:
+    return [out for _ in range(a.n)]
+
+
+def _unit_of_each(a: Arrays, combine) -> list:
+    """Rank r's output: ``combine`` of unit r of every rank's input ([source rank, element])."""
+    units = a.units()
+    return [combine(units[:, r]) for r in range(a.n)]
+
+
+COLLECTIVES: dict[str, CollectiveSpec] = {s.name: s for s in (
+    CollectiveSpec(AllReduce, True, lambda n: 2 * (n - 1) / n, lambda n, k, root_in: 1.0, 0,
+                   lambda a: _everyone(a, a.reduce(a.stack(a.xs))), torch="all_reduce",
+                   baseline="allreduce/ring", partition_demand=lambda parts: 2.0 * (parts - 1)),
+    CollectiveSpec(AllGather, False, lambda n: (n - 1) / n, lambda n, k, root_in: (n - k) / n, 0,
+                   lambda a: _everyone(a, a.cat(a.xs)), torch="all_gather_into_tensor",
+                   baseline="allgather/ring"),
+    CollectiveSpec(ReduceScatter, True, lambda n: (n - 1) / n, lambda n, k, root_in: k / n, 0,
+                   lambda a: _unit_of_each(a, a.reduce), torch="reduce_scatter_tensor",
+                   baseline="reducescatter/ring"),
+    CollectiveSpec(AllToAll, False, lambda n: (n - 1) / n, lambda n, k, root_in: k * (n - k) / n, 0,
+                   lambda a: _unit_of_each(a, lambda u: u.reshape(-1)), torch="all_to_all_single"),
+    CollectiveSpec(Broadcast, False, lambda n: 1.0, lambda n, k, root_in: 0.0 if root_in else 1.0, 1,
+                   lambda a: _everyone(a, a.xs[a.root]), torch="broadcast", baseline="broadcast/chain"),
+    CollectiveSpec(Reduce, True, lambda n: 1.0, lambda n, k, root_in: 1.0 if root_in else 0.0, 2,
+                   lambda a: [a.reduce(a.stack(a.xs)) if r == a.root else None for r in range(a.n)],
+                   torch="reduce", baseline="reduce/ring"),
+)}
+COLLECTIVE_NAMES = tuple(COLLECTIVES)
+ROOTED = tuple(name for name, s in COLLECTIVES.items() if s.has_root)
+REDUCING = tuple(name for name, s in COLLECTIVES.items() if s.reduces)
+BUILTIN: dict[str, type[Collective]] = {name: s.cls for name, s in COLLECTIVES.items()}
+
+
+def collective_key(spec) -> str:
+    """A collective name as msc spells it: "all_reduce", "AllReduce", "all-reduce" -> "allreduce"."""
+    return str(spec).lower().replace("_", "").replace("-", "")
+
+
+def collective_spec(spec, among=None, refusal: str = "unknown collective") -> CollectiveSpec:
+    """The registry row ``spec`` names (any spelling collective_key takes);
+    ``among``: the names allowed (default: every built-in), ``refusal`` the
+    error's first words for another."""
+    names = COLLECTIVE_NAMES if among is None else tuple(among)
+    key = collective_key(spec)
+    if key not in names:
+        raise UsageError(f"{refusal} {spec!r}: expected one of {', '.join(names)}" + did_you_mean(key, names))
+    return COLLECTIVES[key]
 
 
 def get_collective(spec: str | Collective) -> Collective:
     if isinstance(spec, Collective):
         return spec
-    key = str(spec).lower().replace("_", "").replace("-", "")
+    key = collective_key(spec)
     if key not in BUILTIN:
         raise UsageError(f"unknown collective {spec!r}; expected one of {', '.join(BUILTIN)} or a Collective object"
                          + did_you_mean(key, BUILTIN))
