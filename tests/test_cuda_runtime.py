@@ -85,7 +85,7 @@ def test_sizes_the_layout_cannot_take():
 
 def test_ops_are_checked_and_data_movement_uses_one_kernel():
     ar, ag = _plan("allreduce/ring:ring", 4), _plan("allgather/ring:ring", 4)
-    with pytest.raises(UsageError, match="unknown reduction 'xor'"):
+    with pytest.raises(UsageError, match="unknown reduction op 'xor'"):
         check_call(ar, _ranks(4), None, op="xor", ranks=(0, 1, 2, 3), devices=DEV4)
     with pytest.raises(UsageError, match="avg .* floating type .* not int32"):
         check_call(ar, _ranks(4, dtype="int32"), None, op="avg", ranks=(0, 1, 2, 3), devices=DEV4)

@@ -28,7 +28,7 @@ from typing import Callable
 from msc.cli.args import add_collective_arg, collective_kw, refuse_inapplicable
 from msc.dsl.collectives import BUILTIN, REDUCING
 from msc.errors import UsageError
-from msc.ir.ops import REDUCE_OP_NAMES
+from msc.ir.ops import REDUCE_OP_NAMES, reduce_op
 from msc.lower.runtimes import add_capacity_args, capacity_args
 from msc.units import TYPES, format_size, format_table, parse_dtype, parse_size, size_arg, sizes
 
@@ -85,8 +85,7 @@ def sweep(plan, *, min_bytes=None, max_bytes, factor: int = 2, dtype="float", op
     from msc.verification.plan import plan_collective
     from msc.executor import buffer_elements
 
-    if op not in OPS:
-        raise UsageError(f"unknown reduction op {op!r} (expected one of {', '.join(OPS)})")
+    reduce_op(op)
     if type(iters) is not int or iters < 1:
         raise UsageError(f"iterations must be an int >= 1, got {iters!r}")
     if backend not in BACKENDS:

@@ -56,6 +56,7 @@ from __future__ import annotations
 import os
 
 from msc.dsl.collectives import REDUCING
+from msc.ir.ops import REDUCE_OPS, kernel_op_problem
 from msc.errors import UsageError
 
 BACKENDS = ("auto", "torch", "cuda")
@@ -167,9 +168,8 @@ def _why_not(device, dtype, op: str | None, collective: str | None) -> str | Non
         name = str(dtype).removeprefix("torch.")
         if name not in KERNEL_DTYPES:
             return f"the msc CUDA runtime's kernels take {', '.join(KERNEL_DTYPES)}, not {name}"
-        if op == "avg" and collective in REDUCING \
-                and not KERNEL_DTYPES[name].floating:
-            return f"avg on the msc CUDA runtime needs a floating type (it scales inputs by 1/n), not {name}"
+        if op in REDUCE_OPS and collective in REDUCING:
+            return kernel_op_problem(op, name, KERNEL_DTYPES[name].floating)
     return None
 
 

@@ -34,7 +34,7 @@ import ml_dtypes
 
 from msc.dsl.collectives import COLLECTIVE_NAMES as COLLECTIVES, REDUCING, Arrays, collective_spec
 from msc.errors import UsageError
-from msc.ir.ops import REDUCE_OP_NAMES, REDUCE_OPS
+from msc.ir.ops import REDUCE_OP_NAMES, REDUCE_OPS, reduce_op
 
 OPS = REDUCE_OP_NAMES
 UNIT_ROUNDOFF = {np.dtype(np.float64): 2.0 ** -53, np.dtype(np.float32): 2.0 ** -24,
@@ -65,9 +65,7 @@ def _is_int(dtype) -> bool:
 def reduce_ranks(stack: np.ndarray, op: str) -> np.ndarray:
     """``op`` over axis 0 (the ranks) of an (n, L) array, in its dtype."""
     dtype, n = stack.dtype, stack.shape[0]
-    if op not in OPS:
-        raise UsageError(f"unknown reduction op {op!r} (expected one of {', '.join(OPS)})")
-    spec = REDUCE_OPS[op]
+    spec = reduce_op(op)
     ufunc = getattr(np, spec.numpy)
     if spec.exact:
         return ufunc.reduce(stack, axis=0)
