@@ -255,6 +255,24 @@ class Reduce(_Cached):
         return (n, k, root, rank == root)
 
 
+class SendRecv(_Cached):
+    """Each rank's input to the next rank's output ((r - 1) mod n -> r): the
+    point-to-point exchange of pipeline parallelism (nccl-tests' sendrecv).
+    In place, each rank's buffer ends holding its predecessor's."""
+
+    name = "sendrecv"
+
+    def input_chunks(self, n, k):
+        return k
+
+    def output_chunks(self, n, k):
+        return k
+
+    def postcondition(self, rank, index, n, k, root):
+        src = ((rank - 1) % n, index)
+        return self._expect(src, lambda: (src,))
+
+
 class CustomCollective(Collective):
     """A collective stated by the user.
 
@@ -449,6 +467,10 @@ COLLECTIVES: dict[str, CollectiveSpec] = {s.name: s for s in (
     CollectiveSpec(Reduce, True, lambda n: 1.0, lambda n, k, root_in: 1.0 if root_in else 0.0, 2,
                    lambda a: [a.reduce(a.stack(a.xs)) if r == a.root else None for r in range(a.n)],
                    torch="reduce", baseline="reduce/ring"),
+    # nccl-tests' sendrecv (src/sendrecv.cu: factor 1); a side of 1..n-1 ranks has a rank whose predecessor is outside
+    CollectiveSpec(SendRecv, False, lambda n: 1.0, lambda n, k, root_in: 1.0, None,
+                   lambda a: [a.xs[(r - 1) % a.n] for r in range(a.n)], msccl=False, nccl=False, synthesizes=False,
+                   baseline="sendrecv/ring"),
 )}
 COLLECTIVE_NAMES = tuple(COLLECTIVES)
 ROOTED = tuple(name for name, s in COLLECTIVES.items() if s.has_root)
