@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import msc
+from msc.dsl.collectives import ROOTED
 from msc.errors import UsageError
 from msc.sim.presets import get_topology
 from msc.sim.topology import topology_from_dict
@@ -25,7 +26,6 @@ from msc.synth import COLLECTIVES, synthesize
 from msc.synth.packing import EdgeLinks, pack
 from msc.synth.symmetry import find_symmetry
 
-ROOTED = ("broadcast", "reduce")
 
 
 def random_topology(n: int, seed: int):

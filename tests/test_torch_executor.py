@@ -182,7 +182,7 @@ def collective_cases(n: int, keys) -> list:
     return cases
 
 
-COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "reduce")
+from msc.dsl.collectives import COLLECTIVE_NAMES as COLLECTIVES  # noqa: E402  (sendrecv: against torch's p2p)
 
 
 # 4 ranks of allreduce (every allreduce algorithm, 4 s on 2 cores) under -m slow; the other collectives at 4 here

@@ -468,7 +468,7 @@ COLLECTIVES: dict[str, CollectiveSpec] = {s.name: s for s in (
                    lambda a: [a.reduce(a.stack(a.xs)) if r == a.root else None for r in range(a.n)],
                    torch="reduce", baseline="reduce/ring"),
     # nccl-tests' sendrecv (src/sendrecv.cu: factor 1); a side of 1..n-1 ranks has a rank whose predecessor is outside
-    CollectiveSpec(SendRecv, False, lambda n: 1.0, lambda n, k, root_in: 1.0, None,
+    CollectiveSpec(SendRecv, False, lambda n: 1.0, lambda n, k, root_in: 1.0 if 0 < k < n else 0.0, None,
                    lambda a: [a.xs[(r - 1) % a.n] for r in range(a.n)], msccl=False, nccl=False, synthesizes=False,
                    baseline="sendrecv/ring"),
 )}
