@@ -467,7 +467,8 @@ COLLECTIVES: dict[str, CollectiveSpec] = {s.name: s for s in (
     CollectiveSpec(Reduce, True, lambda n: 1.0, lambda n, k, root_in: 1.0 if root_in else 0.0, 2,
                    lambda a: [a.reduce(a.stack(a.xs)) if r == a.root else None for r in range(a.n)],
                    torch="reduce", baseline="reduce/ring"),
-    # nccl-tests' sendrecv (src/sendrecv.cu: factor 1); a side of 1..n-1 ranks has a rank whose predecessor is outside
+    # nccl-tests' sendrecv (NVIDIA/nccl-tests src/sendrecv.cu: r sends to r+1, busbw factor 1); a side of
+    # 1..n-1 ranks has a rank whose predecessor is outside it
     CollectiveSpec(SendRecv, False, lambda n: 1.0, lambda n, k, root_in: 1.0 if 0 < k < n else 0.0, None,
                    lambda a: [a.xs[(r - 1) % a.n] for r in range(a.n)], msccl=False, nccl=False, synthesizes=False,
                    baseline="sendrecv/ring"),
