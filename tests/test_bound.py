@@ -1,4 +1,4 @@
-"""msc.sim.bound (``msc bound``): the formulas on cases worked by hand, the
+"""msc.sim.cut_bound (``msc bound``): the formulas on cases worked by hand, the
 built-in topologies' cuts against every cut, the bound against the
 simulator (never above a simulated time: the library on the built-in
 topologies and on random TOML graphs; ``-m slow`` sweeps all of it), its
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import msc
-from msc.sim.bound import (ALL_CUTS, COLLECTIVES, _route_cut, _routes_model, cut_model, demand, lower_bound,
+from msc.sim.cut_bound import (ALL_CUTS, COLLECTIVES, _route_cut, _routes_model, cut_model, demand, lower_bound,
                        nccl_size)
 from msc.cli.bound import COLLECTIVE_NAMES
 from msc.dsl.collectives import ROOTED

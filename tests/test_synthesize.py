@@ -115,7 +115,7 @@ def test_an_asymmetric_topology_has_no_symmetry_and_still_packs():
                                                  ("reduce", "pcie", 8), ("alltoall", "ring:6", 6)])
 def test_the_bound_is_never_above_a_synthesized_plan_s_time(collective, spec, n, tmp_path):
     from msc.lower import LowerOptions, lower
-    from msc.sim.bound import lower_bound
+    from msc.sim.cut_bound import lower_bound
     from msc.sim.simulate import Simulator
 
     topo = get_topology(spec, n)
@@ -134,7 +134,7 @@ def test_the_packing_reaches_the_cut_bound_on_symmetric_topologies():
     cut lets a rank take its shards in through its NVLink port and its NIC in the ratio of their rates
     (11% through the NIC); priced per edge, the trees cross between the nodes once or twice per piece
     to get there (priced per tree they crossed once, and the packing was 5.07% off)."""
-    from msc.sim.bound import lower_bound
+    from msc.sim.cut_bound import lower_bound
 
     for spec, n in (("ring:8", 8), ("ib:2", 16), ("pcie", 8)):
         topo = get_topology(spec, n)

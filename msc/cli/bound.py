@@ -1,4 +1,4 @@
-"""Command-line registration of ``msc bound`` (msc.sim.bound: the lower bound on
+"""Command-line registration of ``msc bound`` (msc.sim.cut_bound: the lower bound on
 a collective's time from the topology alone). Registering imports nothing
 heavy; the command imports numpy when it runs."""
 from __future__ import annotations
@@ -28,7 +28,7 @@ def add_bound_command(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show Python tracebacks")
 
     def cmd(args) -> int:
-        from msc.sim.bound import collective_name, cut_model, lower_bound, nccl_size
+        from msc.sim.cut_bound import collective_name, cut_model, lower_bound, nccl_size
         from msc.units import BUSBW_FACTOR, parse_dtype, sizes
 
         collective = collective_name(args.collective)
@@ -109,7 +109,7 @@ def add_bound(records: list[dict], collective: str, root: int, topology) -> list
     """Give simulated records ``bound_time`` (us, msc bound's at the record's
     size) and ``bound_pct`` (100 x bound / predicted time: 100 = no plan can
     be faster); none for a collective msc bound does not know."""
-    from msc.sim.bound import COLLECTIVES, lower_bound
+    from msc.sim.cut_bound import COLLECTIVES, lower_bound
 
     if collective not in COLLECTIVES or not records:
         return records

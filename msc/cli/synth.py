@@ -46,7 +46,7 @@ def add_synthesize_command(subparsers) -> argparse.ArgumentParser:
 
 def _run(args) -> int:
     from msc.cli.bound import bound_topology
-    from msc.sim.bound import collective_name
+    from msc.sim.cut_bound import collective_name
 
     collective = collective_name(args.collective)
     check_collective(collective)

@@ -415,8 +415,8 @@ class CollectiveSpec:
     reduces: bool                           # combines values: takes a reduce op, tolerances, reducing kernels
     busbw: Callable[[int], float]           # nccl-tests' bus-bandwidth factor at n ranks (doc/PERFORMANCE.md)
     demand: Callable[[int, int, bool], float]   # bytes per byte of size that must cross into a side of k of n
-    #                                         ranks (root inside it?): msc.sim.bound
-    latency: int | None                     # the path latency bounding it (msc.sim.bound's CutModel.latency:
+    #                                         ranks (root inside it?): msc.sim.cut_bound
+    latency: int | None                     # the path latency bounding it (msc.sim.cut_bound's CutModel.latency:
     #                                         0 any pair, 1 from the root, 2 to the root); None: neighbours only
     reference: Callable[[Arrays], list]     # per rank, the output from the inputs (None: unspecified)
     msccl: bool = True                      # MSCCL XML has it (coll=); else exported as coll="custom" + contract

@@ -35,7 +35,7 @@ from msc.lower.runtimes import runtime_slots
 from msc.units import BUSBW_FACTOR, parse_dtype
 from msc.sim.events import EventSim
 from msc.sim.fast import JUMP_MIN, evaluate, layers, prepare
-from msc.sim.arrays import SimPlan, compile_plan
+from msc.sim.sim_plan import SimPlan, compile_plan
 from msc.sim.topology import Topology
 
 ENGINES = ("auto", "fast", "events")

@@ -233,7 +233,7 @@ def tune(files: list[str], ranks: int, topology, requested: list[int], *, protoc
 
 def _bounds(collective, topology, cands, winners, requested) -> list:
     """msc bound's time per size (s), at the size the winner simulates (rounded down to its chunks)."""
-    from msc.sim.bound import COLLECTIVES, lower_bound
+    from msc.sim.cut_bound import COLLECTIVES, lower_bound
 
     if collective not in COLLECTIVES:
         return []

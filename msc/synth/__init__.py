@@ -136,7 +136,7 @@ class Synthesizer:
     def _alltoall_floor(self, pieces: int) -> float:
         """msc bound's cut term for alltoall as the busiest link's seconds per
         byte of one piece (a piece is 1 / (ranks x pieces) of the size)."""
-        from msc.sim.bound import lower_bound
+        from msc.sim.cut_bound import lower_bound
 
         big = 1 << 40                                   # the cuts' latency is negligible against this
         [b] = lower_bound("alltoall", self.links, [big], protocols=("Simple",))
