@@ -451,27 +451,29 @@ def _unit_of_each(a: Arrays, combine) -> list:
 
 
 COLLECTIVES: dict[str, CollectiveSpec] = {s.name: s for s in (
-    CollectiveSpec(AllReduce, True, lambda n: 2 * (n - 1) / n, lambda n, k, root_in: 1.0, 0,
-                   lambda a: _everyone(a, a.reduce(a.stack(a.xs))), torch="all_reduce",
+    CollectiveSpec(AllReduce, reduces=True, busbw=lambda n: 2 * (n - 1) / n, demand=lambda n, k, root_in: 1.0,
+                   latency=0, reference=lambda a: _everyone(a, a.reduce(a.stack(a.xs))), torch="all_reduce",
                    baseline="allreduce/ring", partition_demand=lambda parts: 2.0 * (parts - 1)),
-    CollectiveSpec(AllGather, False, lambda n: (n - 1) / n, lambda n, k, root_in: (n - k) / n, 0,
-                   lambda a: _everyone(a, a.cat(a.xs)), torch="all_gather_into_tensor",
+    CollectiveSpec(AllGather, reduces=False, busbw=lambda n: (n - 1) / n, demand=lambda n, k, root_in: (n - k) / n,
+                   latency=0, reference=lambda a: _everyone(a, a.cat(a.xs)), torch="all_gather_into_tensor",
                    baseline="allgather/ring"),
-    CollectiveSpec(ReduceScatter, True, lambda n: (n - 1) / n, lambda n, k, root_in: k / n, 0,
-                   lambda a: _unit_of_each(a, a.reduce), torch="reduce_scatter_tensor",
+    CollectiveSpec(ReduceScatter, reduces=True, busbw=lambda n: (n - 1) / n, demand=lambda n, k, root_in: k / n,
+                   latency=0, reference=lambda a: _unit_of_each(a, a.reduce), torch="reduce_scatter_tensor",
                    baseline="reducescatter/ring"),
-    CollectiveSpec(AllToAll, False, lambda n: (n - 1) / n, lambda n, k, root_in: k * (n - k) / n, 0,
-                   lambda a: _unit_of_each(a, lambda u: u.reshape(-1)), torch="all_to_all_single"),
-    CollectiveSpec(Broadcast, False, lambda n: 1.0, lambda n, k, root_in: 0.0 if root_in else 1.0, 1,
-                   lambda a: _everyone(a, a.xs[a.root]), torch="broadcast", baseline="broadcast/chain"),
-    CollectiveSpec(Reduce, True, lambda n: 1.0, lambda n, k, root_in: 1.0 if root_in else 0.0, 2,
-                   lambda a: [a.reduce(a.stack(a.xs)) if r == a.root else None for r in range(a.n)],
-                   torch="reduce", baseline="reduce/ring"),
+    CollectiveSpec(AllToAll, reduces=False, busbw=lambda n: (n - 1) / n,
+                   demand=lambda n, k, root_in: k * (n - k) / n, latency=0,
+                   reference=lambda a: _unit_of_each(a, lambda u: u.reshape(-1)), torch="all_to_all_single"),
+    CollectiveSpec(Broadcast, reduces=False, busbw=lambda n: 1.0, demand=lambda n, k, root_in: 0.0 if root_in else 1.0,
+                   latency=1, reference=lambda a: _everyone(a, a.xs[a.root]), torch="broadcast",
+                   baseline="broadcast/chain"),
+    CollectiveSpec(Reduce, reduces=True, busbw=lambda n: 1.0, demand=lambda n, k, root_in: 1.0 if root_in else 0.0,
+                   latency=2, reference=lambda a: [a.reduce(a.stack(a.xs)) if r == a.root else None
+                                                   for r in range(a.n)], torch="reduce", baseline="reduce/ring"),
     # nccl-tests' sendrecv (NVIDIA/nccl-tests src/sendrecv.cu: r sends to r+1, busbw factor 1); a side of
     # 1..n-1 ranks has a rank whose predecessor is outside it
-    CollectiveSpec(SendRecv, False, lambda n: 1.0, lambda n, k, root_in: 1.0 if 0 < k < n else 0.0, None,
-                   lambda a: [a.xs[(r - 1) % a.n] for r in range(a.n)], msccl=False, nccl=False, synthesizes=False,
-                   baseline="sendrecv/ring"),
+    CollectiveSpec(SendRecv, reduces=False, busbw=lambda n: 1.0, demand=lambda n, k, root_in: 1.0 if 0 < k < n else 0.0,
+                   latency=None, reference=lambda a: [a.xs[(r - 1) % a.n] for r in range(a.n)], msccl=False,
+                   nccl=False, synthesizes=False, baseline="sendrecv/ring"),
 )}
 COLLECTIVE_NAMES = tuple(COLLECTIVES)
 ROOTED = tuple(name for name, s in COLLECTIVES.items() if s.has_root)
@@ -484,14 +486,13 @@ def collective_key(spec) -> str:
     return str(spec).lower().replace("_", "").replace("-", "")
 
 
-def collective_spec(spec, among=None, refusal: str = "unknown collective") -> CollectiveSpec:
+def collective_spec(spec, refusal: str = "unknown collective") -> CollectiveSpec:
     """The registry row ``spec`` names (any spelling collective_key takes);
-    ``among``: the names allowed (default: every built-in), ``refusal`` the
-    error's first words for another."""
-    names = COLLECTIVE_NAMES if among is None else tuple(among)
+    ``refusal``: the error's first words for another name."""
     key = collective_key(spec)
-    if key not in names:
-        raise UsageError(f"{refusal} {spec!r}: expected one of {', '.join(names)}" + did_you_mean(key, names))
+    if key not in COLLECTIVES:
+        raise UsageError(f"{refusal} {spec!r}: expected one of {', '.join(COLLECTIVE_NAMES)}"
+                         + did_you_mean(key, COLLECTIVE_NAMES))
     return COLLECTIVES[key]
 
 

@@ -118,7 +118,8 @@ def verify(program) -> Report:
     start = time.perf_counter()
     fast = None
     if len(program.ops) >= BULK_FROM_OPS:
-        from msc.verification import program_verifier_fast    # numpy: not for small programs (the command line stays light)
+        # numpy: not for small programs (the command line stays light)
+        from msc.verification import program_verifier_fast
 
         fast = program_verifier_fast.checked_outputs(program)
     if fast is None or crosscheck.ENABLED:
@@ -126,7 +127,8 @@ def verify(program) -> Report:
             outputs = _run(program)
         except VerificationError as err:
             if fast is not None:
-                raise AssertionError(f"msc.verification.program_verifier_fast accepted a program verify rejects: {err}") from err
+                raise AssertionError(f"msc.verification.program_verifier_fast accepted a program verify rejects: "
+                                     f"{err}") from err
             raise
         if fast is not None and fast != outputs:
             raise AssertionError(f"msc.verification.program_verifier_fast checked {fast} outputs, verify {outputs}")
