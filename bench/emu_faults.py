@@ -558,7 +558,6 @@ EXTRA = {   # a few algorithms at 3 and 8 ranks
         "allreduce/halving_doubling:halving_doubling", "allgather/recursive_doubling:recursive_doubling",
         "alltoall/hierarchical:hierarchical", "reduce/tree:tree"],
 }
-REDUCING = ("allreduce", "reduce", "reducescatter")
 SMALL_TILE = 1024       # bytes: the several-tiles case streams 3.5 tiles per chunk through slots of this size
 
 
@@ -589,12 +588,14 @@ def sweep_cases(quick: bool) -> list:
         add("allreduce/hierarchical:hierarchical", 4, "LL", "straight", "bfloat16", params=(("gpus_per_node", 2),))
         add("allreduce/ring:ring", 4, "LL", "table", "float32", placement="devices", calls=3)
         return cases
+    from msc.dsl.collectives import REDUCING
+
     for alg in lib:
         for protocol in ("Simple", "LL"):
             for form in ("straight", "table"):
                 for dtype in ("float32", "bfloat16"):
                     add(alg, MAIN_RANKS, protocol, form, dtype)
-            if alg.split("/")[0] in REDUCING:
+            if alg.split("/")[0] in REDUCING:       # msc.dsl.collectives' registry
                 add(alg, MAIN_RANKS, protocol, "table", "float32", "max")
     for alg in ("allreduce/hierarchical:hierarchical", "alltoall/hierarchical:hierarchical"):
         for protocol in ("Simple", "LL"):

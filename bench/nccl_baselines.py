@@ -61,7 +61,7 @@ def measure(job) -> dict:
     """Every protocol and instance count of one algorithm on one topology: seconds per size."""
     import msc
     from msc.lower.pipeline import LowerOptions, lower
-    from msc.sim.bound import lower_bound
+    from msc.sim.cut_bound import lower_bound
     from msc.sim.simulate import Simulator
     from msc.sim.presets import get_topology
 

@@ -49,7 +49,7 @@ def lowered(name: str, n: int) -> Plan:
 
 
 def bench(plan: Plan, topology, sizes) -> dict:
-    from msc.sim.arrays import compile_plan
+    from msc.sim.sim_plan import compile_plan
     from msc.sim.simulate import Simulator
 
     t0 = time.perf_counter()

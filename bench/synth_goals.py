@@ -3,7 +3,7 @@
 For each topology (nvswitch, pcie, dgx-h100:2, dgx-h100:4, ring:8,
 torus:4x4 and the two TOML files in bench/topologies/ with unequal links)
 and each of allgather, reducescatter and allreduce, at 1M to 1G (x4):
-- the bound: msc bound's least time at the size (msc.sim.bound);
+- the bound: msc bound's least time at the size (msc.sim.cut_bound);
 - the library's best: msc tune over every library algorithm of the
   collective (the NCCL-grade baselines nccl_rings and nccl_tree among
   them), with its parameter variations, Simple, LL and LL128, and msc
@@ -120,7 +120,7 @@ def nccl(collective: str, topo) -> dict | None:
 
 
 def bounds(collective: str, topo) -> list[float]:
-    from msc.sim.bound import lower_bound
+    from msc.sim.cut_bound import lower_bound
 
     return [b.seconds for b in lower_bound(collective, topo, list(SIZES))]
 

@@ -26,7 +26,7 @@ from msc.dsl.program import Algorithm, Program, Ref, algorithm, group, trace
 from msc.errors import (AlgorithmError, MscError, OperationError, SourceLine, UsageError,
                         VerificationError)
 from msc.dsl.loader import load_algorithms
-from msc.verification.program import Report, verify
+from msc.verification.program_verifier import Report, verify
 
 __all__ = [
     "Algorithm", "AlgorithmError", "Collective", "CustomCollective", "Expected", "MscError",

@@ -48,7 +48,7 @@ import ml_dtypes
 from msc.dsl.collectives import get_collective
 from msc.errors import ExecutionError, UsageError
 from msc.ir import Plan, step_values
-from msc.ir.ops import REDUCE_OP_NAMES, REDUCE_OPS
+from msc.ir.ops import REDUCE_OP_NAMES, REDUCE_OPS, reduce_op
 from msc.verification.plan_values import check_plan
 from msc.ir.worklist import drive
 
@@ -144,10 +144,9 @@ class Executor:
         """Run the plan on ``buffers`` (per rank: physical buffer name -> flat
         array), in place. ``seed``: pick runnable threadblocks in a random
         order (results must not depend on it)."""
-        if op not in REDUCE_OPS:
-            raise UsageError(f"unknown reduction op {op!r} (expected one of {', '.join(OPS)})")
+        spec = reduce_op(op)
         self._check_buffers(buffers, count)
-        _Run(self, buffers, count, getattr(np, REDUCE_OPS[op].numpy), seed).execute()
+        _Run(self, buffers, count, getattr(np, spec.numpy), seed).execute()
         if REDUCE_OPS[op].average:
             for rank, buf, index, m in self.averaged:
                 lo, hi = chunk_bounds(index, count, self.k)

@@ -13,6 +13,7 @@ import argparse
 import re
 from typing import TYPE_CHECKING
 
+from msc.dsl.collectives import COLLECTIVES
 from msc.errors import UsageError
 
 if TYPE_CHECKING:
@@ -22,9 +23,7 @@ if TYPE_CHECKING:
 TYPES = {"float": "float32", "half": "float16", "double": "float64", "bfloat16": "bfloat16",
          "int32": "int32", "int64": "int64", "uint8": "uint8"}
 ALIASES = {"float32": "float", "float16": "half", "float64": "double", "bf16": "bfloat16", "int": "int32"}
-BUSBW_FACTOR = {"allreduce": lambda n: 2 * (n - 1) / n, "reducescatter": lambda n: (n - 1) / n,
-                "allgather": lambda n: (n - 1) / n, "alltoall": lambda n: (n - 1) / n,
-                "broadcast": lambda n: 1.0, "reduce": lambda n: 1.0}
+BUSBW_FACTOR = {name: spec.busbw for name, spec in COLLECTIVES.items()}     # the registry's
 
 
 def parse_size(text) -> int:

@@ -383,7 +383,7 @@ def test_a_python_warning_is_one_line_without_its_source(tmp_path):
 
 
 def test_a_warning_from_msc_itself_carries_no_location():
-    import msc.sim.bound as internal
+    import msc.sim.cut_bound as internal
     from msc.cli.main import one_line_warning
 
     assert one_line_warning(RuntimeWarning("overflow"), RuntimeWarning, internal.__file__, 10) == \

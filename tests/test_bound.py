@@ -1,4 +1,4 @@
-"""msc.sim.bound (``msc bound``): the formulas on cases worked by hand, the
+"""msc.sim.cut_bound (``msc bound``): the formulas on cases worked by hand, the
 built-in topologies' cuts against every cut, the bound against the
 simulator (never above a simulated time: the library on the built-in
 topologies and on random TOML graphs; ``-m slow`` sweeps all of it), its
@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 
 import msc
-from msc.sim.bound import (ALL_CUTS, COLLECTIVES, _route_cut, _routes_model, cut_model, demand, lower_bound,
+from msc.sim.cut_bound import (ALL_CUTS, COLLECTIVES, _route_cut, _routes_model, cut_model, demand, lower_bound,
                        nccl_size)
 from msc.cli.bound import COLLECTIVE_NAMES
+from msc.dsl.collectives import ROOTED
 from msc.errors import MscError, UsageError
 from msc.lower.pipeline import LowerOptions, lower
 from msc.sim.simulate import Simulator
@@ -207,7 +208,7 @@ def test_torus_bands_are_the_sparsest_cuts(rows, cols):
     k = inside.sum(axis=1)
     model = cut_model(topo)
     for c in COLLECTIVES:
-        if c in ("broadcast", "reduce"):           # any rank may be the root: take the worse side
+        if c in ROOTED:                            # any rank may be the root: take the worse side
             d = np.ones(len(k))
         else:
             d = np.array([demand(c, n, int(x), False) for x in range(n + 1)])[k]

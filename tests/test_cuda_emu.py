@@ -52,6 +52,7 @@ from msc.cuda.hostbuild import find_compiler
 from msc.cuda.runtime import runtime_plan
 from msc.cuda.validate import check_op
 from msc.errors import UsageError
+from msc.ir.ops import REDUCE_OP_NAMES
 from msc.lower.pipeline import LowerOptions, lower
 
 try:
@@ -66,7 +67,7 @@ KEYS = sorted(ALGORITHMS)
 PROTOCOLS = ("Simple", "LL")
 FORMS = ("straight", "table")
 DTYPES = ("float32", "bfloat16", "float16")
-OPS = ("sum", "max", "avg")
+OPS = REDUCE_OP_NAMES                      # every op of the registry (msc.ir.ops)
 TILE = 4096                                # bytes per chunk and iteration: several tiles per call at small counts
 COUNTS = (1, 3, 1001, 8197)                # 8197: 2-9 tiles per chunk, by dtype and chunk factor
 N = 4
@@ -102,7 +103,7 @@ def comm_for(key, n, protocol, form, dtype, op, cache, **kw):
 
 
 # -- the library, bit-exact -------------------------------------------------------------------
-ROTATION = [(d, o) for o in OPS for d in DTYPES]            # 9 pairs; a case takes the next
+ROTATION = [(d, o) for o in OPS for d in DTYPES]            # 15 pairs; a case takes the next
 
 
 def default_cases():

@@ -29,7 +29,9 @@ from msc.cuda.runtime import Kernels, launches, resolve_devices, runtime_plan
 from msc.cuda.tables import (UserBuffers, arena_layout, error_pointer, grow, peers, pointer_tables, resolve,
                              total_bytes)
 from msc.cuda.validate import TensorDesc, check_call, check_collective, check_op, describe
+from msc.dsl.collectives import COLLECTIVE_NAMES, COLLECTIVES
 from msc.errors import ExecutionError, UsageError
+from msc.ir.ops import REDUCE_OP_NAMES
 from msc.lower.pipeline import LowerOptions, lower
 from cudaboot import runtime_layout
 from library import algorithms
@@ -85,7 +87,7 @@ def test_sizes_the_layout_cannot_take():
 
 def test_ops_are_checked_and_data_movement_uses_one_kernel():
     ar, ag = _plan("allreduce/ring:ring", 4), _plan("allgather/ring:ring", 4)
-    with pytest.raises(UsageError, match="unknown reduction 'xor'"):
+    with pytest.raises(UsageError, match="unknown reduction op 'xor'"):
         check_call(ar, _ranks(4), None, op="xor", ranks=(0, 1, 2, 3), devices=DEV4)
     with pytest.raises(UsageError, match="avg .* floating type .* not int32"):
         check_call(ar, _ranks(4, dtype="int32"), None, op="avg", ranks=(0, 1, 2, 3), devices=DEV4)
@@ -448,12 +450,8 @@ def test_bench_without_a_gpu_exits_2(tmp_path):
     assert "Traceback" not in done.stderr
 
 
-@pytest.mark.parametrize("collective, key", [("allreduce", "allreduce/ring:ring"),
-                                             ("allgather", "allgather/ring:ring"),
-                                             ("reducescatter", "reducescatter/ring:ring"),
-                                             ("alltoall", "alltoall/allpairs:allpairs"),
-                                             ("broadcast", "broadcast/chain:chain"), ("reduce", "reduce/tree:tree")])
-def test_pytorch_baseline_is_the_collective(collective, key):
+@pytest.mark.parametrize("collective", COLLECTIVE_NAMES)
+def test_pytorch_baseline_is_the_collective(collective):
     """The bench's one-GPU PyTorch baseline, on CPU tensors, against msc.verification.reference."""
     torch = pytest.importorskip("torch")
     import numpy as np
@@ -462,9 +460,8 @@ def test_pytorch_baseline_is_the_collective(collective, key):
     from msc.cuda.bench import torch_collective
 
     n, count = 4, 6
-    ins_units = n if collective in ("reducescatter", "alltoall") else 1
-    outs_units = n if collective in ("allgather", "alltoall") else 1
-    for op in (("sum", "max") if collective in reference.REDUCING else ("sum",)):
+    ins_units, outs_units = COLLECTIVES[collective].units(n)
+    for op in (REDUCE_OP_NAMES if collective in reference.REDUCING else ("sum",)):
         g = torch.Generator().manual_seed(0)
         ins = [torch.rand(ins_units * count, generator=g) + 1 for _ in range(n)]
         outs = [torch.full((outs_units * count,), 7.0) for _ in range(n)]

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 import msc
+from msc.dsl.collectives import ROOTED
 from msc.ir import OpKind
 
 from algfile import assert_at, load_one, write
@@ -388,7 +389,7 @@ def test_root_is_an_implicit_parameter_of_rooted_collectives():
     def body(p, seen):
         seen["root"] = p.root
 
-    for collective in ("broadcast", "reduce"):
+    for collective in ROOTED:
         program, seen = run_dsl(collective, 4, body)
         assert seen["root"] == 0 and program.params == {"root": 0}
 

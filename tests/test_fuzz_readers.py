@@ -226,7 +226,7 @@ def topology_consistent(topo, tmp_plans: dict) -> None:
     import math
 
     from msc.cli.bound import add_bound
-    from msc.sim.bound import lower_bound
+    from msc.sim.cut_bound import lower_bound
     from msc.sim.simulate import Simulator
 
     n = topo.num_ranks

@@ -23,7 +23,7 @@ from msc.formats.xml_export import plan_to_xml
 from msc.formats.xml_import import xml_to_plan
 from msc.ir.limits import (MAX_CHUNK_MOVES, MAX_PLAN_FILE_BYTES, MAX_RANKS, MAX_TEXT_FILE_BYTES, MAX_TOTAL_CHUNKS)
 from msc.lower.pipeline import LowerOptions, lower
-from msc.sim.bound import COLLECTIVES, _link_model, _routes_model, cut_model, lower_bound
+from msc.sim.cut_bound import COLLECTIVES, _link_model, _routes_model, cut_model, lower_bound
 from msc.sim.presets import get_topology, ring
 from msc.sim.topology import load_topology, topology_from_dict
 from msc.torch.registry import PlanRegistry

@@ -14,7 +14,7 @@ pytest.importorskip("matplotlib")
 from matplotlib.patches import FancyArrowPatch  # noqa: E402
 
 from msc.cli.pictures import draw_schedule, draw_timeline, plot_busbw  # noqa: E402
-from msc.sim.arrays import compile_plan  # noqa: E402
+from msc.sim.sim_plan import compile_plan  # noqa: E402
 
 
 def arrow_patches(ax) -> list[FancyArrowPatch]:

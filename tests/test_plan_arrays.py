@@ -19,7 +19,7 @@ from msc.cuda.codegen import kernel_layout
 from msc.errors import PlanError
 from msc.ir.arrays import OPS, plan_arrays
 from msc.lower.pipeline import LowerOptions, lower
-from msc.sim.arrays import compile_plan
+from msc.sim.sim_plan import compile_plan
 from msc.verification import plan_fast
 
 ALGORITHMS = algorithms()

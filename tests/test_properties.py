@@ -13,6 +13,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 import msc
+from msc.dsl.collectives import COLLECTIVE_NAMES, ROOTED
 from msc.ir import OpKind
 
 import oracle
@@ -96,7 +97,7 @@ SEND_NEXT = msc.CustomCollective(  # cyclic: rank r ends with rank r-1's input
 WEIGHTED = msc.CustomCollective(  # allreduce with rank 0's input counted twice
     "weighted", input_chunks=lambda n, k: k, output_chunks=lambda n, k: k,
     postcondition=lambda r, i, n, k: [(j, i) for j in range(n)] + [(0, i)])
-COLLECTIVES = ["allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "reduce", SEND_NEXT, WEIGHTED]
+COLLECTIVES = [*COLLECTIVE_NAMES, SEND_NEXT, WEIGHTED]          # every built-in of the registry, two custom
 
 
 def correct_program(name: str, n: int, k: int, root: int) -> list:
@@ -144,7 +145,7 @@ def correct_program(name: str, n: int, k: int, root: int) -> list:
         for r in range(n):
             for i in range(k):
                 copy((root, "input", i), (r, "output", i))
-    elif name == "send_next":
+    elif name in ("send_next", "sendrecv"):
         for r in range(n):
             for i in range(k):
                 copy((r, "input", i), (r, "scratch", i))
@@ -191,7 +192,7 @@ def random_programs(draw):
     collective = draw(st.sampled_from(COLLECTIVES))
     name = collective if isinstance(collective, str) else collective.name
     n, k, inplace = draw(st.integers(2, 4)), draw(st.integers(1, 2)), draw(st.booleans())
-    root = draw(st.integers(0, n - 1)) if name in ("broadcast", "reduce") else 0
+    root = draw(st.integers(0, n - 1)) if name in ROOTED else 0
     spec = oracle.Spec(msc.dsl.collectives.get_collective(collective), n, k, inplace, root)
     ops = correct_program(name, n, k, root) if draw(st.integers(0, 3)) else []
     for _ in range(draw(st.integers(0 if ops else 1, 3 if ops else 12))):
@@ -248,7 +249,7 @@ def expected_trace(spec: oracle.Spec, ops) -> list[tuple]:
 @given(case=random_programs())
 def test_verifier_agrees_with_numeric_oracle(case):
     collective, spec, ops, seed = case
-    params = {"root": spec.root} if spec.name in ("broadcast", "reduce") else {}
+    params = {"root": spec.root} if spec.name in ROOTED else {}
     program = msc.trace(replay(collective, spec, ops), spec.n, **params)
     assert [tuple(op[:8]) for op in program.ops] == expected_trace(spec, ops)
     outcome = oracle.run(program, seed=seed)

@@ -74,11 +74,22 @@ def test_rendered_cuda_takes_ops_and_transport_from_the_registries(protocol):
             enum = next(x for x in source.splitlines() if x.startswith("enum { OP_"))
             assert re.findall(r"OP_(\w+) = (\d+)", enum) == [(o.name, str(i)) for i, o in enumerate(StepOp)]
             assert ("return a * (float)inv_n;" in source) == (op.average and dtype == "float32")
+            # the op's C spelling is its row's: float math for half types, the element type's otherwise
+            spelled = f"return from_f({op.c_float});" if dtype == "bfloat16" else f"return {op.c_elem};"
+            assert spelled in source, (name, dtype)
         assert layout.nthreads == PROTOCOLS[protocol].threads
         assert f"#define MIN_BLOCKS {PROTOCOLS[protocol].min_blocks}" in source
         transport = PROTOCOLS[protocol].transport
         assert ("// LL: every 4 data bytes" in source, "// Simple: the sender copies" in source) == \
             (transport == "ll", transport == "simple")
+
+
+def test_templates_spell_no_reduce_op():
+    """Each op's C spelling lives in its REDUCE_OPS row only."""
+    templates = "\n".join(p.read_text() for p in (data_dir("templates")).glob("*.j2"))
+    for op in REDUCE_OPS.values():
+        for spelling in {op.c_float, op.c_elem} - {"x + y", "a + b"}:      # sums are ordinary C elsewhere
+            assert spelling not in templates, spelling
 
 
 def test_a_protocol_without_a_transport_is_refused_by_the_cuda_backend():

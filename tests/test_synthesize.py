@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import msc
+from msc.dsl.collectives import ROOTED
 from msc.errors import UsageError
 from msc.sim.presets import get_topology
 from msc.sim.topology import topology_from_dict
@@ -25,7 +26,6 @@ from msc.synth import COLLECTIVES, synthesize
 from msc.synth.packing import EdgeLinks, pack
 from msc.synth.symmetry import find_symmetry
 
-ROOTED = ("broadcast", "reduce")
 
 
 def random_topology(n: int, seed: int):
@@ -116,7 +116,7 @@ def test_an_asymmetric_topology_has_no_symmetry_and_still_packs():
                                                  ("reduce", "pcie", 8), ("alltoall", "ring:6", 6)])
 def test_the_bound_is_never_above_a_synthesized_plan_s_time(collective, spec, n, tmp_path):
     from msc.lower import LowerOptions, lower
-    from msc.sim.bound import lower_bound
+    from msc.sim.cut_bound import lower_bound
     from msc.sim.simulate import Simulator
 
     topo = get_topology(spec, n)
@@ -135,7 +135,7 @@ def test_the_packing_reaches_the_cut_bound_on_symmetric_topologies():
     cut lets a rank take its shards in through its NVLink port and its NIC in the ratio of their rates
     (11% through the NIC); priced per edge, the trees cross between the nodes once or twice per piece
     to get there (priced per tree they crossed once, and the packing was 5.07% off)."""
-    from msc.sim.bound import lower_bound
+    from msc.sim.cut_bound import lower_bound
 
     for spec, n in (("ring:8", 8), ("ib:2", 16), ("pcie", 8)):
         topo = get_topology(spec, n)
@@ -207,7 +207,7 @@ def test_add_on_arrival_moves_the_additions_onto_the_receiving_threadblocks(tmp_
 
 
 @pytest.mark.parametrize("args, message", [
-    (["gather", "-t", "pcie", "-o", "x.py"], "expected one of allgather"),
+    (["gather", "-t", "pcie", "-o", "x.py"], "expected one of allreduce, allgather"),
     (["allgather", "-t", "pcie", "-o", "x.plan"], "name it FILE.py"),
     (["broadcast", "-t", "pcie", "--root", "8", "-o", "x.py", "--pieces", "1"], "root 8 is not a rank"),
     (["allgather", "-t", "pcie", "--pieces", "0", "-o", "x.py"], "pieces must be an int >= 1"),

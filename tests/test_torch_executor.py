@@ -28,7 +28,7 @@ from msc.verification import reference  # noqa: E402
 from msc.executor import Executor, load_inputs  # noqa: E402
 from msc.formats.plan_text import save_plan  # noqa: E402
 from msc.torch.execute import OPS, prepare  # noqa: E402
-from msc.torch.program import TRANSPORTS, comm_conflicts  # noqa: E402
+from msc.torch.rank_program import TRANSPORTS, comm_conflicts  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
@@ -182,7 +182,7 @@ def collective_cases(n: int, keys) -> list:
     return cases
 
 
-COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "reduce")
+from msc.dsl.collectives import COLLECTIVE_NAMES as COLLECTIVES  # noqa: E402  (sendrecv: against torch's p2p)
 
 
 # 4 ranks of allreduce (every allreduce algorithm, 4 s on 2 cores) under -m slow; the other collectives at 4 here

@@ -313,7 +313,7 @@ def test_replacements_that_stop_recording(cache, how):
 
 def test_nothing_is_replaced_in_an_ordinary_process():
     assert verified.replaced() == []
-    code = "import msc, msc.formats.plan_text, msc.formats.xml_import, msc.verification.program_fast; from msc.verification import cache as verified; print(verified.replaced())"
+    code = "import msc, msc.formats.plan_text, msc.formats.xml_import, msc.verification.program_verifier_fast; from msc.verification import cache as verified; print(verified.replaced())"
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert done.stdout.strip() == "[]", done.stderr
 

@@ -1,4 +1,4 @@
-"""The DSL verifier's fast path (msc/verification/program_fast.py) vouches only for
+"""The DSL verifier's fast path (msc/verification/program_verifier_fast.py) vouches only for
 programs the Python run accepts, and for most right ones."""
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import pytest
 
 import msc
 from msc.errors import MscError, VerificationError
-from msc.verification.program import _run
-from msc.verification.program_fast import checked_outputs
+from msc.verification.program_verifier import _run
+from msc.verification.program_verifier_fast import checked_outputs
 from library import algorithms
 
-VERIFY = importlib.import_module("msc.verification.program")     # the module (msc.verify is the function)
+VERIFY = importlib.import_module("msc.verification.program_verifier")     # the module (msc.verify is the function)
 from test_mutations import KINDS, mutants, redundant_allgather
 
 
@@ -123,7 +123,7 @@ def test_lanes_of_an_overlapping_copy_run_in_order():
 
 
 def test_verify_takes_the_fast_path_from_a_size_on(monkeypatch):
-    import msc.verification.program_fast as bulk
+    import msc.verification.program_verifier_fast as bulk
     answers = []
     real = bulk.checked_outputs
     monkeypatch.setattr(bulk, "checked_outputs", lambda program: answers.append(real(program)) or answers[-1])

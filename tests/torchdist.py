@@ -114,6 +114,8 @@ class Pool:
 import functools
 from pathlib import Path
 
+from msc.dsl.collectives import COLLECTIVES, REDUCING
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -181,8 +183,14 @@ def _dist_result(collective: str, x, n: int, count: int, op: str, root: int):
 
     rop = {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT, "max": dist.ReduceOp.MAX,
            "min": dist.ReduceOp.MIN, "avg": dist.ReduceOp.AVG}[op]
-    if op == "avg" and not x.dtype.is_floating_point and collective in ("allreduce", "reducescatter", "reduce"):
+    if op == "avg" and not x.dtype.is_floating_point and collective in REDUCING:
         return None
+    if collective == "sendrecv":          # no torch.distributed collective: its point-to-point calls
+        t, rank = torch.empty_like(x), dist.get_rank()
+        for req in dist.batch_isend_irecv([dist.P2POp(dist.isend, x, (rank + 1) % n),
+                                           dist.P2POp(dist.irecv, t, (rank - 1) % n)]):
+            req.wait()
+        return t
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)    # all_gather_into_tensor & co are being renamed
         if collective == "allreduce":
@@ -219,6 +227,8 @@ def _msc_call(collective: str, plans, x, count: int, n: int, rank: int, op: str,
 
     mt = _With(mt, transport=transport)
 
+    if COLLECTIVES[collective].torch is None:        # torch has no such call: msc.torch.run_plan only
+        return mt.run_plan(plans, x.clone() if inplace else x, None if inplace else torch.full_like(x, 7), op=op)
     if collective in ("allreduce", "broadcast", "reduce"):
         if inplace:
             t = x.clone()

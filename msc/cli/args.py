@@ -107,18 +107,15 @@ def refuse_inapplicable(collective: str, *, op: str | None = None, op_flag: str 
     that does not apply is not ignored (None: not given)."""
     if op is None and root is None:
         return
-    from msc.dsl.collectives import BUILTIN
+    from msc.dsl.collectives import BUILTIN, REDUCING, ROOTED
 
     if collective not in BUILTIN:              # a custom collective: its own definition decides
         return
-    from msc.verification.reference import REDUCING
-
     if op is not None and collective not in REDUCING:
         raise UsageError(f"{op_flag} {op}: {collective} does not reduce (a reduction op applies to "
                          f"{', '.join(REDUCING)}); leave it out")
-    if root is not None and not BUILTIN[collective].has_root:
-        rooted = ", ".join(name for name, c in BUILTIN.items() if c.has_root)
-        raise UsageError(f"{root_flag} {root}: {collective} has no root (a root applies to {rooted}); "
+    if root is not None and collective not in ROOTED:
+        raise UsageError(f"{root_flag} {root}: {collective} has no root (a root applies to {', '.join(ROOTED)}); "
                          f"leave it out")
 
 

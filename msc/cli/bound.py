@@ -1,4 +1,4 @@
-"""Command-line registration of ``msc bound`` (msc.sim.bound: the lower bound on
+"""Command-line registration of ``msc bound`` (msc.sim.cut_bound: the lower bound on
 a collective's time from the topology alone). Registering imports nothing
 heavy; the command imports numpy when it runs."""
 from __future__ import annotations
@@ -6,12 +6,11 @@ from __future__ import annotations
 import argparse
 import json
 
+from msc.dsl.collectives import COLLECTIVE_NAMES, COLLECTIVES
 from msc.errors import UsageError
 from msc.ir.ops import PROTOCOL_NAMES
 from msc.units import TYPES
 from msc.cli.args import add_collective_on_topology_args, add_sweep_args, protocol_arg, refuse_inapplicable
-
-COLLECTIVE_NAMES = ("allgather", "reducescatter", "allreduce", "broadcast", "reduce", "alltoall")   # msc.sim.bound's
 
 
 def add_bound_command(subparsers) -> argparse.ArgumentParser:
@@ -29,7 +28,7 @@ def add_bound_command(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show Python tracebacks")
 
     def cmd(args) -> int:
-        from msc.sim.bound import collective_name, cut_model, lower_bound, nccl_size
+        from msc.sim.cut_bound import collective_name, cut_model, lower_bound, nccl_size
         from msc.units import BUSBW_FACTOR, parse_dtype, sizes
 
         collective = collective_name(args.collective)
@@ -42,7 +41,8 @@ def add_bound_command(subparsers) -> argparse.ArgumentParser:
         rounded = [nccl_size(collective, n, s, dt.itemsize) for s in requested]
         bounds = lower_bound(collective, topo, [s for s, _ in rounded], root=args.root,      # checks the root
                              protocols=tuple(args.protocol) if args.protocol else None)
-        exact = cut_model(topo, args.root if collective in ("broadcast", "reduce") else 0).exact
+        rooted = COLLECTIVES[collective].has_root
+        exact = cut_model(topo, args.root if rooted else 0).exact
         factor = BUSBW_FACTOR[collective](n)
         records = []
         for req, (size, count), b in zip(requested, rounded, bounds):
@@ -50,7 +50,7 @@ def add_bound_command(subparsers) -> argparse.ArgumentParser:
             algbw = size / us / 1e3 if us > 0 else 0.0
             records.append({"collective": collective, "topology": topo.name, "ranks": n, "size": size,
                             "count": count, "type": type_name,
-                            "root": args.root if collective in ("broadcast", "reduce") else -1,
+                            "root": args.root if rooted else -1,
                             "time": us, "algbw": algbw, "busbw": algbw * factor, "term": b.term, "limit": b.limit,
                             "protocol": b.protocol, "requested_size": req, "rounded": size != req,
                             "exact": exact})
@@ -109,7 +109,7 @@ def add_bound(records: list[dict], collective: str, root: int, topology) -> list
     """Give simulated records ``bound_time`` (us, msc bound's at the record's
     size) and ``bound_pct`` (100 x bound / predicted time: 100 = no plan can
     be faster); none for a collective msc bound does not know."""
-    from msc.sim.bound import COLLECTIVES, lower_bound
+    from msc.sim.cut_bound import COLLECTIVES, lower_bound
 
     if collective not in COLLECTIVES or not records:
         return records

@@ -130,7 +130,7 @@ def draw_schedule(plan, path: str):
     little), busy rounds are wider, and each arrow carries the chunk(s) it
     moves where a label fits. Local reductions and copies are markers.
     Returns the (closed) figure."""
-    from msc.sim.arrays import compile_plan
+    from msc.sim.sim_plan import compile_plan
 
     sp = compile_plan(plan)
     level = _logical_levels(sp, plan.slots)

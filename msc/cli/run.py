@@ -26,9 +26,9 @@ import time
 from typing import Callable
 
 from msc.cli.args import add_collective_arg, collective_kw, refuse_inapplicable
-from msc.dsl.collectives import BUILTIN
+from msc.dsl.collectives import BUILTIN, REDUCING
 from msc.errors import UsageError
-from msc.ir.ops import REDUCE_OP_NAMES
+from msc.ir.ops import REDUCE_OP_NAMES, reduce_op
 from msc.lower.runtimes import add_capacity_args, capacity_args
 from msc.progress import steps
 from msc.units import TYPES, format_size, format_table, parse_dtype, parse_size, size_arg, sizes
@@ -86,15 +86,14 @@ def sweep(plan, *, min_bytes=None, max_bytes, factor: int = 2, dtype="float", op
     from msc.verification.plan import plan_collective
     from msc.executor import buffer_elements
 
-    if op not in OPS:
-        raise UsageError(f"unknown reduction op {op!r} (expected one of {', '.join(OPS)})")
+    reduce_op(op)
     if type(iters) is not int or iters < 1:
         raise UsageError(f"iterations must be an int >= 1, got {iters!r}")
     if backend not in BACKENDS:
         raise UsageError(f"unknown backend {backend!r} (available: {', '.join(BACKENDS)})")
     tname, dt = parse_dtype(dtype)
     coll = plan_collective(plan, collective)
-    builtin = coll.name in reference.COLLECTIVES and type(coll) is BUILTIN[coll.name]
+    builtin = coll.name in BUILTIN and type(coll) is BUILTIN[coll.name]
     n, k = plan.num_ranks, plan.chunk_factor
     chunks_in, chunks_big = plan.input_chunks, max(plan.input_chunks, plan.output_chunks)
     least = smallest_size(plan, dt.itemsize)
@@ -107,7 +106,7 @@ def sweep(plan, *, min_bytes=None, max_bytes, factor: int = 2, dtype="float", op
     run = BACKENDS[backend](plan, collective)
     if hasattr(run, "prepare"):
         run.prepare(dt.name, op)
-    reducing = coll.name in reference.REDUCING if builtin else \
+    reducing = coll.name in REDUCING if builtin else \
         any(step.op.reduces for _, _, _, step in plan.steps())
     rng = np.random.default_rng(seed)
     records = []

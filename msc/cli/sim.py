@@ -135,7 +135,7 @@ NCCL_NOTE = ("# NCCL's algorithm, protocol and channels per size by its tuning m
 
 def _simulate_nccl(args, requested):
     from msc.cli.bound import BOUND_NOTE, add_bound, bound_columns
-    from msc.sim.bound import collective_name
+    from msc.sim.cut_bound import collective_name
     from msc.sim.nccl_sim import simulate_nccl
     from msc.units import format_table
 

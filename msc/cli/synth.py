@@ -8,6 +8,7 @@ import json
 import shlex
 import sys
 
+from msc.dsl.collectives import ROOTED
 from msc.errors import UsageError
 from msc.units import format_size, size_arg
 from msc.cli.args import add_collective_on_topology_args, check_not_input, refuse_inapplicable
@@ -45,7 +46,7 @@ def add_synthesize_command(subparsers) -> argparse.ArgumentParser:
 
 def _run(args) -> int:
     from msc.cli.bound import bound_topology
-    from msc.sim.bound import collective_name
+    from msc.sim.cut_bound import collective_name
 
     collective = collective_name(args.collective)
     check_collective(collective)
@@ -119,7 +120,7 @@ def _write_and_verify(args, collective, topo, summary) -> None:
     text = summary.pop("text")
     write_output(args.output, text)
     [alg] = msc.load_algorithms(args.output)
-    kw = {"root": args.root} if collective in ("broadcast", "reduce") else {}
+    kw = {"root": args.root} if collective in ROOTED else {}
     for inplace in (True, False):
         msc.verify(msc.trace(alg, topo.num_ranks, inplace=inplace, **kw))
     summary["verified"] = True

@@ -106,7 +106,7 @@ from msc.compat.msccl_topology import (Topology, dgx1, dgx_a100, distributed_ful
 from msc.dsl.program import user_line
 from msc.errors import AlgorithmError, OperationError, VerificationError
 from msc.ir.ops import PROTOCOL_NAMES
-from msc.verification.program import verify
+from msc.verification.program_verifier import verify
 
 # (operations verified, report) of each program's last Check(): `msc verify` reuses it for the
 # sealed program. Kept here, not on the Program: the core DSL knows nothing of MSCCLang.

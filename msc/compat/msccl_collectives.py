@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Callable
 
-from msc.dsl.collectives import BUILTIN, CustomCollective, get_collective
+from msc.dsl.collectives import BUILTIN, CustomCollective, collective_key, get_collective
 from msc.dsl.collectives import Collective as NativeCollective
 from msc.compat.msccl_chunks import Buffer, Chunk, ReduceChunk
 from msc.dsl.program import user_line
@@ -327,7 +327,7 @@ def _check_output_starts(out, inp_list, starts, alias, rank, bad) -> None:
 def _native_name(cls_name: str) -> str:
     """The collective's name in plans: its class name, unless that is a
     built-in's (a plan naming one would be checked against it)."""
-    key = cls_name.lower().replace("_", "")
+    key = collective_key(cls_name)
     return f"custom_{cls_name}" if key in BUILTIN else cls_name
 
 

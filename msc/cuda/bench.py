@@ -35,6 +35,7 @@ import json
 import platform
 from dataclasses import dataclass
 
+from msc.dsl.collectives import Arrays, collective_spec
 from msc.errors import UsageError
 
 DEFAULT_TIMEOUT_S = 30.0        # seconds a benchmark's spin-wait may last (the runtime's default is 300)
@@ -59,29 +60,11 @@ def torch_collective(collective: str, inputs: list, outputs: list, op: str = "su
             return stack.amin(0)
         raise UsageError(f"unknown reduction {op!r}")
 
-    if collective == "allreduce":
-        r = reduce(torch.stack(inputs)).to(inputs[0].dtype)
-        for o in outputs:
-            o.copy_(r)
-    elif collective == "reduce":
-        outputs[root].copy_(reduce(torch.stack(inputs)).to(inputs[0].dtype))
-    elif collective == "broadcast":
-        for o in outputs:
-            o.copy_(inputs[root])
-    elif collective == "allgather":
-        g = torch.cat(inputs)
-        for o in outputs:
-            o.copy_(g)
-    elif collective == "reducescatter":
-        r = reduce(torch.stack(inputs).view(n, n, -1)).to(inputs[0].dtype)
-        for j, o in enumerate(outputs):
-            o.copy_(r[j])
-    elif collective == "alltoall":
-        t = torch.stack(inputs).view(n, n, -1).transpose(0, 1).reshape(n, -1)
-        for j, o in enumerate(outputs):
-            o.copy_(t[j])
-    else:
-        raise UsageError(f"no PyTorch baseline for collective {collective!r}")
+    spec = collective_spec(collective, refusal="no PyTorch baseline for collective")
+    arrays = Arrays(inputs, root, torch.stack, torch.cat, lambda stack: reduce(stack).to(inputs[0].dtype))
+    for out, value in zip(outputs, spec.reference(arrays)):
+        if value is not None:
+            out.copy_(value.reshape(-1))
 
 
 def environment(device: int) -> dict:
@@ -244,8 +227,8 @@ class _Run:
 def _record(run: _Run, requested: int) -> dict:
     """One size: checked once (``run.check``), timed, and the baselines beside it."""
     from msc.cuda.validate import units
+    from msc.dsl.collectives import REDUCING
     from msc.units import BUSBW_FACTOR
-    from msc.verification import reference
 
     plan, coll, comm, n = run.plan, run.coll, run.comm, run.plan.num_ranks
     in_units, out_units = units(plan)
@@ -260,7 +243,7 @@ def _record(run: _Run, requested: int) -> dict:
         wrong = _check(comm, plan, coll, run.rng, run.dt, run.op, n, count, in_units, out_units,
                        None if run.host else run.where)
     t = _timed(lambda: call(run.op), run.iters, run.warmup, run.graphs, run.host, comm.synchronize) if count else 0.0
-    reducing = coll.name in reference.REDUCING
+    reducing = coll.name in REDUCING
     rec = {"size": size, "count": count, "type": run.tname, "redop": run.op if reducing else "none",
            "root": plan.root if coll.has_root else -1, "time": t, "algbw": size / t / 1e3 if t > 0 else 0.0,
            "wrong": sum(wrong), "wrong_per_rank": wrong, "inplace": plan.inplace, "requested_size": requested,

@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
+from msc.dsl.collectives import REDUCING
 from msc.errors import UsageError
 from msc.ir import Plan, StepOp
-from msc.ir.ops import PROTOCOLS, REDUCE_OP_NAMES, REDUCE_OPS
+from msc.ir.ops import PROTOCOLS, REDUCE_OP_NAMES, REDUCE_OPS, kernel_op_problem, reduce_op
 from msc.resources import data_dir
 
 if TYPE_CHECKING:
@@ -99,18 +100,18 @@ class KernelLayout:
 def _check_kind(dtype: str, op: str) -> DType:
     if dtype not in DTYPES:
         raise UsageError(f"the CUDA backend has no data type {dtype!r} (it has {', '.join(DTYPES)})")
-    if op not in OPS:
-        raise UsageError(f"unknown reduction {op!r} (expected one of {', '.join(OPS)})")
+    reduce_op(op)
     return DTYPES[dtype]
 
 
 def check_kernel(dtype: str, op: str, plan: Plan) -> DType:
     """UsageError unless the CUDA backend can run ``plan`` with ``dtype`` and ``op``."""
     dt = _check_kind(dtype, op)
-    if REDUCE_OPS[op].average and not dt.floating:
-        raise UsageError(f"{op} on the CUDA backend needs a floating type (it scales inputs by 1/n), not {dtype}")
-    if REDUCE_OPS[op].average and plan.collective not in ("allreduce", "reducescatter", "reduce"):
-        raise UsageError(f"{op} on the CUDA backend is for allreduce, reducescatter and reduce, not {plan.collective}")
+    problem = kernel_op_problem(op, dtype, dt.floating)
+    if problem:
+        raise UsageError(problem)
+    if REDUCE_OPS[op].average and plan.collective not in REDUCING:
+        raise UsageError(f"{op} on the CUDA backend is for {', '.join(REDUCING)}, not {plan.collective}")
     proto = PROTOCOLS.get(plan.protocol)
     if proto is not None and proto.transport is None:
         rendered = " and ".join(p.name for p in PROTOCOLS.values() if p.transport)

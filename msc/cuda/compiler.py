@@ -192,11 +192,9 @@ def tables(plan: Plan, *, op: str = "sum", collective=None, cache: Path | None =
     """The plan's tables for the table-form kernel (computed, or read from the
     cache): what a new plan needs instead of a compile. ``op``: only whether it
     averages matters. ``allow_deadlock`` as in ``rendered``."""
-    from msc.ir.ops import REDUCE_OPS
+    from msc.ir.ops import reduce_op
 
-    if op not in REDUCE_OPS:
-        raise UsageError(f"unknown reduction {op!r} (expected one of {', '.join(REDUCE_OPS)})")
-    average = REDUCE_OPS[op].average
+    average = reduce_op(op).average
     root = cache or cache_dir()
     name = f"kernels/tables-{tables_key(plan, average=average, collective=collective)}/tables.i32"
     raw = kcache.read(root, name)

@@ -17,14 +17,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from msc.dsl.collectives import get_collective
-from msc.cuda.codegen import DTYPES, OPS
+from msc.dsl.collectives import REDUCING, get_collective
+from msc.cuda.codegen import DTYPES
 from msc.cuda.tables import UserBuffers
 from msc.errors import UsageError
 from msc.ir import Plan
-from msc.ir.ops import REDUCE_OPS
-
-REDUCING = ("allreduce", "reducescatter", "reduce")
+from msc.ir.ops import kernel_op_problem, reduce_op
 
 
 @dataclass(frozen=True)
@@ -69,12 +67,12 @@ def units(plan: Plan) -> tuple[int, int]:
 
 def check_op(plan: Plan, op: str, dtype: str | None = None) -> str:
     """The kernel op for ``op`` on this plan's collective."""
-    if op not in OPS:
-        raise UsageError(f"unknown reduction {op!r} (the CUDA kernels do {', '.join(OPS)})")
+    reduce_op(op)
     if not _reduces(plan):
         return "sum"                                # no reduction happens: one kernel serves every op
-    if REDUCE_OPS[op].average and dtype is not None and not DTYPES[dtype].floating:
-        raise UsageError(f"{op} on the CUDA runtime needs a floating type (it scales inputs by 1/n), not {dtype}")
+    problem = None if dtype is None else kernel_op_problem(op, dtype, dtype in DTYPES and DTYPES[dtype].floating)
+    if problem:
+        raise UsageError(problem)
     return op
 
 

@@ -255,6 +255,24 @@ class Reduce(_Cached):
         return (n, k, root, rank == root)
 
 
+class SendRecv(_Cached):
+    """Each rank's input to the next rank's output ((r - 1) mod n -> r): the
+    point-to-point exchange of pipeline parallelism (nccl-tests' sendrecv).
+    In place, each rank's buffer ends holding its predecessor's."""
+
+    name = "sendrecv"
+
+    def input_chunks(self, n, k):
+        return k
+
+    def output_chunks(self, n, k):
+        return k
+
+    def postcondition(self, rank, index, n, k, root):
+        src = ((rank - 1) % n, index)
+        return self._expect(src, lambda: (src,))
+
+
 class CustomCollective(Collective):
     """A collective stated by the user.
 
@@ -363,15 +381,125 @@ def _as_label(value, context: str) -> Label:
         raise UsageError(f"{context} must give (origin_rank, origin_index) pairs, got {value!r}") from None
 
 
-BUILTIN: dict[str, type[Collective]] = {
-    c.name: c for c in (AllReduce, AllGather, ReduceScatter, AllToAll, Broadcast, Reduce)
-}
+# -- the registry of built-in collectives ----------------------------------------
+@dataclass(frozen=True)
+class Arrays:
+    """What a collective's reference needs of the per-rank inputs (1-D
+    arrays of numpy or torch): the library's stack, cat and the reduction over
+    axis 0 (in the reference's or the baseline's precision)."""
+
+    xs: list
+    root: int
+    stack: Callable
+    cat: Callable
+    reduce: Callable
+
+    @property
+    def n(self) -> int:
+        return len(self.xs)
+
+    def units(self):
+        """The inputs as [source rank, unit, element]: n equal units each."""
+        for rank, x in enumerate(self.xs):
+            if len(x) % self.n:
+                raise UsageError(f"rank {rank}: input of {len(x)} elements is not {self.n} equal units")
+        return self.stack(self.xs).reshape(self.n, self.n, -1)
+
+
+@dataclass(frozen=True)
+class CollectiveSpec:
+    """A built-in collective: every fact of it a module needs. Units per rank
+    of its buffers are its Collective's chunks at chunk factor 1."""
+
+    cls: type[Collective]                   # its pre- and postcondition (and name, has_root)
+    reduces: bool                           # combines values: takes a reduce op, tolerances, reducing kernels
+    busbw: Callable[[int], float]           # nccl-tests' bus-bandwidth factor at n ranks (doc/PERFORMANCE.md)
+    demand: Callable[[int, int, bool], float]   # bytes per byte of size that must cross into a side of k of n
+    #                                         ranks (root inside it?): msc.sim.cut_bound
+    latency: int | None                     # the path latency bounding it (msc.sim.cut_bound's CutModel.latency:
+    #                                         0 any pair, 1 from the root, 2 to the root); None: neighbours only
+    reference: Callable[[Arrays], list]     # per rank, the output from the inputs (None: unspecified)
+    msccl: bool = True                      # MSCCL XML has it (coll=); else exported as coll="custom" + contract
+    torch: str | None = None                # torch.distributed's call (msc.torch's), None: torch has none
+    nccl: bool = True                       # NCCL runs it as a collective (msc simulate --nccl models it)
+    synthesizes: bool = True                # msc synthesize makes it
+    baseline: str | None = None             # the library algorithm msc tune compares with ("vs ring")
+    partition_demand: Callable[[int], float] | None = None   # bytes per byte crossing a partition into p parts
+
+    @property
+    def name(self) -> str:
+        return self.cls.name
+
+    @property
+    def has_root(self) -> bool:
+        return self.cls.has_root
+
+    def units(self, n: int) -> tuple[int, int]:
+        """Data units per rank of the (input, output) at n ranks."""
+        c = self.cls()
+        return c.input_chunks(n, 1), c.output_chunks(n, 1)
+
+
+def _everyone(a: Arrays, out) -> list:
+    return [out for _ in range(a.n)]
+
+
+def _unit_of_each(a: Arrays, combine) -> list:
+    """Rank r's output: ``combine`` of unit r of every rank's input ([source rank, element])."""
+    units = a.units()
+    return [combine(units[:, r]) for r in range(a.n)]
+
+
+COLLECTIVES: dict[str, CollectiveSpec] = {s.name: s for s in (
+    CollectiveSpec(AllReduce, reduces=True, busbw=lambda n: 2 * (n - 1) / n, demand=lambda n, k, root_in: 1.0,
+                   latency=0, reference=lambda a: _everyone(a, a.reduce(a.stack(a.xs))), torch="all_reduce",
+                   baseline="allreduce/ring", partition_demand=lambda parts: 2.0 * (parts - 1)),
+    CollectiveSpec(AllGather, reduces=False, busbw=lambda n: (n - 1) / n, demand=lambda n, k, root_in: (n - k) / n,
+                   latency=0, reference=lambda a: _everyone(a, a.cat(a.xs)), torch="all_gather_into_tensor",
+                   baseline="allgather/ring"),
+    CollectiveSpec(ReduceScatter, reduces=True, busbw=lambda n: (n - 1) / n, demand=lambda n, k, root_in: k / n,
+                   latency=0, reference=lambda a: _unit_of_each(a, a.reduce), torch="reduce_scatter_tensor",
+                   baseline="reducescatter/ring"),
+    CollectiveSpec(AllToAll, reduces=False, busbw=lambda n: (n - 1) / n,
+                   demand=lambda n, k, root_in: k * (n - k) / n, latency=0,
+                   reference=lambda a: _unit_of_each(a, lambda u: u.reshape(-1)), torch="all_to_all_single"),
+    CollectiveSpec(Broadcast, reduces=False, busbw=lambda n: 1.0, demand=lambda n, k, root_in: 0.0 if root_in else 1.0,
+                   latency=1, reference=lambda a: _everyone(a, a.xs[a.root]), torch="broadcast",
+                   baseline="broadcast/chain"),
+    CollectiveSpec(Reduce, reduces=True, busbw=lambda n: 1.0, demand=lambda n, k, root_in: 1.0 if root_in else 0.0,
+                   latency=2, reference=lambda a: [a.reduce(a.stack(a.xs)) if r == a.root else None
+                                                   for r in range(a.n)], torch="reduce", baseline="reduce/ring"),
+    # nccl-tests' sendrecv (NVIDIA/nccl-tests src/sendrecv.cu: r sends to r+1, busbw factor 1); a side of
+    # 1..n-1 ranks has a rank whose predecessor is outside it
+    CollectiveSpec(SendRecv, reduces=False, busbw=lambda n: 1.0, demand=lambda n, k, root_in: 1.0 if 0 < k < n else 0.0,
+                   latency=None, reference=lambda a: [a.xs[(r - 1) % a.n] for r in range(a.n)], msccl=False,
+                   nccl=False, synthesizes=False, baseline="sendrecv/ring"),
+)}
+COLLECTIVE_NAMES = tuple(COLLECTIVES)
+ROOTED = tuple(name for name, s in COLLECTIVES.items() if s.has_root)
+REDUCING = tuple(name for name, s in COLLECTIVES.items() if s.reduces)
+BUILTIN: dict[str, type[Collective]] = {name: s.cls for name, s in COLLECTIVES.items()}
+
+
+def collective_key(spec) -> str:
+    """A collective name as msc spells it: "all_reduce", "AllReduce", "all-reduce" -> "allreduce"."""
+    return str(spec).lower().replace("_", "").replace("-", "")
+
+
+def collective_spec(spec, refusal: str = "unknown collective") -> CollectiveSpec:
+    """The registry row ``spec`` names (any spelling collective_key takes);
+    ``refusal``: the error's first words for another name."""
+    key = collective_key(spec)
+    if key not in COLLECTIVES:
+        raise UsageError(f"{refusal} {spec!r}: expected one of {', '.join(COLLECTIVE_NAMES)}"
+                         + did_you_mean(key, COLLECTIVE_NAMES))
+    return COLLECTIVES[key]
 
 
 def get_collective(spec: str | Collective) -> Collective:
     if isinstance(spec, Collective):
         return spec
-    key = str(spec).lower().replace("_", "").replace("-", "")
+    key = collective_key(spec)
     if key not in BUILTIN:
         raise UsageError(f"unknown collective {spec!r}; expected one of {', '.join(BUILTIN)} or a Collective object"
                          + did_you_mean(key, BUILTIN))

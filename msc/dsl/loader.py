@@ -120,9 +120,9 @@ def load_collective(spec: str):
     """The Collective ``FILE.py:NAME`` names (the variable NAME of the file,
     or of a library algorithm file), or the file's only Collective object
     when ``:NAME`` is left out; a built-in's name is that built-in."""
-    from msc.dsl.collectives import BUILTIN, Collective, get_collective
+    from msc.dsl.collectives import BUILTIN, Collective, collective_key, get_collective
 
-    if spec.lower().replace("_", "").replace("-", "") in BUILTIN:
+    if collective_key(spec) in BUILTIN:
         return get_collective(spec)
     path, sep, name = spec.rpartition(":") if ":" in spec else (spec, "", "")
     if not sep or not path:

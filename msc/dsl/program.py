@@ -4,7 +4,7 @@ Tracing runs the user's function once against a ``Program`` that records
 every copy and reduce as an ``ir.Op`` with the user's source line. Static
 mistakes (a rank that does not exist, an index out of range, mismatched
 sizes) raise ``OperationError`` at once, at the user's line; what chunks
-end up holding is the verifier's business (``msc.verification.program``).
+end up holding is the verifier's business (``msc.verification.program_verifier``).
 
 Tracing runs the user's Python as it is, with no time limit (``msc verify``
 and ``msc compile`` take ``--timeout``). Whatever the user's code raises or

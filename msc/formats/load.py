@@ -82,9 +82,9 @@ UNCHECKED = ("the plan's collective is custom and not stated in the file (MSCCL 
 def states_nothing(plan: Plan) -> bool:
     """Whether nothing says what ``plan`` must compute: a collective that is
     not built in, with no contract (a definition given to the reader attaches one)."""
-    from msc.dsl.collectives import BUILTIN
+    from msc.dsl.collectives import BUILTIN, collective_key
 
-    return plan.contract is None and plan.collective.lower().replace("_", "").replace("-", "") not in BUILTIN
+    return plan.contract is None and collective_key(plan.collective) not in BUILTIN
 
 
 def structural(plan: Plan):

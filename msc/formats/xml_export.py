@@ -50,7 +50,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from typing import NamedTuple
 
-from msc.dsl.collectives import get_collective
+from msc.dsl.collectives import COLLECTIVES, ROOTED, contract_of, get_collective
 from msc.formats.contract_text import contract_lines
 from msc.errors import MscError, PlanError, RuntimeLimitError, UsageError
 from msc.ir import Plan, RankPlan, Slice, Step, StepOp
@@ -61,7 +61,6 @@ from msc.lower.runtimes import Runtime, xml_runtime
 __all__ = ["RuntimeLimitError", "check_limits", "plan_to_xml"]
 
 BUFFER_LETTER = {"input": "i", "output": "o", "scratch": "s"}
-ROOTED = ("broadcast", "reduce")
 
 
 class XStep(NamedTuple):
@@ -119,10 +118,11 @@ def plan_to_xml(plan: Plan, *, runtime: str = "msccl", min_bytes: int = 0, max_b
         attrs["msc_tile"] = str(plan.tile)
     if plan.instances != 1:
         attrs["msc_instances"] = str(plan.instances)
-    if coll == "custom" and plan.contract is not None:     # what the custom collective requires, for msc's reader
+    contract = _contract(plan)
+    if coll == "custom" and contract is not None:     # what the custom collective requires, for msc's reader
         attrs["msc_collective"] = plan.collective
         attrs["msc_chunk_factor"] = str(plan.chunk_factor)
-        attrs["msc_contract"] = "; ".join(line.strip() for line in contract_lines(plan.contract)[1:])
+        attrs["msc_contract"] = "; ".join(line.strip() for line in contract_lines(contract)[1:])
     algo = ET.Element("algo", attrs)
     for rp, tb_steps, flags in zip(plan.ranks, ranks, flagged):
         sizes = buffer_sizes(plan, rp.rank)
@@ -288,6 +288,8 @@ def _collective(plan: Plan, rt: Runtime) -> tuple[str, int, int]:
         name = get_collective(plan.collective).name
     except MscError:
         name = "custom"
+    if name in COLLECTIVES and not COLLECTIVES[name].msccl:      # a built-in MSCCL lacks: custom, with its contract
+        name = "custom"
     n = plan.num_ranks
     if name == "custom":
         if not rt.custom:
@@ -297,6 +299,14 @@ def _collective(plan: Plan, rt: Runtime) -> tuple[str, int, int]:
     if name == "reducescatter":
         return rt.reducescatter, 1, n
     return name, (n if name == "allgather" else 1), 1
+
+
+def _contract(plan: Plan):
+    """What the plan's collective requires, for a custom one: its own, or a
+    built-in's that MSCCL lacks (the reader maps it back to the built-in)."""
+    if plan.contract is not None or plan.collective not in COLLECTIVES:
+        return plan.contract
+    return contract_of(get_collective(plan.collective), plan.num_ranks, plan.chunk_factor, plan.root)
 
 
 def _limit(limit: str, value: int, maximum: int, what: str, rt: Runtime, constant: int | None = None,

@@ -47,7 +47,8 @@ import warnings
 import xml.etree.ElementTree as ET
 from xml.parsers import expat
 
-from msc.dsl.collectives import get_collective
+from msc.dsl.collectives import COLLECTIVES as SPECS, contract_of, get_collective
+from msc.lower.runtimes import RUNTIMES
 from msc.errors import MscError, PlanError
 from msc.ir import Plan, RankPlan, Slice, Step, StepOp, Threadblock
 from msc.ir.ops import PROTOCOL_NAMES
@@ -56,10 +57,9 @@ from msc.formats.contract_text import build_contract
 from msc.formats.plan_text import clipped, shown
 from msc.lower.runtimes import CapacityWarning, xml_capacity
 
-COLLECTIVES = {"allreduce": "allreduce", "allgather": "allgather", "reduce_scatter": "reducescatter",
-               "reducescatter": "reducescatter", "alltoall": "alltoall", "broadcast": "broadcast",
-               "reduce": "reduce", "custom": "custom"}
-PER_RANK_UNITS = ("allgather", "reducescatter", "alltoall")   # nchunksperloop = ngpus * k
+# coll= as the runtimes spell MSCCL's collectives (reduce-scatter: each its own way), and custom
+COLLECTIVES = {**{name: name for name, spec in SPECS.items() if spec.msccl},
+               **{rt.reducescatter: "reducescatter" for rt in RUNTIMES.values()}, "custom": "custom"}
 BUFFERS = {"i": "input", "o": "output", "s": "scratch"}
 TYPES = {op.xml: op for op in StepOp if op.xml}
 MAX_REDUCE_FUSION = 16    # the runtime fuses at most this many re steps
@@ -277,12 +277,21 @@ class _Reader:
         ranks = tuple(self.rank(by_id[r], r, n, nchannels, sizes) for r in range(n))
         if collective == "custom" and algo.get("msc_contract") is not None:     # msc wrote what it requires
             collective, k, extra["contract"] = self.contract(algo, sizes)
+            if collective in SPECS:                 # a built-in MSCCL lacks, exported as custom by msc
+                extra["contract"] = self.builtin_contract(algo, collective, n, k, root, extra["contract"])
         plan = Plan(name, collective, n, k, inplace, sizes["input"], sizes["output"], ranks, **extra)
         try:
             check_plan(plan)
         except PlanError as exc:
             raise self.located(exc, by_id) from None
         return plan
+
+    def builtin_contract(self, algo, collective: str, n: int, k: int, root: int, contract) -> None:
+        """None (a built-in's plan carries no contract) where ``contract`` is the built-in's own."""
+        if contract != contract_of(get_collective(collective), n, k, root):
+            raise self.error(algo, f"<algo> msc_collective={collective!r} is built in, but msc_contract is not what "
+                                   f"{collective} requires at {n} ranks and chunk factor {k}")
+        return None
 
     def contract(self, algo, sizes) -> tuple:
         """(collective name, chunk factor, Contract) from msc's attributes of a custom collective."""
@@ -325,10 +334,10 @@ class _Reader:
             size = max(ins + outs)
             self.alias = lambda rank, buffer: ("input", 0) if buffer == "output" else (buffer, 0)
             return 1, {"input": size, "output": max(outs) or size}, None
-        per_rank = collective in PER_RANK_UNITS
-        if per_rank and nchunks % n:
+        units = max(SPECS[collective].units(n))             # nchunksperloop = units * k
+        if nchunks % units:
             raise self.error(algo, f"{collective}: nchunksperloop={nchunks} is not a multiple of ngpus={n}")
-        k = nchunks // n if per_rank else nchunks
+        k = nchunks // units
         try:
             layout = get_collective(collective).layout(n, k, inplace, root)
         except MscError as exc:

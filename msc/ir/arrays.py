@@ -1,6 +1,6 @@
 """A plan read into columns (numpy arrays), once: the one reading of a
 plan's structure that the plan verifier's fast path
-(msc.verification.plan_fast), the simulator (msc.sim.arrays) and the CUDA
+(msc.verification.plan_fast), the simulator (msc.sim.sim_plan) and the CUDA
 renderer (msc.cuda.codegen) share, so that they agree on which step is
 which, how connections are numbered and which send each receive takes.
 

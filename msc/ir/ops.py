@@ -22,20 +22,40 @@ class ReduceOp:
     numpy: str                     # the numpy ufunc that combines two values (executor, reference)
     torch: str                     # the torch function that does (msc.torch.execute)
     torch_op: str                  # its torch.distributed.ReduceOp member
-    combine: str                   # the combine the CUDA templates render (common.cuh.j2): add, mul, max, min
+    c_float: str                   # a (+) b in C on floats x, y (common.cuh.j2: half types compute in float)
+    c_elem: str                    # a (+) b in C on the element type's a, b (the other types)
     average: bool = False          # then divide by the ranks (the CUDA kernels pre-scale inputs by 1/n instead)
     exact: bool = False            # the result is one of the inputs: exact in any order, no rounding tolerance
     aliases: tuple[str, ...] = ()  # further names msc.torch takes
 
 
 REDUCE_OPS: dict[str, ReduceOp] = {op.name: op for op in (
-    ReduceOp("sum", "add", "add", "SUM", "add"),
-    ReduceOp("prod", "multiply", "mul", "PRODUCT", "mul", aliases=("product",)),
-    ReduceOp("max", "maximum", "maximum", "MAX", "max", exact=True),
-    ReduceOp("min", "minimum", "minimum", "MIN", "min", exact=True),
-    ReduceOp("avg", "add", "add", "AVG", "add", average=True, aliases=("mean",)),
+    ReduceOp("sum", "add", "add", "SUM", "x + y", "a + b"),
+    ReduceOp("prod", "multiply", "mul", "PRODUCT", "x * y", "a * b", aliases=("product",)),
+    ReduceOp("max", "maximum", "maximum", "MAX", "fmaxf(x, y)", "(a > b ? a : b)", exact=True),
+    ReduceOp("min", "minimum", "minimum", "MIN", "fminf(x, y)", "(a < b ? a : b)", exact=True),
+    ReduceOp("avg", "add", "add", "AVG", "x + y", "a + b", average=True, aliases=("mean",)),
 )}
 REDUCE_OP_NAMES = tuple(REDUCE_OPS)
+
+
+def reduce_op(name) -> ReduceOp:
+    """The registry row of reduction ``name``; a UsageError naming the ops for another."""
+    from msc.errors import UsageError, did_you_mean
+
+    found = REDUCE_OPS.get(name) if isinstance(name, str) else None
+    if found is None:
+        raise UsageError(f"unknown reduction op {name!r} (expected one of {', '.join(REDUCE_OP_NAMES)})"
+                         + did_you_mean(str(name), REDUCE_OP_NAMES))
+    return found
+
+
+def kernel_op_problem(op: str, dtype: str, floating: bool) -> str | None:
+    """Why msc's CUDA kernels cannot reduce ``dtype`` (``floating``: whether it
+    is a floating type) with ``op``, or None: the one check of an op's types."""
+    if reduce_op(op).average and not floating:
+        return f"{op} on the msc CUDA runtime needs a floating type (it scales inputs by 1/n), not {dtype}"
+    return None
 
 
 @dataclass(frozen=True)

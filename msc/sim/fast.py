@@ -31,7 +31,7 @@ import numpy as np
 from msc.errors import DeadlockError
 from msc.ir.arrays import ranges
 from msc.ir.levels import levels as topological_levels
-from msc.sim.arrays import SimPlan
+from msc.sim.sim_plan import SimPlan
 
 
 @dataclass

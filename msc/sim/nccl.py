@@ -23,12 +23,13 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
+from msc.dsl.collectives import COLLECTIVES as SPECS, ROOTED
 from msc.errors import UsageError
 from msc.ir.ops import PROTOCOL_NAMES
 from msc.sim.topology import Nodes, Topology
 
 ALGORITHMS = ("ring", "tree")
-COLLECTIVES = ("allreduce", "allgather", "reducescatter", "broadcast", "reduce", "alltoall")
+COLLECTIVES = tuple(name for name, spec in SPECS.items() if spec.nccl)
 KIB, MIB = 1024, 1024 * 1024
 
 # -- NCCL 2.21's constants (nccl_model.md section in brackets) ---------------------------------
@@ -162,16 +163,9 @@ def bus_bandwidth(s: System, algorithm: str, protocol: str) -> float:
 
 
 def algorithm_bandwidth(s: System, collective: str, algorithm: str, protocol: str) -> float:
-    """[3.5] GB/s of user buffer: the bus bandwidth times NCCL's ratio."""
-    n = s.ranks
-    if algorithm == "tree":
-        ratio = 0.5
-    elif collective == "allreduce":
-        ratio = n / (2 * (n - 1))
-    elif collective in ("allgather", "reducescatter"):
-        ratio = n / (n - 1)
-    else:
-        ratio = 1.0
+    """[3.5] GB/s of user buffer: the bus bandwidth times NCCL's ratio (a
+    ring's: one over nccl-tests' bus-bandwidth factor)."""
+    ratio = 0.5 if algorithm == "tree" else 1 / SPECS[collective].busbw(s.ranks)
     return bus_bandwidth(s, algorithm, protocol) * ratio
 
 
@@ -185,7 +179,7 @@ def latency(s: System, collective: str, algorithm: str, protocol: str) -> float:
     lat = BASE_LAT[algorithm][protocol]
     if algorithm == "tree":
         return lat + 2 * ((s.ppn - 1) * intra + math.log2(nodes) * inter)
-    if collective in ("broadcast", "reduce"):
+    if collective in ROOTED:
         return lat + (n - 1) * (inter if nodes > 1 else intra)
     steps = 2 * (n - 1) if collective == "allreduce" else n - 1
     inter_steps = 0 if nodes == 1 else (2 * nodes if collective == "allreduce" else nodes - 1)

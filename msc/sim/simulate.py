@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from msc.dsl.collectives import get_collective
+from msc.dsl.collectives import REDUCING, get_collective
 from msc.errors import MscError, UsageError
 from msc.ir import Plan
 from msc.verification.plan import plan_collective
@@ -36,7 +36,7 @@ from msc.progress import steps
 from msc.units import BUSBW_FACTOR, parse_dtype
 from msc.sim.events import EventSim
 from msc.sim.fast import JUMP_MIN, evaluate, layers, prepare
-from msc.sim.arrays import SimPlan, compile_plan
+from msc.sim.sim_plan import SimPlan, compile_plan
 from msc.sim.topology import Topology
 
 ENGINES = ("auto", "fast", "events")
@@ -307,7 +307,7 @@ class Simulator:
             us = r.seconds * 1e6
             algbw = r.size / us / 1e3 if us > 0 else 0.0
             out.append({"plan": plan.name, "size": r.size, "count": r.count, "type": self.type_name,
-                        "redop": "sum" if plan.collective in ("allreduce", "reducescatter", "reduce") else "none",
+                        "redop": "sum" if plan.collective in REDUCING else "none",
                         "root": plan.root if has_root else -1, "time": us, "algbw": algbw,
                         "busbw": algbw * factor, "inplace": plan.inplace, "requested_size": req,
                         "rounded": r.size != req, "iterations": r.iterations, "engine": r.engine,

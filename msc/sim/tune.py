@@ -37,6 +37,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from msc.dsl.collectives import COLLECTIVES, ROOTED
 from msc.errors import AlgorithmError, LoweringError, MscError, UsageError
 from msc.ir.ops import DEFAULT_PROTOCOL, PROTOCOL_NAMES
 from msc.progress import steps
@@ -47,8 +48,7 @@ DEFAULT_INSTANCES = (1, 2, 4, 8, 16, 32)
 MAX_THREADBLOCKS = 64        # per rank (the module's docstring says why)
 BISECT_ROUNDS = 6
 # The baseline "vs ring" column compares with: the library's ring (chain for broadcast), Simple, 1 instance.
-BASELINE = {"allreduce": "allreduce/ring", "allgather": "allgather/ring", "reducescatter": "reducescatter/ring",
-            "reduce": "reduce/ring", "broadcast": "broadcast/chain"}
+BASELINE = {name: spec.baseline for name, spec in COLLECTIVES.items() if spec.baseline}
 
 
 @dataclass
@@ -244,7 +244,7 @@ def tune(files: list[str], ranks: int, topology, requested: list[int], *, protoc
 
 def _bounds(collective, topology, cands, winners, requested) -> list:
     """msc bound's time per size (s), at the size the winner simulates (rounded down to its chunks)."""
-    from msc.sim.bound import COLLECTIVES, lower_bound
+    from msc.sim.cut_bound import COLLECTIVES, lower_bound
 
     if collective not in COLLECTIVES:
         return []
@@ -358,7 +358,7 @@ def index_entries(result: TuneResult) -> list[dict]:
         entry = {"file": c.filename(result.ranks), "collective": result.collective, "ranks": result.ranks,
                  "min_bytes": lo, "max_bytes": hi, "algorithm": c.algorithm, "protocol": c.protocol,
                  "instances": c.instances, "inplace": c.plan.inplace}
-        if result.collective in ("broadcast", "reduce"):
+        if result.collective in ROOTED:
             entry["root"] = c.plan.root
         # "_" keys: the tuner's notes (a registry ignores them)
         entry.update({"_params": c.params, "_topology": result.topology, "_label": c.label})
@@ -390,7 +390,8 @@ def merged_index(path: Path, entries: list[dict]):
     with "plans"), those for the calls of ``entries`` replaced. A file the
     plan registry cannot read, or a kept entry whose plan file a new entry
     would overwrite, is refused (the user's index is never lost)."""
-    from msc.torch.registry import normalize, read_index
+    from msc.dsl.collectives import collective_key
+    from msc.torch.registry import read_index
 
     if not path.exists():
         return entries
@@ -399,7 +400,7 @@ def merged_index(path: Path, entries: list[dict]):
     except MscError as exc:
         raise UsageError(f"{exc} (msc tune merges its plans into the index there: fix it or move it away)") from None
     items = data["plans"] if isinstance(data, dict) else data
-    tuned = {(normalize(e["collective"]), e["ranks"], e["inplace"], e.get("root", 0)) for e in entries}
+    tuned = {(collective_key(e["collective"]), e["ranks"], e["inplace"], e.get("root", 0)) for e in entries}
     new_files = {e["file"] for e in entries}
     kept = []
     for item, entry in zip(items, old):

@@ -31,10 +31,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from msc.dsl.collectives import COLLECTIVES as SPECS, ROOTED
 from msc.errors import UsageError, did_you_mean
 
-COLLECTIVES = ("allgather", "reducescatter", "allreduce", "broadcast", "reduce", "alltoall")
-SUMS = ("reducescatter", "reduce", "allreduce")       # the collectives whose programs sum up trees
+COLLECTIVES = tuple(name for name, spec in SPECS.items() if spec.synthesizes)
+SUMS = tuple(name for name in COLLECTIVES if SPECS[name].reduces)      # the collectives whose programs sum up trees
 PIECE_CHOICES = (1, 2, 4, 8)
 MORE_PIECES = 16           # tried where the packing at 8 pieces is more than PIECES_SLACK from it
 SPREADS = (1, 2, 4, 8, 16)
@@ -89,13 +90,13 @@ class Synthesizer:
 
         check_collective(collective)
         n = topology.num_ranks
-        if collective in ("broadcast", "reduce") and not (type(root) is int and 0 <= root < n):
+        if collective in ROOTED and not (type(root) is int and 0 <= root < n):
             raise UsageError(f"root {root!r} is not a rank of topology {topology.name!r} (0..{n - 1})")
         self.collective, self.topology, self.root = collective, topology, root
         self.links = topology.view("Simple")    # the links as the protocol synthesized plans use sees them
         self.edges = EdgeLinks(self.links)
         self.roots = _roots(collective, n, root)
-        rooted = collective in ("broadcast", "reduce")
+        rooted = collective in ROOTED
         trees = collective != "alltoall"
         self.symmetry = find_symmetry(self.links, self.edges) if trees and not rooted and n > 1 else None
         self._packings: dict[int, object] = {}
@@ -135,7 +136,7 @@ class Synthesizer:
     def _alltoall_floor(self, pieces: int) -> float:
         """msc bound's cut term for alltoall as the busiest link's seconds per
         byte of one piece (a piece is 1 / (ranks x pieces) of the size)."""
-        from msc.sim.bound import lower_bound
+        from msc.sim.cut_bound import lower_bound
 
         big = 1 << 40                                   # the cuts' latency is negligible against this
         [b] = lower_bound("alltoall", self.links, [big], protocols=("Simple",))

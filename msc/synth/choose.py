@@ -17,6 +17,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from msc.dsl.collectives import ROOTED
 from msc.progress import steps
 from msc.synth import SUMS, Synthesis, Synthesizer, spread_choices
 
@@ -50,7 +51,7 @@ def choose_by_simulation(collective: str, topology, size: int, *, root: int = 0,
             params = {"spread": list(spread_choices(k))}
             if collective in SUMS:
                 params["add_on_arrival"] = [True, False]
-            if collective in ("broadcast", "reduce"):
+            if collective in ROOTED:
                 params["root"] = [root]
             result = tune([str(path)], topology.num_ranks, topology, [size], protocols=protocols,
                           user_params=params, refine=False, runner_up=False)   # the winner alone decides

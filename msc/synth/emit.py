@@ -4,6 +4,7 @@ the product: readable, editable, and traced, verified and lowered like any
 hand-written algorithm."""
 from __future__ import annotations
 
+from msc.dsl.collectives import ROOTED
 from msc.synth.packing import LinkLoads, Tree
 
 # The algorithm function of each collective, after the tree tables and the
@@ -195,7 +196,7 @@ def program_text(collective: str, packing: LinkLoads, *, num_ranks: int, pieces:
            f"SPREAD = {spread}          # channels the pieces are spread over (the algorithm's parameter)"]
     if sums:
         out.append(f"ADD_ON_ARRIVAL = {add_on_arrival}  # where several children's parts are added (sum_up)")
-    if collective in ("broadcast", "reduce"):
+    if collective in ROOTED:
         out.append(f"ROOT = {root}")
     for kind, table, what in (("in", "IN_TREES", "every rank's share is summed up toward the root"),
                               ("out", "OUT_TREES", "the piece travels from the root down to every rank")):

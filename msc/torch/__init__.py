@@ -14,7 +14,7 @@
   - "torch", the torch.distributed executor: deadlock-free rounds of
     messages (batched isend/irecv, or one all_to_all_single per round: the
     default on gloo) and local torch reductions (msc.torch.rounds,
-    program, execute), on any process group, one node or many. Results
+    rank_program, execute), on any process group, one node or many. Results
     are the reference executor's (msc.executor), bit for bit.
   - "cuda", the msc CUDA runtime (msc.cuda.Communicator, placement
     "torchrun"): the plan's generated kernel across the GPUs of one node,

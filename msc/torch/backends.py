@@ -55,6 +55,8 @@ from __future__ import annotations
 
 import os
 
+from msc.dsl.collectives import REDUCING
+from msc.ir.ops import REDUCE_OPS, kernel_op_problem
 from msc.errors import UsageError
 
 BACKENDS = ("auto", "torch", "cuda")
@@ -166,9 +168,8 @@ def _why_not(device, dtype, op: str | None, collective: str | None) -> str | Non
         name = str(dtype).removeprefix("torch.")
         if name not in KERNEL_DTYPES:
             return f"the msc CUDA runtime's kernels take {', '.join(KERNEL_DTYPES)}, not {name}"
-        if op == "avg" and collective in ("allreduce", "reducescatter", "reduce") \
-                and not KERNEL_DTYPES[name].floating:
-            return f"avg on the msc CUDA runtime needs a floating type (it scales inputs by 1/n), not {name}"
+        if op in REDUCE_OPS and collective in REDUCING:
+            return kernel_op_problem(op, name, KERNEL_DTYPES[name].floating)
     return None
 
 
@@ -269,10 +270,10 @@ def group_timeout_s(pg, device) -> float:
 def _custom_collective(prepared):
     """The collective to hand msc.cuda: None for the plan's own built-in
     one (its kernels are cached by name), else the custom object."""
-    from msc.dsl.collectives import BUILTIN
+    from msc.dsl.collectives import BUILTIN, collective_key
 
     coll = prepared.collective
-    builtin = BUILTIN.get(str(prepared.plan.collective).lower().replace("_", "").replace("-", ""))
+    builtin = BUILTIN.get(collective_key(prepared.plan.collective))
     return None if builtin is not None and type(coll) is builtin else coll
 
 

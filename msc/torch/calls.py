@@ -27,7 +27,8 @@ from msc.errors import UsageError
 from msc.ir import Plan
 from msc.torch import agree, backends
 from msc.torch.execute import DTYPES, DistTransport, Prepared, choose_transport, execute, op_name, prepare
-from msc.torch.registry import PlanRegistry, normalize
+from msc.dsl.collectives import collective_key
+from msc.torch.registry import PlanRegistry
 
 _SUPPORTED = set(DTYPES)
 
@@ -276,7 +277,7 @@ def pick(plans, collective: str, group, input, output, root: int = 0) -> Plan | 
     found = registry_of(plans)
     if not isinstance(found, PlanRegistry):
         plan = found.plan if isinstance(found, Prepared) else found
-        if normalize(plan.collective) != normalize(collective):
+        if collective_key(plan.collective) != collective_key(collective):
             raise UsageError(f"plan {plan.name!r} is a {plan.collective} plan, this call is {collective}")
         return found
     rank, n = _group_info(group)

@@ -1,7 +1,7 @@
 """Running a compiled rank program on torch tensors.
 
 ``Prepared`` holds what a plan needs once (its rounds and layout) and, per
-(rank, count), the compiled ``Program`` with a reusable workspace tensor per
+(rank, count), the compiled ``RankProgram`` with a reusable workspace tensor per
 (dtype, device): repeated calls of one size cost no planning and no
 allocation. ``execute`` runs a program round by round; its communication
 phases go through a transport object, so the same code runs over
@@ -31,7 +31,7 @@ from msc.dsl.collectives import get_collective
 from msc.errors import UsageError
 from msc.ir import Plan
 from msc.ir.ops import REDUCE_OP_NAMES, REDUCE_OPS
-from msc.torch.program import ARENA, BUFFER, TRANSPORTS, Program, compile_rank
+from msc.torch.rank_program import ARENA, BUFFER, TRANSPORTS, RankProgram, compile_rank
 from msc.torch.rounds import schedule
 
 # The executor's reductions, in the buffers' dtype (integers wrap; floats
@@ -55,11 +55,11 @@ class Prepared:
         self.collective = plan_collective(plan, collective)
         self.layout = self.collective.layout(plan.num_ranks, plan.chunk_factor, plan.inplace, plan.root)
         self.rounds = schedule(plan)          # checks the plan's values and that it cannot get stuck
-        self._programs: OrderedDict[tuple[int, int, str], Program] = OrderedDict()
+        self._programs: OrderedDict[tuple[int, int, str], RankProgram] = OrderedDict()
         self.digest: str | None = None        # the plan's content digest and call signatures (msc.torch.agree)
         self.signatures: dict = {}
 
-    def program(self, rank: int, count: int, transport: str = "p2p") -> Program:
+    def program(self, rank: int, count: int, transport: str = "p2p") -> RankProgram:
         key = (rank, count, transport)
         prog = self._programs.get(key)
         if prog is None:
@@ -129,7 +129,7 @@ def op_name(op) -> str:
     return key
 
 
-def workspace(prog: Program, like: torch.Tensor) -> torch.Tensor:
+def workspace(prog: RankProgram, like: torch.Tensor) -> torch.Tensor:
     key = (like.dtype, like.device)
     ws = prog.workspace.get(key)
     if ws is None:
@@ -152,7 +152,7 @@ def compute(prog_round, bufs, combine) -> None:
             combine(bufs[ab][alo:ahi], bufs[bb][blo:bhi], out=bufs[db][dlo:dhi])
 
 
-def buffers_for(prog: Program, phys: dict[str, torch.Tensor]) -> list:
+def buffers_for(prog: RankProgram, phys: dict[str, torch.Tensor]) -> list:
     bufs: list = [None, None, None]
     for name, tensor in phys.items():
         bufs[BUFFER[name]] = tensor
@@ -161,7 +161,7 @@ def buffers_for(prog: Program, phys: dict[str, torch.Tensor]) -> list:
     return bufs
 
 
-def execute(prog: Program, phys: dict[str, torch.Tensor], op: str, transport) -> None:
+def execute(prog: RankProgram, phys: dict[str, torch.Tensor], op: str, transport) -> None:
     """Run ``prog`` on this rank's physical buffers (1-D, contiguous).
     ``transport.p2p(sends, recvs)`` moves one round's messages ((peer,
     tensor) lists); ``transport.alltoall(input, output, input_splits,
@@ -180,7 +180,7 @@ def execute(prog: Program, phys: dict[str, torch.Tensor], op: str, transport) ->
         average(prog, bufs)
 
 
-def average(prog: Program, bufs) -> None:
+def average(prog: RankProgram, bufs) -> None:
     """avg's division, as msc.executor: floats divided in float64 and
     rounded once to the dtype, integers truncated toward zero."""
     for (b, lo, hi), m in prog.averaged:

@@ -48,7 +48,8 @@ from msc.errors import UsageError
 from msc.torch import calls, served
 from msc.torch import settings as msc_settings
 from msc.torch.execute import op_name
-from msc.torch.registry import NoPlanError, normalize
+from msc.dsl.collectives import collective_key
+from msc.torch.registry import NoPlanError
 from msc.units import format_size
 
 
@@ -175,7 +176,7 @@ class MscProcessGroup(dist.ProcessGroup):
         return self._local.__dict__.get("serving", 0) > 0
 
     def _has_plans(self, collective: str) -> bool:
-        name = normalize(collective)
+        name = collective_key(collective)
         return any(e.collective == name for e in self.registry)
 
     def _pass(self, collective: str, tensors, reason: str, fallback, detail: str = ""):

@@ -40,6 +40,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from msc.dsl.collectives import ROOTED, collective_key
 from msc.errors import PlanError, UsageError
 from msc.formats.inputs import read_input
 from msc.ir import Plan
@@ -47,7 +48,6 @@ from msc.ir.limits import MAX_PLAN_FILE_BYTES, MAX_TEXT_FILE_BYTES
 from msc.units import format_size
 
 INDEX = "plans.json"
-_ROOTED = ("broadcast", "reduce")
 # the tuner (msc tune -o DIR) also records which algorithm, protocol and instance count won
 _ENTRY_KEYS = {"file", "collective", "ranks", "inplace", "root", "min_bytes", "max_bytes", "note",
                "algorithm", "protocol", "instances"}
@@ -62,11 +62,6 @@ class NoPlanError(UsageError):
         self.collective, self.num_ranks, self.nbytes = collective, num_ranks, nbytes
         self.inplace, self.root, self.available = inplace, root, available
         super().__init__(message)
-
-
-def normalize(collective: str) -> str:
-    """msc.dsl.collectives' spelling: "all_reduce", "AllReduce" -> "allreduce"."""
-    return str(collective).lower().replace("_", "").replace("-", "")
 
 
 def parse_bytes(value, what: str) -> int | None:
@@ -95,8 +90,8 @@ class PlanEntry:
                  verify: bool = True):
         if max_bytes is not None and max_bytes <= min_bytes:
             raise UsageError(f"{source}: max_bytes ({max_bytes}) must be > min_bytes ({min_bytes}) or null")
-        self.collective, self.num_ranks, self.inplace = normalize(collective), num_ranks, inplace
-        self.root = root if self.collective in _ROOTED else 0
+        self.collective, self.num_ranks, self.inplace = collective_key(collective), num_ranks, inplace
+        self.root = root if self.collective in ROOTED else 0
         self.min_bytes, self.max_bytes, self.source = min_bytes, max_bytes, source
         self._plan, self._path, self._verify = plan, path, verify
 
@@ -114,8 +109,8 @@ class PlanEntry:
         if self._plan is None:
             plan = _load(self._path, self._verify)
             stated = (self.collective, self.num_ranks, self.inplace, self.root)
-            found = (normalize(plan.collective), plan.num_ranks, plan.inplace,
-                     plan.root if normalize(plan.collective) in _ROOTED else 0)
+            found = (collective_key(plan.collective), plan.num_ranks, plan.inplace,
+                     plan.root if collective_key(plan.collective) in ROOTED else 0)
             if stated != found:
                 raise PlanError(f"{self.source}: the index says {_describe_key(stated)}, the plan is "
                                 f"{_describe_key(found)}", path=str(self._path))
@@ -155,7 +150,7 @@ class PlanEntry:
 def _describe_key(key) -> str:
     collective, n, inplace, root = key
     text = f"{collective} {n} ranks {'in place' if inplace else 'out of place'}"
-    return text + (f" root {root}" if collective in _ROOTED else "")
+    return text + (f" root {root}" if collective in ROOTED else "")
 
 
 _UNSET = object()      # a size bound the caller did not give
@@ -273,8 +268,8 @@ class PlanRegistry:
               exact: bool = False) -> PlanEntry:
         """The entry for a call: same form first, then (unless ``exact``)
         the other form, which run_plan adapts with one copy."""
-        coll = normalize(collective)
-        root = root if coll in _ROOTED else 0
+        coll = collective_key(collective)
+        root = root if coll in ROOTED else 0
         forms = (inplace,) if exact else (inplace, not inplace)
         for form in forms:
             for e in self._entries:
@@ -293,7 +288,7 @@ class PlanRegistry:
         raise NoPlanError(f"no msc plan for {asked} at {nbytes} bytes ({format_size(nbytes)})"
                           f"{' in that form' if exact else ''}; the registry has: {listing}"
                           f"{f' (from {self.index})' if self.index is not None else ''}. {todo}", collective=coll, num_ranks=num_ranks, nbytes=nbytes, inplace=inplace,
-                          root=root if coll in _ROOTED else None, available=[e.describe() for e in same])
+                          root=root if coll in ROOTED else None, available=[e.describe() for e in same])
 
     def select(self, collective: str, num_ranks: int, nbytes: int, inplace: bool = True, root: int = 0, *,
                exact: bool = False) -> Plan:
@@ -304,8 +299,8 @@ class PlanRegistry:
         """Size ranges [lo, hi) (hi None: unbounded) that no entry covers
         for calls of this form (``inplace=None``: of either form, as
         ``select`` without ``exact`` serves them)."""
-        coll = normalize(collective)
-        root = root if coll in _ROOTED else 0
+        coll = collective_key(collective)
+        root = root if coll in ROOTED else 0
         forms = (True, False) if inplace is None else (inplace,)
         spans = sorted((e.min_bytes, e.max_bytes) for e in self._entries
                        if e.key in {(coll, num_ranks, f, root) for f in forms})
@@ -402,7 +397,7 @@ def read_index(path: Path, verify: bool = True) -> tuple[object, list[PlanEntry]
             entry = PlanEntry.of(_load(file, verify), min_bytes=lo, max_bytes=hi, source=source)
             for k, attr in (("collective", "collective"), ("ranks", "num_ranks"), ("inplace", "inplace"),
                             ("root", "root")):
-                if k in item and normalize(item[k]) != normalize(getattr(entry, attr)):
+                if k in item and collective_key(item[k]) != collective_key(getattr(entry, attr)):
                     raise UsageError(f"{where}: says {k} {_short(item[k])}, the plan has {getattr(entry, attr)!r}")
             entries.append(entry)
     return data, entries

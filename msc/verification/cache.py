@@ -60,8 +60,8 @@ VERDICT_MODULES = (
     "msc", "msc.verification.cache", "msc.formats.load", "msc.formats.files", "msc.resources", "msc.errors",
     "msc.ir", "msc.perf", "msc.dsl.collectives", "msc.formats.plan_text", "msc.formats.plan_lines",
     "msc.formats.xml_import", "msc.verification.plan_values", "msc.verification.plan",
-    "msc.verification.plan_fast", "msc.ir.arrays", "msc.ir.levels", "msc.verification.program",
-    "msc.verification.program_fast", "msc.verification.multisets", "msc.ir.accesses", "msc.ir.worklist",
+    "msc.verification.plan_fast", "msc.ir.arrays", "msc.ir.levels", "msc.verification.program_verifier",
+    "msc.verification.program_verifier_fast", "msc.verification.multisets", "msc.ir.accesses", "msc.ir.worklist",
     "msc.lower.pipeline",
 )
 

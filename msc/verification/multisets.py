@@ -1,5 +1,5 @@
-"""Symbolic values in bulk: the numpy form of ``msc.verification.program``'s labels and
-``Sum`` nodes, shared by the verifiers' fast paths (msc.verification.program_fast,
+"""Symbolic values in bulk: the numpy form of ``msc.verification.program_verifier``'s labels and
+``Sum`` nodes, shared by the verifiers' fast paths (msc.verification.program_verifier_fast,
 msc.verification.plan_fast).
 
 Values are numbered: leaves (the collective's input labels) first, then

@@ -3,7 +3,7 @@ abstractly, threadblock by threadblock, with symbolic chunks and FIFO
 connections that hold at most ``slots`` messages.
 
 - Postcondition: every output chunk holds exactly the contributions the
-  collective requires (the DSL verifier's multisets, ``msc.verification.program``).
+  collective requires (the DSL verifier's multisets, ``msc.verification.program_verifier``).
 - Size independence: a chunk's *class* is its index within its data unit
   (index mod chunk factor). Data may only land in a user-buffer chunk of its
   own class and only same-class chunks are reduced together; then any element
@@ -33,7 +33,7 @@ from msc.ir import Plan, step_values
 from msc.perf import pause_gc
 from msc.verification import crosscheck
 from msc.verification.plan_values import check_plan
-from msc.verification.program import Sum, contribution_error, contributions
+from msc.verification.program_verifier import Sum, contribution_error, contributions
 from msc.ir.worklist import drive
 
 
@@ -140,7 +140,7 @@ def _cls(value, k, start_class):
 @pause_gc
 def verify_plan(plan: Plan, *, collective: Collective | None = None, slots: int | None = None,
                 check_races: bool = True, checked: bool = False,
-                prepared: plan_fast.Prepared | None = None) -> PlanReport:
+                prepared: plan_fast.PlanReading | None = None) -> PlanReport:
     """Verify ``plan``; raise VerificationError (DeadlockError, RaceError) or
     PlanError. ``slots`` overrides the plan's connection capacity.
     ``prepared``: ``msc.verification.plan_fast.prepare`` of a plan with the same ranks, so

@@ -88,10 +88,10 @@ def fewest_slots(plan: Plan, most: int) -> int | None:
 
 
 @pause_gc
-def prepare(plan: Plan) -> Prepared:
+def prepare(plan: Plan) -> PlanReading:
     """``plan`` read for accepts() and fewest_slots(), to ask both (and at
     several capacities) for the price of one reading."""
-    return Prepared(plan)
+    return PlanReading(plan)
 
 
 def connections(plan: Plan) -> int:
@@ -99,7 +99,7 @@ def connections(plan: Plan) -> int:
     return plan_arrays(plan).num_conns
 
 
-class Prepared:
+class PlanReading:
     """A plan read into arrays: what neither the collective nor the capacity
     changes. Holds the plan's ranks (``plan.ranks``): its answers are for
     plans with these ranks (``replace(plan, slots=..)`` keeps them)."""
@@ -113,7 +113,7 @@ class Prepared:
     def accepts(self, plan: Plan, layout, capacity: int) -> bool:
         """accepts() of the module, for ``plan`` (whose ranks these are)."""
         if plan.ranks is not self.ranks:
-            raise ValueError("Prepared.accepts: a plan with other ranks than the prepared one")
+            raise ValueError("PlanReading.accepts: a plan with other ranks than the prepared one")
         return self.readable and _judged(self._accepts, plan, layout, capacity, fallback=False)
 
     @pause_gc

@@ -50,10 +50,10 @@ def check_plan(plan: Plan) -> None:
         if value > high:
             raise PlanError(f"{name} is {value}, over msc's limit of {high}")
     if plan.contract is not None:
-        from msc.dsl.collectives import BUILTIN
+        from msc.dsl.collectives import BUILTIN, collective_key
         from msc.formats.contract_text import check_contract
 
-        if plan.collective.lower().replace("_", "").replace("-", "") in BUILTIN:
+        if collective_key(plan.collective) in BUILTIN:
             raise PlanError(f"a plan of the built-in collective {plan.collective} carries a contract: only a custom "
                             f"collective's plan states its requirements")
         check_contract(plan.contract, n, plan.input_chunks, plan.output_chunks)

@@ -32,11 +32,10 @@ from __future__ import annotations
 import numpy as np
 import ml_dtypes
 
+from msc.dsl.collectives import COLLECTIVE_NAMES as COLLECTIVES, REDUCING, Arrays, collective_spec
 from msc.errors import UsageError
-from msc.ir.ops import REDUCE_OP_NAMES, REDUCE_OPS
+from msc.ir.ops import REDUCE_OP_NAMES, REDUCE_OPS, reduce_op
 
-COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "reduce")
-REDUCING = ("allreduce", "reducescatter", "reduce")
 OPS = REDUCE_OP_NAMES
 UNIT_ROUNDOFF = {np.dtype(np.float64): 2.0 ** -53, np.dtype(np.float32): 2.0 ** -24,
                  np.dtype(np.float16): 2.0 ** -11, np.dtype(ml_dtypes.bfloat16): 2.0 ** -8}
@@ -66,9 +65,7 @@ def _is_int(dtype) -> bool:
 def reduce_ranks(stack: np.ndarray, op: str) -> np.ndarray:
     """``op`` over axis 0 (the ranks) of an (n, L) array, in its dtype."""
     dtype, n = stack.dtype, stack.shape[0]
-    if op not in OPS:
-        raise UsageError(f"unknown reduction op {op!r} (expected one of {', '.join(OPS)})")
-    spec = REDUCE_OPS[op]
+    spec = reduce_op(op)
     ufunc = getattr(np, spec.numpy)
     if spec.exact:
         return ufunc.reduce(stack, axis=0)
@@ -86,40 +83,21 @@ def reduce_ranks(stack: np.ndarray, op: str) -> np.ndarray:
     return total.astype(dtype)
 
 
-def _units(x: np.ndarray, n: int, rank: int) -> np.ndarray:
-    if x.size % n:
-        raise UsageError(f"rank {rank}: input of {x.size} elements is not {n} equal units")
-    return x.reshape(n, x.size // n)
-
-
 def expected_outputs(collective: str, inputs: list[np.ndarray], *, op: str = "sum",
                      root: int = 0) -> list[np.ndarray | None]:
     """Per rank, the logical output the collective must produce (None: not
-    specified, reduce's non-root ranks)."""
+    specified, reduce's non-root ranks): its registry row's reference, in numpy."""
     n = len(inputs)
     if n < 1:
         raise UsageError("no inputs")
     xs = [np.asarray(x) for x in inputs]
     if any(x.ndim != 1 or x.dtype != xs[0].dtype or x.size != xs[0].size for x in xs):
         raise UsageError("inputs must be 1-D arrays of one dtype and length")
-    if collective not in COLLECTIVES:
-        raise UsageError(f"no reference for collective {collective!r} (built-ins: {', '.join(COLLECTIVES)})")
-    if collective in ("broadcast", "reduce") and not 0 <= root < n:
+    spec = collective_spec(collective, refusal="no reference for collective")
+    if spec.has_root and not 0 <= root < n:
         raise UsageError(f"root {root} is not a rank (0..{n - 1})")
-    if collective == "allreduce":
-        out = reduce_ranks(np.stack(xs), op)
-        return [out.copy() for _ in range(n)]
-    if collective == "reduce":
-        return [reduce_ranks(np.stack(xs), op) if r == root else None for r in range(n)]
-    if collective == "broadcast":
-        return [xs[root].copy() for _ in range(n)]
-    if collective == "allgather":
-        out = np.concatenate(xs)
-        return [out.copy() for _ in range(n)]
-    units = np.stack([_units(x, n, r) for r, x in enumerate(xs)])      # [src rank, unit, element]
-    if collective == "reducescatter":
-        return [reduce_ranks(units[:, r, :], op) for r in range(n)]
-    return [units[:, r, :].reshape(-1).copy() for r in range(n)]       # alltoall: unit j <- unit r of rank j
+    arrays = Arrays(xs, root, np.stack, np.concatenate, lambda stack: reduce_ranks(stack, op))
+    return [None if out is None else np.array(out, copy=True) for out in spec.reference(arrays)]
 
 
 def tolerance(dtype, nranks: int, op: str, collective: str) -> float:

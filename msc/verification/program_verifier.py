@@ -105,7 +105,7 @@ class Report:
 
 
 # From this many operations verify() first tries the bulk fast path
-# (msc.verification.program_fast); below, reading the trace into arrays costs more than it saves.
+# (msc.verification.program_verifier_fast); below, reading the trace into arrays costs more than it saves.
 BULK_FROM_OPS = 20_000
 
 
@@ -118,18 +118,20 @@ def verify(program) -> Report:
     start = time.perf_counter()
     fast = None
     if len(program.ops) >= BULK_FROM_OPS:
-        from msc.verification import program_fast    # numpy: not for small programs (the command line stays light)
+        # numpy: not for small programs (the command line stays light)
+        from msc.verification import program_verifier_fast
 
-        fast = program_fast.checked_outputs(program)
+        fast = program_verifier_fast.checked_outputs(program)
     if fast is None or crosscheck.ENABLED:
         try:
             outputs = _run(program)
         except VerificationError as err:
             if fast is not None:
-                raise AssertionError(f"msc.verification.program_fast accepted a program verify rejects: {err}") from err
+                raise AssertionError(f"msc.verification.program_verifier_fast accepted a program verify rejects: "
+                                     f"{err}") from err
             raise
         if fast is not None and fast != outputs:
-            raise AssertionError(f"msc.verification.program_fast checked {fast} outputs, verify {outputs}")
+            raise AssertionError(f"msc.verification.program_verifier_fast checked {fast} outputs, verify {outputs}")
     else:
         outputs = fast
     return Report(program.name, program.layout.name, program.layout.num_ranks, len(program.ops),

@@ -2,7 +2,7 @@
 Answered in bulk (numpy), without running the trace one operation at a time.
 
 ``checked_outputs(program)`` is the number of output chunks checked when
-``msc.verification.program``'s symbolic run would succeed, None on anything else. It never
+``msc.verification.program_verifier``'s symbolic run would succeed, None on anything else. It never
 words an error: on None, ``verify`` runs the trace in Python, which finds
 the error and names it.
 

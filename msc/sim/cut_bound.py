@@ -85,11 +85,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from msc.errors import UsageError, did_you_mean
+from msc.dsl.collectives import COLLECTIVE_NAMES as COLLECTIVES, COLLECTIVES as SPECS, ROOTED, collective_spec
+from msc.errors import UsageError
 from msc.sim.topology import GB, Graph, Nodes, Topology, Torus, Uniform, _scaled
 
-COLLECTIVES = ("allgather", "reducescatter", "allreduce", "broadcast", "reduce", "alltoall")
-ROOTED = ("broadcast", "reduce")
 ALL_CUTS = 12          # TOML topologies up to this many ranks: every cut (2^n - 2 max-flows)
 ROUTE_CUT_RANKS = 64   # TOML topologies over this many ranks: cuts at the sides' own links (_link_model)
 
@@ -146,31 +145,17 @@ class Bound:
 
 def collective_name(spec: str) -> str:
     """The collective's name as msc.dsl.collectives spells it ("reduce-scatter": reducescatter)."""
-    name = str(spec).lower().replace("_", "").replace("-", "")
-    if name not in COLLECTIVES:
-        raise UsageError(f"no bound for collective {spec!r}: expected one of {', '.join(COLLECTIVES)}"
-                         + did_you_mean(name, COLLECTIVES))
-    return name
+    return collective_spec(spec, refusal="no bound for collective").name
 
 
 def demand(collective: str, n: int, k: int, root_in: bool) -> float:
-    """Bytes that must cross into a side of k ranks, per byte of size."""
-    if collective == "allgather":
-        return (n - k) / n
-    if collective == "reducescatter":
-        return k / n
-    if collective == "alltoall":
-        return k * (n - k) / n
-    if collective == "broadcast":
-        return 0.0 if root_in else 1.0
-    if collective == "reduce":
-        return 1.0 if root_in else 0.0
-    return 1.0                                            # allreduce
+    """Bytes that must cross into a side of k ranks, per byte of size (the registry's)."""
+    return SPECS[collective].demand(n, k, root_in)
 
 
 def nccl_size(collective: str, n: int, size: int, itemsize: int) -> tuple[int, int]:
     """(size rounded down to whole elements per rank, count) as nccl-tests."""
-    per = n * itemsize if collective in ("allgather", "reducescatter", "alltoall") else itemsize
+    per = max(SPECS[collective].units(n)) * itemsize
     count = size // per
     return count * per, count
 
@@ -223,7 +208,9 @@ def _protocol_terms(collective: str, view: Topology, root: int, cuts):
         bad = labels[int(np.argmax(cap <= 0))]
         raise UsageError(f"topology {view.name!r}: no route into one side of the cut {bad}: "
                          f"no {collective} can complete")
-    which = {"broadcast": 1, "reduce": 2}.get(collective, 0)
+    which = SPECS[collective].latency
+    if which is None:                    # only neighbours exchange: the cuts' least route latencies bound it
+        return per_byte, alpha, labels, 0.0, "-", view.launch
     L, L_label = model.latency[which], model.latency_labels[which]
     if math.isinf(L):
         raise UsageError(f"topology {view.name!r}: some rank cannot reach another ({L_label}): "
@@ -239,8 +226,9 @@ def _constraints(collective: str, model: CutModel):
         d = max(demand(collective, n, c.k, r) for r in c.root_in)
         if d > 0:
             rows.append((d, c.capacity, c.alpha, c.label))
-    if collective == "allreduce":
-        rows += [(2.0 * (p.parts - 1), p.capacity, p.alpha, p.label) for p in model.partitions if p.parts > 1]
+    across = SPECS[collective].partition_demand
+    if across is not None:
+        rows += [(across(p.parts), p.capacity, p.alpha, p.label) for p in model.partitions if p.parts > 1]
     coef = np.array([r[0] for r in rows], dtype=float)
     cap = np.array([r[1] for r in rows], dtype=float)
     alpha = np.array([r[2] for r in rows], dtype=float)

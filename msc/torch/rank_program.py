@@ -1,7 +1,7 @@
 """One rank's part of a plan at one element count, as element ranges.
 
 Torch-free: ``compile_rank(rounds, rank, count, layout)`` turns the global
-rounds (msc.torch.rounds) into a ``Program``: per round, the local tensor
+rounds (msc.torch.rounds) into a ``RankProgram``: per round, the local tensor
 operations of the compute phase and the messages of the communication
 phase, every operand a *piece* ``(buffer, lo, hi)`` of elements. Buffers are
 ``IN``/``OUT`` (the rank's physical buffers, as the collective's layout names
@@ -58,7 +58,9 @@ class Round:
 
 
 @dataclass
-class Program:
+class RankProgram:
+    """One rank's part of a plan at one element count: its rounds of local operations and messages."""
+
     rank: int
     count: int
     sizes: dict[str, int]               # physical buffer -> elements
@@ -136,7 +138,7 @@ class _Item:
 TRANSPORTS = ("p2p", "alltoall", "mixed")
 
 
-def compile_rank(rounds: Rounds, rank: int, count: int, layout, transport: str = "p2p") -> Program:
+def compile_rank(rounds: Rounds, rank: int, count: int, layout, transport: str = "p2p") -> RankProgram:
     """``transport``: "p2p" (a batch of point-to-point messages per round),
     "alltoall" (one all_to_all_single per round with a message: several
     messages to (from) different peers are packed into one send (receive)
@@ -174,7 +176,7 @@ class _Compiler:
         return [(b, *chunk_bounds(p, n, k)) for p in range(sl.index, sl.index + sl.count)]
 
     # -- passes -----------------------------------------------------------------------------------
-    def build(self) -> Program:
+    def build(self) -> RankProgram:
         items = [self._resolve(s, pos) for pos, s in enumerate(self.rounds.ranks[self.rank])]
         self.comm_rounds: set[int] = set()        # rounds that run one all_to_all_single
         self.packed: dict[tuple, tuple[int, int]] = {}
@@ -290,7 +292,7 @@ class _Compiler:
             if op.sends:
                 it.view = ok              # it forwards from its destination only if it received there
 
-    def _emit(self, items) -> Program:
+    def _emit(self, items) -> RankProgram:
         rounds: dict[int, Round] = {}
 
         def at(t: int) -> Round:
@@ -319,7 +321,7 @@ class _Compiler:
         for t in self.comm_rounds:
             at(t)
         ordered = self._ordered(rounds)       # first: packing a round's messages allocates (self.cursor)
-        return Program(self.rank, self.count, self.sizes, self.cursor, ordered, self._averaged(), views, directs,
+        return RankProgram(self.rank, self.count, self.sizes, self.cursor, ordered, self._averaged(), views, directs,
                        self.transport)
 
     def _step_ops(self, it: _Item, ops: list, staged: Piece | None) -> Piece | None:
@@ -452,7 +454,7 @@ class _Compiler:
         return [(p, m) for m, ps in sorted(spans.items()) for p in merge(sorted(ps))]
 
 
-def comm_conflicts(prog: Program) -> list[str]:
+def comm_conflicts(prog: RankProgram) -> list[str]:
     """Pieces of one round's communication that touch the same memory with
     at least one writing (a receive target against a payload or another
     target): the round moves them concurrently, so there must be none."""
