@@ -101,25 +101,7 @@ def _worker(rank: int, n: int, init_file: str, sizes: list[int], args, out_file:
     rows = []
     for size in sizes:
         t = torch.rand(size // 4) + 1
-        best = {}
-        # batch length from one warm call per method, the same on every rank (slowest rank's)
-        iters = {}
-        for m in METHODS:
-            run[m](t)
-            start = time.perf_counter()
-            run[m](t)
-            spent = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-            dist.all_reduce(spent, op=dist.ReduceOp.MAX)
-            iters[m] = max(2, min(200, int(args.batch_seconds / max(spent.item(), 1e-6))))
-        for _ in range(args.repeats):
-            for m in METHODS:
-                dist.barrier()
-                start = time.perf_counter()
-                for _ in range(iters[m]):
-                    run[m](t)
-                spent = torch.tensor([(time.perf_counter() - start) / iters[m]], dtype=torch.float64)
-                dist.all_reduce(spent, op=dist.ReduceOp.MAX)
-                best[m] = min(best.get(m, float("inf")), spent.item())
+        best = _timed(run, lambda m: t, METHODS, args)
         rows.append({"bytes": size, **{f"{m}_us": round(best[m] * 1e6, 1) for m in METHODS}})
         if rank == 0 and not args.json:
             print(f"... {n} processes, {size} bytes: " + ", ".join(f"{m} {best[m] * 1e6:.0f} us" for m in METHODS),
