@@ -117,7 +117,6 @@ def plans_for(args, world: int):
 def train(args, use_msc: bool, registry, device, group=None, meter=None) -> list[float]:
     """DDP over ``group``, reduced by msc's hook when ``use_msc`` with a
     registry; losses averaged over ``meter`` (default: the world)."""
-    rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(args.seed)                       # the same initial weights on every rank and in every run
     model = TinyLM(args.vocab, args.dim, args.heads, args.layers, args.seq).to(device)
     ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
@@ -126,11 +125,18 @@ def train(args, use_msc: bool, registry, device, group=None, meter=None) -> list
         import msc.torch as mt
 
         ddp.register_comm_hook(None, mt.allreduce_hook(registry, backend=args.backend))
-    opt = torch.optim.AdamW(ddp.parameters(), lr=args.lr)
+    return train_steps(args, ddp, device, meter, "msc" if use_msc else "stock")
+
+
+def train_steps(args, model, device, meter, label: str) -> list[float]:
+    """AdamW for --steps steps on the deterministic batches; the losses
+    averaged over ``meter`` (a group; None: the world), printed on rank 0."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     losses = []
     for step in range(args.steps):
         x, y = batch(args, rank, step, device)
-        loss = nn.functional.cross_entropy(ddp(x).reshape(-1, args.vocab), y.reshape(-1))
+        loss = nn.functional.cross_entropy(model(x).reshape(-1, args.vocab), y.reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -138,7 +144,7 @@ def train(args, use_msc: bool, registry, device, group=None, meter=None) -> list
         dist.all_reduce(mean, group=meter)
         losses.append(mean.item() / world)
         if rank == 0 and not args.quiet:
-            print(f"{'msc' if use_msc else 'stock'} step {step:3d} loss {losses[-1]:.6f}", flush=True)
+            print(f"{label} step {step:3d} loss {losses[-1]:.6f}", flush=True)
     return losses
 
 

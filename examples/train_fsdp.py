@@ -38,38 +38,23 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 
 import msc.torch as mt
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_ddp import TinyLM, batch  # noqa: E402  (the sibling example's model and data)
+from train_ddp import TinyLM, train_steps  # noqa: E402  (the sibling example's model and data)
 
 
 def train(args, mesh: DeviceMesh, meter, label: str) -> list[float]:
     """FSDP2 training over ``mesh``; losses averaged over ``meter`` (a gloo group, outside training)."""
-    rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(args.seed)                       # the same initial weights on every rank and in every run
     model = TinyLM(args.vocab, args.dim, args.heads, args.layers, args.seq)
     for layer in model.blocks.layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    losses = []
-    for step in range(args.steps):
-        x, y = batch(args, rank, step, torch.device("cpu"))
-        loss = nn.functional.cross_entropy(model(x).reshape(-1, args.vocab), y.reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        mean = loss.detach().clone()
-        dist.all_reduce(mean, group=meter)
-        losses.append(mean.item() / world)
-        if rank == 0 and not args.quiet:
-            print(f"{label} step {step:3d} loss {losses[-1]:.6f}", flush=True)
-    return losses
+    return train_steps(args, model, torch.device("cpu"), meter, label)
 
 
 def main(argv=None) -> int:
