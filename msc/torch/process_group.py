@@ -298,11 +298,7 @@ class MscProcessGroup(dist.ProcessGroup):
         if not _equal_list(outs, inp):
             return "the output list's tensors differ from the input in size, dtype or device"
         whole = torch.empty(len(outs) * inp.numel(), dtype=inp.dtype, device=inp.device)
-
-        def after():
-            for i, o in enumerate(outs):
-                o.copy_(whole[i * inp.numel():(i + 1) * inp.numel()].view_as(o))
-        return _Request("allgather", inp, whole, after=after, result=outs)
+        return _Request("allgather", inp, whole, after=_copy_out(whole, outs), result=outs)
 
     def reduce_scatter_single(self, output, input, opts=None):
         opts = opts if opts is not None else dist.ReduceScatterOptions()
@@ -360,12 +356,7 @@ class MscProcessGroup(dist.ProcessGroup):
             return "the lists' tensors differ in size, dtype or device"
         whole_in = torch.cat([t.reshape(-1) for t in inputs])
         whole_out = torch.empty_like(whole_in)
-        m = inputs[0].numel()
-
-        def after():
-            for i, o in enumerate(outputs):
-                o.copy_(whole_out[i * m:(i + 1) * m].view_as(o))
-        return _Request("alltoall", whole_in, whole_out, after=after, result=outputs)
+        return _Request("alltoall", whole_in, whole_out, after=_copy_out(whole_out, outputs), result=outputs)
 
     def broadcast(self, tensors, opts=None):
         opts = opts if opts is not None else dist.BroadcastOptions()
@@ -482,6 +473,16 @@ def _same_plans_everywhere(store, rank: int, size: int, timeout: timedelta, regi
                             f"(digest {rec.split(' ', 1)[0]})" for rec, rs in groups.items())
         raise UsageError(f"the msc backend needs the same plans on every rank (each rank decides alone which "
                          f"calls msc serves): {listing}")
+
+
+def _copy_out(whole, outs):
+    """What a list form does after the call: ``whole``'s equal consecutive
+    pieces copied into the list's tensors."""
+    def after():
+        m = outs[0].numel()
+        for i, o in enumerate(outs):
+            o.copy_(whole[i * m:(i + 1) * m].view_as(o))
+    return after
 
 
 def _equal_list(tensors, like) -> bool:
