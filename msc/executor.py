@@ -47,10 +47,10 @@ import ml_dtypes
 
 from msc.dsl.collectives import get_collective
 from msc.errors import ExecutionError, UsageError
-from msc.ir import Plan, step_values
+from msc.ir import Plan, StepOp, step_values
 from msc.ir.ops import REDUCE_OP_NAMES, REDUCE_OPS, reduce_op
 from msc.verification.plan_values import check_plan
-from msc.ir.worklist import drive
+from msc.ir.worklist import GroupBarriers, drive
 
 DTYPES = {np.dtype(t) for t in (np.float64, np.float32, np.float16, ml_dtypes.bfloat16,
                                  np.int32, np.int64, np.uint8)}
@@ -163,6 +163,7 @@ class _Run:
         self.scratch = [[None] * rp.scratch for rp in self.plan.ranks]
         self.pcs = [[0] * len(rp.threadblocks) for rp in self.plan.ranks]
         self.queues: dict[tuple, deque] = {}
+        self.barriers = GroupBarriers(self.plan)
         for rp in self.plan.ranks:
             for tb in rp.threadblocks:
                 if tb.send is not None:
@@ -183,6 +184,8 @@ class _Run:
             return ("msg", (tb.recv, rank, tb.channel))
         if step.op.sends and len(self.queues[(rank, tb.send, tb.channel)]) >= self.ex.capacity:
             return ("space", (rank, tb.send, tb.channel))
+        if step.op is StepOp.BARRIER:
+            return self.barriers.blocker(self.pcs, rank, tb, self.pcs[rank][tb.id])
         return None
 
     def _check_finished(self) -> None:
@@ -199,31 +202,36 @@ class _Run:
         raise ExecutionError(f"rank {rank} threadblock {tb.id} step {s} ({step.op.value}): {what}",
                              rank=rank, tb=tb.id, step=s, where=step.where, **kw)
 
-    def _read(self, rank, tb, s, sl) -> list[np.ndarray]:
+    def _read(self, rank, tb, s, sl, mem=None) -> list[np.ndarray]:
+        """Slice ``sl`` in the memory of rank ``mem`` (default: its own)."""
+        mem = rank if mem is None else mem
         if sl.buffer == "scratch":
-            out = self.scratch[rank][sl.index:sl.index + sl.count]
+            out = self.scratch[mem][sl.index:sl.index + sl.count]
             for j, a in enumerate(out):
                 if a is None:
-                    self._fail(rank, tb, s, f"reads scratch[{sl.index + j}], which nothing has written",
+                    whose = "" if mem == rank else f"rank {mem} "
+                    self._fail(rank, tb, s, f"reads {whose}scratch[{sl.index + j}], which nothing has written",
                                buffer="scratch", index=sl.index + j)
             return out
-        arr, k, count = self.bufs[rank][sl.buffer], self.ex.k, self.count
+        arr, k, count = self.bufs[mem][sl.buffer], self.ex.k, self.count
         out = []
         for p in range(sl.index, sl.index + sl.count):
             lo, hi = chunk_bounds(p, count, k)
             out.append(arr[lo:hi].copy())     # a snapshot: the buffer may change before it is used
         return out
 
-    def _write(self, rank, tb, s, sl, values) -> None:
+    def _write(self, rank, tb, s, sl, values, mem=None) -> None:
+        mem = rank if mem is None else mem
         if sl.buffer == "scratch":
             # arrays are never mutated once made, so storing shares them safely
-            self.scratch[rank][sl.index:sl.index + sl.count] = values
+            self.scratch[mem][sl.index:sl.index + sl.count] = values
             return
-        arr, k, count = self.bufs[rank][sl.buffer], self.ex.k, self.count
+        arr, k, count = self.bufs[mem][sl.buffer], self.ex.k, self.count
         for p, a in zip(range(sl.index, sl.index + sl.count), values):
             lo, hi = chunk_bounds(p, count, k)
             if hi - lo != a.size:
-                self._fail(rank, tb, s, f"writes a chunk of {a.size} elements into {sl.buffer}[{p}], which holds "
+                into = "" if mem == rank else f"rank {mem} "
+                self._fail(rank, tb, s, f"writes a chunk of {a.size} elements into {into}{sl.buffer}[{p}], which holds "
                            f"{hi - lo} at {count} elements per unit (class {p % k} of {k})",
                            buffer=sl.buffer, index=p)
             arr[lo:hi] = a
@@ -247,14 +255,21 @@ class _Run:
             woken.append(("space", conn))
             if len(got) != step.count:
                 self._fail(rank, tb, s, f"receives a message of {len(got)} chunks, the step takes {step.count}")
-        srcs = [self._read(rank, tb, s, sl) for sl in step.srcs]
+        if op.group_reads:       # the switch reduces the members' copies in member order (the CUDA kernels' too)
+            srcs = [self._read(rank, tb, s, step.srcs[0], m) for m in tb.group]
+        else:
+            srcs = [self._read(rank, tb, s, sl) for sl in step.srcs]
         stored, out = step_values(op, srcs, got, lambda xs, ys: self._reduce(rank, tb, s, xs, ys))
-        if step.dst is not None:                      # the ops that have one (check_plan)
+        if op.group_writes:
+            for m in tb.group:
+                self._write(rank, tb, s, step.dst, stored, m)
+        elif step.dst is not None:                    # the ops that have one (check_plan)
             self._write(rank, tb, s, step.dst, stored)
         if op.sends:
             conn = (rank, tb.send, tb.channel)
             self.queues[conn].append(out)
             woken.append(("msg", conn))
+        woken.extend(self.barriers.released(rank, tb))
         return woken
 
 

@@ -38,7 +38,7 @@ HEADER = re.compile(
     rf"{_W}+instances{_W}+({_INT}){_W}+slots{_W}+({_INT}){_W}+tile{_W}+({_INT})(?=[ \t\f\r]*(?:#[^\n]*)?(?:\n|\Z))")
 RANK = re.compile(rf"{_WS}*rank{_WS}+({_INT}){_WS}+scratch{_WS}+({_INT}){_END}")
 TB = re.compile(rf"{_WS}*tb{_WS}+({_INT}){_WS}+send{_WS}+({_INT}|-){_WS}+recv{_WS}+({_INT}|-){_WS}+channel"
-                rf"{_WS}+({_INT}){_END}")
+                rf"{_WS}+({_INT})(?:{_WS}+group{_WS}+({_INT}(?:{_WS}*,{_WS}*{_INT})*))?{_END}")
 STEP = re.compile(
     rf"{_WS}*({_INT}){_WS}*:{_WS}*({_OPS})"
     rf"(?:{_WS}+({_SLICE}(?:{_WS}*,{_WS}*{_SLICE})*))?"
@@ -160,7 +160,8 @@ class _Reader:
         if m is not None:
             if so_far.rank is None:
                 raise _Fallback
-            so_far.threadblock((int(m[1]), _peer(m[2]), _peer(m[3]), int(m[4])))
+            group = tuple(int(x) for x in m[5].split(",")) if m[5] else ()
+            so_far.threadblock((int(m[1]), _peer(m[2]), _peer(m[3]), int(m[4]), group))
             self.lines[(so_far.rank, so_far.tb[0])] = number
             return
         m = RANK.match(line)
@@ -212,7 +213,7 @@ class _Reader:
 
 class _SoFar:
     """The ranks read so far, and the rank and threadblock being read (its
-    steps so far; ``tb``: (id, send, recv, channel))."""
+    steps so far; ``tb``: (id, send, recv, channel, group))."""
 
     def __init__(self):
         self.ranks: list[RankPlan] = []
@@ -234,7 +235,8 @@ class _SoFar:
 
     def _close_tb(self) -> None:
         if self.tb is not None:
-            self.tbs.append(Threadblock(*self.tb, tuple(self.steps)))
+            tid, send, recv, channel, group = self.tb
+            self.tbs.append(Threadblock(tid, send, recv, channel, tuple(self.steps), group))
 
     def _close_rank(self) -> None:
         if self.rank is not None:

@@ -61,7 +61,8 @@ def dump_plan(plan: Plan) -> str:
         out.append("")
         out.append(f"rank {rp.rank} scratch {rp.scratch}")
         for tb in rp.threadblocks:
-            out.append(f"  tb {tb.id} send {_peer(tb.send)} recv {_peer(tb.recv)} channel {tb.channel}")
+            group = f" group {','.join(map(str, tb.group))}" if tb.group else ""
+            out.append(f"  tb {tb.id} send {_peer(tb.send)} recv {_peer(tb.recv)} channel {tb.channel}{group}")
             for i, step in enumerate(tb.steps):
                 out.append(f"    {i}: " + _step(step))
     return "\n".join(out) + "\n"
@@ -233,12 +234,15 @@ def _build(tree, lines, path) -> Plan:
             tid_tok, send, recv, ch_tok, *steps = tb_tree.children
             tid = _int(tid_tok, "threadblock id", 0, path)
             lines[(rank, tid)] = tid_tok.line
+            group = ()
+            if steps and steps[0].data == "group":
+                group = tuple(_int(tok, "group member", 0, path) for tok in steps.pop(0).children)
             parsed = []
             for i, st in enumerate(steps):
                 lines[(rank, tid, i)] = st.meta.line
                 parsed.append(_build_step(st, i, path))
             built.append(Threadblock(tid, _peer_value(send, path), _peer_value(recv, path),
-                                     _int(ch_tok, "channel", 0, path), tuple(parsed)))
+                                     _int(ch_tok, "channel", 0, path), tuple(parsed), group))
         ranks.append(RankPlan(rank, _int(scratch_tok, "scratch", 0, path), tuple(built)))
     return Plan(name, collective, num_ranks, chunk_factor, inplace, input_chunks, output_chunks, tuple(ranks),
                 root, protocol, instances, slots, tile, contract)

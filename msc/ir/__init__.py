@@ -76,6 +76,19 @@ class StepOp(Enum):
     copy   SRC -> DST    local copy
     reduce S1, S2.. -> DST   DST = S1 + S2 + ... (DST may be one of the sources)
     nop                  only waits for its dependencies
+
+    The switch ops act on the threadblock's ``group``: ranks on one NVSwitch
+    domain whose buffers are bound to one multicast object (NVLS). They read
+    and write other members' memory directly, so nothing but a barrier orders
+    them against the members' own steps.
+
+    swred   SRC -> DST   DST = SRC(m0) + SRC(m1) + ..., the group's copies of SRC,
+                         reduced in the switch in member order (multimem.ld_reduce)
+    swst    SRC -> DST   every member's DST = SRC (multimem.st: a multicast store)
+    swrs    SRC -> DST   every member's DST = SRC(m0) + SRC(m1) + ... (both at once)
+    barrier              waits until every member of the group has reached its
+                         matching barrier: the k-th barrier of the threadblock of
+                         the group and channel on each member
     """
 
     SEND = "send"
@@ -87,6 +100,10 @@ class StepOp(Enum):
     COPY = "copy"
     REDUCE = "reduce"
     NOP = "nop"
+    SWRED = "swred"
+    SWST = "swst"
+    SWRS = "swrs"
+    BARRIER = "barrier"
 
     # Set from _STEP_OPS below, as plain attributes: hashing an Enum member is slow in hot loops.
     receives: bool   # takes a message from the receive peer
@@ -96,25 +113,35 @@ class StepOp(Enum):
     has_dst: bool    # writes a local destination
     xml: str | None  # its MSCCL-IR <step> type; None: MSCCL has none (such plans do not export)
     color: str       # how msc show and msc simulate --timeline draw it (a matplotlib colour)
+    group_reads: bool   # reads its source on every member of the group (through the switch)
+    group_writes: bool  # writes its destination on every member of the group
+    switch: bool        # needs the threadblock's group: the two above and the group barrier
 
 
 # The step ops' registry: every other list of them derives from this table (plan_lines' reader,
 # the CUDA enum and masks, the XML types, the pictures' colours) or is tested against it
 # (grammars/plan.lark's OP).
-#            receives sends  reduces nsrc  has_dst xml     color
+# MSCCL-IR has no switch ops: plans with them do not export to XML.
+#            receives sends  reduces nsrc  has_dst xml     color         group_reads group_writes
 _STEP_OPS = {
-    "SEND":   (False,   True,  False,  "1",  False,  "s",    "tab:blue"),
-    "RECV":   (True,    False, False,  "0",  True,   "r",    "tab:green"),
-    "RCS":    (True,    True,  False,  "0",  True,   "rcs",  "tab:cyan"),
-    "RRS":    (True,    True,  True,   "1",  False,  "rrs",  "tab:purple"),
-    "RRC":    (True,    False, True,   "1",  True,   "rrc",  "tab:olive"),
-    "RRCS":   (True,    True,  True,   "1",  True,   "rrcs", "tab:pink"),
-    "COPY":   (False,   False, False,  "1",  True,   "cpy",  "tab:gray"),
-    "REDUCE": (False,   False, True,   "2+", True,   "re",   "tab:orange"),   # XML re: a source at a time (xml_export)
-    "NOP":    (False,   False, False,  "0",  False,  "nop",  "lightgray"),
+    "SEND":   (False,   True,  False,  "1",  False,  "s",    "tab:blue",    False, False),
+    "RECV":   (True,    False, False,  "0",  True,   "r",    "tab:green",   False, False),
+    "RCS":    (True,    True,  False,  "0",  True,   "rcs",  "tab:cyan",    False, False),
+    "RRS":    (True,    True,  True,   "1",  False,  "rrs",  "tab:purple",  False, False),
+    "RRC":    (True,    False, True,   "1",  True,   "rrc",  "tab:olive",   False, False),
+    "RRCS":   (True,    True,  True,   "1",  True,   "rrcs", "tab:pink",    False, False),
+    "COPY":   (False,   False, False,  "1",  True,   "cpy",  "tab:gray",    False, False),
+    "REDUCE": (False,   False, True,   "2+", True,   "re",   "tab:orange",  False, False),   # XML re: a source at a time (xml_export)
+    "NOP":    (False,   False, False,  "0",  False,  "nop",  "lightgray",   False, False),
+    "SWRED":  (False,   False, True,   "1",  True,   None,   "tab:red",     True,  False),
+    "SWST":   (False,   False, False,  "1",  True,   None,   "tab:brown",   False, True),
+    "SWRS":   (False,   False, True,   "1",  True,   None,   "darkred",     True,  True),
+    "BARRIER": (False,  False, False,  "0",  False,  None,   "black",       False, False),
 }
 for _op in StepOp:
-    _op.receives, _op.sends, _op.reduces, _op.nsrc, _op.has_dst, _op.xml, _op.color = _STEP_OPS[_op.name]
+    (_op.receives, _op.sends, _op.reduces, _op.nsrc, _op.has_dst, _op.xml, _op.color, _op.group_reads,
+     _op.group_writes) = _STEP_OPS[_op.name]
+    _op.switch = _op.group_reads or _op.group_writes or _op.name == "BARRIER"
 
 # Which operands each op takes: (number of sources, has a destination).
 STEP_SHAPE = {op: (op.nsrc, op.has_dst) for op in StepOp}
@@ -124,9 +151,10 @@ def step_values(op: StepOp, srcs: list, got, reduce):
     """What a step computes, in any value domain (numpy chunks in the
     executor, symbolic sums in the plan verifier): ``(stored, sent)``, the
     value written to its destination and the message it sends, None where
-    it has none. ``srcs`` are its sources' values, ``got`` the message it
+    it has none. ``srcs`` are its sources' values (for an op that reads the
+    group's copies, one per member in member order), ``got`` the message it
     received, ``reduce(xs, ys)`` combines two values chunk by chunk."""
-    if op is StepOp.REDUCE:
+    if op is StepOp.REDUCE or op.group_reads:      # swred, swrs: the members' copies in member order
         acc = srcs[0]
         for more in srcs[1:]:
             acc = reduce(acc, more)
@@ -138,9 +166,9 @@ def step_values(op: StepOp, srcs: list, got, reduce):
         return got, got
     if op is StepOp.SEND:
         return None, srcs[0]
-    if op is StepOp.COPY:
+    if op is StepOp.COPY or op is StepOp.SWST:
         return srcs[0], None
-    return None, None                               # nop
+    return None, None                               # nop, barrier
 
 
 @dataclass(frozen=True, slots=True)   # slots: plans hold millions of these
@@ -174,13 +202,16 @@ class Step:
 class Threadblock:
     """A sequence of steps on one channel with at most one send peer and one
     receive peer (the MSCCL rule: a connection (sender, receiver, channel)
-    belongs to exactly one threadblock at each end)."""
+    belongs to exactly one threadblock at each end). ``group``: the ranks
+    its switch ops act on (increasing, its own rank among them), () for
+    none; a (group, channel) belongs to one threadblock on each member."""
 
     id: int
     send: int | None
     recv: int | None
     channel: int
     steps: tuple[Step, ...]
+    group: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

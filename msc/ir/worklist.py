@@ -7,6 +7,7 @@ release it runs. Callers supply what blocks a step and how to run it.
 """
 from __future__ import annotations
 
+import bisect
 from typing import Callable
 
 from msc.ir import Plan
@@ -60,3 +61,50 @@ def drive(plan: Plan, pcs: list[list[int]], blocker: Callable, run: Callable, rn
             if mine[t] is not None:
                 work.extend(mine[t])
                 mine[t] = None
+
+
+class GroupBarriers:
+    """The barriers of a plan's switch groups, as every executor blocks on
+    them: the k-th barrier step of a (group, channel) threadblock completes
+    when every member's threadblock of that (group, channel) has reached its
+    own k-th barrier with that step's dependencies done, or passed it.
+
+    ``blocker`` gives a blocked barrier's reason, ("bar", member, tb): it is
+    released by every step that member threadblock runs (``released``)."""
+
+    def __init__(self, plan: Plan):
+        from msc.ir import StepOp
+
+        self.plan = plan
+        self.tb_of: dict[tuple, dict[int, int]] = {}               # (group, channel) -> member -> its threadblock
+        self.steps: dict[tuple[int, int], list[int]] = {}          # (rank, tb) -> indices of its barrier steps
+        for rp in plan.ranks:
+            for tb in rp.threadblocks:
+                if tb.group:
+                    self.tb_of.setdefault((tb.group, tb.channel), {})[rp.rank] = tb.id
+                    self.steps[(rp.rank, tb.id)] = [s for s, st in enumerate(tb.steps) if st.op is StepOp.BARRIER]
+
+    def index(self, rank: int, t: int, s: int) -> int:
+        """Which barrier of its threadblock step ``s`` is (k)."""
+        return bisect.bisect_left(self.steps[(rank, t)], s)
+
+    def peers(self, rank: int, tb, s: int) -> list[tuple[int, int, int]]:
+        """(member, its threadblock, its matching barrier step) of every other
+        member, for barrier step ``s`` of ``tb`` on ``rank``."""
+        k = self.index(rank, tb.id, s)
+        mine = self.tb_of[(tb.group, tb.channel)]
+        return [(m, mine[m], self.steps[(m, mine[m])][k]) for m in tb.group if m != rank]
+
+    def blocker(self, pcs: list[list[int]], rank: int, tb, s: int):
+        """None when barrier step ``s`` of ``tb`` may complete, else ("bar", member, tb)."""
+        for m, t, b in self.peers(rank, tb, s):
+            pc = pcs[m][t]
+            if pc < b or pc == b and any(pcs[m][dt] <= ds for dt, ds in
+                                         self.plan.ranks[m].threadblocks[t].steps[b].deps):
+                return ("bar", m, t)
+        return None
+
+    @staticmethod
+    def released(rank: int, tb) -> tuple:
+        """What a step of ``tb`` releases: members waiting at a barrier for it."""
+        return (("bar", rank, tb.id),) if tb.group else ()

@@ -14,6 +14,13 @@ connections that hold at most ``slots`` messages.
   be ordered by happens-before: program order, dependencies and
   send -> receive. Checked on the happens-before relation, not on the order
   this executor happened to pick, so the verdict does not depend on it.
+- Switch ops (NVLS) read and write the memory of every member of their
+  threadblock's group; only group barriers order them against the members'
+  steps: the k-th barrier of a (group, channel) on each member completes
+  when every member has reached its own (and that barrier's dependencies are
+  done), so whatever precedes one member's barrier happens before whatever
+  follows any member's. An access of a switch op to another rank's chunk
+  must be ordered with every conflicting access to that chunk.
 
 Deadlock-freedom and the symbolic result do not depend on the execution
 order either: each threadblock is sequential and connections are FIFO with
@@ -29,12 +36,12 @@ from functools import lru_cache
 from msc.verification import plan_fast
 from msc.dsl.collectives import Collective, get_collective
 from msc.errors import DeadlockError, PlanError, RaceError, UsageError, VerificationError
-from msc.ir import Plan, step_values
+from msc.ir import Plan, StepOp, step_values
 from msc.perf import pause_gc
 from msc.verification import crosscheck
 from msc.verification.plan_values import check_plan
 from msc.verification.program_verifier import Sum, contribution_error, contributions
-from msc.ir.worklist import drive
+from msc.ir.worklist import GroupBarriers, drive
 
 
 @dataclass(frozen=True)
@@ -68,9 +75,10 @@ def check_races(plan: Plan, *, collective: Collective | None = None) -> None:
 
 
 def _may_race(plan: Plan) -> bool:
-    """Whether some rank has two threadblocks: a rank with one runs its steps
-    in program order, so no two of them can race (a ring's ranks, for one)."""
-    return any(len(rp.threadblocks) > 1 for rp in plan.ranks)
+    """Whether some rank has two threadblocks, or some threadblock switch ops:
+    a rank with one runs its steps in program order, so no two of them can
+    race (a ring's ranks, for one), unless other ranks reach its memory."""
+    return any(len(rp.threadblocks) > 1 or any(tb.group for tb in rp.threadblocks) for rp in plan.ranks)
 
 
 def plan_collective(plan: Plan, collective: Collective | str | None = None) -> Collective:
@@ -205,6 +213,7 @@ class _Execution:
         self.total_steps = gid
         self.when = [-1] * gid            # execution order of each step
         self.sender = [None] * gid        # receiving gid -> sending gid
+        self.sync_preds: dict[int, list[int]] = {}    # barrier gid -> what the other members did before theirs
         self._starts = None               # _reaches: first gid of each threadblock -> (rank, tb), sorted gids
         self.pcs = [[0] * len(rp.threadblocks) for rp in plan.ranks]
         self.queues: dict[tuple, _Fifo] = {}
@@ -223,6 +232,7 @@ class _Execution:
                     self.fifo_out[rp.rank][tb.id] = fifo((rp.rank, tb.send, tb.channel))
                 if tb.recv is not None:
                     self.fifo_in[rp.rank][tb.id] = fifo((tb.recv, rp.rank, tb.channel))
+        self.barriers = GroupBarriers(plan)
         self.tb_of_end = {}               # (src, dst, ch, "send"/"recv") -> (rank, tb)
         for rp in plan.ranks:
             for tb in rp.threadblocks:
@@ -264,17 +274,22 @@ class _Execution:
             fifo = self.fifo_out[rank][tb.id]
             if len(fifo.items) - fifo.head >= self.capacity:
                 return fifo.space
+        if step.op is StepOp.BARRIER:
+            return self.barriers.blocker(self.pcs, rank, tb, self.pcs[rank][tb.id])
         return None
 
-    def _read(self, rank, tb, s, sl):
-        out = self.bufs[rank][sl.buffer][sl.index:sl.index + sl.count]
+    def _read(self, rank, tb, s, sl, mem=None):
+        """Slice ``sl`` as step ``s`` of ``rank`` reads it, in the memory of
+        rank ``mem`` (default: its own)."""
+        mem = rank if mem is None else mem
+        out = self.bufs[mem][sl.buffer][sl.index:sl.index + sl.count]
         if None in out:               # one scan in C; the error names the first unwritten chunk
             j = out.index(None)
             step = self.plan.ranks[rank].threadblocks[tb.id].steps[s]
             raise VerificationError(
-                f"rank {rank} threadblock {tb.id} step {s} ({step.op.value}) reads rank {rank} "
+                f"rank {rank} threadblock {tb.id} step {s} ({step.op.value}) reads rank {mem} "
                 f"{sl.buffer}[{sl.index + j}], which nothing has written",
-                rank=rank, buffer=sl.buffer, index=sl.index + j, where=step.where)
+                rank=mem, buffer=sl.buffer, index=sl.index + j, where=step.where)
         return out
 
     def _add(self, rank, tb, s, a, b):
@@ -291,9 +306,10 @@ class _Execution:
         node.c = ca
         return node
 
-    def _write(self, rank, tb, s, sl, values):
-        buf = self.bufs[rank][sl.buffer]
-        wr = self.writer[rank][sl.buffer]
+    def _write(self, rank, tb, s, sl, values, mem=None):
+        mem = rank if mem is None else mem
+        buf = self.bufs[mem][sl.buffer]
+        wr = self.writer[mem][sl.buffer]
         gid = self.base[rank][tb.id] + s
         x = sl.index
         if sl.buffer != "scratch":    # a user buffer: each chunk must land in its own class
@@ -302,10 +318,11 @@ class _Execution:
                 c = v.c if type(v) is Sum else start_class.get(v, v[1] % k)
                 if c != (x + j) % k:
                     step = self.plan.ranks[rank].threadblocks[tb.id].steps[s]
+                    into = "" if mem == rank else f"rank {mem} "
                     raise VerificationError(
                         f"rank {rank} threadblock {tb.id} step {s} ({step.op.value}) writes a chunk of class "
-                        f"{c} into {sl.buffer}[{x + j}] (class {(x + j) % k}); the plan would only be right "
-                        f"when the element count is a multiple of {k}", rank=rank, buffer=sl.buffer, index=x + j,
+                        f"{c} into {into}{sl.buffer}[{x + j}] (class {(x + j) % k}); the plan would only be right "
+                        f"when the element count is a multiple of {k}", rank=mem, buffer=sl.buffer, index=x + j,
                         where=step.where)
         buf[x:x + len(values)] = values
         wr[x:x + len(values)] = [gid] * len(values)
@@ -322,23 +339,28 @@ class _Execution:
             fifo_in.items[fifo_in.head] = None
             fifo_in.head += 1
             self.sender[gid] = sender_gid
-        srcs = [self._read(rank, tb, s, sl) for sl in step.srcs]
+        if op.group_reads:                            # every member's copy, in member order
+            srcs = [self._read(rank, tb, s, step.srcs[0], m) for m in tb.group]
+        else:
+            srcs = [self._read(rank, tb, s, sl) for sl in step.srcs]
         if self.facts is not None:
             self._record(rank, tb, s, step, srcs, got)
         stored, out = step_values(op, srcs, got,
                                   lambda xs, ys: [self._add(rank, tb, s, a, b) for a, b in zip(xs, ys)])
-        if step.dst is not None:                      # the ops that have one (check_plan)
+        if op.group_writes:
+            for m in tb.group:
+                self._write(rank, tb, s, step.dst, stored, m)
+        elif step.dst is not None:                    # the ops that have one (check_plan)
             self._write(rank, tb, s, step.dst, stored)
         # every ``out`` is a list of its own (a slice, a message, new sums): it is sent as is
+        released = ()
         if op.sends:
             fifo_out = self.fifo_out[rank][tb.id]
             fifo_out.items.append((gid, out))
-            if op.receives:
-                return fifo_in.space, fifo_out.msg
-            return (fifo_out.msg,)
-        if op.receives:
-            return (fifo_in.space,)
-        return ()
+            released = (fifo_in.space, fifo_out.msg) if op.receives else (fifo_out.msg,)
+        elif op.receives:
+            released = (fifo_in.space,)
+        return released + self.barriers.released(rank, tb)
 
     def _record(self, rank, tb, s, step, srcs, got) -> None:
         """What a backend needs to know about a step that the plan does not
@@ -385,6 +407,12 @@ class _Execution:
 
     def _waits_on(self, node, s, why):
         kind = why[0]
+        if kind == "bar":
+            _, member, t = why
+            tb = self.plan.ranks[node[0]].threadblocks[node[1]]
+            k = self.barriers.index(node[0], node[1], s)
+            return (member, t), (f"waits at barrier {k} of switch group {','.join(map(str, tb.group))} "
+                                 f"(channel {tb.channel}) for rank {member} threadblock {t}")
         if kind == "tb":
             _, rank, dt = why
             step = self.plan.ranks[node[0]].threadblocks[node[1]].steps[s]
@@ -424,10 +452,11 @@ class _Execution:
         for conn, receivers in recvs.items():
             for g_send, g_recv in zip(sends.get(conn, ()), receivers):
                 sender[g_recv] = g_send
+        self.sync_preds = sync = self._barrier_edges()
         # Successors in increasing step id, each step's predecessors in the
         # order previous step, dependencies, sender (the order of ``when``,
         # and so which race is reported first, follows from it).
-        succs: list[list[int]] = [[] for _ in range(self.total_steps)]
+        self.succs = succs = [[] for _ in range(self.total_steps)]
         indeg = [0] * self.total_steps
         for rp in plan.ranks:
             base = self.base[rp.rank]
@@ -445,6 +474,9 @@ class _Execution:
                     if p is not None:
                         succs[p].append(g)
                         n_in += 1
+                    for p in sync.get(g, ()):
+                        succs[p].append(g)
+                        n_in += 1
                     indeg[g] = n_in
                     g += 1
         ready = [g for g, d in enumerate(indeg) if d == 0]
@@ -460,12 +492,158 @@ class _Execution:
                     ready.append(t)
         return clock == self.total_steps
 
+    def _barrier_edges(self) -> dict[int, list[int]]:
+        """Per barrier step, the steps of the other members its completion
+        waits for: the step before each one's matching barrier, and that
+        barrier's dependencies."""
+        plan, base, sync = self.plan, self.base, {}
+        self.barrier_gids = set()
+        for (rank, t), bars in self.barriers.steps.items():
+            tb = plan.ranks[rank].threadblocks[t]
+            for s in bars:
+                self.barrier_gids.add(base[rank][t] + s)
+                preds = []
+                for m, tm, b in self.barriers.peers(rank, tb, s):
+                    if b:
+                        preds.append(base[m][tm] + b - 1)
+                    preds.extend(base[m][dt] + ds for dt, ds in plan.ranks[m].threadblocks[tm].steps[b].deps)
+                if preds:
+                    sync[base[rank][t] + s] = preds
+        return sync
+
+    def check_switch_races(self) -> None:
+        """Accesses of switch ops to other ranks' chunks against every
+        conflicting access to those chunks (the per-rank check below covers
+        a switch op's accesses to its own rank's memory)."""
+        plan, when = self.plan, self.when
+        remote: dict[tuple, list[tuple[int, bool]]] = {}        # (memory rank, buffer, index) -> (gid, writes)
+        for (rank, t) in self.barriers.steps:
+            tb = plan.ranks[rank].threadblocks[t]
+            for s, step in enumerate(tb.steps):
+                g = self.base[rank][t] + s
+                reaches = ([(step.srcs[0], False)] if step.op.group_reads else []) + \
+                    ([(step.dst, True)] if step.op.group_writes else [])
+                for sl, writes in reaches:
+                    for m in tb.group:
+                        if m != rank:
+                            for x in range(sl.index, sl.index + sl.count):
+                                remote.setdefault((m, sl.buffer, x), []).append((g, writes))
+        if not remote:
+            return
+        self._check_within_calls(remote)
+        local: dict[tuple, list[tuple[int, bool]]] = {}
+        for rp in plan.ranks:
+            for tb in rp.threadblocks:
+                g = self.base[rp.rank][tb.id]
+                for step in tb.steps:
+                    for sl, writes in [(sl, False) for sl in step.srcs] + ([(step.dst, True)] if step.dst else []):
+                        for x in range(sl.index, sl.index + sl.count):
+                            key = (rp.rank, sl.buffer, x)
+                            if key in remote:
+                                local.setdefault(key, []).append((g, writes))
+                    g += 1
+        for key, accesses in remote.items():
+            others = accesses + local.get(key, [])
+            for i, (ga, wa) in enumerate(accesses):
+                for gb, wb in others[i + 1:]:
+                    if gb != ga and (wa or wb):
+                        first, second = (ga, gb) if when[ga] < when[gb] else (gb, ga)
+                        if not self._reaches_gid(first, second):
+                            self._switch_race(key, (ga, wa), (gb, wb))
+
+    def _check_within_calls(self, remote) -> None:
+        """A switch op reaching rank m's memory must come after a step of m
+        and before one: else m's collective call may not have started (its
+        stream may still use the buffer) or may have returned (the caller may
+        reuse it) while the access happens."""
+        rank_of = {}
+        for r, row in enumerate(self.base):
+            for t, g in enumerate(row):
+                for j in range(len(self.plan.ranks[r].threadblocks[t].steps)):
+                    rank_of[g + j] = r
+        checked = set()
+        for (m, buf, x), accesses in remote.items():
+            for g, writes in accesses:
+                if (g, m) in checked:
+                    continue
+                checked.add((g, m))
+                for forward, when_ in ((False, "started"), (True, "returned")):
+                    if not self._meets_rank(g, m, rank_of, forward):
+                        r, t, s = self._locate(g)
+                        step = self.plan.ranks[r].threadblocks[t].steps[s]
+                        origin = f", from {step.where}" if step.where is not None else ""
+                        side = "before" if forward else "after"
+                        raise RaceError(
+                            f"race on rank {m} {buf}[{x}]: rank {r} threadblock {t} step {s} ({step.op.value}{origin}) "
+                            f"{'writes' if writes else 'reads'} it through the switch, and nothing orders that {side} "
+                            f"a step of rank {m}: rank {m}'s collective call may not have {when_} by then (a barrier "
+                            f"of the switch group {'after' if forward else 'before'} it would)",
+                            ((r, t, s),), rank=m, buffer=buf, index=x, where=step.where)
+
+    def _meets_rank(self, g, m, rank_of, forward: bool) -> bool:
+        """Whether a step of rank ``m`` happens before (``forward``: after)
+        step ``g``. Looking back, a barrier of a group holding m counts: m
+        had reached its matching barrier when that one completed."""
+        stack, seen = [g], {g}
+        while stack:
+            h = stack.pop()
+            if h != g and rank_of[h] == m:
+                return True
+            if not forward and h in self.barrier_gids:
+                r, t, s = self._locate_fast(h)
+                if m in self.plan.ranks[r].threadblocks[t].group:
+                    return True
+            for p in self.succs[h] if forward else self._preds(h):
+                if p not in seen:
+                    seen.add(p)
+                    stack.append(p)
+        return False
+
+    def _preds(self, g) -> list[int]:
+        """Step ``g``'s happens-before predecessors."""
+        r, t, s = self._locate_fast(g)
+        step = self.plan.ranks[r].threadblocks[t].steps[s]
+        preds = [g - 1] if s else []
+        preds.extend(self.base[r][dt] + ds for dt, ds in step.deps)
+        if self.sender[g] is not None:
+            preds.append(self.sender[g])
+        preds.extend(self.sync_preds.get(g, ()))
+        return preds
+
+    def _locate_fast(self, g):
+        """(rank, threadblock, step) of step id ``g``."""
+        if self._starts is None:      # built once: a plan can need many searches
+            loc = {}
+            for r, row in enumerate(self.base):
+                for t, g0 in enumerate(row):
+                    loc[g0] = (r, t)
+            self._starts = (loc, sorted(loc))
+        loc, bases = self._starts
+        g0 = bases[bisect.bisect_right(bases, g) - 1]
+        r, t = loc[g0]
+        return r, t, g - g0
+
+    def _switch_race(self, key, a, b):
+        m, buf, x = key
+        (ra, ta, sa), (rb, tb_, sb) = self._locate(a[0]), self._locate(b[0])
+        steps = [self.plan.ranks[r].threadblocks[t].steps[s] for r, t, s in ((ra, ta, sa), (rb, tb_, sb))]
+
+        def who(r, t, s, st, writes):
+            origin = f", from {st.where}" if st.where is not None else ""
+            through = " through the switch" if r != m else ""
+            return f"rank {r} threadblock {t} step {s} ({st.op.value}{origin}) {'writes' if writes else 'reads'} it{through}"
+        raise RaceError(
+            f"race on rank {m} {buf}[{x}]: {who(ra, ta, sa, steps[0], a[1])} and {who(rb, tb_, sb, steps[1], b[1])}, "
+            f"and nothing orders the two (a barrier of the switch group between them would)",
+            ((ra, ta, sa), (rb, tb_, sb)), rank=m, buffer=buf, index=x, where=steps[1].where)
+
     def check_races(self) -> None:
         """FastTrack over the observed order with a static happens-before:
         each access must follow the chunk's last write, and a write must also
         follow every read since. Local vector clocks (one entry per
         threadblock of the rank) answer most questions; the rest search the
         happens-before graph backwards, pruned by execution time."""
+        self.check_switch_races()
         plan, when = self.plan, self.when
         for rp in plan.ranks:
             tbs = rp.threadblocks
@@ -531,38 +709,19 @@ class _Execution:
     def _reaches(self, rank, a, b) -> bool:
         """Is there a happens-before path from step a to step b (both on
         ``rank``)? Searched backwards from b over steps that ran after a."""
-        plan = self.plan
-        target = self.base[rank][a[0]] + a[1]
-        floor = self.when[target]
-        start = self.base[rank][b[0]] + b[1]
-        if self._starts is None:      # built once: a plan can need many searches
-            loc = {}
-            for r, row in enumerate(self.base):
-                for t, g in enumerate(row):
-                    loc[g] = (r, t)
-            self._starts = (loc, sorted(loc))
-        loc, bases = self._starts
+        return self._reaches_gid(self.base[rank][a[0]] + a[1], self.base[rank][b[0]] + b[1])
 
-        def where(g):
-            g0 = bases[bisect.bisect_right(bases, g) - 1]
-            r, t = loc[g0]
-            return r, t, g - g0
-
+    def _reaches_gid(self, target, start) -> bool:
+        """Is there a happens-before path from step id ``target`` to ``start``?
+        Searched backwards from ``start`` over steps that ran after ``target``."""
+        floor, when = self.when[target], self.when
         stack, seen = [start], {start}
         while stack:
             g = stack.pop()
             if g == target:
                 return True
-            r, t, s = where(g)
-            step = plan.ranks[r].threadblocks[t].steps[s]
-            preds = []
-            if s:
-                preds.append(g - 1)
-            preds.extend(self.base[r][dt] + ds for dt, ds in step.deps)
-            if self.sender[g] is not None:
-                preds.append(self.sender[g])
-            for p in preds:
-                if p not in seen and self.when[p] >= floor:
+            for p in self._preds(g):
+                if p not in seen and when[p] >= floor:
                     seen.add(p)
                     stack.append(p)
         return False

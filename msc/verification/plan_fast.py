@@ -133,6 +133,8 @@ class PlanReading:
 
     # -- reading ------------------------------------------------------------------
     def _read(self, plan: Plan) -> bool:
+        # Declined: switch groups (NVLS), whose barriers and remote accesses only the executor models.
+        need(not any(tb.group for rp in plan.ranks for tb in rp.threadblocks))
         arrays = plan_arrays(plan)
         # Declined: what check_plan refuses and the executor would crash on,
         # and two threadblocks on a connection's end (the FIFO order would depend on timing).

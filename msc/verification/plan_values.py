@@ -2,13 +2,16 @@
 and before verifying. Everything an executor relies on without checking:
 ranks and peers exist, slices lie inside their buffers, operands fit the op,
 dependencies name existing steps, and every connection has one sending and
-one receiving threadblock whose message counts agree, message by message.
+one receiving threadblock whose message counts agree, message by message;
+a threadblock's switch group holds its rank, every member has at most one
+threadblock of a (group, channel), and all of them pass the same number of
+barriers.
 """
 from __future__ import annotations
 
 from msc.dsl.collectives import get_collective
 from msc.errors import MscError, PlanError
-from msc.ir import Plan
+from msc.ir import Plan, StepOp
 from msc.ir.limits import (MAX_BUFFER_CHUNKS, MAX_CHUNK_FACTOR, MAX_CHUNK_MOVES, MAX_INSTANCES, MAX_RANKS, MAX_SLOTS,
                           MAX_TILE_BYTES, MAX_TOTAL_CHUNKS)
 from msc.ir.ops import PROTOCOL_NAMES
@@ -74,6 +77,7 @@ def check_plan(plan: Plan) -> None:
     _check_totals(plan)
     sends: dict[tuple, list] = {}
     recvs: dict[tuple, list] = {}
+    barriers: dict[tuple, dict[int, int]] = {}      # (group, channel) -> rank -> barriers it passes
     moved = 0
     for r, rp in enumerate(plan.ranks):
         if rp.rank != r:
@@ -89,6 +93,8 @@ def check_plan(plan: Plan) -> None:
                     raise PlanError(f"{side} peer {peer} is not another rank (0..{n - 1})", rank=r, tb=t)
             if tb.channel < 0:
                 raise PlanError(f"channel {tb.channel} must be >= 0", rank=r, tb=t)
+            if tb.group:
+                _check_group(plan, r, t, tb, barriers)
             for s, step in enumerate(tb.steps):
                 _check_step(plan, r, t, s, step, tb, sizes, rp)
                 moved += step.count
@@ -99,6 +105,33 @@ def check_plan(plan: Plan) -> None:
     _check_moves(moved)
     for conn in sorted(set(sends) | set(recvs), key=str):
         _check_connection(conn, sends.get(conn, []), recvs.get(conn, []))
+    for (group, ch), passed in sorted(barriers.items()):
+        counts = {m: passed.get(m, 0) for m in group}
+        if len(set(counts.values())) > 1:
+            listed = ", ".join(f"rank {m}: {c}" for m, c in counts.items())
+            raise PlanError(f"switch group {_members(group)} channel {ch}: the members pass different numbers of "
+                            f"barriers ({listed}), so some barrier never completes")
+
+
+def _members(group) -> str:
+    return ",".join(map(str, group))
+
+
+def _check_group(plan, r, t, tb, barriers) -> None:
+    """A switch group: increasing ranks that exist, this rank among them,
+    at most one threadblock per member for each (group, channel)."""
+    group, n = tb.group, plan.num_ranks
+    if (len(group) < 2 or any(type(m) is not int or not 0 <= m < n for m in group)
+            or any(a >= b for a, b in zip(group, group[1:]))):
+        raise PlanError(f"switch group {_members(group)} must list at least two ranks of 0..{n - 1}, increasing",
+                        rank=r, tb=t)
+    if r not in group:
+        raise PlanError(f"switch group {_members(group)} does not hold the threadblock's own rank {r}", rank=r, tb=t)
+    passed = barriers.setdefault((group, tb.channel), {})
+    if r in passed:
+        raise PlanError(f"rank {r} has more than one threadblock of switch group {_members(group)} on channel "
+                        f"{tb.channel}", rank=r, tb=t)
+    passed[r] = sum(step.op is StepOp.BARRIER for step in tb.steps)
 
 
 def _check_totals(plan: Plan) -> None:
@@ -130,6 +163,8 @@ def _check_step(plan, r, t, s, step, tb, sizes, rp):
                         f"got {len(step.srcs)}", **where)
     if has_dst != (step.dst is not None):
         raise PlanError(f"{step.op.value} {'needs' if has_dst else 'takes no'} destination", **where)
+    if step.op.switch and not tb.group:
+        raise PlanError(f"{step.op.value} is a switch op, but threadblock {t} has no switch group", **where)
     for sl in step.srcs + ((step.dst,) if step.dst is not None else ()):
         if sl.buffer not in sizes:
             raise PlanError(f"buffer {sl.buffer!r} does not exist (buffers: {', '.join(sizes)})", **where)
@@ -137,6 +172,13 @@ def _check_step(plan, r, t, s, step, tb, sizes, rp):
             raise PlanError(f"slice {sl} has {sl.count} chunks, the step moves {step.count}", **where)
         if sl.index < 0 or sl.index + sl.count > sizes[sl.buffer]:
             raise PlanError(f"slice {sl} lies outside {sl.buffer}, which has {sizes[sl.buffer]} chunks", **where)
+    remote = (step.srcs[:1] if step.op.group_reads else ()) + ((step.dst,) if step.op.group_writes else ())
+    for sl in remote:      # on every member: scratch sizes differ by rank
+        for m in tb.group:
+            size = buffer_sizes(plan, m)[sl.buffer] if sl.buffer == "scratch" else sizes[sl.buffer]
+            if sl.index + sl.count > size:
+                raise PlanError(f"{step.op.value} reaches {sl} on every member of its switch group, but rank {m}'s "
+                                f"{sl.buffer} has {size} chunks", **where)
     if step.op.sends and tb.send is None:
         raise PlanError(f"{step.op.value} sends, but threadblock {t} has no send peer", **where)
     if step.op.receives and tb.recv is None:
