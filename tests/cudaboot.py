@@ -25,7 +25,7 @@ def runtime_layout(key: str, n: int, protocol: str = "Simple"):
     from msc.lower.pipeline import LowerOptions, lower
     from library import algorithms
 
-    plan = runtime_plan(lower(msc.trace(algorithms()[key], n), LowerOptions(protocol=protocol)))
+    plan = runtime_plan(lower(msc.trace(algorithms(switch=False)[key], n), LowerOptions(protocol=protocol)))
     return plan, kernel_layout(plan, "table")
 
 
@@ -442,7 +442,7 @@ def _emu_plan(key: str, n: int, protocol: str):
     from msc.lower.pipeline import LowerOptions, lower
     from library import algorithms
 
-    return lower(msc.trace(algorithms()[key], n), LowerOptions(protocol=protocol, tile=4096))
+    return lower(msc.trace(algorithms(switch=False)[key], n), LowerOptions(protocol=protocol, tile=4096))
 
 
 def emu_torchrun_case(rank: int, n: int, key: str, protocol: str, counts) -> str:

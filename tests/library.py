@@ -18,8 +18,13 @@ LIBRARY = Path(__file__).resolve().parent.parent / "algorithms"
 LIGHT = {"rings": 2, "channels": 2, "chunks": 1}
 
 
-@lru_cache(maxsize=2)
-def algorithms(light: bool = True) -> dict[str, msc.Algorithm]:
+@lru_cache(maxsize=4)
+def algorithms(light: bool = True, switch: bool = True) -> dict[str, msc.Algorithm]:
+    """The library; ``switch=False`` leaves out the algorithms with switch
+    ops (NVLS), for the backends and formats that have none (yet): the
+    CUDA runtime and its emulated device, the torch executor, MSCCL XML."""
+    if not switch:
+        return {key: alg for key, alg in algorithms(light).items() if not uses_switch(alg)}
     found = {}
     for path in sorted(LIBRARY.rglob("*.py")):
         for alg in msc.load_algorithms(path):
@@ -36,3 +41,8 @@ def rank_counts(alg: msc.Algorithm, preferred=(2, 3, 4, 5, 8)) -> list[int]:
     none of them (a 3x3 torus at least), the smallest count it supports."""
     found = [n for n in preferred if alg.supports(n)]
     return found or [next(n for n in range(1, 65) if alg.supports(n))]
+
+
+def uses_switch(alg: msc.Algorithm) -> bool:
+    """Whether ``alg``'s program has switch ops (at its smallest preferred rank count)."""
+    return msc.trace(alg, rank_counts(alg)[0]).has_switch

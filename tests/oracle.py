@@ -153,6 +153,11 @@ def run(program, ops=None, seed: int = 0) -> Outcome:
                 memory[rank, buf][at] = value(label)
 
     for opi, op in enumerate(ops):
+        if op.group:
+            missing = _switch(op, memory)
+            if missing:
+                return Outcome(unwritten=(opi, frozenset(missing)))
+            continue
         src = memory.get((op.src_rank, op.src_buffer), [])
         dst = memory.setdefault((op.dst_rank, op.dst_buffer), [])
         reads = [src[op.src_index + j] if op.src_index + j < len(src) else None for j in range(op.size)]
@@ -179,6 +184,33 @@ def run(program, ops=None, seed: int = 0) -> Outcome:
             if at >= len(chunks) or chunks[at] != want:
                 wrong.append((rank, i))
     return Outcome(wrong=wrong)
+
+
+def _switch(op, memory) -> set:
+    """A switch op (NVLS): the sum over the group's members of their chunks,
+    or one rank's chunks, written to the group's members or to one rank.
+    Returns the chunks it would read that nothing has written."""
+    readers = (op.src_rank,) if op.kind is OpKind.SWITCH_STORE else op.group
+    writers = (op.src_rank,) if op.kind is OpKind.SWITCH_REDUCE else op.group
+    missing, sums = set(), []
+    for j in range(op.size):
+        total = 0
+        for m in readers:
+            chunks = memory.get((m, op.src_buffer), [])
+            at = op.src_index + j
+            if at >= len(chunks) or chunks[at] is None:
+                missing.add((m, op.src_buffer, at))
+            else:
+                total = (total + chunks[at]) % P
+        sums.append(total)
+    if missing:
+        return missing
+    for m in writers:
+        dst = memory.setdefault((m, op.dst_buffer), [])
+        if len(dst) < op.dst_index + op.size:
+            dst.extend([None] * (op.dst_index + op.size - len(dst)))
+        dst[op.dst_index:op.dst_index + op.size] = sums
+    return missing
 
 
 def agrees(program, outcome: Outcome, error) -> str | None:

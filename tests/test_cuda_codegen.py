@@ -26,7 +26,7 @@ from msc.lower.pipeline import LowerOptions, lower
 from library import algorithms
 
 pytest.importorskip("cuda.core")
-ALGORITHMS = algorithms()
+ALGORITHMS = algorithms(switch=False)
 
 
 def _cubin_facts_module():

@@ -62,7 +62,7 @@ except UsageError as exc:
     NO_COMPILER = str(exc)
 pytestmark = pytest.mark.skipif(NO_COMPILER is not None, reason=NO_COMPILER or "")
 
-ALGORITHMS = algorithms()
+ALGORITHMS = algorithms(switch=False)
 KEYS = sorted(ALGORITHMS)
 PROTOCOLS = ("Simple", "LL")
 FORMS = ("straight", "table")

@@ -61,7 +61,7 @@ def _gpu_reason() -> str | None:
 REASON = _gpu_reason()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(REASON is not None, reason=REASON or "")]
 
-ALGORITHMS = algorithms()
+ALGORITHMS = algorithms(switch=False)
 RANKS = (2, 4, 8)
 PROTOCOLS = ("Simple", "LL")
 DTYPES = ("float32", "bfloat16", "float16")

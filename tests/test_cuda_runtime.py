@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def _plan(key: str, n: int, inplace: bool | None = None, protocol: str = "Simple", instances: int = 1):
-    return lower(msc.trace(algorithms()[key], n, inplace=inplace), LowerOptions(protocol=protocol, instances=instances))
+    return lower(msc.trace(algorithms(switch=False)[key], n, inplace=inplace), LowerOptions(protocol=protocol, instances=instances))
 
 
 def _t(numel=8, dtype="float32", device="cuda:0", contiguous=True, ptr=0x10000, itemsize=4):

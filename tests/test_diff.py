@@ -21,7 +21,7 @@ from msc.formats.xml_export import plan_to_xml
 from msc.formats.xml_import import xml_to_plan
 from library import algorithms, rank_counts
 
-ALGORITHMS = algorithms()
+ALGORITHMS = algorithms(switch=False)
 
 
 @functools.lru_cache(maxsize=None)

@@ -48,7 +48,7 @@ __attribute__((constructor)) static void planted() {
 
 
 def plan(key: str = "allreduce/ring:ring", n: int = 2, protocol: str = "LL"):
-    return runtime_plan(lower(msc.trace(algorithms()[key], n), LowerOptions(protocol=protocol, tile=4096)))
+    return runtime_plan(lower(msc.trace(algorithms(switch=False)[key], n), LowerOptions(protocol=protocol, tile=4096)))
 
 
 def plant(path: Path, data: bytes) -> None:

@@ -41,7 +41,7 @@ ANY = msc.CustomCollective("anything", input_chunks=lambda n, k: 4 * k, output_c
                            postcondition=lambda r, i, n, k: None)
 
 
-ALGORITHMS = algorithms()
+ALGORITHMS = algorithms(switch=False)
 
 
 # -- helpers ------------------------------------------------------------------

@@ -22,7 +22,7 @@ from msc.lower.pipeline import LowerOptions, lower
 from msc.sim.sim_plan import compile_plan
 from msc.verification import plan_fast
 
-ALGORITHMS = algorithms()
+ALGORITHMS = algorithms(switch=False)
 OPTIONS = (LowerOptions(), LowerOptions(protocol="LL", instances=2))
 
 

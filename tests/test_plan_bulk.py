@@ -32,7 +32,7 @@ from msc.verification import crosscheck
 from msc.verification.plan_values import check_plan
 from msc.verification.plan import _Execution, check_races, plan_collective, verify_plan
 
-ALGORITHMS = algorithms()
+ALGORITHMS = algorithms(switch=False)
 RANKS = (3, 4, 8)
 OPTIONS = (LowerOptions(), LowerOptions(protocol="LL", instances=2))
 

@@ -23,7 +23,7 @@ from msc.formats.xml_import import xml_to_plan
 from library import algorithms
 from test_readme import blocks, run_block
 
-ALGORITHMS = algorithms()
+ALGORITHMS = algorithms(switch=False)
 
 
 # -- MSCCL-IR as MSCCLang writes it -------------------------------------------------------

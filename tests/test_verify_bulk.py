@@ -27,7 +27,7 @@ def _slow(program):
 
 def test_library_programs_agree():
     vouched = 0
-    for key, alg in algorithms().items():
+    for key, alg in algorithms(switch=False).items():
         for n in (2, 3, 4, 5, 8):
             for inplace in (True, False):
                 try:
@@ -44,7 +44,7 @@ def test_mutants_are_never_vouched_for_when_wrong():
     """Library mutants are nearly all wrong; test_mutations' redundant
     allgather gives right ones (a copy sent twice, scratch nobody reads)."""
     rejected = vouched = 0
-    for key, alg in (*algorithms().items(), ("redundant", redundant_allgather)):
+    for key, alg in (*algorithms(switch=False).items(), ("redundant", redundant_allgather)):
         for n in (4, 5):
             try:
                 program = msc.trace(alg, n, inplace=False)
@@ -127,7 +127,7 @@ def test_verify_takes_the_fast_path_from_a_size_on(monkeypatch):
     answers = []
     real = bulk.checked_outputs
     monkeypatch.setattr(bulk, "checked_outputs", lambda program: answers.append(real(program)) or answers[-1])
-    ring = algorithms()["allreduce/ring:ring"]
+    ring = algorithms(switch=False)["allreduce/ring:ring"]
     small, large = msc.trace(ring, 8), msc.trace(ring, 160)
     assert len(small.ops) < VERIFY.BULK_FROM_OPS <= len(large.ops)
     assert msc.verify(small).output_chunks == 64 and answers == []
@@ -136,7 +136,7 @@ def test_verify_takes_the_fast_path_from_a_size_on(monkeypatch):
 
 def test_errors_are_worded_by_the_python_run(monkeypatch):
     """Where the fast path declines, verify's error is the Python run's, word for word."""
-    ring = algorithms()["allreduce/ring:ring"]
+    ring = algorithms(switch=False)["allreduce/ring:ring"]
     program = msc.trace(ring, 5)
     words = {}
     for threshold in (0, 10 ** 9):

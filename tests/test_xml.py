@@ -29,7 +29,7 @@ USES_SRC = {"s", "rrs", "rrc", "rrcs", "cpy", "re"}
 USES_DST = {"r", "rcs", "rrc", "rrcs", "cpy", "re"}
 
 
-ALGORITHMS = algorithms()
+ALGORITHMS = algorithms(switch=False)
 
 
 @functools.lru_cache(maxsize=None)

@@ -130,12 +130,18 @@ COMBOS = (("float32", "sum"), ("bfloat16", "sum"), ("int32", "max"), ("float16",
 
 
 @functools.cache
-def algorithms() -> dict:
+def algorithms(switch: bool = True) -> dict:
+    """The library; ``switch=False``: without the algorithms with switch ops
+    (NVLS), which the torch executor does not run yet."""
     import msc
 
     library = _library()
-    return {f"{p.relative_to(library).with_suffix('').as_posix()}:{a.name}": a
-            for p in sorted(library.rglob("*.py")) if p.name != "__init__.py" for a in msc.load_algorithms(p)}
+    found = {f"{p.relative_to(library).with_suffix('').as_posix()}:{a.name}": a
+             for p in sorted(library.rglob("*.py")) if p.name != "__init__.py" for a in msc.load_algorithms(p)}
+    if switch:
+        return found
+    return {key: a for key, a in found.items()
+            if not msc.trace(a, next(n for n in range(2, 65) if a.supports(n))).has_switch}
 
 
 @functools.cache

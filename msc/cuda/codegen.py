@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from msc.dsl.collectives import REDUCING
 from msc.errors import UsageError
-from msc.ir import Plan, StepOp
+from msc.ir import Plan, StepOp, refuse_switch_ops
 from msc.ir.ops import PROTOCOLS, REDUCE_OP_NAMES, REDUCE_OPS, kernel_op_problem, reduce_op
 from msc.resources import data_dir
 
@@ -126,6 +126,7 @@ def kernel_layout(plan: Plan, form: str) -> KernelLayout:
 
     from msc.ir.arrays import plan_arrays
 
+    refuse_switch_ops(plan, "the msc CUDA runtime (and its emulated device)")
     arrays = plan_arrays(plan)
     tbs_per_rank = np.diff(arrays.rank_tb_start)
     return KernelLayout(plan.num_ranks, tuple(zip(arrays.tb_rank.tolist(), arrays.tb_id.tolist())),

@@ -15,9 +15,6 @@ becomes an ``AlgorithmError`` at the user's line; ``KeyboardInterrupt`` and
 from __future__ import annotations
 
 import inspect
-import operator
-import os
-import sys
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any, Callable, Iterable
@@ -27,55 +24,8 @@ from msc.errors import AlgorithmError, MscError, OperationError, SourceLine, Usa
 from msc.ir import Op, OpKind
 from msc.ir.limits import MAX_BUFFER_CHUNKS, MAX_CHUNK_MOVES, MAX_TOTAL_CHUNKS
 from msc.perf import pause_gc
-from msc.resources import PACKAGE_DIR
-
-_PACKAGE_DIR = str(PACKAGE_DIR) + os.sep
-_LIBRARY_DIR = _PACKAGE_DIR + "algorithms" + os.sep   # where a wheel puts the algorithm library
-
-
-def _internal(filename: str) -> bool:
-    """Frames of msc itself (not the algorithm library a wheel ships inside it)."""
-    return filename.startswith(_PACKAGE_DIR) and not filename.startswith(_LIBRARY_DIR)
-_lines: dict[tuple[str, int], SourceLine] = {}
-
-
-def user_line(depth: int = 2) -> SourceLine | None:
-    """The first frame outside the msc package: the user's line."""
-    frame = sys._getframe(depth)
-    while frame is not None and _internal(frame.f_code.co_filename):
-        frame = frame.f_back
-    if frame is None:
-        return None
-    key = (frame.f_code.co_filename, frame.f_lineno)
-    hit = _lines.get(key)
-    if hit is None:
-        hit = _lines[key] = SourceLine(_display_path(key[0]), key[1])
-    return hit
-
-
-def _display_path(path: str) -> str:
-    try:
-        rel = os.path.relpath(path)
-    except ValueError:
-        return path
-    return path if rel.startswith(".." + os.sep + "..") else rel
-
-
-def _integer(value):
-    """``value`` as an int where it is an integer of another type (a numpy
-    integer: ``operator.index``); anything else (bools included) unchanged,
-    for the caller's check to reject with its own words."""
-    if type(value) is int or isinstance(value, bool) or type(value).__name__ in ("bool", "bool_"):
-        return value
-    try:
-        return operator.index(value)
-    except TypeError:
-        return value
-
-
-def _not_int(value) -> str:
-    """How a value that should be an int is not one: for error messages."""
-    return f" (a {type(value).__name__}, not an int)" if type(value) is not int else ""
+from msc.dsl.source_lines import (_LIBRARY_DIR, _PACKAGE_DIR, _display_path, _integer, _internal,  # noqa: F401
+                                   _lines, _not_int, user_line)
 
 
 class Program:
@@ -102,6 +52,7 @@ class Program:
         # in place, the buffers each aliased op was written with (op index -> src buffer, index, dst
         # buffer, index): errors name what the user wrote, not the physical buffer it maps to
         self.written_as: dict[int, tuple[str, int, str, int]] = {}
+        self.has_switch = False           # some op is a switch op (NVLS): the bulk passes do not take it
 
     # -- description ------------------------------------------------------
     @property
@@ -229,6 +180,64 @@ class Program:
         self.ops.append(Op(kind, src.rank, sbuf, si, dst.rank, dbuf, di, size,
                            channel, sendtb, recvtb, user_line(3)))
 
+    def switch(self, ranks: Iterable[int] | None = None, *, channel: int | None = None):
+        """The ranks ``ranks`` (default: all) as one switch domain: NVLS
+        reduce and multicast over their buffers (msc.dsl.switch)."""
+        from msc.dsl.switch import switch_group
+
+        return switch_group(self, ranks, channel)
+
+    def _record_switch(self, kind: OpKind, rank: int, sbuf: str, si: int, dbuf: str, di: int, size: int,
+                       group) -> None:
+        """A switch op of ``rank`` over ``group`` (msc.dsl.switch). Its switch
+        side (what it reads on every member, what it writes on every member)
+        must be the same physical chunks on every member."""
+        what = kind.value
+        reads_all = kind is not OpKind.SWITCH_STORE
+        writes_all = kind is not OpKind.SWITCH_REDUCE
+        members = group.ranks
+        for r in members if reads_all else (rank,):
+            self._check_location(r, sbuf, si, size, what)
+        for r in members if writes_all else (rank,):
+            self._check_location(r, dbuf, di, size, what)
+        src = self._switch_side(kind, rank, sbuf, si, members if reads_all else (rank,), "reads")
+        dst = self._switch_side(kind, rank, dbuf, di, members if writes_all else (rank,), "writes")
+        if dst[0] == "input" and self._alias is None:
+            raise OperationError(f"{what}: writes {dbuf}[{di}], but the input buffer is read-only in the "
+                                 f"out-of-place form (write to 'output')", rank=rank, buffer=dbuf, index=di,
+                                 where=user_line(3))
+        if writes_all and dst[0] not in self._physical or reads_all and src[0] not in self._physical:
+            side, buf = ("writes", dbuf) if writes_all and dst[0] not in self._physical else ("reads", sbuf)
+            raise OperationError(f"{what}: {side} {buf} on every member of the switch group, but only the input and "
+                                 f"output buffers are laid out alike on every rank (not scratch buffers)",
+                                 rank=rank, buffer=buf, where=user_line(3))
+        self._moves += size * len(members)
+        if self._moves > MAX_CHUNK_MOVES:
+            raise AlgorithmError(f"{what}: the operations so far move {self._moves} chunks, over msc's limit "
+                                 f"of {MAX_CHUNK_MOVES}", where=user_line(3))
+        if dst[0] not in self._physical:
+            key = (rank, dst[0])
+            had = self.scratch_sizes.get(key, 0)
+            if had < dst[1] + size:
+                self._grow_scratch(kind, Ref(self, rank, dbuf, di, size), key, had, dst[1] + size)
+        self.has_switch = True
+        self.ops.append(Op(kind, rank, src[0], src[1], rank, dst[0], dst[1], size, group.channel, None, None,
+                           user_line(3), members))
+
+    def _switch_side(self, kind: OpKind, rank: int, buffer: str, index: int, ranks, how: str) -> tuple[str, int]:
+        """(physical buffer, index) of ``buffer[index]`` on each of ``ranks``:
+        in place, a buffer aliased at offsets that differ by rank is refused."""
+        buffer = getattr(buffer, "value", buffer)
+        if self._alias is None or buffer != self._alias[0]:
+            return buffer, index
+        alias, target, offsets = self._alias
+        spots = {offsets[r] for r in ranks}
+        if len(spots) > 1:
+            raise OperationError(f"{kind.value}: {how} {buffer}[{index}] on every member, but in place {buffer} "
+                                 f"lies at a different offset of {target} on each rank; name {target} chunks "
+                                 f"instead", rank=rank, buffer=buffer, index=index, where=user_line(4))
+        return target, index + spots.pop()
+
     def _grow_scratch(self, kind: OpKind, dst: Ref, key: tuple, had: int, size: int) -> None:
         """Scratch buffer ``key`` now holds ``size`` chunks: the verifiers hold
         every chunk up to the highest index named, so the total is bounded."""
@@ -257,6 +266,7 @@ class Program:
         """A sealed copy of this program with other operations (for tests and tools)."""
         other = Program(self.name, self.layout, self.params)
         other.ops = tuple(ops)
+        other.has_switch = any(op.group for op in other.ops)
         for op in other.ops:
             if op.dst_buffer not in self.layout.physical_sizes:
                 key = (op.dst_rank, op.dst_buffer)

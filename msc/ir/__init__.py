@@ -17,6 +17,10 @@ from msc.ir.ops import DEFAULT_PROTOCOL
 class OpKind(Enum):
     COPY = "copy"      # dst <- src
     REDUCE = "reduce"  # dst <- dst (+) src
+    # switch ops of rank src_rank over the ranks of ``group`` (NVLS): see StepOp
+    SWITCH_REDUCE = "switch reduce"           # dst (on src_rank) <- src of every member, reduced in member order
+    SWITCH_STORE = "switch store"             # dst of every member <- src (on src_rank)
+    SWITCH_REDUCE_STORE = "switch allreduce"  # dst of every member <- src of every member, reduced
 
 
 class Op(NamedTuple):
@@ -44,13 +48,23 @@ class Op(NamedTuple):
     sendtb: int | None = None
     recvtb: int | None = None
     where: SourceLine | None = None
+    group: tuple[int, ...] = ()       # a switch op's ranks (src_rank issues it; dst_rank is src_rank)
 
     def describe(self) -> str:
         src = f"rank {self.src_rank} {self.src_buffer}[{_span(self.src_index, self.size)}]"
         dst = f"rank {self.dst_rank} {self.dst_buffer}[{_span(self.dst_index, self.size)}]"
         if self.kind is OpKind.COPY:
             return f"copy {src} -> {dst}"
-        return f"reduce {src} into {dst}"
+        if self.kind is OpKind.REDUCE:
+            return f"reduce {src} into {dst}"
+        every = f"ranks {','.join(map(str, self.group))}"
+        src_all = f"{every} {self.src_buffer}[{_span(self.src_index, self.size)}]"
+        dst_all = f"{every} {self.dst_buffer}[{_span(self.dst_index, self.size)}]"
+        if self.kind is OpKind.SWITCH_REDUCE:
+            return f"rank {self.src_rank}: switch reduce of {src_all} -> {dst}"
+        if self.kind is OpKind.SWITCH_STORE:
+            return f"rank {self.src_rank}: switch store of {src} -> {dst_all}"
+        return f"rank {self.src_rank}: switch reduce of {src_all} -> {dst_all}"
 
 
 def _span(index: int, size: int) -> str:
@@ -280,3 +294,26 @@ class Plan:
 
     def num_steps(self) -> int:
         return sum(len(tb.steps) for rp in self.ranks for tb in rp.threadblocks)
+
+    def first_switch_step(self):
+        """(rank, threadblock, step index, step) of the first switch op
+        (NVLS), None where the plan has none."""
+        for rp in self.ranks:
+            for tb in rp.threadblocks:
+                if tb.group:
+                    for i, step in enumerate(tb.steps):
+                        if step.op.switch:
+                            return rp.rank, tb.id, i, step
+        return None
+
+
+def refuse_switch_ops(plan: Plan, backend: str) -> None:
+    """A UsageError where ``plan`` has switch ops that ``backend`` cannot run
+    (yet): named, never run wrongly or skipped."""
+    found = plan.first_switch_step()
+    if found is not None:
+        from msc.errors import UsageError
+
+        rank, t, s, step = found
+        raise UsageError(f"plan {plan.name!r} uses switch ops (NVLS: in-switch reduction and multicast; the first is "
+                         f"{step.op.value} at rank {rank} threadblock {t} step {s}), which {backend} does not run yet")

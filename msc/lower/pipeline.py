@@ -45,6 +45,7 @@ from msc.verification.plan_values import check_plan, user_buffer_sizes
 from msc.verification.plan import check_races, verify_plan
 from msc.lower.runtimes import DEFAULT_TARGET, Runtime, get_runtime
 from msc.lower.schedule import PRIORITIES, build_plan, order
+from msc.lower.switch import has_switch_ops, lower_switch
 
 MAX_SLOTS = 8    # the most slots per connection lowering tries: the MSCCL runtimes' NCCL_STEPS
 
@@ -102,6 +103,8 @@ def lower(program, options: LowerOptions = LowerOptions(), *, collective=None, b
     room = min(target.connection_slots(options.protocol) or MAX_SLOTS, MAX_SLOTS)
     # the program's own columns where replicate and allocate_scratch changed nothing
     columns = program.columns if options.instances == 1 and not program.scratch_sizes else None
+    if has_switch_ops(ops):
+        return _lower_switch(ops, scratch, n, options, fields, collective, target, room)
     outcomes = []   # per attempt: (what, [(order, LoweringError | RuntimeLimitError | slots it needs | None)])
     for what, opts, ways in _attempts(options, target, ops):
         tried = []
@@ -124,6 +127,27 @@ def lower(program, options: LowerOptions = LowerOptions(), *, collective=None, b
                 return _stating(verified, collective)
             tried.append((priority, None if verified is None else verified.slots))
     raise _no_fit(outcomes, target, room, options.protocol)
+
+
+def _lower_switch(ops, scratch, n, options: LowerOptions, fields, collective, target: Runtime, room: int) -> Plan:
+    """A program with switch ops (msc.lower.switch), for msc's own runtime only."""
+    if target.xml:
+        raise UsageError(f"the program uses switch ops (NVLS), which the {target.name} runtime ({target.title}) does "
+                         f"not have: lower it for the msc runtime")
+    tried = []
+    for priority in PRIORITIES:
+        try:
+            plan = lower_switch(ops, scratch, n, options, fields, priority)
+        except LoweringError as exc:
+            tried.append((priority, exc))
+            continue
+        if crosscheck.ENABLED:
+            check_plan(plan)
+        verified = verified_with_fewest_slots(plan, collective)
+        if verified is not None and verified.slots <= room:
+            return _stating(verified, collective)
+        tried.append((priority, None if verified is None else verified.slots))
+    raise _no_fit([("as asked", tried)], target, room, options.protocol)
 
 
 def _stating(plan: Plan, collective) -> Plan:

@@ -29,7 +29,7 @@ import torch
 
 from msc.dsl.collectives import get_collective
 from msc.errors import UsageError
-from msc.ir import Plan
+from msc.ir import Plan, refuse_switch_ops
 from msc.ir.ops import REDUCE_OP_NAMES, REDUCE_OPS
 from msc.torch.rank_program import ARENA, BUFFER, TRANSPORTS, RankProgram, compile_rank
 from msc.torch.rounds import schedule
@@ -84,6 +84,7 @@ def prepare(plan, collective=None) -> Prepared:
         return plan
     if not isinstance(plan, Plan):
         raise UsageError(f"expected an msc Plan, got {type(plan).__name__}")
+    refuse_switch_ops(plan, "the torch executor")
     hit = _PREPARED.get(id(plan))
     if hit is not None and hit[0] is plan and hit[1] is collective:
         _PREPARED.move_to_end(id(plan))

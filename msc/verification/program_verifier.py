@@ -117,7 +117,7 @@ def verify(program) -> Report:
     line that last wrote the chunk (or that read a chunk nothing wrote)."""
     start = time.perf_counter()
     fast = None
-    if len(program.ops) >= BULK_FROM_OPS:
+    if len(program.ops) >= BULK_FROM_OPS and not getattr(program, "has_switch", False):
         # numpy: not for small programs (the command line stays light)
         from msc.verification import program_verifier_fast
 
@@ -166,6 +166,9 @@ def _execute(ops, state: list[dict[str, list]], writer: list[dict[str, list]]) -
     that last wrote each chunk; a read of an empty chunk is an error."""
     COPY = OpKind.COPY
     for opi, op in enumerate(ops):
+        if op.group:
+            _switch(opi, op, state, writer)
+            continue
         kind, sr, sb, si, dr, db, di, size = op[:8]
         src = state[sr].get(sb)
         if src is None or len(src) < si + size:
@@ -191,6 +194,42 @@ def _execute(ops, state: list[dict[str, list]], writer: list[dict[str, list]]) -
                     _unwritten(op, dr, db, di + lane)
                 dst[di + lane] = Sum(old, value)
             wr[di + lane] = opi
+
+
+def _switch(opi: int, op, state, writer) -> None:
+    """A switch op (msc.dsl.switch): the members' copies reduced in member
+    order; every value is read before any is written."""
+    kind, sr, sb, si, dr, db, di, size = op[:8]
+    if kind is OpKind.SWITCH_STORE:
+        values = [_value(op, state, sr, sb, si + lane) for lane in range(size)]
+    else:
+        values = []
+        for lane in range(size):
+            acc = None
+            for m in op.group:
+                v = _value(op, state, m, sb, si + lane)
+                acc = v if acc is None else Sum(acc, v)
+            values.append(acc)
+    for m in (dr,) if kind is OpKind.SWITCH_REDUCE else op.group:
+        dst = state[m].get(db)
+        if dst is None:
+            dst = state[m][db] = []
+            writer[m][db] = []
+        wr = writer[m][db]
+        if len(dst) < di + size:
+            grow = di + size - len(dst)
+            dst.extend([None] * grow)
+            wr.extend([-1] * grow)
+        dst[di:di + size] = values
+        wr[di:di + size] = [opi] * size
+
+
+def _value(op, state, rank: int, buffer: str, index: int):
+    """Chunk ``index`` of ``buffer`` on ``rank``; an error where nothing wrote it."""
+    chunks = state[rank].get(buffer)
+    if chunks is None or index >= len(chunks) or chunks[index] is None:
+        _unwritten(op, rank, buffer, index)
+    return chunks[index]
 
 
 def _check_outputs(program, state: list[dict[str, list]], writer: list[dict[str, list]]) -> int:
