@@ -66,8 +66,22 @@ def test_multi_node_picks_and_latency():
 def test_unsupported_topologies_and_choices_say_why():
     with pytest.raises(UsageError, match="nodes of H100 or A100"):
         nccl.system(get_topology("ring:8", None))
-    with pytest.raises(UsageError, match="not nvls"):
-        nccl.choose(nccl.system(get_topology("dgx-h100", None)), "allreduce", 64, algorithms=["nvls"])
+    with pytest.raises(UsageError, match="NVLS for allreduce on one H100 node, not allgather on 1 node"):
+        nccl.choose(nccl.system(get_topology("dgx-h100", None)), "allgather", 64, algorithms=["nvls"])
+    with pytest.raises(UsageError, match="not allreduce on 1 node\\(s\\) of a100"):
+        nccl.choose(nccl.system(get_topology("dgx-a100", None)), "allreduce", 64, algorithms=["nvls"])
+    with pytest.raises(UsageError, match="not allreduce on 2 node"):
+        nccl.choose(nccl.system(get_topology("dgx-h100:2", None)), "allreduce", 64, algorithms=["nvls"])
+
+
+def test_forced_nvls_is_nccls_2_21_model_on_its_16_channels():
+    """[2.2, 3.1, 3.5, 4.4]: 25 us, 8 x min(40, 60) x 5/6 = 266.7 GB/s algBw on 8 H100, Simple only."""
+    s = nccl.system(get_topology("dgx-h100", None))
+    choice = nccl.choose(s, "allreduce", 1 << 30, algorithms=["nvls"])
+    assert (choice.algorithm, choice.protocol, choice.channels) == ("nvls", "Simple", 16)
+    assert nccl.algorithm_bandwidth(s, "allreduce", "nvls", "Simple") == pytest.approx(266.67, rel=1e-3)
+    assert choice.nccl_us == pytest.approx(25.0 + (1 << 30) / (1000 * 266.667), rel=1e-4)
+    assert nccl.choose(s, "allreduce", 1 << 30).algorithm != "nvls"      # NCCL's own choice leaves it out
     with pytest.raises(UsageError, match="no algorithm among tree"):
         nccl.choose(nccl.system(get_topology("dgx-h100", None)), "allgather", 64, algorithms=["tree"])
 

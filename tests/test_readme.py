@@ -157,3 +157,15 @@ def test_the_custom_collective_section_runs_as_written(tmp_path):
     assert done.returncode == 0, f"failed:\n{code}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
     assert "Out of bounds values : 0 OK" in done.stdout and "outputs right" in done.stdout
     assert contract in (tmp_path / "pairs.plan").read_text()
+
+
+@pytest.mark.slow
+def test_the_nvls_section_runs_as_written(tmp_path):
+    """The switch example compiles, runs on the reference executor with right
+    results, simulates on dgx-h100, and msc tune picks NVLS for large sizes."""
+    [code] = [body for lang, body in blocks("Reduce in the switch: NVLS") if lang == "bash"]
+    done = run_block("bash", code, tmp_path)
+    assert done.returncode == 0, f"failed:\n{code}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+    assert "Out of bounds values : 0 OK" in done.stdout
+    last = [line for line in done.stdout.splitlines() if line.strip().startswith("1G ")]
+    assert last and "nvls Simple" in last[-1], done.stdout[-3000:]

@@ -158,6 +158,8 @@ class _Schedule:
         # a message's phase is its sending step's line (a fused receive-and-send step keeps the send's line)
         first: dict = {}
         for g in np.concatenate([sp.msg_send, self.local]).tolist():
+            if self.steps[g].op is StepOp.BARRIER:      # lowering's, from no line: drawn grey
+                continue
             key = self.steps[g].where
             first[key] = min(first.get(key, self.nlev), int(level[g]))
         self.phases = sorted(first, key=lambda k: (first[k], k is None, str(k)))
@@ -264,8 +266,9 @@ class _Schedule:
         how = ("colour: the source line that sent it (phase)" if self.by_phase else
                "a panel per source line (the phases overlap), colour: chunk" if self.facets else
                "colour: chunk")
+        bars = "; bars: switch ops over their group's lanes" if self.plan.first_switch_step() is not None else ""
         fig.text(0.5, 1 - 0.43 / height, f"arrows: messages, {how}; numbers: chunks sent; dotted: waits for "
-                 f"its receiver", ha="center", va="top", fontsize=8.5, color="0.3")
+                 f"its receiver{bars}", ha="center", va="top", fontsize=8.5, color="0.3")
         self._legend(fig)
         save_figure(plt, fig, path, dpi=110)
         return fig
@@ -322,6 +325,30 @@ class _Schedule:
             if len(sel):
                 ax.scatter(x[level[sel]], [pos[("g", int(g))] for g in sel], marker=marker, s=24,
                            color=[self.colour(int(g)) for g in sel], edgecolors="black", linewidths=0.5, zorder=4)
+        self._switch(ax, local, pos)
+
+    SWITCH_MARKERS = {StepOp.SWRED: "v", StepOp.SWST: "^", StepOp.SWRS: "*"}
+
+    def _switch(self, ax, local, pos) -> None:
+        """Switch ops (NVLS): a bar over the group's lanes at the step's
+        round, ticks on the members it reads or writes, the issuing rank's
+        marker (v: reduce to itself, ^: store to all, *: both); a group
+        barrier: a dashed grey bar."""
+        x, level, sp = self.x, self.level, self.sp
+        for g in local.tolist():
+            op = self.steps[g].op
+            if not op.switch:
+                continue
+            tb = self.plan.ranks[int(self.rank[g])].threadblocks[int(sp.tb_local[sp.step_tb[g]])]
+            lo, hi, at = min(tb.group), max(tb.group), x[level[g]]
+            if op is StepOp.BARRIER:
+                ax.plot([at, at], [lo - 0.35, hi + 0.35], ls=(0, (3, 2)), lw=1.0, color="0.45", zorder=1)
+                continue
+            colour = self.colour(g)
+            ax.plot([at, at], [lo, hi], lw=2.2, color=colour, alpha=0.55, zorder=2, solid_capstyle="round")
+            ax.scatter([at] * len(tb.group), list(tb.group), marker="_", s=40, color=colour, zorder=3, lw=1.2)
+            ax.scatter([at], [pos[("g", g)]], marker=self.SWITCH_MARKERS[op], s=70, color=colour, edgecolors="black",
+                       linewidths=0.5, zorder=5)
 
     def _labels(self, fig, ax, msgs, pos) -> None:
         """The chunks each message moves, on its arrow where the label fits:
@@ -378,9 +405,19 @@ class _Schedule:
             kinds.append(Line2D([], [], ls="none", marker="s", mfc="white", mec="black", ms=5, label="local reduce"))
         if (sp.code[self.local] == self.copy_code).any():
             kinds.append(Line2D([], [], ls="none", marker="D", mfc="white", mec="black", ms=5, label="local copy"))
+        present = {self.steps[g].op for g in self.local.tolist() if self.steps[g].op.switch}
+        for op, label in ((StepOp.SWRED, "switch reduce to itself"), (StepOp.SWST, "switch store to all"),
+                          (StepOp.SWRS, "switch reduce, store to all")):
+            if op in present:
+                kinds.append(Line2D([], [], ls="none", marker=self.SWITCH_MARKERS[op], mfc="white", mec="black",
+                                    ms=8, label=label))
+        if StepOp.BARRIER in present:
+            kinds.append(Line2D([], [], ls=(0, (3, 2)), color="0.45", lw=1.0, label="group barrier"))
         if kinds:
+            # beside the phase legend, in rows of three: clear of its longest lines
             fig.legend(handles=kinds, loc="lower right", bbox_to_anchor=(0.995, 0.005), fontsize=8, frameon=False,
-                       ncol=len(kinds), columnspacing=1.2, handletextpad=0.3)
+                       ncol=len(kinds) if len(kinds) <= 4 or not self.by_phase else 2, columnspacing=1.2,
+                       handletextpad=0.3)
 
 
 def _qualitative(plt, i: int, n: int):

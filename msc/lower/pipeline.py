@@ -134,6 +134,9 @@ def _lower_switch(ops, scratch, n, options: LowerOptions, fields, collective, ta
     if target.xml:
         raise UsageError(f"the program uses switch ops (NVLS), which the {target.name} runtime ({target.title}) does "
                          f"not have: lower it for the msc runtime")
+    if options.protocol != "Simple":      # multimem loads and stores with barriers: no LL flags (NCCL's NVLS too)
+        raise UsageError(f"the program uses switch ops (NVLS), which run with the Simple protocol only, not "
+                         f"{options.protocol}")
     tried = []
     for priority in PRIORITIES:
         try:

@@ -32,6 +32,9 @@ class Machine:
     nvlink_alpha_us: float      # Simple's latency of an NVLink hop
     proxy_us: float             # NCCL's network post overhead on the host (x3 for Simple): on several
     description: str            # nodes no hop inside a node is faster (tuning.cc netOverhead)
+    nvls_gbps: float = 0.0      # NVLS: per GPU port and direction when the switch reduces; 0: no NVLS
+    nvls_alpha_us: float = 0.0  # NVLS: latency of a switch reduce or store
+    nvls_barrier_us: float = 0.0    # NVLS: latency of a barrier of a switch group
 
 
 def _protocol(launch_us: float, threadblock_gbps: float, tile: int, step_us: float = 0.0,
@@ -95,13 +98,22 @@ def _machine_protocols(simple: dict, ll: dict, threadblock_gbps: float, ll128_th
 # A threadblock: NCCL's search gives a Hopper channel at most 60 GB/s (search.cc's speed array);
 # LL128 36.7 (perChMaxRingLL128Bw). Reductions and copies per threadblock: fast enough not to
 # limit a channel on H100, where allreduce and allgather both reach ~370 (nccl-tests issue 212).
+# NVLS on H100 (NVSwitch 3 with SHARP). A switch op's port load (msc.sim.sim_plan): n + 1 bytes per
+# byte of a fused reduce-and-multicast on n GPUs, so NVLS allreduce's bus bandwidth is
+# 2(n-1)/(n+1) x the port rate, plus a barrier at each end of the call. Fitted on a grid (port 300-370
+# GB/s, switch op 0.5-4 us, barrier 1-8 us) to the 8-GPU rows of Azure ND H100 v5 (NCCL 2.18.5, forced
+# NVLS; tests/data/nccl_published.toml) through msc.sim.calibration (with its one-process host floor):
+# 308 GB/s holds 1-8 GiB at 0.99-1.01 of the measured busbw; the barrier's 7 us narrows the 4-64 MB
+# rows' excess (1.3-1.6x at 4-32 MB, a known gap there). Not fitted, and held: the 2-, 4-, 5-, 6- and
+# 7-GPU rows (waynehacking8/nccl-collectives-bench, NCCL 2.29.2) at 0.96-1.06 (the n + 1 rule).
+NVLS_H100 = dict(nvls_gbps=308.0, nvls_alpha_us=0.5, nvls_barrier_us=7.0)
 H100 = Machine(
     "h100", reduce_gbps=1100.0, copy_gbps=1650.0, threadblock_gbps=60.0,
     protocols=_machine_protocols(simple={"nvlink": 0.82, "pcie": 0.82, "net": 0.94},
                                  ll={"nvlink": 141 / 450, "pcie": 0.82 / 3, "net": 39 / 400},
                                  threadblock_gbps=60.0, ll128_threadblock_gbps=36.7),
     nvlink_gbps=450.0, nvlink_alpha_us=HOP_US["nvlink"]["Simple"], proxy_us=1.0,
-    description="H100 SXM")
+    description="H100 SXM", **NVLS_H100)
 
 # -- A100 SXM (DGX A100: 8 GPUs on NVSwitch, 8 HDR 200 Gb/s NICs, AMD EPYC 7742) --------------------
 # NVLink3: 12 links x 25 GB/s = 300 GB/s per direction. Simple carries 0.845 of it: NCCL's

@@ -13,9 +13,12 @@ pipelining: tiles of NCCL's slices and as many in flight as its buffers
 hold. So a prediction here is msc's cost model of NCCL's schedule, not
 NCCL's own formula (which is reported beside it, ``nccl_us``).
 
-NVLS (in-switch reduction) is not modelled (msc has no switch operations
-yet), so on H100 this is NCCL with NCCL_NVLS_ENABLE=0. Only the DGX-class
-presets (nodes of GPUs on NVSwitch, one NIC per GPU) have an NCCL model.
+NCCL's own choice here leaves NVLS (in-switch reduction) out: on H100 it
+is NCCL with NCCL_NVLS_ENABLE=0. NVLS runs where it is asked for
+(``algorithms=["nvls"]``, NCCL_ALGO=NVLS: allreduce on one H100 node,
+Simple), as the library's nvls plan on NCCL's NVLS channels. Only the
+DGX-class presets (nodes of GPUs on NVSwitch, one NIC per GPU) have an
+NCCL model.
 """
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ from msc.errors import UsageError
 from msc.ir.ops import PROTOCOL_NAMES
 from msc.sim.topology import Nodes, Topology
 
-ALGORITHMS = ("ring", "tree")
+ALGORITHMS = ("ring", "tree", "nvls")
 COLLECTIVES = tuple(name for name, spec in SPECS.items() if spec.nccl)
 KIB, MIB = 1024, 1024 * 1024
 
@@ -56,6 +59,16 @@ THREAD_THRESHOLD = {"LL": 8, "LL128": 8, "Simple": 64}              # [4.5] byte
 # [5] per connection: slots in flight (NCCL_STEPS = 8; a Simple slice is 2 steps) and a slice's bytes
 SLOTS = {"LL": 8, "LL128": 8, "Simple": 4}
 SLICE = {"LL": 32 * KIB, "LL128": 576_000, "Simple": MIB}
+# NVLS [2.2, 3.1, 3.5, 4.3, 4.4] @2.21: latency 25 us on NVLink (replacing the base latency), one channel
+# per GPU in the model at the search's intra speed (SM90 array: the first whose (GPUs + 1) x speed fits
+# the 370.8 GB/s of a GPU's links) capped by the inter speed 60, algBw = busBw x 5/6; at run time
+# NCCL_NVLS_NCHANNELS = 16 channels (nvls.cc:232@2.21) moving NVLS_CHUNK bytes per step
+# (NCCL_NVLS_CHUNKSIZE, 128 KiB: src/device/all_reduce.h's nvls chunk, enqueue.cc@2.21).
+NVLS_LAT_US = 25.0
+NVLS_SPEEDS = (60.0, 50.0, 40.0, 30.0, 24.0, 20.0, 15.0, 12.0, 11.0, 6.0, 3.0)
+NVLS_LINKS_GBPS = 370.8
+NVLS_CHANNELS = 16
+NVLS_CHUNK = 128 * KIB
 
 
 @dataclass(frozen=True)
@@ -126,25 +139,38 @@ class Choice:
 
 
 def enabled(s: System, collective: str, algorithms=None, protocols=None) -> list[tuple[str, str]]:
-    """The (algorithm, protocol) pairs NCCL may use [3.6] (NVLS left out),
-    narrowed to ``algorithms``/``protocols`` (NCCL_ALGO, NCCL_PROTO)."""
+    """The (algorithm, protocol) pairs NCCL may use [3.6] (NVLS only where
+    asked for), narrowed to ``algorithms``/``protocols`` (NCCL_ALGO, NCCL_PROTO)."""
     algos = ["ring", "tree"] if collective == "allreduce" else ["ring"]
     if algorithms is not None:
         bad = set(algorithms) - set(ALGORITHMS)
         if bad:
             raise UsageError(f"NCCL algorithms msc models are {', '.join(ALGORITHMS)}, not {', '.join(sorted(bad))}")
+        if "nvls" in algorithms:
+            _check_nvls(s, collective)
+            algos.append("nvls")
         algos = [a for a in algos if a in algorithms]
     protos = list(PROTOCOL_NAMES) if protocols is None else [p for p in PROTOCOL_NAMES if p in protocols]
     if protocols is not None and set(protocols) - set(PROTOCOL_NAMES):
         raise UsageError(f"protocols are {', '.join(PROTOCOL_NAMES)}, not {', '.join(sorted(set(protocols) - set(PROTOCOL_NAMES)))}")
-    pairs = [(a, p) for a in algos for p in protos]
+    pairs = [(a, p) for a in algos for p in protos if a != "nvls" or p == "Simple"]     # NVLS runs Simple only
     if not pairs:
         raise UsageError(f"NCCL has no algorithm among {', '.join(algorithms or ALGORITHMS)} for {collective}")
     return pairs
 
 
+def _check_nvls(s: System, collective: str) -> None:
+    """NVLS as msc models it: allreduce on one node of H100 (NVSwitch with SHARP)."""
+    if s.arch != "hopper" or s.nodes != 1 or collective != "allreduce":
+        raise UsageError(f"msc models NCCL's NVLS for allreduce on one H100 node, not {collective} on "
+                         f"{s.nodes} node(s) of {s.machine}")
+
+
 def bus_bandwidth(s: System, algorithm: str, protocol: str) -> float:
     """NCCL's bus bandwidth (GB/s) [3.1-3.3]."""
+    if algorithm == "nvls":
+        intra = next((v for v in NVLS_SPEEDS if (s.ppn + 1) * v <= NVLS_LINKS_GBPS), NVLS_SPEEDS[-1])
+        return s.ppn * min(intra, 60.0)
     g, n_idx = s.graph, min(s.nodes, 3) - 1
     bw = g.channels * g.bw
     ll_max = LL_MAX_BW[s.arch] if s.nodes == 1 else LL_MAX_BW_NODES[s.cpu][min(s.nodes, 3) - 2]
@@ -165,13 +191,15 @@ def bus_bandwidth(s: System, algorithm: str, protocol: str) -> float:
 def algorithm_bandwidth(s: System, collective: str, algorithm: str, protocol: str) -> float:
     """[3.5] GB/s of user buffer: the bus bandwidth times NCCL's ratio (a
     ring's: one over nccl-tests' bus-bandwidth factor)."""
-    ratio = 0.5 if algorithm == "tree" else 1 / SPECS[collective].busbw(s.ranks)
+    ratio = 0.5 if algorithm == "tree" else 5 / 6 if algorithm == "nvls" else 1 / SPECS[collective].busbw(s.ranks)
     return bus_bandwidth(s, algorithm, protocol) * ratio
 
 
 def latency(s: System, collective: str, algorithm: str, protocol: str) -> float:
     """NCCL's fixed latency (us) of one call [2.3]."""
     n, nodes = s.ranks, s.nodes
+    if algorithm == "nvls":
+        return NVLS_LAT_US
     intra = HW_LAT["nvlink"][algorithm][protocol]
     inter = HW_LAT["net"][algorithm][protocol]
     if nodes > 1:
@@ -215,6 +243,8 @@ def choose(s: System, collective: str, nbytes: int, *, algorithms=None, protocol
 def _channels(s: System, algorithm: str, protocol: str, nbytes: int) -> tuple[int, int]:
     """[4.5] Channels and threads for a call: channels dropped while the
     message is below channels x threads x threshold, then threads halved."""
+    if algorithm == "nvls":
+        return NVLS_CHANNELS, MAX_THREADS[protocol]
     nc, nt = s.graph.runtime, MAX_THREADS[protocol]
     threshold = THREAD_THRESHOLD[protocol] * (s.ranks if algorithm == "ring" and protocol == "LL" else 1)
     while nbytes < nc * nt * threshold:
@@ -245,6 +275,8 @@ def tile(s: System, choice: Choice, chunk_bytes: float) -> int:
     NCCL_P2P_NET_CHUNKSIZE (128 KiB)."""
     if choice.algorithm == "p2p" and choice.protocol == "Simple":
         most = 512 * KIB if s.nodes == 1 else 128 * KIB
+    elif choice.algorithm == "nvls":
+        most = NVLS_CHUNK
     else:
         most = SLICE[choice.protocol]
     return max(1, int(min(most, math.ceil(chunk_bytes))))

@@ -47,6 +47,9 @@ def _lower(topology: Topology, collective: str, choice: nccl.Choice):
                                                                        chunks=1)
     elif choice.algorithm == "p2p":
         alg, params = _library("alltoall/allpairs:allpairs"), {}
+    elif choice.algorithm == "nvls":           # one switch threadblock per NVLS channel: instances
+        program = msc.trace(_library("allreduce/nvls:nvls"), topology.num_ranks, inplace=False)
+        return lower(program, LowerOptions(protocol=choice.protocol, instances=choice.channels))
     else:
         alg, params = _library(f"{collective}/nccl_rings:rail_rings"), dict(rings=choice.channels, gpus_per_node=g)
         if "slices" in alg.params:

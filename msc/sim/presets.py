@@ -25,10 +25,16 @@ def _gpu(m: Machine) -> dict:
                 protocols=m.protocols, machine=m.name)
 
 
+def _nvls(m: Machine) -> dict:
+    """The switch's reduction and multicast where the GPUs sit on an NVSwitch that has them (NVLS)."""
+    return dict(nvls_gbps=m.nvls_gbps, nvls_alpha_us=m.nvls_alpha_us, nvls_barrier_us=m.nvls_barrier_us)
+
+
 def dgx(machine: Machine, nodes: int, nic_gbps: float, name: str, gpus_per_node: int = 8, **kw) -> Nodes:
     """``nodes`` nodes of ``gpus_per_node`` GPUs on NVSwitch, one NIC of ``nic_gbps`` per GPU."""
     return Nodes(name, nodes, gpus_per_node, port_gbps=machine.nvlink_gbps, port_alpha_us=machine.nvlink_alpha_us,
-                 nic_gbps=nic_gbps, nic_alpha_us=NIC_ALPHA_US, proxy_us=machine.proxy_us, **_gpu(machine), **kw)
+                 nic_gbps=nic_gbps, nic_alpha_us=NIC_ALPHA_US, proxy_us=machine.proxy_us, **_gpu(machine),
+                 **_nvls(machine), **kw)
 
 
 def dgx_h100(nodes: int = 1, name: str = "dgx-h100") -> Nodes:

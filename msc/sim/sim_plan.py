@@ -56,6 +56,8 @@ class SimPlan:
     msg_recv: np.ndarray
     tb_send_conn: np.ndarray      # per threadblock: the connection it sends on, -1 if none
     tb_recv_conn: np.ndarray
+    switch_load: np.ndarray | None = None   # per step: its switch op's port load (see _switch_steps), 0: none
+    barrier: np.ndarray | None = None       # per step: a barrier of its switch group
 
     @property
     def num_steps(self) -> int:
@@ -81,11 +83,56 @@ def compile_plan(plan: Plan) -> SimPlan:
     reduces = code == _REDUCE
     if reduces.any():                                          # (nsrc reads every step's sources)
         nred[reduces] = arrays.nsrc[reduces] - 1              # a reduce adds every source past the first
+    dep_src, dep_dst = arrays.dep_step, arrays.dep_owner
+    load = barrier = None
+    if plan.first_switch_step() is not None:
+        load, barrier, extra = _switch_steps(plan, arrays)
+        nred = np.where(load > 0, 0.0, nred)                # the switch adds, not the threadblock
+        dep_src = np.concatenate([dep_src, extra[0]]).astype(np.int64)
+        dep_dst = np.concatenate([dep_dst, extra[1]]).astype(np.int64)
     return SimPlan(plan, arrays.tb_start, arrays.tb_rank.astype(np.int32), arrays.tb_id.astype(np.int32),
                    arrays.step_tb.astype(np.int32), code, arrays.count.astype(np.float64), SENDS[code], RECEIVES[code],
-                   nred, _COPIES[code], arrays.dep_step, arrays.dep_owner, arrays.conn_sender, arrays.conn_receiver,
+                   nred, _COPIES[code], dep_src, dep_dst, arrays.conn_sender, arrays.conn_receiver,
                    arrays.conn_channel, arrays.send_ptr, arrays.send_steps, arrays.recv_steps, arrays.tb_send_conn,
-                   arrays.tb_recv_conn)
+                   arrays.tb_recv_conn, load, barrier)
+
+
+def _switch_steps(plan: Plan, arrays: PlanArrays):
+    """Per step, the load its switch op puts on a member's NVLink port per
+    byte it moves, as NVLS schedules run them (every member issues its share
+    at once, on each of its threadblocks of the group): a reduce-load reads
+    the chunk from all n members and a store writes it to all n, so a port
+    carries n bytes each way per byte of each (n + 1 for the fused op:
+    its own result comes back and goes out), times the rank's threadblocks
+    of the group that share the port. Per step, whether it is a barrier;
+    and the barriers' edges: the k-th barrier of a (group, channel) starts
+    when every member has finished the step before its own k-th barrier."""
+    from msc.ir.worklist import GroupBarriers
+
+    load = np.zeros(len(arrays.op), dtype=np.float64)
+    barrier = np.zeros(len(arrays.op), dtype=bool)
+    base = {(int(r), int(t)): int(g) for r, t, g in zip(arrays.tb_rank, arrays.tb_id, arrays.tb_start[:-1])}
+    bars = GroupBarriers(plan)
+    src, dst = [], []
+    for rp in plan.ranks:
+        sharing = {}
+        for tb in rp.threadblocks:
+            if tb.group:
+                sharing[tb.group] = sharing.get(tb.group, 0) + 1
+        for tb in rp.threadblocks:
+            if not tb.group:
+                continue
+            g0, n = base[(rp.rank, tb.id)], len(tb.group)
+            for s, step in enumerate(tb.steps):
+                if step.op.group_reads or step.op.group_writes:
+                    load[g0 + s] = (n + (step.op.group_reads and step.op.group_writes)) * sharing[tb.group]
+                elif step.op is StepOp.BARRIER:
+                    barrier[g0 + s] = True
+                    for m, t, b in bars.peers(rp.rank, tb, s):
+                        if b:
+                            src.append(base[(m, t)] + b - 1)
+                            dst.append(g0 + s)
+    return load, barrier, (np.array(src, dtype=np.int64), np.array(dst, dtype=np.int64))
 
 
 def _check(arrays: PlanArrays) -> None:

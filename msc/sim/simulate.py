@@ -96,9 +96,38 @@ class Simulator:
         # a threadblock's own time per message and iteration: the protocol's synchronization
         self.fixed = np.where((sp.sends | sp.recvs).astype(bool), view.step_overhead, 0.0)
         self.tx = np.where(send_conn >= 0, sp.count / (rate[np.maximum(send_conn, 0)] if len(rate) else 1.0), 0.0)
+        if sp.switch_load is not None:
+            self._switch_costs(sp, view)
         self._watch_setup()
         self._layers = None
         self._events = None
+
+    def _switch_costs(self, sp, view) -> None:
+        """Switch ops (NVLS) take their time in the issuing threadblock:
+        the port load (msc.sim.sim_plan._switch_steps) at the switch's rate,
+        or the threadblock's own rate if slower, plus the switch latency;
+        a barrier costs the topology's barrier latency."""
+        if not view.nvls_bandwidth:
+            raise UsageError(f"plan {self.plan.name!r} reduces and stores through the switch (NVLS), and topology "
+                             f"{view.name!r} has no switch that does (presets with NVLS: dgx-h100[:NODES], nvswitch, ib:NODES)")
+        for rp in self.plan.ranks:
+            for tb in rp.threadblocks:
+                if tb.group and not view.same_switch(tb.group):
+                    raise UsageError(f"plan {self.plan.name!r}: rank {rp.rank} threadblock {tb.id}'s switch group "
+                                     f"{','.join(map(str, tb.group))} spans more than one NVSwitch domain of "
+                                     f"{view.name!r}")
+        switch = sp.switch_load > 0
+        per_byte = np.maximum(sp.switch_load / view.nvls_bandwidth, 1.0 / view.threadblock_bandwidth)
+        self.comp = np.where(switch, sp.count * per_byte, self.comp)
+        # a switch threadblock's first and last barriers bound the call: once per call, not per tile (msc.ir.StepOp)
+        boundary = np.zeros(sp.num_steps, dtype=bool)
+        starts, ends = sp.tb_start[:-1], sp.tb_start[1:]
+        nonempty = ends > starts
+        boundary[starts[nonempty]] = True
+        boundary[ends[nonempty] - 1] = True
+        boundary &= sp.barrier
+        self.fixed = np.where(switch, view.nvls_alpha, np.where(sp.barrier & ~boundary, view.nvls_barrier, self.fixed))
+        self.launch += 2 * view.nvls_barrier
 
     def _watch_setup(self):
         """Shared links that more than one connection crosses, if together

@@ -54,7 +54,8 @@ class Topology:
 
     def __init__(self, name: str, num_ranks: int, *, reduce_gbps: float = math.inf, copy_gbps: float = math.inf,
                  threadblock_gbps: float = math.inf, protocols: dict[str, Protocol] | None = None,
-                 gpus_per_node: int | None = None, description: str = "", machine: str | None = None):
+                 gpus_per_node: int | None = None, description: str = "", machine: str | None = None,
+                 nvls_gbps: float = 0.0, nvls_alpha_us: float = 0.0, nvls_barrier_us: float = 0.0):
         if type(num_ranks) is not int or num_ranks < 1:
             raise UsageError(f"topology {name!r}: ranks must be an int >= 1, got {num_ranks!r}")
         if num_ranks > MAX_RANKS:
@@ -72,6 +73,9 @@ class Topology:
         self.gpus_per_node = gpus_per_node
         self.description = description
         self.machine = machine                         # msc.sim.machines' name of its GPUs, if one
+        # NVLS (in-switch reduction and multicast, msc.sim.machines): per GPU port and direction; 0: none
+        self.nvls_bandwidth = nvls_gbps * GB
+        self.nvls_alpha, self.nvls_barrier = nvls_alpha_us * US, nvls_barrier_us * US
         self.protocol_name: str | None = None          # set in a view: the protocol applied
         self.launch = 0.0                              # s per collective (a view's protocol's)
         self.step_overhead = 0.0                       # s per message and iteration (a view's protocol's)
@@ -140,6 +144,11 @@ class Topology:
 
     def summary(self) -> str:
         return f"{self.name} ({self.num_ranks} ranks){': ' + self.description if self.description else ''}"
+
+    def same_switch(self, ranks) -> bool:
+        """Whether ``ranks`` share one switch that can reduce (an NVSwitch domain)."""
+        g = self.gpus_per_node or self.num_ranks
+        return len({r // g for r in ranks}) == 1
 
 
 def _scaled(model: Protocol, kind: str, alpha: float, bandwidth: float) -> tuple[float, float]:

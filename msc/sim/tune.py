@@ -191,7 +191,11 @@ def _lowered(prog, protocols, instances, budget, over: set, skip):
         if budget is not None and threadblocks(plan) > budget:
             over.add(inst)
             continue
+        switch = plan.first_switch_step() is not None
         for proto in protocols:
+            if switch and proto != "Simple":      # as lower() refuses them (msc.lower.pipeline)
+                skip(f"x{inst} {proto}: switch ops (NVLS) run with the Simple protocol only")
+                continue
             yield plan if proto == plan.protocol else replace(plan, protocol=proto)
 
 
@@ -249,7 +253,9 @@ def _bounds(collective, topology, cands, winners, requested) -> list:
     if collective not in COLLECTIVES:
         return []
     at = [cands[w].sim.chunk_geometry(s)[0] for w, s in zip(winners, requested)]
-    return [b.seconds for b in lower_bound(collective, topology, at, root=cands[0].plan.root)]
+    bounds = [b.seconds for b in lower_bound(collective, topology, at, root=cands[0].plan.root)]
+    # msc bound has no switch cuts: it bounds the plans that use links only (none where a switch plan wins)
+    return [None if cands[w].plan.first_switch_step() is not None else b for w, b in zip(winners, bounds)]
 
 
 def _simulate(cands, baseline, requested, exact: int = 2):
@@ -431,8 +437,9 @@ def per_size(result: TuneResult) -> list[dict]:
                      "runner_up": nxt.label if nxt else None,
                      "vs_runner_up": nxt.times[j] / t if nxt and t > 0 else None,
                      "vs_ring": base.times[j] / t if base and t > 0 else None,
-                     "bound_us": result.bounds[j] * 1e6 if result.bounds else None,
-                     "bound_pct": 100 * result.bounds[j] / t if result.bounds and t > 0 else None})
+                     "bound_us": result.bounds[j] * 1e6 if result.bounds and result.bounds[j] is not None else None,
+                     "bound_pct": 100 * result.bounds[j] / t if result.bounds and result.bounds[j] is not None
+                     and t > 0 else None})
     return rows
 
 
@@ -472,4 +479,4 @@ def busbw_records(result, seconds: list[float]) -> list[dict]:
     """busbw records of times (s) at the swept sizes (for plots)."""
     factor = BUSBW_FACTOR.get(result.collective, lambda n: 1.0)(result.ranks)
     return [{"size": s, "busbw": s / t / 1e9 * factor if t > 0 else 0.0, "time": t * 1e6}
-            for s, t in zip(result.sizes, seconds)]
+            for s, t in zip(result.sizes, seconds) if t is not None]

@@ -1,0 +1,254 @@
+"""Switch ops (NVLS): the DSL, lowering, the plan's checks and verifier, the
+reference executor, the plan text, the simulator, and the backends that
+refuse them by name."""
+from __future__ import annotations
+
+import dataclasses
+import textwrap
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import msc
+from msc.errors import DeadlockError, OperationError, PlanError, RaceError, UsageError
+from msc.executor import run_collective
+from msc.formats.plan_text import _parse_with_grammar, dump_plan, parse_plan
+from msc.ir import Plan, RankPlan, Slice, Step, StepOp, Threadblock
+from msc.lower.pipeline import LowerOptions, lower
+from msc.verification.plan import verify_plan
+from msc.verification.plan_values import check_plan
+from library import algorithms
+
+NVLS = algorithms()["allreduce/nvls:nvls"]
+NVLS_TREE = algorithms()["allreduce/nvls_tree:nvls_tree"]
+
+
+def _plan(alg, n, inplace=False, instances=1, **params):
+    program = msc.trace(alg, n, inplace=inplace, **params)
+    msc.verify(program)
+    return lower(program, LowerOptions(instances=instances))
+
+
+def _algorithm(tmp_path, body: str, collective="allreduce", chunk_factor="lambda n: n"):
+    path = tmp_path / "alg.py"
+    path.write_text("import msc\n\n\n" + f"@msc.algorithm({collective!r}, chunk_factor={chunk_factor})\n"
+                    "def alg(p):\n" + textwrap.indent(textwrap.dedent(body), "    "))
+    [alg] = msc.load_algorithms(path)
+    return alg
+
+
+# -- the DSL ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("body, message", [
+    ("p.switch([0, 1]).reduce(2, 'input', 0).store('output', 0)", "rank 2 is not a member of the switch group"),
+    ("p.switch([1])", "at least two distinct ranks"),
+    ("p.switch([0, 0, 1])", "at least two distinct ranks"),
+    ("p.switch([0, 9])", "9 is not a rank"),
+    ("p.switch().reduce(0, 'tmp', 0).store('output', 0)", "not scratch buffers"),
+    ("p.switch().reduce(0, 'input', 0).store('input', 0)", "read-only in the out-of-place form"),
+    ("p.switch().reduce(0, 'input', 7)", "index out of range"),
+    ("p.switch().store(p.chunk(0, 'input', 0), 'tmp', 0)", "not scratch buffers"),
+])
+def test_switch_mistakes_are_named_at_the_users_line(tmp_path, body, message):
+    alg = _algorithm(tmp_path, body)
+    with pytest.raises(OperationError, match=message) as exc:
+        msc.trace(alg, 4, inplace=False)
+    assert exc.value.where is not None and exc.value.where.line >= 6
+
+
+def test_in_place_switch_side_at_rank_dependent_offsets_is_refused(tmp_path):
+    alg = _algorithm(tmp_path, "p.switch().store(p.chunk(0, 'input', 0), 'input', 0)", collective="allgather",
+                     chunk_factor="1")
+    with pytest.raises(OperationError, match="different offset of output on each rank"):
+        msc.trace(alg, 4, inplace=True)
+
+
+def test_a_switch_program_verifies_and_a_wrong_one_does_not(tmp_path):
+    msc.verify(msc.trace(NVLS, 4))
+    wrong = _algorithm(tmp_path, """
+        sw = p.switch()
+        for r in range(p.num_ranks):
+            sw.reduce(r, 'input', r).to('output', r)     # only the reading rank gets the sum
+        """)
+    with pytest.raises(msc.VerificationError, match="rank 0 output\\[1\\]"):
+        msc.verify(msc.trace(wrong, 4, inplace=False))
+
+
+# -- lowering, the plan, the executor ----------------------------------------------------------------
+def test_nvls_lowers_to_one_switch_step_between_two_barriers_per_rank():
+    plan = _plan(NVLS, 8)
+    for rp in plan.ranks:
+        [tb] = rp.threadblocks
+        assert tb.group == tuple(range(8)) and [s.op for s in tb.steps] == [StepOp.BARRIER, StepOp.SWRS, StepOp.BARRIER]
+        assert tb.steps[1].srcs == (Slice("input", rp.rank, 1),) and tb.steps[1].dst == Slice("output", rp.rank, 1)
+
+
+def test_nvls_tree_needs_no_barrier_where_each_rank_only_orders_itself():
+    """Between the node reduce and the tree, and the tree and the multicast,
+    every conflict is a rank's own: dependencies, not barriers."""
+    plan = _plan(NVLS_TREE, 8, gpus_per_node=4)
+    for rp in plan.ranks:
+        switch = [tb for tb in rp.threadblocks if tb.group]
+        assert len(switch) == 1 and switch[0].group == tuple(range(rp.rank // 4 * 4, rp.rank // 4 * 4 + 4))
+        assert [s.op for s in switch[0].steps] == [StepOp.BARRIER, StepOp.SWRED, StepOp.SWST, StepOp.BARRIER]
+        assert switch[0].steps[2].deps, "the multicast waits for the rank's tree steps"
+
+
+def _member_order(inputs, op):
+    ufunc = {"sum": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}[op]
+    acc = inputs[0]
+    for x in inputs[1:]:
+        acc = ufunc(acc, x)
+    return acc
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16, np.int32])
+@pytest.mark.parametrize("op", ["sum", "max", "min", "prod"])
+@pytest.mark.parametrize("n, inplace, instances", [(2, False, 1), (4, True, 2), (8, False, 1)])
+def test_nvls_executes_bit_exact_in_member_order(dtype, op, n, inplace, instances):
+    plan = _plan(NVLS, n, inplace=inplace, instances=instances)
+    rng = np.random.default_rng(n * 31 + instances)
+    count = plan.chunk_factor * 5 + 3                  # tail chunks of another length too
+    inputs = [(rng.integers(1, 5, count) if dtype == np.int32 else rng.uniform(0.5, 2.0, count)).astype(dtype)
+              for _ in range(n)]
+    outputs = run_collective(plan, inputs, op)
+    want = _member_order(inputs, op)
+    for out in outputs:
+        assert out.dtype == want.dtype and out.tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("n, g, inplace, instances", [(4, 2, False, 1), (8, 4, True, 2), (12, 4, False, 1)])
+def test_nvls_tree_matches_the_sum(n, g, inplace, instances):
+    plan = _plan(NVLS_TREE, n, inplace=inplace, instances=instances, gpus_per_node=g)
+    verify_plan(plan)
+    rng = np.random.default_rng(n)
+    inputs = [rng.standard_normal(plan.chunk_factor * 3 + 1) for _ in range(n)]
+    for out in run_collective(plan, inputs, "sum"):
+        np.testing.assert_allclose(out, np.sum(inputs, axis=0), rtol=1e-12, atol=1e-12)
+
+
+def test_plan_text_round_trips_switch_groups_both_readers():
+    plan = _plan(NVLS_TREE, 8, gpus_per_node=4, instances=2)
+    text = dump_plan(plan)
+    assert "group 0,1,2,3" in text and "swred" in text and "swst" in text and "barrier" in text
+    assert parse_plan(text) == plan
+    assert _parse_with_grammar(text, {}, None) == plan
+
+
+# -- the plan's checks ---------------------------------------------------------------------------
+def _hand(steps_of, groups=None, n=4) -> Plan:
+    """An allreduce plan of one threadblock per rank with switch ``groups``."""
+    groups = groups or {r: tuple(range(n)) for r in range(n)}
+    ranks = tuple(RankPlan(r, 2, (Threadblock(0, None, None, 0, tuple(steps_of(r)), groups[r]),)) for r in range(n))
+    return Plan("hand", "allreduce", n, n, False, n, n, ranks)
+
+
+def _nvls_steps(r, before=True, after=True):
+    bar = Step(StepOp.BARRIER, (), None, 1)
+    swrs = Step(StepOp.SWRS, (Slice("input", r, 1),), Slice("output", r, 1), 1)
+    return [bar] * before + [swrs] + [bar] * after
+
+
+def test_the_hand_written_nvls_plan_verifies():
+    verify_plan(_hand(_nvls_steps))
+
+
+@pytest.mark.parametrize("groups, message", [
+    ({0: (1, 2, 3), 1: (0, 1, 2, 3), 2: (0, 1, 2, 3), 3: (0, 1, 2, 3)}, "does not hold the threadblock's own rank 0"),
+    ({0: (1, 0, 2, 3), 1: (0, 1, 2, 3), 2: (0, 1, 2, 3), 3: (0, 1, 2, 3)}, "increasing"),
+    ({0: (0, 1, 2, 9), 1: (0, 1, 2, 3), 2: (0, 1, 2, 3), 3: (0, 1, 2, 3)}, "ranks of 0..3"),
+])
+def test_bad_groups_are_named(groups, message):
+    with pytest.raises(PlanError, match=message) as exc:
+        check_plan(_hand(_nvls_steps, groups))
+    assert (exc.value.rank, exc.value.tb) == (0, 0)
+
+
+def test_a_switch_step_needs_a_group_and_members_must_pass_as_many_barriers():
+    plan = _hand(_nvls_steps)
+    no_group = dataclasses.replace(plan, ranks=(RankPlan(0, 2, (dataclasses.replace(plan.ranks[0].threadblocks[0],
+                                                                                     group=()),)),) + plan.ranks[1:])
+    with pytest.raises(PlanError, match="switch op, but threadblock 0 has no switch group"):
+        check_plan(no_group)
+    with pytest.raises(PlanError, match="pass different numbers of barriers \\(rank 0: 1, rank 1: 2"):
+        check_plan(_hand(lambda r: _nvls_steps(r, after=r != 0)))
+
+
+def test_a_slice_beyond_a_members_scratch_is_named():
+    plan = _hand(lambda r: [Step(StepOp.SWST, (Slice("input", r, 1),), Slice("scratch", 1, 1), 1)])
+    small = dataclasses.replace(plan, ranks=plan.ranks[:2] + (dataclasses.replace(plan.ranks[2], scratch=1),)
+                                + plan.ranks[3:])
+    with pytest.raises(PlanError, match="rank 2's scratch has 1 chunks"):
+        check_plan(small)
+
+
+# -- the verifier -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("before, after, when", [(False, True, "started"), (True, False, "returned")])
+def test_a_missing_call_barrier_is_a_race(before, after, when):
+    with pytest.raises(RaceError, match=f"through the switch.*call may not have {when}") as exc:
+        verify_plan(_hand(lambda r: _nvls_steps(r, before, after)))
+    assert exc.value.buffer == "input"
+
+
+def test_two_ranks_multicasting_into_one_chunk_unordered_race():
+    def steps(r):
+        bar = Step(StepOp.BARRIER, (), None, 1)
+        both = Step(StepOp.SWST, (Slice("input", r, 1),), Slice("output", 0, 1), 1)
+        rest = Step(StepOp.SWRS, (Slice("input", r, 1),), Slice("output", r, 1), 1) if r else None
+        return [bar, both] + ([rest] if rest else []) + [bar]
+    with pytest.raises(RaceError, match="race on rank \\d output\\[0\\].*writes it.*writes it"):
+        verify_plan(_hand(steps))
+
+
+def test_barriers_waiting_on_each_other_across_channels_deadlock():
+    """Rank 0 passes channel 1's barrier before channel 0's, rank 1 the other way round."""
+    g = (0, 1)
+    bar = Step(StepOp.BARRIER, (), None, 1)
+    first = [Threadblock(0, None, None, 0, (bar,), g), Threadblock(1, None, None, 1, (Step(StepOp.BARRIER, (), None, 1,
+                                                                                            ((0, 0),)),), g)]
+    second = [Threadblock(0, None, None, 0, (Step(StepOp.BARRIER, (), None, 1, ((1, 0),)),), g),
+              Threadblock(1, None, None, 1, (bar,), g)]
+    plan = Plan("cross", "allreduce", 2, 2, False, 2, 2,
+                (RankPlan(0, 0, tuple(first)), RankPlan(1, 0, tuple(second))))
+    with pytest.raises(DeadlockError, match="waits at barrier 0 of switch group 0,1"):
+        verify_plan(plan, check_races=False)
+
+
+# -- what does not run them (yet), by name ---------------------------------------------------------------
+def test_backends_without_switch_ops_refuse_by_name(tmp_path):
+    from msc.cuda.codegen import kernel_layout
+    from msc.formats.xml_export import plan_to_xml
+
+    plan = _plan(NVLS, 4)
+    with pytest.raises(UsageError, match="uses switch ops \\(NVLS.*msc CUDA runtime"):
+        kernel_layout(plan, "table")
+    with pytest.raises(PlanError, match="MSCCL-IR has no step type"):
+        plan_to_xml(plan)
+    with pytest.raises(UsageError, match="msccl runtime"):
+        lower(msc.trace(NVLS, 4), LowerOptions(runtime="msccl"))
+    with pytest.raises(UsageError, match="Simple protocol only, not LL"):
+        lower(msc.trace(NVLS, 4), LowerOptions(protocol="LL"))
+
+
+def test_the_torch_executor_refuses_switch_plans():
+    pytest.importorskip("torch")
+    from msc.torch.execute import prepare
+
+    with pytest.raises(UsageError, match="torch executor"):
+        prepare(_plan(NVLS, 4))
+
+
+# -- the simulator ----------------------------------------------------------------------------------
+def test_simulated_nvls_beats_the_ring_on_dgx_h100_and_needs_a_switch():
+    from msc.sim.presets import get_topology
+    from msc.sim.simulate import Simulator
+
+    ring = lower(msc.trace(algorithms()["allreduce/ring:ring"], 8), LowerOptions(instances=16))
+    nvls = _plan(NVLS, 8, instances=16)
+    topo = get_topology("dgx-h100", 8)
+    [r], [v] = Simulator(ring, topo).records([1 << 30]), Simulator(nvls, topo).records([1 << 30])
+    assert v["busbw"] > 1.2 * r["busbw"] and 440 < v["busbw"] < 500     # Azure's 466 GB/s at 1 GiB, NCCL's NVLS
+    with pytest.raises(UsageError, match="has no switch that does"):
+        Simulator(nvls, get_topology("ring:8", 8))
+    with pytest.raises(UsageError, match="spans more than one NVSwitch domain"):
+        Simulator(_plan(NVLS, 16), get_topology("dgx-h100:2", 16))
