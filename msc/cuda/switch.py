@@ -24,6 +24,7 @@ Jinja context needs to include multimem.cuh.j2 (after common.cuh.j2).
 """
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 
 from msc.errors import UsageError
@@ -152,3 +153,35 @@ def nvrtc_ptx(source: str, *, arch: str = "sm_90", name: str = "switch_probe.cu"
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
     return ptx.decode().rstrip("\0"), cubin, log_text
+
+
+class SwitchMemC(ctypes.Structure):
+    """multimem.cuh.j2's SwitchMem as the runtime packs it: the multicast
+    address (a GPU), or an array of the members' addresses (the emulated device)."""
+
+    _fields_ = [("mc", ctypes.c_void_p), ("members", ctypes.c_void_p), ("n", ctypes.c_int)]
+
+
+class ProbeArgsC(ctypes.Structure):
+    """switch_probe.cu.j2's ProbeArgs."""
+
+    _fields_ = [("in_", SwitchMemC), ("out", SwitchMemC), ("flag", SwitchMemC), ("dst", ctypes.c_void_p),
+                ("src", ctypes.c_void_p), ("mine", ctypes.c_void_p), ("target", ctypes.c_uint64),
+                ("in_offset", ctypes.c_int64), ("out_offset", ctypes.c_int64), ("timeout", ctypes.c_int64),
+                ("error", ctypes.c_void_p), ("count", ctypes.c_uint32), ("mode", ctypes.c_int), ("rank", ctypes.c_int)]
+
+
+PROBE_MODES = {"reduce": 0, "store": 1, "reduce_store": 2, "barrier": 3}
+
+
+def load_probe_host(dtype: str, op: str, *, prescaled: bool = False, cache=None):
+    """The probe built for the emulated device (msc.cuda.hostbuild), loaded:
+    ``msc_switch_probe_host(ProbeArgsC*, threads) -> int``."""
+    from msc.cuda.emu import _load_private      # the emulated device's loader: a private copy of the checked bytes
+    from msc.cuda.hostbuild import build
+
+    _, image, _ = build(render_probe(dtype, op, prescaled=prescaled), cache=cache)
+    lib = _load_private(image)
+    lib.msc_switch_probe_host.argtypes = [ctypes.POINTER(ProbeArgsC), ctypes.c_int]
+    lib.msc_switch_probe_host.restype = ctypes.c_int
+    return lib
