@@ -184,3 +184,13 @@ class CompileError(MscError):
         self.source_path = source_path
         text = message + (f" (source: {source_path})" if source_path else "")
         super().__init__(text + ("\n" + log.strip() if log.strip() else ""))
+
+
+class CapabilityError(MscError):
+    """This machine lacks a hardware or driver capability that was asked for
+    (NVLink SHARP multicast: msc.cuda.multicast). ``device`` names the GPU,
+    ``missing`` lists what it lacks; there is no fallback (exit code 2)."""
+
+    def __init__(self, message: str, *, device: str | None = None, missing: tuple[str, ...] = ()):
+        self.device, self.missing = device, missing
+        super().__init__(message)

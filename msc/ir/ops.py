@@ -58,6 +58,37 @@ def kernel_op_problem(op: str, dtype: str, floating: bool) -> str | None:
     return None
 
 
+# What NVLink SHARP reduces in the switch, by element type (multimem.ld_reduce on sm_90: PTX
+# ISA 9.7.9.14; every form below, and the refusal of the others, checked with NVRTC 13's ptxas in
+# tests/test_switch_static.py): .add on f32, f64, f16x2, bf16x2 and s32 (also u32 and u64, but not
+# s64), .min/.max only on the half types and the integers. No prod at all, no min/max of f32/f64,
+# and avg only as a sum of inputs each member pre-scaled by 1/n (NCCL's PreMulSum).
+SWITCH_OPS: dict[str, tuple[str, ...]] = {
+    "float32": ("sum",), "float64": ("sum",),
+    "float16": ("sum", "min", "max"), "bfloat16": ("sum", "min", "max"),
+    "int32": ("sum", "min", "max"),
+}
+
+
+def switch_op_problem(op: str, dtype: str, *, prescaled: bool = False) -> str | None:
+    """Why the NVLink switch cannot reduce ``dtype`` with ``op`` (multimem.ld_reduce), or None.
+    ``prescaled``: every member scaled its copy by 1/n before, so an average is a plain sum."""
+    row = reduce_op(op)
+    if dtype not in SWITCH_OPS:
+        return (f"the NVLink switch (multimem) has no reduction for data type {dtype!r} (it reduces "
+                f"{', '.join(SWITCH_OPS)})")
+    if row.average and not prescaled:
+        return (f"the NVLink switch cannot average: {op} needs every member's copy pre-scaled by 1/n "
+                f"before the switch sums them")
+    if row.average and dtype not in ("float32", "float64", "float16", "bfloat16"):
+        return f"{op} in the NVLink switch needs a floating type (its inputs are scaled by 1/n), not {dtype}"
+    name = "sum" if row.average else op
+    if name not in SWITCH_OPS[dtype]:
+        can = ", ".join(SWITCH_OPS[dtype])
+        return f"the NVLink switch cannot reduce {dtype} with {op} (multimem.ld_reduce does {can} on {dtype})"
+    return None
+
+
 @dataclass(frozen=True)
 class ProtocolSpec:
     """A transport protocol, after NCCL's. How many messages a connection of
