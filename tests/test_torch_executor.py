@@ -35,7 +35,7 @@ pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distribut
 
 
 def library_keys(n: int):
-    return [key for key, alg in algorithms(switch=False).items() if alg.supports(n)]
+    return [key for key, alg in algorithms().items() if alg.supports(n)]
 
 
 def counts(k: int) -> list[int]:

@@ -29,7 +29,8 @@ import torch
 
 from msc.dsl.collectives import get_collective
 from msc.errors import UsageError
-from msc.ir import Plan, refuse_switch_ops
+from msc.ir import Plan
+from msc.lower.switch_expand import expand_switch_ops
 from msc.ir.ops import REDUCE_OP_NAMES, REDUCE_OPS
 from msc.torch.rank_program import ARENA, BUFFER, TRANSPORTS, RankProgram, compile_rank
 from msc.torch.rounds import schedule
@@ -54,7 +55,8 @@ class Prepared:
 
         self.collective = plan_collective(plan, collective)
         self.layout = self.collective.layout(plan.num_ranks, plan.chunk_factor, plan.inplace, plan.root)
-        self.rounds = schedule(plan)          # checks the plan's values and that it cannot get stuck
+        # switch ops (NVLS) as messages (msc.lower.switch_expand): torch has no switch; the same results
+        self.rounds = schedule(expand_switch_ops(plan))     # checks the plan's values, that it cannot get stuck
         self._programs: OrderedDict[tuple[int, int, str], RankProgram] = OrderedDict()
         self.digest: str | None = None        # the plan's content digest and call signatures (msc.torch.agree)
         self.signatures: dict = {}
@@ -84,7 +86,6 @@ def prepare(plan, collective=None) -> Prepared:
         return plan
     if not isinstance(plan, Plan):
         raise UsageError(f"expected an msc Plan, got {type(plan).__name__}")
-    refuse_switch_ops(plan, "the torch executor")
     hit = _PREPARED.get(id(plan))
     if hit is not None and hit[0] is plan and hit[1] is collective:
         _PREPARED.move_to_end(id(plan))
