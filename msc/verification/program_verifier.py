@@ -173,15 +173,7 @@ def _execute(ops, state: list[dict[str, list]], writer: list[dict[str, list]]) -
         src = state[sr].get(sb)
         if src is None or len(src) < si + size:
             _unwritten(op, sr, sb, si if src is None else max(si, len(src)))
-        dst = state[dr].get(db)
-        if dst is None:
-            dst = state[dr][db] = []
-            writer[dr][db] = []
-        wr = writer[dr][db]
-        if len(dst) < di + size:
-            grow = di + size - len(dst)
-            dst.extend([None] * grow)
-            wr.extend([-1] * grow)
+        dst, wr = _destination(state, writer, dr, db, di + size)
         for lane in range(size):
             value = src[si + lane]
             if value is None:
@@ -211,17 +203,24 @@ def _switch(opi: int, op, state, writer) -> None:
                 acc = v if acc is None else Sum(acc, v)
             values.append(acc)
     for m in (dr,) if kind is OpKind.SWITCH_REDUCE else op.group:
-        dst = state[m].get(db)
-        if dst is None:
-            dst = state[m][db] = []
-            writer[m][db] = []
-        wr = writer[m][db]
-        if len(dst) < di + size:
-            grow = di + size - len(dst)
-            dst.extend([None] * grow)
-            wr.extend([-1] * grow)
+        dst, wr = _destination(state, writer, m, db, di + size)
         dst[di:di + size] = values
         wr[di:di + size] = [opi] * size
+
+
+def _destination(state, writer, rank: int, buffer: str, end: int) -> tuple[list, list]:
+    """The chunks of ``buffer`` on ``rank`` and their writers, grown to ``end``
+    chunks (a scratch buffer grows as it is written)."""
+    dst = state[rank].get(buffer)
+    if dst is None:
+        dst = state[rank][buffer] = []
+        writer[rank][buffer] = []
+    wr = writer[rank][buffer]
+    if len(dst) < end:
+        grow = end - len(dst)
+        dst.extend([None] * grow)
+        wr.extend([-1] * grow)
+    return dst, wr
 
 
 def _value(op, state, rank: int, buffer: str, index: int):
