@@ -35,6 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from msc.progress import steps
+
 ROOT = Path(__file__).resolve().parents[1]
 ISLANDS = str(ROOT / "bench/topologies/islands.toml")
 LIBRARY = sorted(f"allreduce/{p.stem}" for p in (ROOT / "algorithms/allreduce").glob("*.py"))
@@ -80,17 +82,23 @@ def main() -> None:
             raise SystemExit(f"unknown case {c!r} (expected {', '.join(CASES)})")
     rows = []
     print(f"# msc CLI speed, {platform.machine()} {os.cpu_count()} cores, python {platform.python_version()}; "
-          f"baseline {args.baseline}, new {ROOT}")
+          f"baseline {args.baseline}, new {ROOT}; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(f"# {'case':<22} {'baseline s':>10} {'new s':>8} {'speedup':>8}  identical")
+    runs = [(case, side) for case in cases for side in ("base", "new")]
+    measured = {}
     with tempfile.TemporaryDirectory(prefix="msc-cli-speed-") as tmp:
-        for case in cases:
-            base_s, base_out, base_files = run_cli(args.baseline, CASES[case], Path(tmp) / case / "base")
-            new_s, new_out, new_files = run_cli(ROOT, CASES[case], Path(tmp) / case / "new")
+        for case, side in steps(runs, "timing msc commands, each case's baseline then new", unit="run",
+                                label=lambda run: f"{run[0]} ({run[1]})"):
+            measured[side] = run_cli(args.baseline if side == "base" else ROOT, CASES[case], Path(tmp) / case / side)
+            if side == "base":
+                continue
+            (base_s, base_out, base_files), (new_s, new_out, new_files) = measured["base"], measured["new"]
             same = base_out == new_out and base_files == new_files
             rows.append({"case": case, "argv": CASES[case], "baseline_s": base_s, "new_s": new_s,
                          "speedup": base_s / new_s, "identical": same})
             print(f"  {case:<22} {base_s:10.1f} {new_s:8.1f} {base_s / new_s:7.2f}x  {'yes' if same else 'NO'}",
                   flush=True)
+    print(f"# load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())} (1, 5, 15 minutes)")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
     if not all(r["identical"] for r in rows):

@@ -37,8 +37,16 @@ def _start(items: list) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+class _Failed:
+    """A job raised in a worker: the parent runs it again to raise the error
+    itself (msc's errors carry context that need not survive pickling)."""
+
+
 def _call(fn, k: int, args: tuple):
-    return fn(_items[k], *args)
+    try:
+        return fn(_items[k], *args)
+    except Exception:
+        return _Failed()
 
 
 class Pool:
@@ -72,13 +80,25 @@ class Pool:
         """``fn(item, *args)`` (``item`` one of the pool's items), as a future;
         in this process it has run when submit returns."""
         if self._executor is not None:
-            return self._executor.submit(_call, fn, self.index[id(item)], args)
+            future = self._executor.submit(_call, fn, self.index[id(item)], args)
+            future.job = (fn, item, args)
+            return future
         done: Future = Future()
         try:
             done.set_result(fn(item, *args))
         except BaseException as exc:          # raised where the result is read, as from a worker
             done.set_exception(exc)
         return done
+
+    @staticmethod
+    def result(future: Future):
+        """A submitted job's result; a job that failed in a worker runs again
+        here, so its own exception is raised."""
+        value = future.result()
+        if isinstance(value, _Failed):
+            fn, item, args = future.job
+            return fn(item, *args)
+        return value
 
     def map(self, fn, items: list, *args):
         """``fn(item, *args)`` per item, the results in order (at most
@@ -88,9 +108,9 @@ class Pool:
         for k, item in enumerate(items):
             queue.append(self.submit(fn, item, *args))
             if len(queue) > ahead:
-                yield queue.pop(0).result()
+                yield self.result(queue.pop(0))
         for f in queue:
-            yield f.result()
+            yield self.result(f)
 
 
 def drive(pool: Pool, walks: list):
@@ -119,7 +139,7 @@ def drive(pool: Pool, walks: list):
     while pending:
         wait([f for fs in pending.values() for f in fs], return_when=FIRST_COMPLETED)
         for k in [k for k, fs in pending.items() if all(f.done() for f in fs)]:
-            results = [f.result() for f in pending.pop(k)]
+            results = [pool.result(f) for f in pending.pop(k)]
             value, ended = advance(k, results)
             if ended:
                 yield k, value
