@@ -84,6 +84,7 @@ class Simulator:
         routes = [view.route(int(s), int(d)) for s, d in zip(sp.conn_src, sp.conn_dst)]
         self.alpha = np.array([r.alpha for r in routes])
         self.capacity = list(view.capacity)
+        self._capacity_tol = np.asarray(self.capacity) * (1 + 1e-9)     # _overloaded's bar per link
         self.cap = [min(r.bandwidth, view.threadblock_bandwidth) for r in routes]
         self.res = [r.resources for r in routes]
         self.rate = rate = np.array([min([c] + [self.capacity[x] for x in res]) for c, res in zip(self.cap, self.res)])
@@ -213,20 +214,34 @@ class Simulator:
         if sends is None or not len(sends[1]):
             return clash
         it, g, t0, t1 = sends
-        conns = self.send_conn[g]
-        nres = self._watch_len[conns]
-        first = np.repeat(self._watch_ptr[conns] - (np.cumsum(nres) - nres), nres)
-        res = self._watch_flat[first + np.arange(int(nres.sum()))]     # each step's watched links, in order
-        rate = np.repeat(self.rate[conns], nres)
-        t0, t1, it = np.repeat(t0, nres, axis=0), np.repeat(t1, nres, axis=0), np.repeat(it, nres)
-        cap = np.asarray(self.capacity) * (1 + 1e-9)
         for s, n in enumerate(iters):
             # the watched transmissions are recorded in iteration order: a size's are a prefix
             for rows in dict.fromkeys((int(np.searchsorted(it, 1)), int(np.searchsorted(it, n)))):
-                if _overloaded(res[:rows], rate[:rows], t0[:rows, s], t1[:rows, s], cap):
+                if self._overloaded(g[:rows], t0[:rows, s], t1[:rows, s]):
                     clash[s] = True
                     break
         return clash
+
+    def _overloaded(self, g, t0, t1) -> bool:
+        """Whether transmissions (steps ``g``, from ``t0`` to ``t1``) ever load
+        a watched link over its capacity. A sweep over start (+rate) and end
+        (-rate) events sorted by (link, time, ends first) gives each link's
+        load as a running sum (the sum over a link's events is zero, so one
+        cumsum serves all links)."""
+        live = t1 > t0
+        if np.count_nonzero(live) < 2:
+            return False
+        conns = self.send_conn[g[live]]
+        nres = self._watch_len[conns]
+        first = np.repeat(self._watch_ptr[conns] - (np.cumsum(nres) - nres), nres)
+        r = self._watch_flat[first + np.arange(int(nres.sum()))]     # each step's watched links, in order
+        rt = np.repeat(self.rate[conns], nres)
+        when = np.concatenate([np.repeat(t0[live], nres), np.repeat(t1[live], nres)])
+        step = np.concatenate([rt, -rt])
+        link = np.concatenate([r, r])
+        order = np.lexsort((step, when, link))
+        load = np.cumsum(step[order])
+        return bool(np.any(load > self._capacity_tol[link[order]]))
 
     # -- the event engine ----------------------------------------------------
     def event_sim(self) -> EventSim:
@@ -315,21 +330,3 @@ def simulate(plan: Plan, topology: Topology, requested: list[int], **kw) -> list
     """Records for ``requested`` sizes (see Simulator.records)."""
     engine = kw.pop("engine", "auto")
     return Simulator(plan, topology, **kw).records(requested, engine=engine)
-
-
-def _overloaded(res, rate, t0, t1, cap) -> bool:
-    """Whether transmissions (shared link ``res``, ``rate``, from ``t0`` to
-    ``t1``) ever load a link over ``cap``. A sweep over start (+rate) and end
-    (-rate) events sorted by (link, time, ends first) gives each link's load
-    as a running sum (the sum over a link's events is zero, so one cumsum
-    serves all links)."""
-    live = t1 > t0
-    if np.count_nonzero(live) < 2:
-        return False
-    r, rt = res[live], rate[live]
-    when = np.concatenate([t0[live], t1[live]])
-    step = np.concatenate([rt, -rt])
-    link = np.concatenate([r, r])
-    order = np.lexsort((step, when, link))
-    load = np.cumsum(step[order])
-    return bool(np.any(load > cap[link[order]]))
