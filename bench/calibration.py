@@ -30,11 +30,14 @@ def main(argv=None) -> int:
     ap.add_argument("--use", choices=("calibrate", "check", "all"), default="all")
     args = ap.parse_args(argv)
 
-    from msc.sim.calibration import compare_all, known_gap, load_rows
+    from msc.progress import steps
+    from msc.sim.calibration import compare, known_gap, load_rows
 
     t0 = time.perf_counter()
     rows = [r for r in load_rows(DATA) if args.use in ("all", r.use)]
-    results = compare_all(rows)
+    cache: dict = {}                      # compare_all's: topologies and plans shared by rows
+    results = [compare(r, cache) for r in steps(rows, "simulating the published rows (msc simulate --nccl)",
+                                                unit="row")]
     print(f"# {len(rows)} published rows against msc simulate --nccl ({time.perf_counter() - t0:.1f} s); "
           "ratio = predicted / measured speed, nccl = the same for NCCL's own tuning model")
     print(f"{'use':9} {'row':52} {'NCCL choice':24} {'measured':>10} {'msc':>10} {'ratio':>6} {'nccl':>6}  status")

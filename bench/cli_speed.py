@@ -11,7 +11,10 @@ first, then new, in fresh processes. A case's results must be identical: the
 same stdout (synthesize --json: the choice and its simulated time; tune
 --json: every winner, runner-up, time, range and bound) and the same files
 written (the synthesized program, the tuned plans and plans.json), the
-checkout's path in the plans' source-line notes aside.
+checkout's path in the plans' source-line notes aside. Beside the wall
+times, the CPU seconds of each command and its workers (user + system): the
+machine this runs on is often shared, and the wall time of a command that
+uses both cores suffers most from the others' load.
 
 Cases (the issue's: issue 29, part 3):
 - synth-allreduce: allreduce on bench/topologies/islands.toml (8 ranks, two
@@ -29,11 +32,14 @@ import json
 import os
 import platform
 import re
+import resource
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from msc.progress import steps
 
 ROOT = Path(__file__).resolve().parents[1]
 ISLANDS = str(ROOT / "bench/topologies/islands.toml")
@@ -47,19 +53,25 @@ CASES = {
 }
 
 
-def run_cli(code: Path, argv: list[str], out: Path) -> tuple[float, str, dict]:
-    """(seconds, stdout, files written) of ``msc ARGV`` with msc imported from ``code``."""
+def run_cli(code: Path, argv: list[str], out: Path) -> tuple[float, float, str, dict]:
+    """(wall seconds, CPU seconds, stdout, files written) of ``msc ARGV`` with
+    msc imported from ``code``. CPU: user + system time of the command and
+    the processes it started (its simulation workers), which other work on a
+    shared machine changes far less than the wall time."""
     out.mkdir(parents=True)
     env = {**os.environ, "PYTHONPATH": str(code)}
     args = [a.replace("{out}", str(out)) for a in argv]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "msc.cli", *args], env=env, capture_output=True, text=True,
                           cwd=out)
     seconds = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     if proc.returncode != 0:
         raise SystemExit(f"msc {' '.join(args)} (from {code}) failed ({proc.returncode}):\n{proc.stderr}")
     files = {str(p.relative_to(out)): same_checkout(p.read_text(), out) for p in sorted(out.rglob("*")) if p.is_file()}
-    return seconds, same_checkout(proc.stdout, out), files
+    return seconds, cpu, same_checkout(proc.stdout, out), files
 
 
 def same_checkout(text: str, out: Path) -> str:
@@ -80,17 +92,25 @@ def main() -> None:
             raise SystemExit(f"unknown case {c!r} (expected {', '.join(CASES)})")
     rows = []
     print(f"# msc CLI speed, {platform.machine()} {os.cpu_count()} cores, python {platform.python_version()}; "
-          f"baseline {args.baseline}, new {ROOT}")
-    print(f"# {'case':<22} {'baseline s':>10} {'new s':>8} {'speedup':>8}  identical")
+          f"baseline {args.baseline}, new {ROOT}; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"# {'case':<22} {'baseline s':>10} {'new s':>8} {'speedup':>8}  identical  {'baseline cpu s':>14} "
+          f"{'new cpu s':>9} {'cpu ratio':>9}")
+    runs = [(case, side) for case in cases for side in ("base", "new")]
+    measured = {}
     with tempfile.TemporaryDirectory(prefix="msc-cli-speed-") as tmp:
-        for case in cases:
-            base_s, base_out, base_files = run_cli(args.baseline, CASES[case], Path(tmp) / case / "base")
-            new_s, new_out, new_files = run_cli(ROOT, CASES[case], Path(tmp) / case / "new")
+        for case, side in steps(runs, "timing msc commands, each case's baseline then new", unit="run",
+                                label=lambda run: f"{run[0]} ({run[1]})"):
+            measured[side] = run_cli(args.baseline if side == "base" else ROOT, CASES[case], Path(tmp) / case / side)
+            if side == "base":
+                continue
+            (base_s, base_cpu, base_out, base_files), (new_s, new_cpu, new_out, new_files) = measured.values()
             same = base_out == new_out and base_files == new_files
             rows.append({"case": case, "argv": CASES[case], "baseline_s": base_s, "new_s": new_s,
-                         "speedup": base_s / new_s, "identical": same})
-            print(f"  {case:<22} {base_s:10.1f} {new_s:8.1f} {base_s / new_s:7.2f}x  {'yes' if same else 'NO'}",
-                  flush=True)
+                         "speedup": base_s / new_s, "identical": same, "baseline_cpu_s": base_cpu,
+                         "new_cpu_s": new_cpu})
+            print(f"  {case:<22} {base_s:10.1f} {new_s:8.1f} {base_s / new_s:7.2f}x  {'yes' if same else 'NO ':<9}  "
+                  f"{base_cpu:14.1f} {new_cpu:9.1f} {base_cpu / new_cpu:8.2f}x", flush=True)
+    print(f"# load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())} (1, 5, 15 minutes)")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
     if not all(r["identical"] for r in rows):

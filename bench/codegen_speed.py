@@ -19,6 +19,7 @@ import msc
 from msc.cuda.codegen import STRAIGHT_LINE_MAX_STEPS, render
 from msc.cuda.compiler import nvrtc_compile, nvrtc_version
 from msc.lower.pipeline import lower
+from msc.progress import quiet, steps
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -44,12 +45,15 @@ def main() -> None:
     args = parser.parse_args()
     [ring] = msc.load_algorithms(ROOT / "algorithms" / "allreduce" / "ring.py")
     rows = []
-    for n in (int(x) for x in args.ranks.split(",")):
-        plan = lower(msc.trace(ring, n))
-        for form in ("table", "straight"):
-            if form == "straight" and n > args.straight_max:
-                continue
-            rows.append(measure(plan, form, args.dtype, args.arch))
+    runs = [(n, form) for n in (int(x) for x in args.ranks.split(","))
+            for form in ("table", "straight") if form == "table" or n <= args.straight_max]
+    plans = {}
+    with quiet(args.json):                 # --json: its reader wants only the JSON
+        for n, form in steps(runs, "rendering and compiling (NVRTC) the ring allreduce kernel", unit="kernel",
+                             label=lambda run: f"{run[0]} ranks, {run[1]}"):
+            if n not in plans:
+                plans[n] = lower(msc.trace(ring, n))
+            rows.append(measure(plans[n], form, args.dtype, args.arch))
             if not args.json:
                 r = rows[-1]
                 print(f"{r['ranks']:>5} {r['steps']:>7} {r['form']:>9} {r['render_s']:>9.3f} {r['nvrtc_s']:>8.2f} "

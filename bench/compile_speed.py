@@ -140,11 +140,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.one is not None:
         print(json.dumps(measure_one(args.one)))
         return 0
+    from msc.progress import quiet, steps
+
     rows = []
-    for ranks in (n for n in SIZES if n <= args.max_ranks):
-        rows.append(measure(ranks))
-        if not args.json:
-            print(f"... {ranks} ranks: {rows[-1]['total']:.2f} s", file=sys.stderr)
+    with quiet(args.json):
+        for ranks in steps([n for n in SIZES if n <= args.max_ranks], "tracing, verifying and lowering the ring",
+                           unit="size", label=lambda n: f"{n} ranks"):
+            rows.append(measure(ranks))
+            if not args.json:
+                print(f"... {ranks} ranks: {rows[-1]['total']:.2f} s", file=sys.stderr)
     verdicts = judge(rows)
     if args.json:
         print(json.dumps({"rows": rows, "goals": verdicts}, indent=2))

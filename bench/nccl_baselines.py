@@ -159,15 +159,20 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="algorithms measured at once (processes)")
     ap.add_argument("--out", default=str(ROOT / "bench/results" / f"nccl-baselines-{datetime.date.today()}"))
     args = ap.parse_args()
+    from msc.progress import steps
+
     rows = []
+    jobs = jobs_for(args.protocols)
     with multiprocessing.get_context("spawn").Pool(max(1, args.jobs)) as pool:
-        for r in pool.imap(measure, jobs_for(args.protocols)):
+        for r in steps(pool.imap(measure, jobs), f"simulating {len(jobs)} algorithms x protocols x instances",
+                       total=len(jobs), unit="algorithm"):
             rows.append(r)
             print(f"{r['topology']:10} {r['collective']:14} {r['algorithm']:24} " + "  ".join(
                 f"{s >> 20}M {busbw(r['collective'], r['ranks'], s, run['seconds'][j]):6.1f} GB/s "
                 f"({run['protocol']} x{run['instances']})" for j, (s, run) in enumerate(zip(SIZES, best_runs(r)))),
                 flush=True)
-    gens = [generation(key, n, params) for key, n, params in GENERATION]
+    gens = [generation(key, n, params) for key, n, params in steps(GENERATION, "timing trace + verify at scale",
+                                                                     unit="algorithm", label=lambda g: f"{g[0]} n={g[1]}")]
     for g in gens:
         print(f"generation {g['algorithm']} at {g['ranks']} ranks: " + ", ".join(
             f"{c} {g[c]['trace_s'] + g[c]['verify_s']:.2f} s ({g[c]['ops']} ops)" for c in COLLECTIVES if c in g))

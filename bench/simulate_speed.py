@@ -19,6 +19,7 @@ import time
 
 import msc
 from msc.ir import Plan, RankPlan, Slice, Step, StepOp, Threadblock
+from msc.progress import steps
 
 
 def ring_plan(n: int) -> Plan:
@@ -88,15 +89,16 @@ def main() -> None:
     sizes = [1 << e for e in range(20, 30)]          # 1 MiB .. 512 MiB: 10 sizes
     rows = []
     topologies = [Uniform(n, 2.0, 100.0)] + ([infiniband(n // 8)] if n % 8 == 0 else [])
-    for name, plan in plans.items():
-        for topo in topologies:
-            row = bench(plan, topo, sizes)
-            row["build_s"] = round(built[name], 3)
-            rows.append(row)
-            print(f"{name:17s} {n} ranks {row['steps']:8d} steps on {topo.name:8s}: compile {row['compile_s']:.2f} s, "
-                  f"setup {row['setup_s']:.2f} s, sweep of {len(sizes)} sizes {row['sweep_s']:.2f} s "
-                  f"(total {row['total_s']:.2f} s; plan built in {built[name]:.1f} s) engines {row['engines']}",
-                  flush=True)
+    pairs = [(name, topo) for name in plans for topo in topologies]
+    for name, topo in steps(pairs, f"simulating {n}-rank plans at {len(sizes)} sizes", unit="plan",
+                            label=lambda pair: f"{pair[0]} on {pair[1].name}"):
+        row = bench(plans[name], topo, sizes)
+        row["build_s"] = round(built[name], 3)
+        rows.append(row)
+        print(f"{name:17s} {n} ranks {row['steps']:8d} steps on {topo.name:8s}: compile {row['compile_s']:.2f} s, "
+              f"setup {row['setup_s']:.2f} s, sweep of {len(sizes)} sizes {row['sweep_s']:.2f} s "
+              f"(total {row['total_s']:.2f} s; plan built in {built[name]:.1f} s) engines {row['engines']}",
+              flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"machine": platform.processor() or platform.machine(), "python": platform.python_version(),

@@ -241,8 +241,11 @@ def run_parts(jobs: list, folder: Path, processes: int) -> None:
 
     todo = [j for j in jobs if not part_path(folder, j[0], j[2], j[3]).exists()]
     print(f"{len(jobs) - len(todo)} of {len(jobs)} parts found in {folder}; measuring {len(todo)}", flush=True)
+    from msc.progress import steps
+
     with multiprocessing.get_context("spawn").Pool(max(1, processes), maxtasksperchild=1) as pool:
-        for r in pool.imap_unordered(measure, todo):
+        for r in steps(pool.imap_unordered(measure, todo), f"measuring {len(todo)} parts (tune and synthesize)",
+                       total=len(todo), unit="part"):
             part_path(folder, r["spec"], r["collective"], r["part"]).write_text(json.dumps(r))
             print(f"{r['topology']:14} {r['collective']:14} {r['part']:12} {r['seconds']:7.1f} s  "
                   + ", ".join(f"{format_size(s)} {lbl}" for s, lbl in zip(r["sizes"], r["best"]["label"])), flush=True)
@@ -268,7 +271,11 @@ def main() -> int:
               or spec in args.topologies]
     jobs = [(spec, n, c, part) for spec, n in chosen for c in args.collectives for part in PARTS]
     run_parts(jobs, folder, args.jobs)
-    gens = [generation(spec, n, args.collectives) for spec, n in args.generation]
+    from msc.progress import steps
+
+    gens = [generation(spec, n, args.collectives)
+            for spec, n in steps(args.generation, "timing msc synthesize", unit="topology",
+                                 label=lambda g: f"{g[0]} n={g[1]}")]
     cells = []
     for spec, n in TOPOLOGIES:                  # every topology measured so far, in the table's order
         for collective in COLLECTIVES:

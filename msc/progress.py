@@ -3,7 +3,9 @@ sweeps), on stderr, only where a person watches: stderr is a terminal and
 the command's output is not JSON (``quiet``). tqdm draws them: a small,
 well-kept library with no dependencies of its own, so msc keeps no
 terminal-drawing code; on a non-terminal nothing is written, so logs, pipes
-and tests see the output they saw before."""
+and tests see the output they saw before. tqdm is imported only to draw a
+bar: without it, a line says what is being done, and the work runs as it
+would on a non-terminal."""
 from __future__ import annotations
 
 import sys
@@ -31,12 +33,25 @@ def shown() -> bool:
     return bool(isatty and isatty())
 
 
-def steps(iterable, what: str, *, total: int | None = None, unit: str = "it"):
+def steps(iterable, what: str, *, total: int | None = None, unit: str = "it", label=None):
     """``iterable``, drawing a bar named ``what`` (what is being done) on a
-    terminal; the bar is removed when the work ends."""
+    terminal; the bar is removed when the work ends. ``label(item)``: what
+    the item about to be worked on is, shown beside the bar."""
     if not shown():
         return iterable
-    from tqdm import tqdm
+    try:
+        from tqdm import tqdm
+    except ImportError:          # a bare machine (the GPU scripts of bench/ run without it): say what, no bar
+        print(f"msc: {what} (no progress bar: tqdm is not installed)", file=sys.stderr, flush=True)
+        return iterable
 
-    return tqdm(iterable, desc=f"msc: {what}", total=total, unit=unit, file=sys.stderr, leave=False,
-                dynamic_ncols=True)
+    bar = tqdm(iterable, desc=f"msc: {what}", total=total, unit=unit, file=sys.stderr, leave=False,
+               dynamic_ncols=True)
+    return bar if label is None else _labelled(bar, label)
+
+
+def _labelled(bar, label):
+    with bar:
+        for item in bar:
+            bar.set_postfix_str(str(label(item)), refresh=True)
+            yield item

@@ -67,3 +67,47 @@ def test_steps_passes_the_items_through_whether_shown_or_not(monkeypatch, capsys
     with progress.quiet():
         assert not progress.shown() and progress.steps(items, "x") is items
     assert progress.shown()
+
+
+def test_label_names_the_item_being_worked_on(monkeypatch, capsys):
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    assert list(progress.steps(["ring", "tree"], "timing", label=lambda x: f"{x} now")) == ["ring", "tree"]
+    err = capsys.readouterr().err
+    assert "msc: timing" in err and "ring now" in err and "tree now" in err
+
+
+def test_without_tqdm_a_terminal_gets_a_line_and_the_work(monkeypatch, capsys):
+    """The GPU scripts of bench/ run where tqdm is not installed: on a
+    terminal msc.progress says what it does and passes the items through."""
+    monkeypatch.setitem(sys.modules, "tqdm", None)           # import tqdm raises ImportError
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    items = [1, 2]
+    assert progress.steps(items, "compiling", label=str) is items
+    assert capsys.readouterr().err == "msc: compiling (no progress bar: tqdm is not installed)\n"
+
+
+def _numbers_out(text: str) -> list[str]:
+    import re
+
+    return [re.sub(r"[0-9.]+", "#", line) for line in text.splitlines()]
+
+
+def test_bench_script_shows_progress_on_a_terminal_only(monkeypatch, capsys):
+    """bench/simulate_speed.py (16 ranks): a bar naming the plan and topology
+    on a terminal's stderr, nothing on a non-terminal, stdout alike but for
+    the times it measures."""
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "bench"))
+    import simulate_speed
+
+    monkeypatch.setattr(sys, "argv", ["simulate_speed.py", "--ranks", "16"])
+    seen = {}
+    for tty in (False, True):
+        monkeypatch.setattr(sys.stderr, "isatty", lambda: tty, raising=False)
+        simulate_speed.main()
+        seen[tty] = capsys.readouterr()
+    assert seen[False].err == ""
+    assert "msc: simulating 16-rank plans at 10 sizes" in seen[True].err
+    assert "halving_doubling on ib" in seen[True].err
+    assert _numbers_out(seen[True].out) == _numbers_out(seen[False].out) and len(seen[True].out.splitlines()) == 4

@@ -204,3 +204,52 @@ def test_each_form_and_root_tunes_into_one_folder(tmp_path, capsys):
     assert any(n.endswith("-n4-out.plan") for n in names) and any(n.endswith("-n4-root2.plan") for n in names)
     rc, _, err = run_cli(["tune", "broadcast/chain", "--param", "root=1,2", *base], capsys)
     assert rc == 2 and "--param root takes one value, got 2" in err
+
+
+def test_workers_change_nothing():
+    """Simulating on two worker processes (msc.sim.parallel) gives the same
+    times, exactness, winners and ranges as in-process, bit for bit, on a
+    topology whose shared inter-island link makes the tuner run the event
+    engine and bisect crossovers; no worker outlives the tune."""
+    import multiprocessing
+    from pathlib import Path
+
+    from msc.sim.presets import get_topology
+
+    topo = get_topology(str(Path(__file__).parents[1] / "bench/topologies/islands.toml"), 8)
+    sizes = [1 << e for e in range(12, 25, 3)]
+    files = ["allreduce/ring", "allreduce/halving_doubling", "allreduce/hierarchical"]
+    seen = []
+    for workers in (1, 2):
+        r = tune(files, 8, topo, sizes, protocols=("Simple", "LL"), instances=(1, 4), workers=workers)
+        seen.append(([(c.label, c.times, c.known) for c in r.candidates], r.winners, r.ranges))
+        assert multiprocessing.active_children() == []
+    assert seen[0] == seen[1]
+    cands, winners, ranges = seen[0]
+    assert any(not all(known) for _, _, known in cands)          # contended sizes left as bounds
+    assert len(ranges) >= 2
+
+
+def _fails_on_odd(item, size):
+    if item % 2:
+        raise UsageError(f"item {item} at {size}")
+    return item * size
+
+
+def test_pool_raises_a_workers_error_here_and_stops():
+    """A job that raises in a worker raises its own error in the caller (run
+    again there), and the pool's workers are gone after it."""
+    import multiprocessing
+
+    from msc.sim.parallel import Pool
+
+    with pytest.raises(UsageError, match="item 3 at 5"):
+        with Pool([0, 2, 4, 3, 6], 2) as pool:
+            assert list(pool.map(_fails_on_odd, pool.items[:3], 5)) == [0, 10, 20]
+            list(pool.map(_fails_on_odd, pool.items, 5))
+    assert multiprocessing.active_children() == []
+
+
+def test_workers_must_be_positive():
+    with pytest.raises(UsageError, match="workers"):
+        tune(["allreduce/ring"], 8, Uniform(8, 2.0, 100.0), [1 << 20], workers=0)

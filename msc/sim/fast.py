@@ -141,9 +141,10 @@ def _sources(E, s, d, w, dmax, neg, it, W, G, zero, absent, act):
             cols[back < 0] = absent          # before the first iteration: no such source
     if neg is not None:
         cols[neg] = zero
-    vals = E[:, cols]
+    vals = E[cols]
     if w is not None:
-        vals += (w * act).T
+        wa = w * act
+        vals += wa if vals.ndim == 2 else wa[:, 0]
     return vals
 
 
@@ -164,20 +165,20 @@ def _jump(levels, E, hist, it, iters, tlen, W, G, zero, absent, uniform) -> int:
     room = iters - 2 - it
     if len(hist) < W + 1 or room < 1 or it < W + 1:
         return 0
-    if not (tlen[it - W - 1:iters - 1, 0] == tlen[it, 0]).all():
-        return 0
     scale = float(np.abs(d).max()) or 1.0
     tol = 1e-9 * scale
+    if uniform and d.max() - d.min() > tol:      # the cheapest test first: evaluate asks every iteration
+        return 0
+    if not (tlen[it - W - 1:iters - 1, 0] == tlen[it, 0]).all():
+        return 0
     for h in hist[:-1]:
         if np.abs(h - d).max() > tol:
             return 0
-    if uniform and d.max() - d.min() > tol:
-        return 0
     act = np.ones(1)
     m = room
-    t_tol = 1e-12 * float(E[0, :W * G].max(initial=0.0))
+    t_tol = 1e-12 * float(E[:W * G].max(initial=0.0))
     for nodes, s, dl, w, group, cn, tn, dmax, wpos, neg, fx in levels:
-        vals = _sources(E, s, dl, w, dmax, neg, it, W, G, zero, absent, act)[0]
+        vals = _sources(E, s, dl, w, dmax, neg, it, W, G, zero, absent, act)
         start = np.maximum.reduceat(vals, group)
         counts = np.diff(np.append(group, len(vals)))
         slack = np.repeat(start, counts) - vals
@@ -236,9 +237,12 @@ def evaluate(lay: Layers, levels: list, tlen: np.ndarray, watching: bool = False
     G = lay.num_steps
     iters, nsz = tlen.shape
     W = min(iters, lay.max_delta + 1)                  # iterations of times kept (a ring buffer)
-    zero, absent = W * G, W * G + 1         # columns: a source of time 0, a source that does not exist
-    E = np.zeros((nsz, zero + 2))           # sizes x (iteration, step): a level reads contiguous rows
-    E[:, absent] = -np.inf
+    zero, absent = W * G, W * G + 1         # rows: a source of time 0, a source that does not exist
+    # (iteration, step) x sizes; one size: a vector (numpy indexes those several times faster)
+    E = np.zeros((zero + 2, nsz) if nsz > 1 else zero + 2)
+    E[absent] = -np.inf
+    cols, dests = _columns(levels, W, G, zero)
+    terms: dict = {}                         # per distinct row of tlen: _terms (one or two for a single size)
     watched, timeline = [], None
     if record:
         timeline = np.zeros((3, iters, nsz, G))
@@ -247,39 +251,91 @@ def evaluate(lay: Layers, levels: list, tlen: np.ndarray, watching: bool = False
     it = 0
     while it < iters:
         tl = tlen[it]
-        act = (tl > 0).astype(np.float64)
-        base = (it % W) * G
-        for nodes, s, d, w, group, cn, tn, dmax, wpos, neg, fx in levels:
-            vals = _sources(E, s, d, w, dmax, neg, it, W, G, zero, absent, act)
-            start = np.maximum.reduceat(vals, group, axis=1)
+        key = tl.tobytes()
+        per_level = terms.get(key)
+        if per_level is None:
+            per_level = terms[key] = _terms(levels, tl, nsz)
+        act = per_level[-1]
+        r = it % W
+        for L, (nodes, s, d, w, group, cn, tn, dmax, wpos, neg, fx) in enumerate(levels):
+            wt, on_compute, on_fixed, on_tx = per_level[L]
+            if dmax > it:                    # sources before the first iteration do not exist
+                vals = _sources(E, s, d, w, dmax, neg, it, W, G, zero, absent, act)
+            else:
+                vals = E[cols[L][r]]
+                if wt is not None:
+                    vals += wt
+            start = np.maximum.reduceat(vals, group, axis=0)
             if dmax > it:
                 np.maximum(start, 0.0, out=start)
-            txs = start if cn is None else start + np.multiply.outer(tl, cn)
-            if fx is not None:
-                txs = txs + np.multiply.outer(act, fx)
-            end = txs if tn is None else txs + np.multiply.outer(tl, tn)
-            E[:, base + nodes] = end
+            txs = start if on_compute is None else start + on_compute
+            if on_fixed is not None:
+                txs = txs + on_fixed
+            end = txs if on_tx is None else txs + on_tx
+            E[dests[L][r]] = end
             if wpos is not None:
-                watched.append((np.full(len(wpos), it), nodes[wpos], txs[:, wpos].T, end[:, wpos].T))
+                watched.append((it, L, txs[wpos], end[wpos]))
             if record:
-                timeline[0, it][:, nodes], timeline[1, it][:, nodes], timeline[2, it][:, nodes] = start, txs, end
+                for k, x in enumerate((start, txs, end)):
+                    timeline[k, it][:, nodes] = x.reshape(len(nodes), nsz).T
         if jumps and it >= 1:
-            prev = ((it - 1) % W) * G
-            hist = (hist + [E[0, base:base + G] - E[0, prev:prev + G]])[-(W + 1):]
+            base, prev = r * G, ((it - 1) % W) * G
+            hist = (hist + [E[base:base + G] - E[prev:prev + G]])[-(W + 1):]
             m = _jump(levels, E, hist, it, iters, tlen, W, G, zero, absent, watching)
             if m:
-                old = E[:, :W * G].copy()
+                old = E[:W * G].copy()
                 for k in range(it - W + 1, it + 1):
                     a, b = (k % W) * G, ((k + m) % W) * G
-                    E[0, b:b + G] = old[0, a:a + G] + m * hist[-1]
+                    E[b:b + G] = old[a:a + G] + m * hist[-1]
                 it += m
         it += 1
     last = ((iters - 1) % W) * G
-    seconds = E[:, last:last + G].max(axis=1) if G else np.zeros(nsz)
-    sends = None
-    if watching:
-        if watched:
-            sends = tuple(np.concatenate(x) for x in zip(*watched))
-        else:
-            sends = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros((0, nsz)), np.zeros((0, nsz)))
-    return FastResult(seconds, sends, timeline)
+    seconds = E.reshape(-1, nsz)[last:last + G].max(axis=0) if G else np.zeros(nsz)
+    return FastResult(seconds, _watched_sends(levels, watched, nsz) if watching else None, timeline)
+
+
+def _columns(levels, W: int, G: int, zero: int):
+    """Per level and iteration modulo W: the columns of E its edges read
+    (once every source iteration exists) and the columns it writes."""
+    cols, dests = [], []
+    for nodes, s, d, w, group, cn, tn, dmax, wpos, neg, fx in levels:
+        per_r = []
+        for r in range(W):
+            c = ((r - d) % W) * G + s if dmax else s + r * G
+            if neg is not None:
+                c[neg] = zero
+            per_r.append(c)
+        cols.append(per_r)
+        dests.append([r * G + nodes for r in range(W)])
+    return cols, dests
+
+
+def _terms(levels, tl: np.ndarray, nsz: int) -> list:
+    """What an iteration moving ``tl`` bytes per chunk (per size) adds, per
+    level: (edge latencies, compute, fixed time, transmission) as items x
+    sizes (one size: vectors), None where nothing; the last item is the
+    sizes' activity (1: the size has this iteration). Made once per
+    distinct ``tl``, not per iteration."""
+    act = (tl > 0).astype(np.float64)
+
+    def per_size(x):
+        return x if nsz > 1 else x[:, 0]
+    out = []
+    for nodes, s, d, w, group, cn, tn, dmax, wpos, neg, fx in levels:
+        out.append((per_size(w * act) if w is not None else None,
+                    per_size(np.multiply.outer(cn, tl)) if cn is not None else None,
+                    per_size(np.multiply.outer(fx, act)) if fx is not None else None,
+                    per_size(np.multiply.outer(tn, tl)) if tn is not None else None))
+    out.append(act)
+    return out
+
+
+def _watched_sends(levels, watched: list, nsz: int) -> tuple:
+    """(iteration, step, tx start, end) of the watched transmissions, in the order evaluated."""
+    if not watched:
+        return (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros((0, nsz)), np.zeros((0, nsz)))
+    its, lv, txs, ends = zip(*watched)
+    counts = [levels[L][8].shape[0] for L in lv]
+    steps = np.concatenate([levels[L][0][levels[L][8]] for L in lv])
+    return (np.repeat(np.array(its, dtype=np.int64), counts), steps, np.concatenate(txs).reshape(-1, nsz),
+            np.concatenate(ends).reshape(-1, nsz))

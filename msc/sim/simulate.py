@@ -84,6 +84,7 @@ class Simulator:
         routes = [view.route(int(s), int(d)) for s, d in zip(sp.conn_src, sp.conn_dst)]
         self.alpha = np.array([r.alpha for r in routes])
         self.capacity = list(view.capacity)
+        self._capacity_tol = np.asarray(self.capacity) * (1 + 1e-9)     # _overloaded's bar per link
         self.cap = [min(r.bandwidth, view.threadblock_bandwidth) for r in routes]
         self.res = [r.resources for r in routes]
         self.rate = rate = np.array([min([c] + [self.capacity[x] for x in res]) for c, res in zip(self.cap, self.res)])
@@ -195,7 +196,7 @@ class Simulator:
             imax = max(iters[i] for i in batch)
             tlen = np.array([[self._tlen(geo[i][2], it) for i in batch] for it in range(imax)])
             res = evaluate(self._layers, self._levels, tlen, watching=self.watch is not None)
-            clash = self._contended(res.sends, len(batch))
+            clash = self._contended(res.sends, [iters[i] for i in batch])
             for j, i in enumerate(batch):
                 if clash[j] and engine == "auto":
                     contended.append(i)
@@ -230,36 +231,46 @@ class Simulator:
     def _tlen(self, q: float, it: int) -> float:
         return min(self.tile, max(q - it * self.tile, 0.0))
 
-    def _contended(self, sends, nsz: int) -> np.ndarray:
-        """Per size: whether, at some moment, the transmissions on a shared
-        link wanted more than its capacity. If never, every flow ran at its
-        solo rate under max-min sharing too, so the fast schedule is exact.
-        A sweep over start (+rate) and end (-rate) events sorted by (link,
-        time, ends first) gives each link's load as a running sum (the sum
-        over a link's events is zero, so one cumsum serves all links)."""
-        clash = np.zeros(nsz, dtype=bool)
+    def _contended(self, sends, iters: list[int]) -> np.ndarray:
+        """Per size (``iters``: its tile iterations): whether, at some moment,
+        the transmissions on a shared link wanted more than its capacity. If
+        never, every flow ran at its solo rate under max-min sharing too, so
+        the fast schedule is exact. The first iteration's transmissions are
+        checked first: an overload among some transmissions is one among all
+        (more flows only add load), and the first iteration usually shows it
+        at a small part of the cost."""
+        clash = np.zeros(len(iters), dtype=bool)
         if sends is None or not len(sends[1]):
             return clash
-        _, g, t0, t1 = sends
-        conns = self.send_conn[g]
+        it, g, t0, t1 = sends
+        for s, n in enumerate(iters):
+            # the watched transmissions are recorded in iteration order: a size's are a prefix
+            for rows in dict.fromkeys((int(np.searchsorted(it, 1)), int(np.searchsorted(it, n)))):
+                if self._overloaded(g[:rows], t0[:rows, s], t1[:rows, s]):
+                    clash[s] = True
+                    break
+        return clash
+
+    def _overloaded(self, g, t0, t1) -> bool:
+        """Whether transmissions (steps ``g``, from ``t0`` to ``t1``) ever load
+        a watched link over its capacity. A sweep over start (+rate) and end
+        (-rate) events sorted by (link, time, ends first) gives each link's
+        load as a running sum (the sum over a link's events is zero, so one
+        cumsum serves all links)."""
+        live = t1 > t0
+        if np.count_nonzero(live) < 2:
+            return False
+        conns = self.send_conn[g[live]]
         nres = self._watch_len[conns]
         first = np.repeat(self._watch_ptr[conns] - (np.cumsum(nres) - nres), nres)
-        res = self._watch_flat[first + np.arange(int(nres.sum()))]     # each step's watched links, in order
-        rate = np.repeat(self.rate[conns], nres)
-        t0, t1 = np.repeat(t0, nres, axis=0), np.repeat(t1, nres, axis=0)
-        cap = np.asarray(self.capacity)
-        for s in range(nsz):
-            live = t1[:, s] > t0[:, s]
-            if live.sum() < 2:
-                continue
-            r, rt = res[live], rate[live]
-            when = np.concatenate([t0[live, s], t1[live, s]])
-            step = np.concatenate([rt, -rt])
-            link = np.concatenate([r, r])
-            order = np.lexsort((step, when, link))
-            load = np.cumsum(step[order])
-            clash[s] = bool(np.any(load > cap[link[order]] * (1 + 1e-9)))
-        return clash
+        r = self._watch_flat[first + np.arange(int(nres.sum()))]     # each step's watched links, in order
+        rt = np.repeat(self.rate[conns], nres)
+        when = np.concatenate([np.repeat(t0[live], nres), np.repeat(t1[live], nres)])
+        step = np.concatenate([rt, -rt])
+        link = np.concatenate([r, r])
+        order = np.lexsort((step, when, link))
+        load = np.cumsum(step[order])
+        return bool(np.any(load > self._capacity_tol[link[order]]))
 
     # -- the event engine ----------------------------------------------------
     def event_sim(self) -> EventSim:

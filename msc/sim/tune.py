@@ -26,7 +26,10 @@ skipped without lowering them.
 Cost: every candidate is simulated by the fast engine at every size (exact
 where no link is over-subscribed, else a lower bound: sharing only slows a
 transfer); the event engine then runs only where a bound could still beat
-the best two exact times, so winners and runners-up are exact.
+the best two exact times, so winners and runners-up are exact. The
+simulations run on every core (msc.sim.parallel): each size's walk through
+its candidates and each crossover's bisection decide in order on their own
+results, so the result does not depend on the number of workers.
 """
 from __future__ import annotations
 
@@ -41,9 +44,12 @@ from msc.dsl.collectives import COLLECTIVES, ROOTED
 from msc.errors import AlgorithmError, LoweringError, MscError, UsageError
 from msc.ir.ops import DEFAULT_PROTOCOL, PROTOCOL_NAMES
 from msc.progress import steps
+from msc.sim.parallel import Pool, cores, drive
 from msc.units import BUSBW_FACTOR, format_size
 
 MAX_VARIANTS = 12
+# Candidates x sizes from which a tune simulates on every core (fewer: forking workers costs more than it saves).
+PARALLEL_MIN_WORK = 400
 DEFAULT_INSTANCES = (1, 2, 4, 8, 16, 32)
 MAX_THREADBLOCKS = 64        # per rank (the module's docstring says why)
 BISECT_ROUNDS = 6
@@ -79,16 +85,37 @@ class Candidate:
         return re.sub(r"[^A-Za-z0-9_.=-]", "_", name)
 
     def time_at(self, size: int) -> float:
-        return self.sim.run([size])[0].seconds
+        return time_at(self, size)
 
     def exact(self, j: int, size: int) -> float:
         """The time at swept size j, simulating contention if the fast
         engine's was only a bound."""
         if not self.known[j]:
-            # only a contended size is not known: "auto" would rerun the fast engine to find that again
-            self.times[j] = self.sim.run([size], engine="events")[0].seconds
+            self.times[j] = contended_time(self, size)
             self.known[j] = True
         return self.times[j]
+
+
+# The simulations of a tune, as functions of a candidate (msc.sim.parallel runs them in workers).
+def time_at(c: Candidate, size: int) -> float:
+    """``c``'s time at ``size``, exact (the event engine where transfers share links)."""
+    return c.sim.run([size])[0].seconds
+
+
+def contended_time(c: Candidate, size: int) -> float:
+    """``c``'s time at a size where the fast engine found transfers sharing
+    a link: the event engine's ("auto" would rerun the fast one to find that again)."""
+    return c.sim.run([size], engine="events")[0].seconds
+
+
+def fast_times(c: Candidate, requested: list[int]) -> tuple[list, list]:
+    """(times, whether each is exact) of ``c`` at the ``requested`` sizes by
+    the fast engine: exact where no link is over-subscribed, else a lower
+    bound raised to link_floor's."""
+    res = c.sim.run(requested, engine="fast")
+    floor = link_floor(c.sim, requested)
+    return ([r.seconds if not r.contended else max(r.seconds, f) for r, f in zip(res, floor)],
+            [not r.contended for r in res])
 
 
 @dataclass
@@ -202,12 +229,14 @@ def _lowered(prog, protocols, instances, budget, over: set, skip):
 def tune(files: list[str], ranks: int, topology, requested: list[int], *, protocols=("Simple", "LL"),
          instances=DEFAULT_INSTANCES, max_threadblocks: int | None = MAX_THREADBLOCKS,
          user_params: dict | None = None, inplace: bool | None = None, refine: bool = True,
-         runner_up: bool = True) -> TuneResult:
+         runner_up: bool = True, workers: int | None = None) -> TuneResult:
     """Every algorithm of ``files`` x parameter variations x ``protocols``
     x ``instances`` (those within ``max_threadblocks`` per rank; None: no
     budget) simulated at the ``requested`` sizes; the winners and ranges.
     ``runner_up`` False: only the winners' times are made exact, and the
-    ring baseline is not simulated (for scripts that want the winners)."""
+    ring baseline is not simulated (for scripts that want the winners).
+    ``workers``: processes that simulate (None: one per core where the
+    work is large enough; 1: this process only); the result is the same."""
     from msc.dsl.loader import load_algorithms
 
     if not files:
@@ -239,9 +268,15 @@ def tune(files: list[str], ranks: int, topology, requested: list[int], *, protoc
     if not cands:
         raise UsageError("no algorithm could be built at these settings:\n  " + "\n  ".join(skipped))
     baseline = _baseline(collective, ranks, topology, inplace, cands) if runner_up else None
-    _simulate(cands, baseline, requested, exact=2 if runner_up else 1)
-    winners = [min(range(len(cands)), key=lambda i: (cands[i].times[j], i)) for j in range(len(requested))]
-    ranges = _ranges(requested, winners, cands, refine)
+    everyone = cands + ([baseline] if baseline is not None and baseline not in cands else [])
+    if workers is None:
+        workers = cores() if len(everyone) * len(requested) >= PARALLEL_MIN_WORK else 1
+    if type(workers) is not int or workers < 1:
+        raise UsageError(f"workers must be an int >= 1, got {workers!r}")
+    with Pool(everyone, workers) as pool:
+        _simulate(pool, cands, baseline, requested, exact=2 if runner_up else 1)
+        winners = [min(range(len(cands)), key=lambda i: (cands[i].times[j], i)) for j in range(len(requested))]
+        ranges = _ranges(pool, requested, winners, cands, refine)
     return TuneResult(collective, ranks, topology.name, list(requested), cands, winners, ranges, baseline, skipped,
                       _bounds(collective, topology, cands, winners, requested))
 
@@ -258,25 +293,43 @@ def _bounds(collective, topology, cands, winners, requested) -> list:
     return [None if cands[w].plan.first_switch_step() is not None else b for w, b in zip(winners, bounds)]
 
 
-def _simulate(cands, baseline, requested, exact: int = 2):
+def _simulate(pool, cands, baseline, requested, exact: int = 2):
     """Times per size, exact where it matters. The fast engine gives every
     candidate's time without contention, a lower bound (sharing a link only
     slows transfers), raised to link_floor's where transfers did share;
     only candidates whose bound could still beat the ``exact`` least exact
     times get the event-driven simulation, so at each size the ``exact``
     fastest (by default the winner and the runner-up) are exact and the
-    rest are bounds."""
-    everyone = cands + ([baseline] if baseline is not None and baseline not in cands else [])
+    rest are bounds. The sizes are walked side by side on the ``pool``'s
+    workers; each size's walk is exact_best's."""
+    everyone = pool.items
+    fast = pool.map(fast_times, everyone, requested)
     for c in steps(everyone, f"simulating {len(everyone)} candidates at {len(requested)} sizes (fast engine)",
                    unit="plan"):
-        res = c.sim.run(requested, engine="fast")
-        floor = link_floor(c.sim, requested)
-        c.times = [r.seconds if not r.contended else max(r.seconds, f) for r, f in zip(res, floor)]
-        c.known = [not r.contended for r in res]
-    for j in steps(range(len(requested)), "simulating the fastest with contention (event engine)", unit="size"):
-        exact_best(cands, j, requested[j], count=exact)
-        if baseline is not None:
-            baseline.exact(j, requested[j])
+        c.times, c.known = next(fast)
+    walks = [_exact_walk(cands, j, size, exact, baseline) for j, size in enumerate(requested)]
+    for _ in steps(drive(pool, walks), "simulating the fastest with contention (event engine)",
+                   total=len(walks), unit="size"):
+        pass
+
+
+def _exact_walk(cands, j: int, size: int, count: int, baseline=None):
+    """exact_best's walk at swept size j, as a generator for msc.sim.parallel.drive:
+    it yields the event simulations it needs next, one at a time, and
+    returns the ``count`` least times; then the ``baseline``'s time, exact."""
+    best: list[float] = []
+    for i in sorted(range(len(cands)), key=lambda i: (cands[i].times[j], i)):
+        c = cands[i]
+        if len(best) >= count and c.times[j] >= best[count - 1]:
+            break
+        if not c.known[j]:
+            [c.times[j]] = yield [(contended_time, c, size)]
+            c.known[j] = True
+        best = sorted(best + [c.times[j]])
+    if baseline is not None and not baseline.known[j]:
+        [baseline.times[j]] = yield [(contended_time, baseline, size)]
+        baseline.known[j] = True
+    return best[:count]
 
 
 def link_floor(sim, requested: list[int]) -> list[float]:
@@ -301,13 +354,8 @@ def exact_best(cands, j: int, size: int, count: int = 1) -> list[float]:
     """The ``count`` least times at swept size j (bytes ``size``), exact:
     candidates in order of their times (fast-engine lower bounds until made
     exact) are simulated until the next bound cannot beat them."""
-    best: list[float] = []
-    for i in sorted(range(len(cands)), key=lambda i: (cands[i].times[j], i)):
-        c = cands[i]
-        if len(best) >= count and c.times[j] >= best[count - 1]:
-            break
-        best = sorted(best + [c.exact(j, size)])
-    return best[:count]
+    [(_, best)] = drive(Pool(cands, 1), [_exact_walk(cands, j, size, count)])
+    return best
 
 
 def _baseline(collective, ranks, topology, inplace, cands):
@@ -329,31 +377,39 @@ def _baseline(collective, ranks, topology, inplace, cands):
     return found[0] if found else None
 
 
-def _ranges(requested, winners, cands, refine):
+def _ranges(pool, requested, winners, cands, refine):
+    """(min_bytes, max_bytes or None, candidate index) per run of sizes with
+    one winner; with ``refine``, each boundary by bisection (the
+    crossovers' walks side by side on the ``pool``'s workers)."""
+    bounds = [j for j in range(len(requested) - 1) if winners[j + 1] != winners[j]]
+    walks = [_crossover(cands[winners[j]], cands[winners[j + 1]], requested[j], requested[j + 1]) for j in bounds]
+    his = dict(zip(bounds, (requested[j + 1] for j in bounds)))
+    if refine:
+        for k, hi in drive(pool, walks):
+            his[bounds[k]] = hi
     out = []
     lo = 0
-    for j in range(len(requested)):
-        if j + 1 < len(requested) and winners[j + 1] == winners[j]:
-            continue
-        if j + 1 == len(requested):
-            out.append((lo, None, winners[j]))
-            break
-        a, b = cands[winners[j]], cands[winners[j + 1]]
-        hi = requested[j + 1]
-        if refine:
-            x, y = requested[j], requested[j + 1]
-            for _ in range(BISECT_ROUNDS):
-                mid = int(round(math.sqrt(max(x, 1) * y)))
-                if mid <= x or mid >= y:
-                    break
-                if a.time_at(mid) <= b.time_at(mid):
-                    x = mid
-                else:
-                    y = mid
-            hi = y
-        out.append((lo, hi, winners[j]))
-        lo = hi
+    for j in bounds:
+        out.append((lo, his[j], winners[j]))
+        lo = his[j]
+    out.append((lo, None, winners[-1]))
     return out
+
+
+def _crossover(a: Candidate, b: Candidate, x: int, y: int):
+    """Where between sizes x (``a`` wins) and y (``b`` wins) the winner
+    changes: bisection in log scale, both simulated at the midpoint (a
+    generator for msc.sim.parallel.drive); returns the first size ``b`` serves."""
+    for _ in range(BISECT_ROUNDS):
+        mid = int(round(math.sqrt(max(x, 1) * y)))
+        if mid <= x or mid >= y:
+            break
+        ta, tb = yield [(time_at, a, mid), (time_at, b, mid)]
+        if ta <= tb:
+            x = mid
+        else:
+            y = mid
+    return y
 
 
 # -- output -----------------------------------------------------------------
