@@ -166,22 +166,27 @@ def _candidates(path, alg, ranks, topology, protocols, instances, user, inplace,
     out = []
     for params in variants(alg, topology, user):
         shown = {k: v for k, v in params.items() if v != alg.params.get(k)} if varied_keys else {}
+        label = f"{alg.name} {params}" if params else alg.name
         try:
             if not alg.supports(ranks, **params):
-                skipped.append(f"{alg.name} {params}: does not support {ranks} ranks")
+                skipped.append(f"{label}: does not support {ranks} ranks")
                 continue
             prog = msc.trace(alg, ranks, inplace=inplace, **params)
             msc.verify(prog)
         except (AlgorithmError, MscError) as exc:
-            skipped.append(f"{alg.name} {params}: {str(exc).splitlines()[0]}")
+            skipped.append(f"{label}: {str(exc).splitlines()[0]}")
             continue
         over = set()
         for plan in _lowered(prog, protocols, instances, max_threadblocks, over,
-                             lambda why: skipped.append(f"{alg.name} {params} {why}")):
-            out.append(Candidate(alg.name, str(path), params, shown, plan.protocol, plan.instances, plan,
-                                 Simulator(plan, topology)))
+                             lambda why: skipped.append(f"{label} {why}")):
+            try:
+                sim = Simulator(plan, topology)
+            except UsageError as exc:          # a plan the topology cannot run (switch ops without NVLS)
+                skipped.append(f"{label} x{plan.instances}: {str(exc).splitlines()[0]}")
+                continue
+            out.append(Candidate(alg.name, str(path), params, shown, plan.protocol, plan.instances, plan, sim))
         if over:
-            skipped.append(f"{alg.name} {params}: x{', x'.join(map(str, sorted(over)))} would run over "
+            skipped.append(f"{label}: x{', x'.join(map(str, sorted(over)))} would run over "
                            f"{max_threadblocks} threadblocks per rank (--max-threadblocks)")
     out.sort(key=lambda c: (protocols.index(c.protocol), c.instances))     # protocols first, as given
     return out
