@@ -89,6 +89,8 @@ class Gpu:
     threadblocks: tuple[tuple[Operation, ...], ...]
     tb_channels: tuple[int, ...] = ()          # memory channels each threadblock declares
     tb_buffers: tuple[int, ...] = ()           # remote buffers each threadblock declares
+    tb_meta: tuple[tuple[tuple[str, object], ...], ...] = ()   # msc_* fields of each threadblock
+    meta: tuple[tuple[str, object], ...] = ()  # msc_* fields of the gpu
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,12 @@ def looks_like_mscclpp(head: bytes) -> bool:
     return head.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"{")
 
 
+def _meta(obj: dict) -> tuple:
+    """The msc_* fields msc writes beside the executor's (which it ignores), hashable."""
+    freeze = lambda v: tuple(map(freeze, v)) if isinstance(v, list) else v
+    return tuple(sorted((k, freeze(v)) for k, v in obj.items() if k.startswith("msc_")))
+
+
 class _Reader:
     def __init__(self, path):
         self.path = path
@@ -70,7 +76,7 @@ class _Reader:
         remote = [self.remote_buffers(g, r, n) for r, g in enumerate(gpus)]
         channels = [self.channels(g, r, n) for r, g in enumerate(gpus)]
         built = tuple(self.gpu(g, r, channels[r], remote[r]) for r, g in enumerate(gpus))
-        meta = tuple(sorted((k, v) for k, v in doc.items() if k.startswith("msc_")))
+        meta = _meta(doc)
         return OneSidedPlan(str(self.field(doc, "name", str, "plan")), self.field(doc, "collective", str, "plan"),
                             protocol, bool(self.field(doc, "inplace", bool, "plan")), n, built,
                             bool(doc.get("use_double_scratch_buffer", False)), meta)
@@ -105,7 +111,7 @@ class _Reader:
 
     def gpu(self, gpu, r, peers, remote) -> Gpu:
         sems = tuple(self.field(s, "init_value", int, "semaphore", rank=r) for s in gpu.get("semaphores", []))
-        tbs, tb_channels, tb_buffers = [], [], []
+        tbs, tb_channels, tb_buffers, tb_meta = [], [], [], []
         for t, tb in enumerate(self.field(gpu, "threadblocks", list, "gpu", rank=r)):
             if self.field(tb, "id", int, f"threadblocks[{t}]", rank=r) != t:
                 raise self.error(f"threadblocks[{t}] has id {tb['id']}: ids must be 0, 1, ... in order", rank=r, tb=t)
@@ -116,10 +122,11 @@ class _Reader:
                                                                                       rank=r, tb=t))))
             tb_channels.append(len(chans))
             tb_buffers.append(len(bufs))
+            tb_meta.append(_meta(tb))
         return Gpu(r, self.field(gpu, "input_chunks", int, "gpu", rank=r),
                    self.field(gpu, "output_chunks", int, "gpu", rank=r),
                    self.field(gpu, "scratch_chunks", int, "gpu", rank=r), peers, sems, tuple(tbs),
-                   tuple(tb_channels), tuple(tb_buffers))
+                   tuple(tb_channels), tuple(tb_buffers), tuple(tb_meta), _meta(gpu))
 
     def tb_channels(self, tb, r, t, peers) -> list[int]:
         out = []
