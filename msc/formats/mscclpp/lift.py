@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from msc.errors import PlanError
 from msc.ir import Contract, Plan, RankPlan, Slice, Step, StepOp, Threadblock
 from msc.ir.onesided import OneSidedPlan, Operand, Operation
+from msc.verification.plan_values import check_plan
 
 FLOW = ("nop", "wait", "signal", "rlxwait", "rlxsignal")
 SHAPE = "not in the shape msc's MSCCL++ export writes (msc verify checks it as it is)"
@@ -61,10 +62,12 @@ def lift_plan(osp: OneSidedPlan) -> Plan:
         ranks.append(RankPlan(gpu.rank, own, _threadblocks(gpu.rank, blocks)))
     k = osp.meta_value("msc_chunk_factor", layout.k)
     contract = _contract(osp)
-    return Plan(osp.name, _collective_name(osp, layout), osp.num_ranks, k, osp.inplace, osp.gpus[0].input_chunks,
+    plan = Plan(osp.name, _collective_name(osp, layout), osp.num_ranks, k, osp.inplace, osp.gpus[0].input_chunks,
                 osp.gpus[0].output_chunks, tuple(ranks), root=layout.root, protocol=osp.protocol,
                 instances=osp.meta_value("msc_instances", 1), slots=osp.meta_value("msc_slots", 1),
                 tile=osp.meta_value("msc_tile", 0), contract=contract)
+    check_plan(plan)                 # the connections pair up, the slices fit: else it is not msc's shape
+    return plan
 
 
 def _collective_name(osp, layout) -> str:
@@ -193,6 +196,10 @@ def _step_of(op: Operation, rank: int, b: _Block, slots: dict, own: int, i: int,
     if not srcs or not dsts or any(s.remote for s in srcs):
         raise bad
     remote = [d for d in dsts if d.remote]
+    direct = [d for d in remote if d.buffer != "scratch"]
+    if direct:
+        raise PlanError(f"operation {i} ({name}) writes rank {direct[0].rank}'s {direct[0].buffer} directly (zero-copy); "
+                        f"{SHAPE}", **where)
     for d in remote:
         _peer(b, "send", d.rank, where, i)
     for s in srcs:
