@@ -2,6 +2,7 @@
 Python's msc on PATH): a README that does not work is a bug."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -157,3 +158,14 @@ def test_the_custom_collective_section_runs_as_written(tmp_path):
     assert done.returncode == 0, f"failed:\n{code}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
     assert "Out of bounds values : 0 OK" in done.stdout and "outputs right" in done.stdout
     assert contract in (tmp_path / "pairs.plan").read_text()
+
+
+def test_the_mscclpp_section_runs_as_written(tmp_path):
+    """Export to MSCCL++, its check, the round trip, a run of the JSON, LL, and LL128 refused."""
+    [(lang, code)] = blocks("Interop: MSCCL++ execution plans")
+    done = run_block(lang, code, tmp_path)
+    assert done.returncode == 0, f"{code}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+    assert done.stdout.count("verified MSCCL++ plan") == 2 and "equal (up to dependency equivalence)" in done.stdout
+    assert "Out of bounds values : 0 OK" in done.stdout and "Simple and LL (packets) only" in done.stderr
+    gpu = json.loads((tmp_path / "ring8.json").read_text())["gpus"][0]
+    assert len(gpu["threadblocks"]) == 2 and all(len(tb["ops"]) <= 64 for tb in gpu["threadblocks"])
