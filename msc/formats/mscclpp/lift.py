@@ -46,7 +46,7 @@ class _Block:
 def lift_plan(osp: OneSidedPlan) -> Plan:
     """The msc plan ``osp`` is the export of (PlanError naming the rank,
     threadblock and operation where it is not of that shape)."""
-    from msc.verification.onesided import Layout
+    from msc.verification.onesided_run import Layout
 
     layout = Layout(osp)
     if layout.collective is None and osp.meta_value("msc_contract") is None:
