@@ -221,3 +221,34 @@ def test_export_verify_diff_and_import_on_the_command_line(tmp_path):
     assert done.returncode == 1 and "deadlock" in done.stderr and "rank 1 threadblock 0 operation 4 (wait)" in done.stderr
     done = cli("export", "ag.plan", "--format", "mscclpp", "--runtime", "azure", cwd=tmp_path)
     assert done.returncode == 2 and "--runtime applies to --format msccl-xml" in done.stderr
+
+
+# -- bad input ------------------------------------------------------------------------------------
+def _paths(obj, pre=()):
+    yield pre
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, list) else ()
+    for k, v in items:
+        yield from _paths(v, pre + (k,))
+
+
+def test_mutated_plans_are_refused_with_msc_errors_only():
+    """Values of the wrong type or size anywhere in a plan: an MscError naming
+    what is wrong, never a Python exception from inside the reader or the model."""
+    import random
+
+    from msc.errors import MscError
+
+    rng = random.Random(7)
+    bases = [allgather_2(), plan_to_mscclpp(library_plan("allreduce/ring:ring", 4, True, "LL"))]
+    values = [None, -1, 0, 3, 1 << 40, "x", "s", [], {}, [1, 2], {"a": 1}, True, 1.5]
+    refused = 0
+    for _ in range(300):
+        doc = copy.deepcopy(rng.choice(bases))
+        *parents, last = rng.choice([p for p in _paths(doc) if p])
+        holder = functools.reduce(lambda obj, key: obj[key], parents, doc)
+        holder[last] = rng.choice(values)
+        try:
+            check(doc)
+        except MscError:
+            refused += 1
+    assert refused > 150

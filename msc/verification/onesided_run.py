@@ -17,6 +17,8 @@ from msc.ir.onesided import OneSidedPlan, Operand, Operation
 ELEMENT = np.dtype(np.int32)
 UNIT = 16                                     # the executor's buffer_alignment
 POISON = np.int32(-(1 << 30))                 # what unwritten output and scratch hold
+MAX_MODEL_BYTES = 1 << 28                     # all ranks' buffers together, in the model
+MAX_INSTANCES = 1 << 22                       # operations run (a pipeline's body once per slice), all threadblocks
 PACKET_READS = {"rppkt": 1, "upkt": 1, "repkt": None, "respkt": None, "recpkt": None, "recspkt": None}
 
 
@@ -102,6 +104,10 @@ class Machine:
         self.packets: dict = {}       # (rank, buffer key) -> (payload, writer event index or -1)
         self.writers: list = []       # packet writer events: (g, seq, clock)
         self.state = State()
+        total = sum(sum(self.physical(gpu).values()) for gpu in plan.gpus) * chunk
+        if total > MAX_MODEL_BYTES:
+            raise PlanError(f"the plan's buffers take {total} bytes at {chunk}-byte chunks, over the {MAX_MODEL_BYTES} "
+                            f"msc's model of the executor runs it with")
         for gpu in plan.gpus:
             for key, chunks in self.physical(gpu).items():
                 self.mem[(gpu.rank, key)] = np.full(chunks * chunk // ELEMENT.itemsize, POISON, ELEMENT)
@@ -196,6 +202,9 @@ def _program(ops, chunk: int, gpu) -> list[Instance]:
             out.append(Instance(op, i, label=f"operation {i} ({op.name})"))
             continue
         iterations = math.ceil(op.num_chunks * chunk / op.unit_size)
+        if iterations * len(op.body) > MAX_INSTANCES:
+            raise PlanError(f"operation {i}: a pipeline of {iterations} slices of {len(op.body)} operations, over the "
+                            f"{MAX_INSTANCES} msc's model of the executor runs", rank=gpu.rank)
         for it in range(iterations):
             for j, inner in enumerate(op.body):
                 out.append(Instance(inner, i, it * op.unit_size, op.unit_size,
@@ -212,6 +221,9 @@ class Run:
         for gpu in plan.gpus:
             for t, ops in enumerate(gpu.threadblocks):
                 self.blocks.append(Block(gpu.rank, t, len(self.blocks), _program(ops, machine.chunk, gpu), None, None))
+        if sum(len(b.program) for b in self.blocks) > MAX_INSTANCES:
+            raise PlanError(f"the plan runs over {MAX_INSTANCES} operations (pipelines' slices counted), more than "
+                            f"msc's model of the executor runs")
         for b in self.blocks:
             b.known = np.zeros(len(self.blocks), np.int64)
             b.pending = np.zeros(len(self.blocks), np.int64)

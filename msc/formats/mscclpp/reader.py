@@ -51,7 +51,9 @@ class _Reader:
         return PlanError(message, path=self.path, **where)
 
     def field(self, obj, key, kind, what, **where):
-        if not isinstance(obj, dict) or key not in obj:
+        if not isinstance(obj, dict):
+            raise self.error(f"{what} must be a JSON object, got {obj!r:.60}", **where)
+        if key not in obj:
             raise self.error(f"{what}: missing field {key!r}", **where)
         value = obj[key]
         if kind is int and (type(value) is not int or value < 0):
@@ -59,6 +61,12 @@ class _Reader:
         if kind is not int and not isinstance(value, kind):
             raise self.error(f"{what}: {key} must be a {kind.__name__}, got {value!r:.80}", **where)
         return value
+
+    def optional(self, obj, key, kind, default, what, **where):
+        """``obj[key]`` of ``kind`` where present, else ``default``."""
+        if isinstance(obj, dict) and key not in obj:
+            return default
+        return self.field(obj, key, kind, what, **where)
 
     def plan(self, doc) -> OneSidedPlan:
         if not isinstance(doc, dict):
@@ -76,10 +84,15 @@ class _Reader:
         remote = [self.remote_buffers(g, r, n) for r, g in enumerate(gpus)]
         channels = [self.channels(g, r, n) for r, g in enumerate(gpus)]
         built = tuple(self.gpu(g, r, channels[r], remote[r]) for r, g in enumerate(gpus))
+        for g in built[1:]:
+            if (g.input_chunks, g.output_chunks) != (built[0].input_chunks, built[0].output_chunks):
+                raise self.error(f"{g.input_chunks} input and {g.output_chunks} output chunks where rank 0 has "
+                                 f"{built[0].input_chunks} and {built[0].output_chunks}: a collective's ranks have "
+                                 f"buffers of one size", rank=g.rank)
         meta = _meta(doc)
         return OneSidedPlan(str(self.field(doc, "name", str, "plan")), self.field(doc, "collective", str, "plan"),
                             protocol, bool(self.field(doc, "inplace", bool, "plan")), n, built,
-                            bool(doc.get("use_double_scratch_buffer", False)), meta)
+                            self.optional(doc, "use_double_scratch_buffer", bool, False, "plan"), meta)
 
     def channels(self, gpu, r, n) -> tuple[int, ...]:
         peers = []
@@ -96,13 +109,13 @@ class _Reader:
 
     def remote_buffers(self, gpu, r, n) -> list[tuple[int, str]]:
         out = []
-        for b, buf in enumerate(gpu.get("remote_buffers", []) if isinstance(gpu, dict) else []):
+        for b, buf in enumerate(self.optional(gpu, "remote_buffers", list, [], "gpu", rank=r)):
             peer = self.field(buf, "rank", int, f"remote_buffers[{b}]", rank=r)
             kind = BUFFERS.get(self.field(buf, "type", str, f"remote_buffers[{b}]", rank=r))
             if kind is None or peer >= n:
                 raise self.error(f"remote_buffers[{b}]: {buf['type']!r:.10} of rank {peer} is not a buffer "
                                  f"(i, o, s) of a rank", rank=r)
-            access = buf.get("access_channel_types", [])
+            access = self.optional(buf, "access_channel_types", list, [], f"remote_buffers[{b}]", rank=r)
             if any(a != "memory" for a in access):
                 raise self.error(f"remote_buffers[{b}] is reached through {', '.join(map(str, access))} channels: msc "
                                  f"checks memory channels only so far (port channels are not supported yet)", rank=r)
@@ -110,7 +123,7 @@ class _Reader:
         return out
 
     def gpu(self, gpu, r, peers, remote) -> Gpu:
-        sems = tuple(self.field(s, "init_value", int, "semaphore", rank=r) for s in gpu.get("semaphores", []))
+        sems = tuple(self.field(s, "init_value", int, "semaphore", rank=r) for s in self.optional(gpu, "semaphores", list, [], "gpu", rank=r))
         tbs, tb_channels, tb_buffers, tb_meta = [], [], [], []
         for t, tb in enumerate(self.field(gpu, "threadblocks", list, "gpu", rank=r)):
             if self.field(tb, "id", int, f"threadblocks[{t}]", rank=r) != t:
@@ -130,7 +143,7 @@ class _Reader:
 
     def tb_channels(self, tb, r, t, peers) -> list[int]:
         out = []
-        for entry in tb.get("channels", []):
+        for entry in self.optional(tb, "channels", list, [], "threadblock", rank=r, tb=t):
             kind = self.field(entry, "channel_type", str, "channels", rank=r, tb=t)
             if kind != "memory":
                 raise self.error(f"uses a {kind} channel: msc checks memory channels only so far", rank=r, tb=t)
@@ -143,9 +156,10 @@ class _Reader:
 
     def tb_buffers(self, tb, r, t, remote) -> list[tuple[int, str]]:
         out = []
-        for entry in tb.get("remote_buffer_refs", []):
-            if entry.get("access_channel_type") != "memory":
-                raise self.error(f"remote buffers through {entry.get('access_channel_type')!r:.20} channels: msc "
+        for entry in self.optional(tb, "remote_buffer_refs", list, [], "threadblock", rank=r, tb=t):
+            through = self.field(entry, "access_channel_type", str, "remote_buffer_refs", rank=r, tb=t)
+            if through != "memory":
+                raise self.error(f"remote buffers through {through!r:.20} channels: msc "
                                  f"checks memory channels only so far", rank=r, tb=t)
             for b in self.field(entry, "remote_buffer_ids", list, "remote_buffer_refs", rank=r, tb=t):
                 if type(b) is not int or not 0 <= b < len(remote):
@@ -161,14 +175,14 @@ class _Reader:
             raise self.error(f"operation {i}: {name!r:.40} is not an operation of the MSCCL++ executor", **where)
         if name in UNSUPPORTED_OPS:
             raise self.error(f"operation {i}: {name} is {UNSUPPORTED_OPS[name]}, not supported by msc yet", **where)
-        kind = op.get("channel_type", "memory")
+        kind = self.optional(op, "channel_type", str, "memory", f"operation {i}", **where)
         if kind != "memory" and "channel_ids" in op:
             raise self.error(f"operation {i}: {name} on a {kind} channel: msc checks memory channels only so far",
                              **where)
-        channels = tuple(self.index(c, chans, f"operation {i}: channel id", **where) for c in op.get("channel_ids", []))
-        srcs = tuple(self.operand(b, r, bufs, i, **where) for b in op.get("src_buff", []))
-        dsts = tuple(self.operand(b, r, bufs, i, **where) for b in op.get("dst_buff", []))
-        tbg = op.get("tbg_info")
+        channels = tuple(self.index(c, chans, f"operation {i}: channel id", **where) for c in self.optional(op, "channel_ids", list, [], f"operation {i}", **where))
+        srcs = tuple(self.operand(b, r, bufs, i, **where) for b in self.optional(op, "src_buff", list, [], f"operation {i}", **where))
+        dsts = tuple(self.operand(b, r, bufs, i, **where) for b in self.optional(op, "dst_buff", list, [], f"operation {i}", **where))
+        tbg = self.optional(op, "tbg_info", dict, None, f"operation {i}", **where)
         group = None if tbg is None else (self.field(tbg, "tb_id", int, f"operation {i} tbg_info", **where),
                                           self.field(tbg, "tbg_size", int, f"operation {i} tbg_info", **where))
         if group is not None and not group[0] < group[1]:
@@ -178,7 +192,7 @@ class _Reader:
             barrier = (self.field(op, "barrier_id", int, f"operation {i}", **where),
                        self.field(op, "num_threadblocks", int, f"operation {i}", **where))
         sems = tuple(self.field({"id": s}, "id", int, f"operation {i} semaphore", **where)
-                     for s in op.get("semaphore_ids", []))
+                     for s in self.optional(op, "semaphore_ids", list, [], f"operation {i}", **where))
         body, unit, nchunks = (), 0, 0
         if name == PIPELINE:
             if nested:
