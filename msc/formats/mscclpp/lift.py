@@ -36,6 +36,7 @@ SHAPE = "not in the shape msc's MSCCL++ export writes (msc verify checks it as i
 class _Block:
     ops: list
     meta: dict
+    index: int = 0                                   # its (first) threadblock in the file
     send: int | None = None
     recv: int | None = None
     steps: list = field(default_factory=list)
@@ -117,7 +118,7 @@ def _join_parts(osp: OneSidedPlan, gpu) -> list[_Block]:
                                 rank=gpu.rank, tb=t)
             blocks[key].ops = blocks[key].ops[:-2] + list(ops[2:])
         else:
-            blocks[key] = _Block(list(ops), meta)
+            blocks[key] = _Block(list(ops), meta, t)
     return [blocks[k] for k in sorted(blocks)]
 
 
@@ -125,7 +126,7 @@ def _steps(osp, rank: int, b: _Block, slots: dict, own: int) -> None:
     pending: list = []
     previous: Operation | None = None
     for i, op in enumerate(b.ops):
-        where = dict(rank=rank, tb=b.meta.get("msc_tb"))
+        where = dict(rank=rank, tb=b.index)
         if op.name in FLOW:
             previous = None
             continue
