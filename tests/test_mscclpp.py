@@ -219,6 +219,20 @@ def test_export_verify_diff_and_import_on_the_command_line(tmp_path):
         allgather_2()["gpus"][1]]}))
     done = cli("verify", "bad.json", cwd=tmp_path)
     assert done.returncode == 1 and "deadlock" in done.stderr and "rank 1 threadblock 0 operation 4 (wait)" in done.stderr
+    (tmp_path / "ag2.json").write_text(json.dumps(allgather_2()))     # not msc's shape: run in the executor's model
+    done = cli("run", "ag2.json", "-b", "128", "-e", "1K", "-d", "half", "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    records = json.loads(done.stdout)["records"]
+    assert [r["size"] for r in records] == [128, 256, 512, 1024] and not any(r["wrong"] for r in records)
+    broken = allgather_2()
+    del ops(broken, 1)[0]                                                 # rank 1's own chunk never copied
+    (tmp_path / "broken.json").write_text(json.dumps(broken))
+    done = cli("run", "broken.json", "-b", "128", "-e", "128", "--json", cwd=tmp_path)
+    assert done.returncode == 1 and json.loads(done.stdout)["records"][0]["wrong_per_rank"] == [0, 16]
+    done = cli("simulate", "ag2.json", "-t", "ring:2", cwd=tmp_path)
+    assert done.returncode == 2 and "operation 1 (put) writes rank 1's output directly (zero-copy)" in done.stderr
+    done = cli("run", "ag.json", "-o", "max", cwd=tmp_path)
+    assert done.returncode == 2 and "allgather" in done.stderr
     done = cli("export", "ag.plan", "--format", "mscclpp", "--runtime", "azure", cwd=tmp_path)
     assert done.returncode == 2 and "--runtime applies to --format msccl-xml" in done.stderr
 

@@ -34,7 +34,7 @@ import numpy as np
 
 from msc.errors import ExecutionError, RaceError
 from msc.ir.onesided import OneSidedPlan, Operand
-from msc.verification.onesided_run import ELEMENT, POISON, Access, Layout, Machine, Run, chunk_bytes_for
+from msc.verification.onesided_run import ELEMENT, Access, Layout, Machine, Run, chunk_bytes_for
 
 
 @dataclass(frozen=True)
@@ -119,33 +119,34 @@ def check_balance(run: Run) -> None:
                                      f"the next call starts from the wrong value", rank=gpu.rank)
 
 
-def load_inputs(machine: Machine, layout: Layout, seed: int) -> list[np.ndarray]:
-    from msc.verification.reference import random_inputs
-
-    gpu0 = machine.plan.gpus[0]
-    length = gpu0.input_chunks * machine.chunk // ELEMENT.itemsize
-    inputs = random_inputs(np.random.default_rng(seed), ELEMENT, "sum", layout.n, length)
-    for gpu, x in zip(machine.plan.gpus, inputs):
+def execute_onesided(plan: OneSidedPlan, layout: Layout, chunk: int, inputs: list[np.ndarray]):
+    """Run ``plan`` on per-rank logical ``inputs`` (one dtype) at ``chunk``
+    bytes a chunk: (the per-rank logical outputs, the Run, the Machine).
+    Raises DeadlockError where it cannot finish."""
+    machine = Machine(plan, layout, chunk, inputs[0].dtype)
+    for gpu, x in zip(plan.gpus, inputs):
         key, lo, hi = machine.where(Operand(gpu.rank, "input", 0, gpu.input_chunks), None, 0, 1 << 62, "input")
         machine.view(gpu.rank, key, lo, hi)[:] = x
-    return inputs
+    run = Run(plan, machine)
+    run.run()
+    outputs = []
+    for gpu in plan.gpus:
+        key, lo, hi = machine.where(Operand(gpu.rank, "output", 0, gpu.output_chunks), None, 0, 1 << 62, "output")
+        outputs.append(machine.view(gpu.rank, key, lo, hi).copy())
+    return outputs, run, machine
 
 
-def check_results(machine: Machine, layout: Layout, inputs: list[np.ndarray]) -> None:
+def check_results(machine: Machine, layout: Layout, inputs: list[np.ndarray], outputs: list[np.ndarray]) -> None:
     from msc.errors import VerificationError
     from msc.verification.reference import expected_outputs
 
-    outputs = []
-    for gpu in machine.plan.gpus:
-        key, lo, hi = machine.where(Operand(gpu.rank, "output", 0, gpu.output_chunks), None, 0, 1 << 62, "output")
-        outputs.append(machine.view(gpu.rank, key, lo, hi).copy())
     expected = expected_outputs(layout.collective.name, inputs, op="sum", root=layout.root)
-    per_chunk = machine.chunk // ELEMENT.itemsize
+    per_chunk = machine.chunk // machine.dtype.itemsize
     for gpu, got, want in zip(machine.plan.gpus, outputs, expected):
         if want is None or np.array_equal(got, want):
             continue
         bad = int(np.flatnonzero(got != want)[0]) if got.shape == want.shape else 0
-        found = "nothing written" if got[bad] == POISON else str(got[bad])
+        found = "nothing written" if got[bad] == machine.poison else str(got[bad])
         raise VerificationError(f"wrong result on rank {gpu.rank}: output chunk {bad // per_chunk} (element {bad}) "
                                 f"of the {layout.collective.name}, with random integer inputs at {machine.chunk}-byte "
                                 f"chunks", rank=gpu.rank, buffer="output", index=bad // per_chunk,
@@ -158,20 +159,20 @@ def verify_onesided(plan: OneSidedPlan, *, collective=None, root: int | None = N
     semaphore balance) and, for a collective msc knows, its results on
     random data. Raises the first problem found."""
     from msc.formats.mscclpp.limits import check_limits
+    from msc.verification.reference import random_inputs
 
     start = time.perf_counter()
     check_limits(plan)
     layout = Layout(plan, collective, root)
     chunk = chunk or chunk_bytes_for(plan)
-    machine = Machine(plan, layout, chunk)
-    inputs = load_inputs(machine, layout, seed)
-    run = Run(plan, machine)
-    run.run()
+    length = plan.gpus[0].input_chunks * chunk // ELEMENT.itemsize
+    inputs = random_inputs(np.random.default_rng(seed), ELEMENT, "sum", layout.n, length)
+    outputs, run, machine = execute_onesided(plan, layout, chunk, inputs)
     check_races(run, chunk)
     check_finished(run)
     check_balance(run)
     if layout.checkable:
-        check_results(machine, layout, inputs)
+        check_results(machine, layout, inputs, outputs)
     ops = sum(op.count for gpu in plan.gpus for ops in gpu.threadblocks for op in ops)
     return OneSidedReport(plan.name, plan.collective, plan.num_ranks, len(run.blocks), ops, run.events, chunk,
                           time.perf_counter() - start, layout.checkable)

@@ -14,9 +14,9 @@ import numpy as np
 from msc.errors import DeadlockError, ExecutionError, PlanError
 from msc.ir.onesided import OneSidedPlan, Operand, Operation
 
-ELEMENT = np.dtype(np.int32)
+ELEMENT = np.dtype(np.int32)                  # what msc verify runs plans on
 UNIT = 16                                     # the executor's buffer_alignment
-POISON = np.int32(-(1 << 30))                 # what unwritten output and scratch hold
+POISON = np.int32(-(1 << 30))                 # what unwritten int32 output and scratch hold
 MAX_MODEL_BYTES = 1 << 28                     # all ranks' buffers together, in the model
 MAX_INSTANCES = 1 << 22                       # operations run (a pipeline's body once per slice), all threadblocks
 PACKET_READS = {"rppkt": 1, "upkt": 1, "repkt": None, "respkt": None, "recpkt": None, "recspkt": None}
@@ -85,6 +85,13 @@ def chunk_bytes_for(plan: OneSidedPlan) -> int:
     return size
 
 
+def poison(dtype: np.dtype):
+    """What unwritten output and scratch hold: NaN for floats, a value far from any input for integers."""
+    if dtype.kind == "f" or dtype.name == "bfloat16":
+        return np.array(np.nan).astype(dtype)
+    return np.array(POISON).astype(dtype) if dtype.itemsize >= 4 else np.iinfo(dtype).min
+
+
 def _slice(lo: int, size: int, group) -> tuple[int, int]:
     """The bytes of [lo, lo+size) a threadblock group member takes (calcOffset)."""
     if group is None:
@@ -98,8 +105,10 @@ def _slice(lo: int, size: int, group) -> tuple[int, int]:
 class Machine:
     """The buffers and synchronisation of every rank during one run."""
 
-    def __init__(self, plan: OneSidedPlan, layout, chunk: int):
+    def __init__(self, plan: OneSidedPlan, layout, chunk: int, dtype=ELEMENT):
         self.plan, self.layout, self.chunk = plan, layout, chunk
+        self.dtype = np.dtype(dtype)
+        self.poison = poison(self.dtype)
         self.mem: dict = {}
         self.packets: dict = {}       # (rank, buffer key) -> (payload, writer event index or -1)
         self.writers: list = []       # packet writer events: (g, seq, clock)
@@ -110,7 +119,7 @@ class Machine:
                             f"msc's model of the executor runs it with")
         for gpu in plan.gpus:
             for key, chunks in self.physical(gpu).items():
-                self.mem[(gpu.rank, key)] = np.full(chunks * chunk // ELEMENT.itemsize, POISON, ELEMENT)
+                self.mem[(gpu.rank, key)] = np.full(chunks * chunk // self.dtype.itemsize, self.poison, self.dtype)
 
     def physical(self, gpu) -> dict[str, int]:
         sizes = {"input": gpu.input_chunks, "output": gpu.output_chunks, "scratch": gpu.scratch_chunks}
@@ -131,19 +140,19 @@ class Machine:
         lo = min(lo + offset, hi)
         hi = min(hi, lo + unit)
         arr = self.mem.get((operand.rank, key))
-        if arr is None or hi > arr.size * ELEMENT.itemsize:
+        if arr is None or hi > arr.size * self.dtype.itemsize:
             raise PlanError(f"{who}: {operand} is outside rank {operand.rank}'s {operand.buffer} buffer "
-                            f"({(0 if arr is None else arr.size * ELEMENT.itemsize) // self.chunk} chunks)")
+                            f"({(0 if arr is None else arr.size * self.dtype.itemsize) // self.chunk} chunks)")
         return key, lo, hi
 
     def view(self, rank: int, key: str, lo: int, hi: int) -> np.ndarray:
-        s = ELEMENT.itemsize
+        s = self.dtype.itemsize
         return self.mem[(rank, key)][lo // s:hi // s]
 
     def packet_store(self, rank: int, key: str):
         if (rank, key) not in self.packets:
             n = self.mem[(rank, key)].size
-            self.packets[(rank, key)] = (np.full(n, POISON, ELEMENT), np.full(n, -1, np.int64))
+            self.packets[(rank, key)] = (np.full(n, self.poison, self.dtype), np.full(n, -1, np.int64))
         return self.packets[(rank, key)]
 
     def record(self, rank, key, lo, hi, write, block, clock, who, packet=False):
@@ -201,6 +210,9 @@ def _program(ops, chunk: int, gpu) -> list[Instance]:
         if not op.body:
             out.append(Instance(op, i, label=f"operation {i} ({op.name})"))
             continue
+        if op.unit_size % UNIT:
+            raise PlanError(f"operation {i}: pipeline unit_size {op.unit_size} is not a multiple of the executor's "
+                            f"{UNIT}-byte units", rank=gpu.rank)
         iterations = math.ceil(op.num_chunks * chunk / op.unit_size)
         if iterations * len(op.body) > MAX_INSTANCES:
             raise PlanError(f"operation {i}: a pipeline of {iterations} slices of {len(op.body)} operations, over the "
@@ -355,7 +367,8 @@ class Run:
         for operand in packet_sources(inst.op):
             key, lo, hi = self.m.where(scratch_of(operand, b.rank), inst.op.group, 0, 1 << 62, inst.label)
             _, writer = self.m.packet_store(b.rank, key)
-            if (writer[lo // ELEMENT.itemsize:hi // ELEMENT.itemsize] < 0).any():
+            s = self.m.dtype.itemsize
+            if (writer[lo // s:hi // s] < 0).any():
                 return False
         return True
 
@@ -400,16 +413,16 @@ class DataOp:
         self.m.view(operand.rank, key, lo, hi)[:] = self.fit(values, hi - lo, operand)
 
     def fit(self, values: np.ndarray, nbytes: int, operand: Operand) -> np.ndarray:
-        n = nbytes // ELEMENT.itemsize
+        n = nbytes // self.m.dtype.itemsize
         if values.size < n:
             raise ExecutionError(f"{self.inst.label}: writes {nbytes} bytes to {operand} from only "
-                                 f"{values.size * ELEMENT.itemsize}", rank=self.b.rank, tb=self.b.tb)
+                                 f"{values.size * self.m.dtype.itemsize}", rank=self.b.rank, tb=self.b.tb)
         return values[:n]
 
     def read_packets(self, operand: Operand) -> np.ndarray:
         key, lo, hi = self.locate(scratch_of(operand, self.b.rank))
         payload, writer = self.m.packet_store(self.b.rank, key)
-        s = ELEMENT.itemsize
+        s = self.m.dtype.itemsize
         for w in np.unique(writer[lo // s:hi // s]):
             g, seq, clock = self.m.writers[w]
             np.maximum(self.clock, clock, out=self.clock)
@@ -421,7 +434,7 @@ class DataOp:
     def write_packets(self, operand: Operand, values: np.ndarray) -> None:
         key, lo, hi = self.locate(operand)
         payload, writer = self.m.packet_store(operand.rank, key)
-        s = ELEMENT.itemsize
+        s = self.m.dtype.itemsize
         payload[lo // s:hi // s] = self.fit(values, hi - lo, operand)
         writer[lo // s:hi // s] = len(self.m.writers)
         self.m.writers.append((self.b.g, self.b.seq, self.clock.copy()))
@@ -466,7 +479,7 @@ class DataOp:
         n = values[0].size
         if any(v.size < n for v in values):
             raise ExecutionError(f"{self.inst.label}: reduces operands of different sizes "
-                                 f"({', '.join(str(v.size * ELEMENT.itemsize) for v in values)} bytes)",
+                                 f"({', '.join(str(v.size * self.m.dtype.itemsize) for v in values)} bytes)",
                                  rank=self.b.rank, tb=self.b.tb)
         out = values[0].copy()
         for v in values[1:]:
