@@ -158,11 +158,7 @@ class _RankWriter:
         return edges
 
     def build(self) -> dict:
-        blocks = [_BlockWriter(self, tb).ops() for tb in self.rp.threadblocks]
-        tbs = []
-        for tb, groups in zip(self.rp.threadblocks, blocks):
-            tbs.append((tb, groups))
-        entries = _spread(self, tbs)
+        entries = _spread(self, [(tb, _BlockWriter(self, tb).ops()) for tb in self.rp.threadblocks])
         return {"id": self.r, "input_chunks": self.plan.input_chunks, "output_chunks": self.plan.output_chunks,
                 "scratch_chunks": self.scratch, "msc_scratch": self.rp.scratch,
                 "channels": [{"channel_type": "memory", "connected_to": [p]} for p in self.peers],
