@@ -21,6 +21,7 @@ from msc.formats.mscclpp.lift import lift_plan
 from msc.formats.mscclpp.limits import MAX_OPERATION, check_limits
 from msc.formats.mscclpp.reader import parse_mscclpp
 from msc.lower.pipeline import LowerOptions, lower
+from msc.formats.mscclpp.check import verify_mscclpp
 from msc.verification.onesided import verify_onesided
 from msc.verification.plan import verify_plan
 from library import algorithms, rank_counts
@@ -47,7 +48,7 @@ def test_library_plans_export_within_limits_verify_and_come_back_equivalent(key,
         plan = library_plan(key, n, inplace, protocol)
         doc = parse_mscclpp(plan_to_mscclpp_json(plan))
         check_limits(doc)
-        report = verify_onesided(doc)
+        report = verify_mscclpp(doc)
         assert report.results_checked and report.num_ranks == plan.num_ranks
         back = lift_plan(doc)
         assert diff_plans(plan, back, equivalent=True) is None
@@ -115,7 +116,7 @@ def allgather_2() -> dict:
 
 
 def check(doc: dict):
-    return verify_onesided(parse_mscclpp(json.dumps(doc)))
+    return verify_mscclpp(parse_mscclpp(json.dumps(doc)))
 
 
 def ops(doc, rank):
@@ -266,3 +267,29 @@ def test_mutated_plans_are_refused_with_msc_errors_only():
         except MscError:
             refused += 1
     assert refused > 150
+
+
+# -- a custom collective travels with the plan -------------------------------------------------
+PAIR_SUM = msc.CustomCollective("pair_sum", input_chunks=1, output_chunks=1,
+                                postcondition=lambda r, i, n, k: [(r, 0), ((r + 1) % n, 0)])
+
+
+@msc.algorithm(PAIR_SUM, inplace=False)
+def neighbours(p):
+    n = p.num_ranks
+    for r in range(n):
+        p.chunk(r, "input", 0).copy(r, "output", 0)
+    for r in range(n):
+        p.chunk(r, "output", 0).reduce(p.chunk((r + 1) % n, "input", 0))
+
+
+def test_a_custom_collective_is_checked_from_the_contract_the_export_records():
+    plan = lower(msc.trace(neighbours, 4), LowerOptions())
+    doc = plan_to_mscclpp(plan)
+    report = check(doc)
+    assert report.results_checked and report.collective == "pair_sum"
+    assert diff_plans(plan, lift_plan(parse_mscclpp(json.dumps(doc))), equivalent=True) is None
+    for tb in doc["gpus"][2]["threadblocks"]:          # rank 2 no longer adds what rank 3 sends it
+        tb["ops"] = [op for op in tb["ops"] if op["name"] not in ("re", "res")]
+    with pytest.raises(VerificationError, match="wrong result on rank 2: .* not what pair_sum requires"):
+        check(doc)

@@ -182,14 +182,14 @@ def verify_mscclpp(args, given: dict):
     from msc.formats.inputs import read_input
     from msc.formats.mscclpp.reader import parse_mscclpp
     from msc.ir.limits import MAX_PLAN_FILE_BYTES
-    from msc.verification.onesided import verify_onesided
+    from msc.formats.mscclpp.check import verify_mscclpp
 
     for value, flag in ((args.slots, "--slots"), (args.runtime, "--runtime")):
         if value is not None:
             raise UsageError(f"{flag} applies to msc plans and MSCCL XML; {args.file} is an MSCCL++ execution plan, "
                              f"whose synchronisation is in the file")
     data = read_input(args.file, MAX_PLAN_FILE_BYTES, what="plan", error=PlanError)
-    return verify_onesided(parse_mscclpp(data, path=args.file), **given)
+    return verify_mscclpp(parse_mscclpp(data, path=args.file), **given)
 
 
 def already_checked(program):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import time
 
+from msc.cli.args import collective_kw
 from msc.errors import UsageError
 from msc.units import format_table, parse_dtype, parse_size, sizes
 
@@ -21,6 +22,7 @@ UNIT = 16
 
 def cmd_run_mscclpp(args) -> int:
     from msc.formats.inputs import read_input
+    from msc.formats.mscclpp.check import stated_collective
     from msc.formats.mscclpp.limits import check_limits
     from msc.formats.mscclpp.reader import parse_mscclpp
     from msc.errors import PlanError
@@ -33,7 +35,7 @@ def cmd_run_mscclpp(args) -> int:
     check_limits(plan)
     records = sweep_mscclpp(plan, min_bytes=args.minbytes, max_bytes=args.maxbytes, factor=args.stepfactor,
                             dtype=args.dtype, op=args.op, iters=args.iters, seed=args.seed, root=args.root,
-                            collective=getattr(args, "collective", None))
+                            collective=stated_collective(plan, collective_kw(args).get("collective")))
     wrong = sum(r["wrong"] for r in records)
     if args.json:
         print(json.dumps({"plan": plan.name, "collective": plan.collective, "ranks": plan.num_ranks,
@@ -84,7 +86,7 @@ def sweep_mscclpp(plan, *, min_bytes, max_bytes, factor: int, dtype: str, op: st
             start = time.perf_counter()
             outputs, _, _ = execute_onesided(plan, layout, chunk, [x.copy() for x in inputs])
             seconds += time.perf_counter() - start
-        wrong = reference.check(name, inputs, outputs, op="sum", root=layout.root)
+        wrong = layout.wrong(inputs, outputs, layout.k * chunk // dt.itemsize)
         records.append({"size": chunk * big, "count": layout.k * chunk // dt.itemsize, "type": tname,
                         "redop": "sum" if name in REDUCING else "none",
                         "root": layout.root if layout.collective.has_root else -1,

@@ -138,13 +138,13 @@ def _read_mscclpp(path: Path, data: bytes, *, verify: bool, collective, slots, r
     export of (msc.formats.mscclpp.lift; other shapes are refused there)."""
     from msc.formats.mscclpp.lift import lift_plan
     from msc.formats.mscclpp.reader import parse_mscclpp
-    from msc.verification.onesided import verify_onesided
+    from msc.formats.mscclpp.check import verify_mscclpp
 
     if runtime is not None:
         raise UsageError(f"--runtime {runtime} names an MSCCL runtime; {path} is an MSCCL++ execution plan")
     osp = parse_mscclpp(data, path=str(path))
     if verify:
-        verify_onesided(osp, collective=collective)
+        verify_mscclpp(osp, collective=collective)
     plan = stating(lift_plan(osp), collective)
     if slots is not None and slots != plan.slots:
         plan = replace(plan, slots=slots)

@@ -140,6 +140,14 @@ def check_results(machine: Machine, layout: Layout, inputs: list[np.ndarray], ou
     from msc.errors import VerificationError
     from msc.verification.reference import expected_outputs
 
+    if not layout.builtin:                   # a custom collective: its stated pre- and postconditions
+        per_unit = layout.k * machine.chunk // machine.dtype.itemsize
+        for gpu, bad in zip(machine.plan.gpus, layout.wrong(inputs, outputs, per_unit)):
+            if bad:
+                raise VerificationError(f"wrong result on rank {gpu.rank}: {bad} output element(s) are not what "
+                                        f"{layout.collective.name} requires, with random integer inputs at "
+                                        f"{machine.chunk}-byte chunks", rank=gpu.rank, buffer="output")
+        return
     expected = expected_outputs(layout.collective.name, inputs, op="sum", root=layout.root)
     per_chunk = machine.chunk // machine.dtype.itemsize
     for gpu, got, want in zip(machine.plan.gpus, outputs, expected):
@@ -155,14 +163,13 @@ def check_results(machine: Machine, layout: Layout, inputs: list[np.ndarray], ou
 
 def verify_onesided(plan: OneSidedPlan, *, collective=None, root: int | None = None, seed: int = 0,
                     chunk: int | None = None) -> OneSidedReport:
-    """Check ``plan`` (limits, deadlock, races, unfinished remote accesses,
+    """Check ``plan`` (deadlock, races, unfinished remote accesses,
     semaphore balance) and, for a collective msc knows, its results on
-    random data. Raises the first problem found."""
-    from msc.formats.mscclpp.limits import check_limits
+    random data. Raises the first problem found. (The executor's limits:
+    msc.formats.mscclpp.check.verify_mscclpp checks them first.)"""
     from msc.verification.reference import random_inputs
 
     start = time.perf_counter()
-    check_limits(plan)
     layout = Layout(plan, collective, root)
     chunk = chunk or chunk_bytes_for(plan)
     length = plan.gpus[0].input_chunks * chunk // ELEMENT.itemsize

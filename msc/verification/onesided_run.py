@@ -181,20 +181,40 @@ class Layout:
         self.k = self._chunk_factor(gpu.input_chunks, gpu.output_chunks)
 
     def _chunk_factor(self, inputs: int, outputs: int) -> int | None:
+        from msc.errors import MscError
+
         if self.collective is None:
             return None
         for k in range(1, max(inputs, outputs, 1) + 1):
-            if (self.collective.input_chunks(self.n, k), self.collective.output_chunks(self.n, k)) == (inputs, outputs):
+            try:
+                sizes = (self.collective.input_chunks(self.n, k), self.collective.output_chunks(self.n, k))
+            except MscError:             # a collective known at one chunk factor only (read from a plan)
+                continue
+            if sizes == (inputs, outputs):
                 return k
         return None
 
     @property
     def checkable(self) -> bool:
-        """Whether the results can be checked: a built-in collective (numpy's
-        reference) whose buffer sizes the plan's are, at some chunk factor."""
+        """Whether the results can be checked: a collective whose buffer sizes
+        the plan's are, at some chunk factor."""
+        return self.k is not None
+
+    @property
+    def builtin(self) -> bool:
         from msc.dsl.collectives import BUILTIN
 
-        return self.k is not None and type(self.collective) is BUILTIN.get(self.collective.name)
+        return type(self.collective) is BUILTIN.get(self.collective.name)
+
+    def wrong(self, inputs: list, outputs: list, count: int) -> list[int]:
+        """Wrong elements per rank (msc.verification.reference), sum being the
+        executor's only reduction; ``count`` elements per data unit."""
+        from msc.verification import reference
+
+        if self.builtin:
+            return reference.check(self.collective.name, inputs, outputs, op="sum", root=self.root)
+        return reference.check_stated(self.collective, inputs, outputs, k=self.k, count=count, op="sum",
+                                      root=self.root)
 
     def alias(self, rank: int) -> tuple[str, str, int]:
         if self.collective is not None and self.k is not None:

@@ -62,7 +62,7 @@ def lift_plan(osp: OneSidedPlan) -> Plan:
             _steps(osp, gpu.rank, b, slots, own)
         ranks.append(RankPlan(gpu.rank, own, _threadblocks(gpu.rank, blocks)))
     k = osp.meta_value("msc_chunk_factor", layout.k)
-    contract = _contract(osp)
+    contract = contract_of_plan(osp)
     plan = Plan(osp.name, _collective_name(osp, layout), osp.num_ranks, k, osp.inplace, osp.gpus[0].input_chunks,
                 osp.gpus[0].output_chunks, tuple(ranks), root=layout.root, protocol=osp.protocol,
                 instances=osp.meta_value("msc_instances", 1), slots=osp.meta_value("msc_slots", 1),
@@ -75,7 +75,8 @@ def _collective_name(osp, layout) -> str:
     return layout.collective.name if layout.collective is not None else osp.collective
 
 
-def _contract(osp: OneSidedPlan) -> Contract | None:
+def contract_of_plan(osp: OneSidedPlan) -> Contract | None:
+    """The custom collective's requirements msc recorded in the plan (msc_contract), or None."""
     import re
 
     from msc.formats.contract_text import build_contract
