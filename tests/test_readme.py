@@ -2,6 +2,7 @@
 Python's msc on PATH): a README that does not work is a bug."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -169,3 +170,14 @@ def test_the_nvls_section_runs_as_written(tmp_path):
     assert "Out of bounds values : 0 OK" in done.stdout
     last = [line for line in done.stdout.splitlines() if line.strip().startswith("1G ")]
     assert last and "nvls Simple" in last[-1], done.stdout[-3000:]
+
+
+def test_the_mscclpp_section_runs_as_written(tmp_path):
+    """Export to MSCCL++, its check, the round trip, a run of the JSON, LL, and LL128 refused."""
+    [(lang, code)] = blocks("Interop: MSCCL++ execution plans")
+    done = run_block(lang, code, tmp_path)
+    assert done.returncode == 0, f"{code}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+    assert done.stdout.count("verified MSCCL++ plan") == 2 and "equal (up to dependency equivalence)" in done.stdout
+    assert "Out of bounds values : 0 OK" in done.stdout and "Simple and LL (packets) only" in done.stderr
+    gpu = json.loads((tmp_path / "ring8.json").read_text())["gpus"][0]
+    assert len(gpu["threadblocks"]) == 2 and all(len(tb["ops"]) <= 64 for tb in gpu["threadblocks"])

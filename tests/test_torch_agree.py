@@ -128,8 +128,8 @@ def test_msc_keeps_no_group_alive(pool):
 
 
 def test_the_check_can_be_turned_off(pool):
-    for r in pool.run(torchdist.agree_off_case):
-        assert r["after"]["calls"] == r["before"]["calls"]
+    for r in pool.run(torchdist.agree_off_case):      # a worker that never agreed has no gate, so no "calls"
+        assert r["after"].get("calls", 0) == r["before"].get("calls", 0)
 
 
 def test_without_the_store_the_check_runs_as_a_collective(pool):

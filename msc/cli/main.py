@@ -87,11 +87,11 @@ def forced_in_place(alg, ranks: int, params: dict):
 
 
 def is_plan_file(path: str) -> bool:
-    """A .plan or .xml file, or any existing file that is not Python; other
-    names are algorithm files or library names (allreduce/ring)."""
+    """A .plan, .xml or .json (MSCCL++) file, or any existing file that is
+    not Python; other names are algorithm files or library names (allreduce/ring)."""
     from pathlib import Path
 
-    if path.endswith((".plan", ".xml")):
+    if path.endswith((".plan", ".xml", ".json")):
         return True
     return not path.endswith(".py") and Path(path).is_file()
 
@@ -121,6 +121,12 @@ def cmd_verify(args) -> int:
     for report in reports:
         if args.json:
             print(json.dumps(report.to_dict()))
+        elif hasattr(report, "operations"):         # an MSCCL++ execution plan, checked one-sidedly
+            print(f"verified MSCCL++ plan: {report.name} ({report.collective}, {report.num_ranks} ranks, "
+                  f"{report.threadblocks} threadblocks, {report.operations} operations, run at {report.chunk_bytes}-byte "
+                  f"chunks) in {report.seconds:.3f} s: no deadlock, no race, semaphores balanced, within the "
+                  f"executor's limits; " + ("outputs right" if report.results_checked else
+                                            "results NOT checked: msc does not know the collective"))
         elif is_plan_file(args.file) and not report.results_checked:
             print(f"verified plan structurally: {report.name} ({report.collective}, {report.num_ranks} ranks, "
                   f"{report.threadblocks} threadblocks, {report.steps} steps, {report.connections} connections, "
@@ -148,9 +154,11 @@ def verify_reports(args) -> list:
         from msc.formats.load import load_plan, verify_at_capacity
 
         reject_algorithm_flags(args)
-        from msc.formats.load import states_nothing, structural
+        from msc.formats.load import plan_reader, states_nothing, structural
 
         given = collective_kw(args)
+        if plan_reader(args.file) == "mscclpp":
+            return [verify_mscclpp(args, given)]
         plan = load_plan(args.file, verify=False, slots=args.slots, runtime=args.runtime, **given)
         if states_nothing(plan):            # MSCCL XML of a custom collective, no definition given
             return [replace(verify_at_capacity(plan, collective=structural(plan)), results_checked=False)]
@@ -166,6 +174,22 @@ def verify_reports(args) -> list:
             raise UsageError(f"{args.file} defined no MSCCLProgram")
         return [already_checked(p) or msc.verify(p) for p in programs]
     return [msc.verify(trace_from_args(args))]
+
+
+def verify_mscclpp(args, given: dict):
+    """An MSCCL++ execution plan, checked as its executor runs it (any shape, not only msc's exports)."""
+    from msc.errors import PlanError
+    from msc.formats.inputs import read_input
+    from msc.formats.mscclpp.reader import parse_mscclpp
+    from msc.ir.limits import MAX_PLAN_FILE_BYTES
+    from msc.formats.mscclpp.check import verify_mscclpp
+
+    for value, flag in ((args.slots, "--slots"), (args.runtime, "--runtime")):
+        if value is not None:
+            raise UsageError(f"{flag} applies to msc plans and MSCCL XML; {args.file} is an MSCCL++ execution plan, "
+                             f"whose synchronisation is in the file")
+    data = read_input(args.file, MAX_PLAN_FILE_BYTES, what="plan", error=PlanError)
+    return verify_mscclpp(parse_mscclpp(data, path=args.file), **given)
 
 
 def already_checked(program):
@@ -318,6 +342,8 @@ def cmd_export(args) -> int:
     if args.output and same_file(args.plan, args.output):
         raise UsageError(f"-o {args.output} is the plan being exported ({args.plan}); name another file")
     plan = load_plan_arg(args.plan, verify=not args.no_verify, **collective_kw(args))
+    if args.format == "mscclpp":
+        return export_mscclpp(args, plan)
     try:
         text = plan_to_xml(plan, runtime=args.runtime, min_bytes=args.min_bytes, max_bytes=args.max_bytes)
     except RuntimeLimitError as exc:       # say how to get a plan that fits
@@ -327,6 +353,26 @@ def cmd_export(args) -> int:
     if args.output:
         write_output(args.output, text)          # whole or not at all
         print(f"exported {args.plan} -> {args.output} (MSCCL XML for the {args.runtime} runtime)")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def export_mscclpp(args, plan) -> int:
+    from msc.formats.files import write_output
+    from msc.formats.mscclpp.export import plan_to_mscclpp_json
+    from msc.formats.mscclpp.limits import check_limits
+    from msc.formats.mscclpp.reader import parse_mscclpp
+
+    given = [flag for flag, value, default in (("--runtime", args.runtime, "msccl"), ("--min-bytes", args.min_bytes, 0),
+                                               ("--max-bytes", args.max_bytes, None)) if value != default]
+    if given:
+        raise UsageError(f"{', '.join(given)} appl{'y' if len(given) > 1 else 'ies'} to --format msccl-xml")
+    text = plan_to_mscclpp_json(plan)
+    check_limits(parse_mscclpp(text))           # what the executor takes, counted as its loader counts
+    if args.output:
+        write_output(args.output, text)
+        print(f"exported {args.plan} -> {args.output} (MSCCL++ execution plan)")
     else:
         sys.stdout.write(text)
     return 0
@@ -594,10 +640,10 @@ def _add_compile_parser(sub) -> None:
 
 def _add_export_parser(sub) -> None:
     """msc export PLAN: MSCCL XML."""
-    p = sub.add_parser("export", help="write a plan as MSCCL XML")
+    p = sub.add_parser("export", help="write a plan as MSCCL XML or an MSCCL++ execution plan")
     p.add_argument("plan", help="plan file (.plan, or MSCCL XML)")
-    p.add_argument("--format", choices=("msccl-xml",), default="msccl-xml",
-                   help="output format (msccl-xml, the only one)")
+    p.add_argument("--format", choices=("msccl-xml", "mscclpp"), default="msccl-xml",
+                   help="output format: msccl-xml (MSCCL-IR XML, default) or mscclpp (MSCCL++ execution plan, JSON)")
     p.add_argument("--runtime", choices=("msccl", "azure"), default="msccl",
                    help="which MSCCL runtime reads it (attribute spellings)")
     p.add_argument("--min-bytes", type=size_arg, default=0,
@@ -616,7 +662,7 @@ def _add_import_parser(sub) -> None:
     from msc.lower.runtimes import add_capacity_args
 
     p = sub.add_parser("import", help="read MSCCL XML (from MSCCLang, TACCL, by hand) into a plan file")
-    p.add_argument("xml", help="MSCCL XML file")
+    p.add_argument("xml", help="MSCCL XML file, or an MSCCL++ execution plan (.json) of the shape msc exports")
     p.add_argument("-o", "--output", required=True, help="plan file to write")
     p.add_argument("--no-verify", action="store_true", help="skip verifying the plan (it is then not marked verified)")
     add_capacity_args(p)

@@ -193,8 +193,16 @@ def add_run_command(subparsers, load_plan: Callable) -> argparse.ArgumentParser:
     add_collective_arg(p)
 
     def cmd_run(args) -> int:
+        from pathlib import Path
+
+        from msc.formats.load import plan_reader
         from msc.verification.plan import plan_collective
 
+        if args.backend == "sim" and Path(args.plan).is_file() and plan_reader(args.plan) == "mscclpp":
+            # an MSCCL++ plan of any shape: run in its executor's model
+            from msc.cli.run_mscclpp import cmd_run_mscclpp
+
+            return cmd_run_mscclpp(args)
         coll = collective_kw(args)
         plan = load_plan(args.plan, **capacity_args(args), **coll)
         refuse_inapplicable(plan.collective, op=args.op, root=args.root)

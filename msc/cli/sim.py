@@ -32,10 +32,10 @@ def simulated_slots(plan, path: str, args) -> int | None:
     MSCCL XML, what the MSCCL runtimes give its protocol (the file's own
     msc_slots where that is more); else None, what msc's own runtime gives
     it (msc.sim.simulate.Simulator's default)."""
-    from msc.formats.load import is_xml_file
+    from msc.formats.load import is_xml_file, plan_reader
     from msc.lower.runtimes import xml_capacity
 
-    if capacity_args(args):
+    if capacity_args(args) or plan_reader(path) == "mscclpp":     # MSCCL++: the scratch slots it was exported with
         return plan.slots
     if is_xml_file(path):
         return max(plan.slots, xml_capacity(plan.protocol).slots)

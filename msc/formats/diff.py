@@ -417,6 +417,8 @@ def file_lines(data: bytes, reader: str) -> dict:
     """The line of each rank (rank,), threadblock (rank, tb), step (rank,
     tb, step) and header field ("header", field) of a plan file that
     msc.formats.load.read_plan_file read as ``reader`` ("plan" or "xml")."""
+    if reader == "mscclpp":
+        return {}                   # JSON: no lines to point at
     return _xml_lines(data) if reader == "xml" else _plan_lines(data.decode("utf-8"))
 
 

@@ -48,6 +48,8 @@ def read_plan_file(path: str | Path, *, verify: bool = True, collective=None, sl
     path = Path(path)
     data = read_input(path, MAX_PLAN_FILE_BYTES, what="plan", error=PlanError)
     reader = _reader(path, data)
+    if reader == "mscclpp":
+        return _read_mscclpp(path, data, verify=verify, collective=collective, slots=slots, runtime=runtime)
     if reader == "xml":
         plan = xml_to_plan(data, path=str(path), slots=slots, runtime=runtime)   # bytes: expat reads the encoding
     else:
@@ -123,7 +125,38 @@ def stating(plan: Plan, collective) -> Plan:
 
 
 def _reader(path: Path, data: bytes) -> str:
+    from msc.formats.mscclpp.reader import looks_like_mscclpp
+
+    if path.suffix.lower() == ".json" or looks_like_mscclpp(data[:64]):
+        return "mscclpp"
     return "xml" if path.suffix.lower() == ".xml" or _XML_START.match(data) else "plan"
+
+
+def _read_mscclpp(path: Path, data: bytes, *, verify: bool, collective, slots, runtime) -> tuple[Plan, bytes, str]:
+    """An MSCCL++ execution plan: checked as the MSCCL++ executor runs it
+    (msc.verification.onesided), then read back as the msc plan it is the
+    export of (msc.formats.mscclpp.lift; other shapes are refused there)."""
+    from msc.formats.mscclpp.lift import lift_plan
+    from msc.formats.mscclpp.reader import parse_mscclpp
+    from msc.formats.mscclpp.check import verify_mscclpp
+
+    if runtime is not None:
+        raise UsageError(f"--runtime {runtime} names an MSCCL runtime; {path} is an MSCCL++ execution plan")
+    osp = parse_mscclpp(data, path=str(path))
+    if verify:
+        verify_mscclpp(osp, collective=collective)
+    plan = stating(lift_plan(osp), collective)
+    if slots is not None and slots != plan.slots:
+        plan = replace(plan, slots=slots)
+    if verify:
+        verify_at_capacity(plan, collective=collective if not states_nothing(plan) else structural(plan))
+    return plan, data, "mscclpp"
+
+
+def plan_reader(path: str | Path) -> str:
+    """Which reader load_plan uses for ``path``: "plan", "xml" or "mscclpp"."""
+    path = Path(path)
+    return _reader(path, read_input(path, MAX_PLAN_FILE_BYTES, what="plan", error=PlanError, head=4096))
 
 
 def is_xml_file(path: str | Path) -> bool:

@@ -1,0 +1,226 @@
+"""An MSCCL++ execution plan (JSON) into the one-sided model (msc.ir.onesided).
+
+Read as the executor's loader reads it (microsoft/mscclpp at 1f5f065,
+src/core/executor/execution_plan.cc): a rank's ``channels`` are flattened,
+one memory channel per ``connected_to`` peer, and a threadblock's
+``channels[].channel_ids`` name them; an operation's ``channel_ids`` index
+the threadblock's list. A rank's ``remote_buffers`` name peers' buffers, a
+threadblock's ``remote_buffer_refs`` pick some, and an operand's
+``buffer_id`` indexes the threadblock's pick. Operand ``index``/``size`` are
+chunks. Port channels, switch (NVLS) channels and their operations are
+refused by name: msc does not model them yet.
+
+Every error is a PlanError naming the rank, threadblock and operation.
+"""
+from __future__ import annotations
+
+import json
+
+from msc.errors import PlanError
+from msc.ir.onesided import KNOWN_OPS, PIPELINE, UNSUPPORTED_OPS, Gpu, OneSidedPlan, Operand, Operation
+
+BUFFERS = {"i": "input", "o": "output", "s": "scratch"}
+PROTOCOLS = ("Simple", "LL")
+
+
+def parse_mscclpp(data: bytes | str, *, path: str | None = None) -> OneSidedPlan:
+    """The one-sided plan of an MSCCL++ JSON text (not checked: see msc.verification.onesided)."""
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        raise PlanError(f"not JSON: {exc}"[:200], path=path) from None
+    return _Reader(path).plan(doc)
+
+
+def looks_like_mscclpp(head: bytes) -> bool:
+    """Whether a file's first bytes start a JSON object (an execution plan)."""
+    return head.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"{")
+
+
+def _meta(obj: dict) -> tuple:
+    """The msc_* fields msc writes beside the executor's (which it ignores), hashable."""
+    freeze = lambda v: tuple(map(freeze, v)) if isinstance(v, list) else v
+    return tuple(sorted((k, freeze(v)) for k, v in obj.items() if k.startswith("msc_")))
+
+
+class _Reader:
+    def __init__(self, path):
+        self.path = path
+
+    def error(self, message: str, **where) -> PlanError:
+        return PlanError(message, path=self.path, **where)
+
+    def field(self, obj, key, kind, what, **where):
+        if not isinstance(obj, dict):
+            raise self.error(f"{what} must be a JSON object, got {obj!r:.60}", **where)
+        if key not in obj:
+            raise self.error(f"{what}: missing field {key!r}", **where)
+        value = obj[key]
+        if kind is int and (type(value) is not int or value < 0):
+            raise self.error(f"{what}: {key} must be an integer >= 0, got {value!r:.80}", **where)
+        if kind is not int and not isinstance(value, kind):
+            raise self.error(f"{what}: {key} must be a {kind.__name__}, got {value!r:.80}", **where)
+        return value
+
+    def optional(self, obj, key, kind, default, what, **where):
+        """``obj[key]`` of ``kind`` where present, else ``default``."""
+        if isinstance(obj, dict) and key not in obj:
+            return default
+        return self.field(obj, key, kind, what, **where)
+
+    def plan(self, doc) -> OneSidedPlan:
+        if not isinstance(doc, dict):
+            raise self.error("an execution plan is a JSON object")
+        protocol = self.field(doc, "protocol", str, "plan")
+        if protocol not in PROTOCOLS:
+            raise self.error(f"protocol {protocol!r:.40}: the executor takes {' or '.join(PROTOCOLS)}")
+        gpus = self.field(doc, "gpus", list, "plan")
+        n = len(gpus)
+        if n == 0:
+            raise self.error("plan: no gpus")
+        for r, gpu in enumerate(gpus):
+            if self.field(gpu, "id", int, f"gpus[{r}]") != r:
+                raise self.error(f"gpus[{r}] has id {gpu['id']}: the executor reads gpus[rank] and needs id == rank")
+        remote = [self.remote_buffers(g, r, n) for r, g in enumerate(gpus)]
+        channels = [self.channels(g, r, n) for r, g in enumerate(gpus)]
+        built = tuple(self.gpu(g, r, channels[r], remote[r]) for r, g in enumerate(gpus))
+        for g in built[1:]:
+            if (g.input_chunks, g.output_chunks) != (built[0].input_chunks, built[0].output_chunks):
+                raise self.error(f"{g.input_chunks} input and {g.output_chunks} output chunks where rank 0 has "
+                                 f"{built[0].input_chunks} and {built[0].output_chunks}: a collective's ranks have "
+                                 f"buffers of one size", rank=g.rank)
+        meta = _meta(doc)
+        return OneSidedPlan(str(self.field(doc, "name", str, "plan")), self.field(doc, "collective", str, "plan"),
+                            protocol, bool(self.field(doc, "inplace", bool, "plan")), n, built,
+                            self.optional(doc, "use_double_scratch_buffer", bool, False, "plan"), meta)
+
+    def channels(self, gpu, r, n) -> tuple[int, ...]:
+        peers = []
+        for c, ch in enumerate(self.field(gpu, "channels", list, "gpu", rank=r)):
+            kind = self.field(ch, "channel_type", str, f"channels[{c}]", rank=r)
+            if kind != "memory":
+                raise self.error(f"channels[{c}] is a {kind} channel: msc checks memory channels only so far "
+                                 f"(port and switch channels are not supported yet)", rank=r)
+            for peer in self.field(ch, "connected_to", list, f"channels[{c}]", rank=r):
+                if type(peer) is not int or not 0 <= peer < n or peer == r:
+                    raise self.error(f"channels[{c}] connects to {peer!r:.20}, not another rank (0..{n - 1})", rank=r)
+                peers.append(peer)
+        return tuple(peers)
+
+    def remote_buffers(self, gpu, r, n) -> list[tuple[int, str]]:
+        out = []
+        for b, buf in enumerate(self.optional(gpu, "remote_buffers", list, [], "gpu", rank=r)):
+            peer = self.field(buf, "rank", int, f"remote_buffers[{b}]", rank=r)
+            kind = BUFFERS.get(self.field(buf, "type", str, f"remote_buffers[{b}]", rank=r))
+            if kind is None or peer >= n:
+                raise self.error(f"remote_buffers[{b}]: {buf['type']!r:.10} of rank {peer} is not a buffer "
+                                 f"(i, o, s) of a rank", rank=r)
+            access = self.optional(buf, "access_channel_types", list, [], f"remote_buffers[{b}]", rank=r)
+            if any(a != "memory" for a in access):
+                raise self.error(f"remote_buffers[{b}] is reached through {', '.join(map(str, access))} channels: msc "
+                                 f"checks memory channels only so far (port channels are not supported yet)", rank=r)
+            out.append((peer, kind))
+        return out
+
+    def gpu(self, gpu, r, peers, remote) -> Gpu:
+        sems = tuple(self.field(s, "init_value", int, "semaphore", rank=r) for s in self.optional(gpu, "semaphores", list, [], "gpu", rank=r))
+        tbs, tb_channels, tb_buffers, tb_meta = [], [], [], []
+        for t, tb in enumerate(self.field(gpu, "threadblocks", list, "gpu", rank=r)):
+            if self.field(tb, "id", int, f"threadblocks[{t}]", rank=r) != t:
+                raise self.error(f"threadblocks[{t}] has id {tb['id']}: ids must be 0, 1, ... in order", rank=r, tb=t)
+            chans = self.tb_channels(tb, r, t, peers)
+            bufs = self.tb_buffers(tb, r, t, remote)
+            ctx = (r, t, peers, chans, bufs)
+            tbs.append(tuple(self.op(op, i, ctx) for i, op in enumerate(self.field(tb, "ops", list, "tb",
+                                                                                      rank=r, tb=t))))
+            tb_channels.append(len(chans))
+            tb_buffers.append(len(bufs))
+            tb_meta.append(_meta(tb))
+        return Gpu(r, self.field(gpu, "input_chunks", int, "gpu", rank=r),
+                   self.field(gpu, "output_chunks", int, "gpu", rank=r),
+                   self.field(gpu, "scratch_chunks", int, "gpu", rank=r), peers, sems, tuple(tbs),
+                   tuple(tb_channels), tuple(tb_buffers), tuple(tb_meta), _meta(gpu))
+
+    def tb_channels(self, tb, r, t, peers) -> list[int]:
+        out = []
+        for entry in self.optional(tb, "channels", list, [], "threadblock", rank=r, tb=t):
+            kind = self.field(entry, "channel_type", str, "channels", rank=r, tb=t)
+            if kind != "memory":
+                raise self.error(f"uses a {kind} channel: msc checks memory channels only so far", rank=r, tb=t)
+            for c in self.field(entry, "channel_ids", list, "channels", rank=r, tb=t):
+                if type(c) is not int or not 0 <= c < len(peers):
+                    raise self.error(f"channel id {c!r:.20} is not one of the rank's {len(peers)} memory channels",
+                                     rank=r, tb=t)
+                out.append(c)
+        return out
+
+    def tb_buffers(self, tb, r, t, remote) -> list[tuple[int, str]]:
+        out = []
+        for entry in self.optional(tb, "remote_buffer_refs", list, [], "threadblock", rank=r, tb=t):
+            through = self.field(entry, "access_channel_type", str, "remote_buffer_refs", rank=r, tb=t)
+            if through != "memory":
+                raise self.error(f"remote buffers through {through!r:.20} channels: msc "
+                                 f"checks memory channels only so far", rank=r, tb=t)
+            for b in self.field(entry, "remote_buffer_ids", list, "remote_buffer_refs", rank=r, tb=t):
+                if type(b) is not int or not 0 <= b < len(remote):
+                    raise self.error(f"remote buffer id {b!r:.20} is not one of the rank's {len(remote)}", rank=r, tb=t)
+                out.append(remote[b])
+        return out
+
+    def op(self, op, i, ctx, nested: bool = False) -> Operation:
+        r, t, peers, chans, bufs = ctx
+        where = dict(rank=r, tb=t)
+        name = self.field(op, "name", str, f"operation {i}", **where)
+        if name not in KNOWN_OPS:
+            raise self.error(f"operation {i}: {name!r:.40} is not an operation of the MSCCL++ executor", **where)
+        if name in UNSUPPORTED_OPS:
+            raise self.error(f"operation {i}: {name} is {UNSUPPORTED_OPS[name]}, not supported by msc yet", **where)
+        kind = self.optional(op, "channel_type", str, "memory", f"operation {i}", **where)
+        if kind != "memory" and "channel_ids" in op:
+            raise self.error(f"operation {i}: {name} on a {kind} channel: msc checks memory channels only so far",
+                             **where)
+        channels = tuple(self.index(c, chans, f"operation {i}: channel id", **where) for c in self.optional(op, "channel_ids", list, [], f"operation {i}", **where))
+        srcs = tuple(self.operand(b, r, bufs, i, **where) for b in self.optional(op, "src_buff", list, [], f"operation {i}", **where))
+        dsts = tuple(self.operand(b, r, bufs, i, **where) for b in self.optional(op, "dst_buff", list, [], f"operation {i}", **where))
+        tbg = self.optional(op, "tbg_info", dict, None, f"operation {i}", **where)
+        group = None if tbg is None else (self.field(tbg, "tb_id", int, f"operation {i} tbg_info", **where),
+                                          self.field(tbg, "tbg_size", int, f"operation {i} tbg_info", **where))
+        if group is not None and not group[0] < group[1]:
+            raise self.error(f"operation {i}: tbg_info tb_id {group[0]} is not below tbg_size {group[1]}", **where)
+        barrier = None
+        if name == "barrier":
+            barrier = (self.field(op, "barrier_id", int, f"operation {i}", **where),
+                       self.field(op, "num_threadblocks", int, f"operation {i}", **where))
+        sems = tuple(self.field({"id": s}, "id", int, f"operation {i} semaphore", **where)
+                     for s in self.optional(op, "semaphore_ids", list, [], f"operation {i}", **where))
+        body, unit, nchunks = (), 0, 0
+        if name == PIPELINE:
+            if nested:
+                raise self.error(f"operation {i}: a pipeline inside a pipeline (the executor runs one level)", **where)
+            ctxt = self.field(op, "iter_context", dict, f"operation {i}", **where)
+            unit = self.field(ctxt, "unit_size", int, f"operation {i} iter_context", **where)
+            nchunks = self.field(ctxt, "num_chunks", int, f"operation {i} iter_context", **where)
+            if unit == 0:
+                raise self.error(f"operation {i}: pipeline unit_size 0", **where)
+            body = tuple(self.op(inner, i, ctx, nested=True) for inner in self.field(op, "ops", list,
+                                                                                      f"operation {i}", **where))
+        return Operation(name, srcs, dsts, tuple(chans[c] for c in channels), sems, barrier, group, body, unit, nchunks)
+
+    def index(self, value, items, what, **where) -> int:
+        if type(value) is not int or not 0 <= value < len(items):
+            raise self.error(f"{what} {value!r:.20} is not below the threadblock's {len(items)}", **where)
+        return value
+
+    def operand(self, buf, r, bufs, i, **where) -> Operand:
+        what = f"operation {i} operand"
+        index = self.field(buf, "index", int, what, **where)
+        size = self.field(buf, "size", int, what, **where)
+        if "switch_channel_id" in buf:
+            raise self.error(f"operation {i}: a switch-channel operand (NVLS), not supported by msc yet", **where)
+        if "buffer_id" in buf:
+            peer, kind = bufs[self.index(buf["buffer_id"], bufs, f"operation {i}: buffer_id", **where)]
+            return Operand(peer, kind, index, size, remote=True)
+        kind = BUFFERS.get(self.field(buf, "type", str, what, **where))
+        if kind is None:
+            raise self.error(f"operation {i}: buffer type {buf['type']!r:.10} is not i, o or s", **where)
+        return Operand(r, kind, index, size)

@@ -1,0 +1,115 @@
+"""The one-sided model of an MSCCL++ execution plan, as frozen dataclasses.
+
+MSCCL++ (microsoft/mscclpp) runs a JSON execution plan with one generic
+interpreter kernel: per rank, threadblocks; per threadblock, operations that
+read and write the rank's own buffers and, through memory channels, its
+peers' (put, get, remote reduce), signal and wait on channel semaphores,
+sync with other threadblocks of the rank (barriers, device semaphores) and
+exchange LL packets. msc.formats.mscclpp reads and writes the JSON;
+msc.verification.onesided checks and executes this model.
+
+Operands are resolved when a plan is read: an ``Operand`` names the rank
+that owns the buffer (a peer's for a remote operand), the buffer and the
+chunks; a channel is the rank's flattened memory-channel index. Everything
+a check reports names (rank, threadblock, operation index).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Operation names the executor knows (src/core/executor/execution_plan.cc, getOpType), by what msc does with them.
+CONTROL_OPS = ("nop", "barrier", "signal", "wait", "rlxsignal", "rlxwait", "sem_acquire", "sem_release")
+DATA_OPS = ("put", "pws", "pwsf", "get", "copy", "re", "res", "rre", "rres")
+PACKET_OPS = ("ppkt", "rppkt", "cpkt", "upkt", "repkt", "respkt", "recpkt", "recspkt")
+UNSUPPORTED_OPS = {                       # known to the executor, not (yet) to msc
+    "flush": "a port-channel (proxy) operation",
+    "glres": "an NVLS switch-channel operation (multimem load-reduce-store)",
+    "gstore": "an NVLS switch-channel operation (multimem store)",
+    "gstorepkt": "an NVLS switch-channel operation (multimem packet store)",
+}
+PIPELINE = "pipeline"
+KNOWN_OPS = CONTROL_OPS + DATA_OPS + PACKET_OPS + tuple(UNSUPPORTED_OPS) + (PIPELINE,)
+
+
+@dataclass(frozen=True)
+class Operand:
+    """``size`` chunks of ``rank``'s ``buffer`` (input, output, scratch)
+    from ``index``; ``remote``: reached through a memory channel."""
+
+    rank: int
+    buffer: str
+    index: int
+    size: int
+    remote: bool = False
+
+    def __str__(self) -> str:
+        where = f"rank {self.rank} " if self.remote else ""
+        return f"{where}{self.buffer}[{self.index}:{self.index + self.size}]"
+
+
+@dataclass(frozen=True)
+class Operation:
+    """One operation of a threadblock. ``channels``: the rank's memory
+    channel indices it signals or waits on; ``semaphores``: device semaphore
+    ids; ``barrier``: (id, threadblocks); ``group``: (index, size) of a
+    threadblock group, which splits the operands' bytes between its members;
+    ``body``, ``unit_size`` (bytes), ``num_chunks``: a pipeline's operations,
+    run over slices of ``unit_size`` bytes."""
+
+    name: str
+    srcs: tuple[Operand, ...] = ()
+    dsts: tuple[Operand, ...] = ()
+    channels: tuple[int, ...] = ()
+    semaphores: tuple[int, ...] = ()
+    barrier: tuple[int, int] | None = None
+    group: tuple[int, int] | None = None
+    body: tuple["Operation", ...] = ()
+    unit_size: int = 0
+    num_chunks: int = 0
+
+    @property
+    def count(self) -> int:
+        """Operations the executor stores for it (a pipeline: itself and its body)."""
+        return 1 + len(self.body)
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One rank: its buffer sizes in chunks, its memory channels (the peer of
+    each, in the flattened order the executor builds them), the initial
+    values of its device semaphores, and per threadblock its operations and
+    how many channels and remote buffers it declares."""
+
+    rank: int
+    input_chunks: int
+    output_chunks: int
+    scratch_chunks: int
+    channels: tuple[int, ...]
+    semaphores: tuple[int, ...]
+    threadblocks: tuple[tuple[Operation, ...], ...]
+    tb_channels: tuple[int, ...] = ()          # memory channels each threadblock declares
+    tb_buffers: tuple[int, ...] = ()           # remote buffers each threadblock declares
+    tb_meta: tuple[tuple[tuple[str, object], ...], ...] = ()   # msc_* fields of each threadblock
+    meta: tuple[tuple[str, object], ...] = ()  # msc_* fields of the gpu
+
+
+@dataclass(frozen=True)
+class OneSidedPlan:
+    name: str
+    collective: str
+    protocol: str                 # "Simple" or "LL" (packets)
+    inplace: bool
+    num_ranks: int
+    gpus: tuple[Gpu, ...]
+    double_scratch: bool = False
+    meta: tuple[tuple[str, object], ...] = ()    # msc_* fields msc writes (root, chunk factor, ...)
+
+    def meta_value(self, key: str, default=None):
+        return dict(self.meta).get(key, default)
+
+    def channel_ordinal(self, rank: int, channel: int) -> tuple[int, int]:
+        """(peer, q): ``channel`` of ``rank`` is its q-th memory channel to
+        peer; it pairs with the peer's q-th channel to ``rank``."""
+        peers = self.gpus[rank].channels
+        peer = peers[channel]
+        return peer, sum(1 for p in peers[:channel] if p == peer)
