@@ -26,7 +26,7 @@ from msc.verification.onesided import verify_onesided
 from msc.verification.plan import verify_plan
 from library import algorithms, rank_counts
 
-ALGORITHMS = algorithms()
+ALGORITHMS = algorithms(switch=False)          # switch ops (NVLS) are refused: test_switch_plans_are_refused
 CASES = [(key, n) for key in ALGORITHMS for n in rank_counts(ALGORITHMS[key], (4, 8))]
 
 
@@ -293,3 +293,11 @@ def test_a_custom_collective_is_checked_from_the_contract_the_export_records():
         tb["ops"] = [op for op in tb["ops"] if op["name"] not in ("re", "res")]
     with pytest.raises(VerificationError, match="wrong result on rank 2: .* not what pair_sum requires"):
         check(doc)
+
+
+def test_switch_plans_are_refused_by_name():
+    """MSCCL++'s switch channels are not written yet: an NVLS plan is refused, naming its first switch step."""
+    plan = lower(msc.trace(algorithms()["allreduce/nvls:nvls"], 4), LowerOptions())
+    with pytest.raises(PlanError, match="barrier: a switch op \\(NVLS\\); msc's MSCCL\\+\\+ export does not write") as exc:
+        plan_to_mscclpp(plan)
+    assert (exc.value.rank, exc.value.tb, exc.value.step) == (0, 0, 0)

@@ -70,6 +70,11 @@ def plan_to_mscclpp(plan: Plan, *, name: str | None = None) -> dict:
         raise PlanError(f"protocol {plan.protocol}: the MSCCL++ executor runs Simple and LL (packets) only; compile "
                         f"the algorithm with --protocol Simple or LL to export it")
     check_plan(plan)
+    found = plan.first_switch_step()
+    if found is not None:      # MSCCL++ has switch channels (glres, gstore): not written yet (issue 31)
+        rank, t, s, step = found
+        raise PlanError(f"{step.op.value}: a switch op (NVLS); msc's MSCCL++ export does not write switch channels "
+                        f"yet, so the plan cannot be exported to MSCCL++", rank=rank, tb=t, step=s)
     conns = _connections(plan)
     layout = {rp.rank: _scratch_layout(plan, rp, conns) for rp in plan.ranks}
     ranks = [_RankWriter(plan, rp, conns, layout).build() for rp in plan.ranks]
