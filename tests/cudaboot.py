@@ -442,7 +442,7 @@ def _emu_plan(key: str, n: int, protocol: str):
     from msc.lower.pipeline import LowerOptions, lower
     from library import algorithms
 
-    return lower(msc.trace(algorithms(switch=False)[key], n), LowerOptions(protocol=protocol, tile=4096))
+    return lower(msc.trace(algorithms()[key], n), LowerOptions(protocol=protocol, tile=4096))
 
 
 def emu_torchrun_case(rank: int, n: int, key: str, protocol: str, counts) -> str:
