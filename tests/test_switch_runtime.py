@@ -163,3 +163,51 @@ def test_kernels_without_switch_ops_include_none_of_it():
         assert "SwitchMem" not in source and "switch_step" not in source and "switches" not in source
     source = render(switch_plan("allreduce/nvls:nvls", 4), form="straight")[0]
     assert "multimem.ld_reduce" in source and "switch_step(b, it" in source
+
+
+# -- the GPU path, with the driver and multicast faked ------------------------------------------------
+@pytest.fixture(scope="module")
+def gloo2():
+    pytest.importorskip("torch")
+    import torchdist
+
+    pool = torchdist.Pool(2, timeout=180)
+    yield pool
+    pool.close()
+
+
+def test_gpu_torchrun_binds_group_memory_stages_buffers_and_fills_the_switch_table(gloo2):
+    """Each process opens its group memory through msc.cuda.multicast (member 0 creates the object,
+    each binds its own memory), zeroes the barrier counters, points the kernel's buffers at its
+    copy, copies its tensor in before the launch and out after, and hands the kernel multicast
+    addresses only (members[] null); close() releases everything."""
+    import cudaboot
+
+    got = gloo2.run(cudaboot.fake_switch_torchrun_case)
+    for rank, out in enumerate(got):
+        assert isinstance(out, dict), out
+        at, counters = out["buffers"], dict(zip(sorted(set(out["channels"])), out["counters"]))
+        assert out["members"] == 2 and out["bound"] == 1 and out["zeroed"]
+        assert out["created"] == ([("mc_create", out["size"], 2)] if rank == 0 else [])
+        assert out["size"] % (2 << 20) == 0 and out["size"] >= at + 2 * 64 * 4
+        assert out["input"] == (at, at) and out["switch_offsets"] == (at // 4, at // 4)
+        assert out["entries"] == [(0, 0, 2, counters[c], 0, counters[c]) for c in out["channels"]]
+        nbytes = 2 * 64 * 4                           # in place: the whole tensor in, then out
+        assert out["copies"] == [(at, "user", nbytes), ("user", at, nbytes)]
+        assert out["left"] == []
+
+
+def test_gpu_placements_other_than_torchrun_and_gpus_without_multicast_are_refused(monkeypatch):
+    pytest.importorskip("torch")
+    import cudaboot
+    from msc.cuda import multicast
+    from msc.cuda.backend import CudaBackend
+    from msc.errors import CapabilityError
+
+    state = cudaboot.install_fakes(monkeypatch.setattr)
+    with pytest.raises(UsageError, match="runs on GPUs under placement 'torchrun'.*not 'virtual'"):
+        Communicator(switch_plan("allreduce/nvls:nvls", 2), "virtual")
+    pcie = multicast.DeviceFacts(0, "NVIDIA H100 PCIe", (9, 0), False, True, True)
+    monkeypatch.setattr(multicast, "CudaMulticast", lambda: cudaboot.FakeMulticast(state["mem"], pcie))
+    with pytest.raises(CapabilityError, match="NVIDIA H100 PCIe.*MULTICAST_SUPPORTED"):
+        CudaBackend().check_switch("torchrun", (0,))
