@@ -211,3 +211,29 @@ def test_gpu_placements_other_than_torchrun_and_gpus_without_multicast_are_refus
     monkeypatch.setattr(multicast, "CudaMulticast", lambda: cudaboot.FakeMulticast(state["mem"], pcie))
     with pytest.raises(CapabilityError, match="NVIDIA H100 PCIe.*MULTICAST_SUPPORTED"):
         CudaBackend().check_switch("torchrun", (0,))
+
+
+# -- static gate: the whole kernel through NVRTC and ptxas for sm_90 (no GPU) -----------------------
+@pytest.mark.parametrize("form, dtype, op", [("straight", "float32", "sum"), ("table", "bfloat16", "max"),
+                                             ("table", "int32", "min")])
+def test_switch_kernels_compile_for_sm90_with_multimem_and_no_spills(form, dtype, op, tmp_path):
+    """The Communicator's kernel of nvls (runtime_plan) for sm_90: ptxas accepts it, its PTX holds
+    the (dtype, op)'s multimem forms (tests/test_switch_static.py's table) and the barrier's release
+    red, and ptxas reports no spill bytes."""
+    pytest.importorskip("cuda.bindings")
+    import re
+
+    from msc.cuda.compiler import rendered
+    from msc.cuda.runtime import runtime_plan
+    from msc.cuda.switch import nvrtc_ptx
+    from test_switch_static import expected_forms
+
+    source = rendered(runtime_plan(switch_plan("allreduce/nvls:nvls", 4, True, 2)), dtype=dtype, op=op,
+                      form=form, cache=tmp_path).source
+    ptx, cubin, log = nvrtc_ptx(source, name="kernel.cu")
+    loads, stores = expected_forms(dtype, op)
+    assert set(re.findall(r"multimem\.ld_reduce\S*", ptx)) == loads
+    assert set(re.findall(r"multimem\.st\S*", ptx)) == stores
+    assert set(re.findall(r"multimem\.red\S*", ptx)) == {"multimem.red.release.sys.global.add.u64"}
+    spills = [int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", log)]
+    assert len(cubin) > 0 and spills and not any(spills), log
