@@ -23,7 +23,10 @@ with poisoned outputs: bit-exact, but for avg (the kernel pre-multiplies by
   vector path on misaligned chunks, LL flags across 2^32, the build cache);
 - ``-m slow``: the whole cross product, every algorithm x Simple/LL x
   straight/table x float32/bfloat16/float16 x sum/max/avg (data-movement
-  collectives: one kernel for every op) x the four counts.
+  collectives: one kernel for every op) x the four counts; and the library's
+  switch algorithms (NVLS) x rank counts x in place or not x 1 or 2
+  instances x straight/table x every (dtype, op) the switch reduces
+  (tests/test_switch_runtime.py has their default cases).
 
 What emulation cannot show: speed, occupancy, and what only GPU hardware
 does (.gpu vs .sys scopes, stale L1 lines, warp scheduling): see README.

@@ -82,6 +82,12 @@ call has started (its blocks would wait for the refused ones). Two torchrun
 ranks on one GPU are refused at the first call's bootstrap unless MPS is
 running (msc.cuda.device.mps_active): their kernels would only take turns.
 
+Switch plans (NVLS): the switch reaches only a group's memory (msc.cuda.groups), so a call
+copies each member's input and output there before its launch and the output back after, in
+stream order. The emulated device keeps it in the arenas (every placement); a GPU binds a
+buffer per member to a multicast object (msc.cuda.multicast), under the torchrun placement
+only, after a capability check in the constructor (CapabilityError, no fallback).
+
 What runs without a GPU: everything, on the emulated device
 (tests/test_cuda_emu.py), and the CUDA backend's calls with the driver faked
 (tests/test_cuda_runtime.py). What only a GPU shows (tests/test_cuda_gpu.py):
@@ -89,7 +95,6 @@ the driver calls themselves, speed, occupancy, and the memory model's scopes.
 """
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import itertools
 from collections import OrderedDict
