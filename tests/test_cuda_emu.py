@@ -212,9 +212,14 @@ def switch_sweep_cases():
     return out
 
 
+@pytest.fixture(scope="module")
+def switch_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("emu-switch-sweep")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("key, n, inplace, instances", switch_sweep_cases())
-def test_switch_sweep_every_form_dtype_and_op_the_switch_reduces(key, n, inplace, instances, sweep_cache):
+def test_switch_sweep_every_form_dtype_and_op_the_switch_reduces(key, n, inplace, instances, switch_cache):
     """Bit-exact against msc.executor for every (dtype, op) of msc.cuda.switch.supported_pairs
     (avg aside: refused, tests/test_switch_runtime.py), both forms, counts that leave tails."""
     from test_switch_runtime import SWITCH_PAIRS, counts_for, switch_plan
@@ -222,7 +227,7 @@ def test_switch_sweep_every_form_dtype_and_op_the_switch_reduces(key, n, inplace
     plan, seed = switch_plan(key, n, inplace, instances), 100
     for form in FORMS:
         for dtype, op in SWITCH_PAIRS:
-            comm = Communicator(plan, "virtual", device="emu", form=form, cache=sweep_cache, dtypes=(dtype,),
+            comm = Communicator(plan, "virtual", device="emu", form=form, cache=switch_cache, dtypes=(dtype,),
                                 ops=(op,), timeout_s=60)
             for count in counts_for(plan, dtype):
                 check_run(comm, count, dtype, op, seed)

@@ -108,6 +108,11 @@ def test_calls_back_to_back_on_several_devices_and_growing_buffers(cache):
         for r in range(4):
             assert xs[r].tobytes() == want[r].tobytes(), f"call {i} rank {r}"
     assert comm._generation >= 2
+    from msc.cuda.tables import resolve
+
+    at = comm._groups[0].buffers                   # each rank's staged buffers: in its own arena's group memory
+    assert [resolve(comm._group_memory(r).local + at, comm._arenas, comm._bases) for r in range(4)] == \
+        [(r, "group", at) for r in range(4)]
     comm.close()
 
 
