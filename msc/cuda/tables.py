@@ -197,7 +197,9 @@ def resolve(ptr: int, arenas: tuple[RankArena, ...], bases: list[int | None]) ->
         off = ptr - base
         regions = [("error", a.error), ("progress", a.progress), ("scratch", a.scratch)]
         regions += [(f"tail{c}", o) for c, o in a.tail.items()] + [(f"head{c}", o) for c, o in a.head.items()]
-        regions += [(f"slots{c}", o) for c, o in a.slots.items()] + ([("group", a.group)] if a.group >= 0 else [])
+        regions += [(f"slots{c}", o) for c, o in a.slots.items()]
+        if a.group >= 0:                 # first: it wins a tie with an empty scratch region before it
+            regions.insert(0, ("group", a.group))
         name, start = max(((n, o) for n, o in regions if o <= off), key=lambda x: x[1])
         return r, name, off - start
     raise UsageError(f"address {ptr:#x} is in no known arena")
