@@ -328,7 +328,169 @@ def install_fakes(setattr_):
 def decode_args(layout, raw):
     from msc.cuda.launch import args_struct
 
-    return args_struct(layout.num_ranks, len(layout.connections)).from_buffer_copy(raw)
+    return args_struct(layout.num_ranks, len(layout.connections), layout.switch).from_buffer_copy(raw)
+
+
+class FakeMulticast:
+    """msc.cuda.multicast's driver for one process on a fake GPU (install_fakes' memory):
+    records (call, args); address ranges are FakeMemory blocks, so the runtime can zero and
+    read them; the multicast fd is a memory file naming the handle (as tests/test_multicast.py's)."""
+
+    def __init__(self, mem, facts=None):
+        import os
+
+        self.mem, self.facts, self.log, self.live, self.next = mem, facts, [], set(), 1000 + 100 * os.getpid()
+
+    def _new(self, kind):
+        self.next += 1
+        self.live.add((kind, self.next))
+        return self.next
+
+    def driver_version(self):
+        return 12080
+
+    def device_facts(self, index):
+        from msc.cuda.multicast import DeviceFacts
+
+        return self.facts or DeviceFacts(index, "NVIDIA H100 80GB HBM3", (9, 0), True, True, True)
+
+    def mc_granularity(self, size, members, recommended):
+        return (8 if recommended else 2) << 20
+
+    def mem_granularity(self, index):
+        return 2 << 20
+
+    def mc_create(self, size, members):
+        self.log.append(("mc_create", size, members))
+        return self._new("handle")
+
+    def export_fd(self, handle):
+        import os
+
+        fd = os.memfd_create("fake-mc")
+        os.write(fd, str(handle).encode())
+        return fd
+
+    def import_fd(self, fd):
+        import os
+
+        os.lseek(fd, 0, os.SEEK_SET)
+        handle = int(os.read(fd, 64))
+        self.log.append(("import_fd", handle))
+        self.live.add(("handle", handle))
+        return handle
+
+    def mc_add_device(self, handle, index):
+        self.log.append(("mc_add_device", handle, index))
+
+    def mem_create(self, size, index):
+        self.log.append(("mem_create", size, index))
+        return self._new("handle")
+
+    def mc_bind(self, mc, mem, size):
+        self.log.append(("mc_bind", mc, mem, size))
+
+    def mc_unbind(self, mc, index, size):
+        self.log.append(("mc_unbind", mc, index, size))
+
+    def reserve(self, size, alignment):
+        va = self.mem.alloc(size)
+        self.live.add(("va", va))
+        return va
+
+    def map(self, va, size, handle):
+        self.log.append(("map", va, size, handle))
+
+    def set_access(self, va, size, index):
+        pass
+
+    def unmap(self, va, size):
+        self.log.append(("unmap", va))
+
+    def free_va(self, va, size):
+        self.mem.free(va)
+        self.live.discard(("va", va))
+
+    def release(self, handle):
+        self.live.discard(("handle", handle))
+
+
+def fake_switch_torchrun_case(rank: int, n: int) -> dict:
+    """nvls allreduce under the torchrun placement on a fake GPU: each process opens its group
+    memory through msc.cuda.multicast (FakeMulticast; the real fd passing and the job's store),
+    stages its tensor in and out, and launches with an MscSwitch table. Returns what the
+    launch and the driver saw, as plain data."""
+    import ctypes
+
+    import torch
+
+    from msc.cuda import multicast
+    from msc.cuda import device as cu
+    from msc.cuda.groups import MscSwitchC
+    from msc.cuda.runtime import Communicator
+
+    saved = []
+
+    def setattr_(obj, name, value):
+        saved.append((obj, name, getattr(obj, name)))
+        setattr(obj, name, value)
+
+    state = install_fakes(setattr_)
+    state["cuda"].current = rank
+    mem, events = state["mem"], []
+    driver = FakeMulticast(mem)
+    setattr_(multicast, "CudaMulticast", lambda: driver)
+    setattr_(cu, "write", lambda dev, host, nbytes: mem.write(dev, ctypes.string_at(host, nbytes)))
+    setattr_(cu, "copy_async", lambda dst, src, nbytes, stream: events.append(("copy", dst, src, nbytes)))
+    try:
+        plan = _emu_plan("allreduce/nvls:nvls", n, "Simple")
+        comm = Communicator(plan, "torchrun", ipc=_FakeIpc(rank))
+        x = torch.rand(n * 64)
+        state["on"][x.data_ptr()] = f"cuda:{rank}"
+        before = len(state["launches"])
+        comm.all_reduce(x)
+        (_, grid, _, _, raw), = state["launches"][before:]
+        a = decode_args(comm.layout, raw)
+        buf = comm._group_held[0]
+        first, count = comm.layout.rank_blocks[rank]
+        size = ctypes.sizeof(MscSwitchC)
+        entries = [MscSwitchC.from_buffer_copy(mem.read(a.switches + g * size, size)) for g in range(first, first + count)]
+        groups = comm._groups[0]
+        result = {
+            "entries": [(e.mem.mc - buf.mc, e.mem.members or 0, e.mem.n, e.flag.mc - buf.mc, e.flag.members or 0,
+                         e.mine - buf.local) for e in entries],
+            "channels": [comm.layout.switch_tbs[g][1] for g in range(first, first + count)],
+            "counters": [groups.counter(c) for c in groups.channels], "buffers": groups.buffers,
+            "input": (a.rank[rank].input - buf.local, a.rank[rank].output - buf.local),
+            "switch_offsets": (a.switch_input, a.switch_output),
+            "copies": [(e[1] - buf.local if e[1] != x.data_ptr() else "user", e[2] - buf.local
+                        if e[2] != x.data_ptr() else "user", e[3]) for e in events],
+            "zeroed": mem.read(buf.local, groups.buffers) == bytes(groups.buffers),
+            "created": [c for c in driver.log if c[0] == "mc_create"], "size": buf.size, "members": buf.members,
+            "bound": sum(c[0] == "mc_bind" for c in driver.log),
+        }
+        comm.close()
+        result["left"] = sorted(k for k, _ in driver.live)
+        return result
+    finally:
+        for obj, name, value in reversed(saved):
+            setattr(obj, name, value)
+
+
+class _FakeIpc:
+    """CUDA IPC handles as (rank, pointer) and opened at an address per rank (fake_torchrun_case's)."""
+
+    def __init__(self, rank: int):
+        self.rank = rank
+
+    def export(self, ptr):
+        return self.rank.to_bytes(8, "little") + ptr.to_bytes(8, "little") + bytes(48)
+
+    def open(self, handle):
+        return 0x5000_0000_0000 + (int.from_bytes(handle[:8], "little") << 36)
+
+    def close(self, ptr):
+        pass
 
 
 
@@ -442,7 +604,7 @@ def _emu_plan(key: str, n: int, protocol: str):
     from msc.lower.pipeline import LowerOptions, lower
     from library import algorithms
 
-    return lower(msc.trace(algorithms(switch=False)[key], n), LowerOptions(protocol=protocol, tile=4096))
+    return lower(msc.trace(algorithms()[key], n), LowerOptions(protocol=protocol, tile=4096))
 
 
 def emu_torchrun_case(rank: int, n: int, key: str, protocol: str, counts) -> str:

@@ -23,7 +23,10 @@ with poisoned outputs: bit-exact, but for avg (the kernel pre-multiplies by
   vector path on misaligned chunks, LL flags across 2^32, the build cache);
 - ``-m slow``: the whole cross product, every algorithm x Simple/LL x
   straight/table x float32/bfloat16/float16 x sum/max/avg (data-movement
-  collectives: one kernel for every op) x the four counts.
+  collectives: one kernel for every op) x the four counts; and the library's
+  switch algorithms (NVLS) x rank counts x in place or not x 1 or 2
+  instances x straight/table x every (dtype, op) the switch reduces
+  (tests/test_switch_runtime.py has their default cases).
 
 What emulation cannot show: speed, occupancy, and what only GPU hardware
 does (.gpu vs .sys scopes, stale L1 lines, warp scheduling): see README.
@@ -193,6 +196,42 @@ def test_sweep_every_form_dtype_op_and_count(key, protocol, sweep_cache):
                 for count in COUNTS:
                     check_run(comm, count, dtype, o, seed)
                     seed += 1
+            comm.close()
+
+
+# -- switch plans (NVLS): every (dtype, op) the switch reduces ------------------------------------
+def switch_sweep_cases():
+    """The library's switch algorithms x rank counts x in place or not x 1 or 2 instances."""
+    from test_switch_runtime import SWITCH_KEYS, switch_plan
+
+    out = []
+    for key, counts in SWITCH_KEYS.items():
+        for n in counts:
+            out += [(key, n, inplace, instances) for inplace in (True, False) for instances in (1, 2)]
+    assert all(switch_plan(*case).first_switch_step() for case in out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def switch_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("emu-switch-sweep")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key, n, inplace, instances", switch_sweep_cases())
+def test_switch_sweep_every_form_dtype_and_op_the_switch_reduces(key, n, inplace, instances, switch_cache):
+    """Bit-exact against msc.executor for every (dtype, op) of msc.cuda.switch.supported_pairs
+    (avg aside: refused, tests/test_switch_runtime.py), both forms, counts that leave tails."""
+    from test_switch_runtime import SWITCH_PAIRS, counts_for, switch_plan
+
+    plan, seed = switch_plan(key, n, inplace, instances), 100
+    for form in FORMS:
+        for dtype, op in SWITCH_PAIRS:
+            comm = Communicator(plan, "virtual", device="emu", form=form, cache=switch_cache, dtypes=(dtype,),
+                                ops=(op,), timeout_s=60)
+            for count in counts_for(plan, dtype):
+                check_run(comm, count, dtype, op, seed)
+                seed += 1
             comm.close()
 
 
@@ -506,7 +545,8 @@ def gloo2():
 
 @pytest.mark.parametrize("key, protocol", [("allreduce/ring:ring", "Simple"), ("allreduce/allpairs:allpairs", "LL"),
                                            ("allgather/ring:ring", "LL"), ("reducescatter/allpairs:allpairs", "Simple"),
-                                           ("alltoall/allpairs:allpairs", "LL"), ("reduce/tree:tree", "Simple")])
+                                           ("alltoall/allpairs:allpairs", "LL"), ("reduce/tree:tree", "Simple"),
+                                           ("allreduce/nvls:nvls", "Simple")])      # switch: the peers' arenas
 def test_torchrun_placement_in_two_processes(key, protocol, gloo2):
     import cudaboot
 

@@ -216,12 +216,9 @@ def test_barriers_waiting_on_each_other_across_channels_deadlock():
 
 # -- what does not run them (yet), by name ---------------------------------------------------------------
 def test_backends_without_switch_ops_refuse_by_name(tmp_path):
-    from msc.cuda.codegen import kernel_layout
     from msc.formats.xml_export import plan_to_xml
 
-    plan = _plan(NVLS, 4)
-    with pytest.raises(UsageError, match="uses switch ops \\(NVLS.*msc CUDA runtime"):
-        kernel_layout(plan, "table")
+    plan = _plan(NVLS, 4)       # the CUDA runtime runs it: tests/test_switch_runtime.py
     with pytest.raises(PlanError, match="MSCCL-IR has no step type"):
         plan_to_xml(plan)
     with pytest.raises(UsageError, match="msccl runtime"):

@@ -21,7 +21,8 @@ import zlib
 import numpy as np
 import pytest
 
-from msc.cuda.switch import PROBE_MODES, SWITCH_TYPES, ProbeArgsC, SwitchMemC, load_probe_host, supported_pairs
+from msc.cuda.switch import SWITCH_TYPES, SwitchMemC, supported_pairs
+from msc.cuda.switch_probe import PROBE_MODES, ProbeArgsC, load_probe_host
 from msc.ir.ops import REDUCE_OPS
 
 pytest.importorskip("jinja2")

@@ -14,8 +14,8 @@ import re
 
 import pytest
 
-from msc.cuda.switch import (SWITCH_TYPES, nvrtc_ptx, render_probe, supported_pairs, switch_form,
-                             switch_slice_problem)
+from msc.cuda.switch import SWITCH_TYPES, nvrtc_ptx, supported_pairs, switch_form, switch_slice_problem
+from msc.cuda.switch_probe import render_probe
 from msc.errors import CompileError, UsageError
 from msc.ir.ops import REDUCE_OP_NAMES, switch_op_problem
 

@@ -62,6 +62,7 @@ class CudaBackend:
 
     name = "cuda"
     host_tensors = False
+    group_in_arena = False       # switch group memory: a multicast-bound allocation per member (open_group)
 
     def require(self) -> None:
         cu.require_driver()
@@ -97,6 +98,32 @@ class CudaBackend:
     def enable_peer_access(self, a: int, b: int) -> None:
         with _torch().cuda.device(a):
             cu.enable_peer_access(b)
+
+    def check_switch(self, placement: str, devices) -> None:
+        """A plan with switch ops (NVLS) runs one process per GPU (placement 'torchrun': a
+        multicast object's members are processes, msc.cuda.multicast) on GPUs with multicast
+        support: UsageError for another placement, CapabilityError naming what a GPU lacks."""
+        from msc.cuda.multicast import CudaMulticast, check_multicast
+
+        if placement != "torchrun":
+            raise UsageError(f"a plan with switch ops (NVLS) runs on GPUs under placement 'torchrun' (one process "
+                             f"per GPU, whose buffers a multicast object binds), not {placement!r}; the emulated "
+                             f"device (device='emu') runs it in every placement")
+        driver = CudaMulticast()
+        for d in devices:
+            check_multicast(driver, d)
+
+    def open_group(self, index: int, member: int, members: int, nbytes: int, *, prefix: str, timeout_s: float):
+        """This member's group memory on GPU ``index``: a multicast-bound buffer of at least
+        ``nbytes`` (msc.cuda.multicast.open_group_buffer, met through the job's store under
+        ``prefix``): a GroupBuffer (.local, .mc, .close())."""
+        from msc.cuda.bootstrap import store_gather
+        from msc.cuda.multicast import CudaMulticast, open_group_buffer
+
+        gather = store_gather(prefix, member, members, timeout_s)
+        with _torch().cuda.device(index):
+            return open_group_buffer(member, members, index, nbytes, gather=gather, driver=CudaMulticast(),
+                                     host=self.host_id(), tag="switch", timeout_s=timeout_s)
 
     def describe_device(self, index: int) -> str:
         return f"GPU {index}"
@@ -191,6 +218,10 @@ class CudaBackend:
 
     def zero(self, index: int, ptr: int, nbytes: int, stream) -> None:
         cu.memset_async(ptr, nbytes, stream.cuda_stream)
+
+    def copy(self, index: int, dst: int, src: int, nbytes: int, stream, keep=()) -> None:
+        """A stream-ordered device-to-device copy (the caching allocator keeps tensors by stream)."""
+        cu.copy_async(dst, src, nbytes, stream.cuda_stream)
 
     def free(self, index: int, ptr: int) -> None:
         with _torch().cuda.device(index):

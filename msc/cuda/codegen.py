@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 
 from msc.dsl.collectives import REDUCING
 from msc.errors import UsageError
-from msc.ir import Plan, StepOp, refuse_switch_ops
-from msc.ir.ops import PROTOCOLS, REDUCE_OP_NAMES, REDUCE_OPS, kernel_op_problem, reduce_op
+from msc.ir import Plan, StepOp
+from msc.ir.ops import PROTOCOLS, REDUCE_OP_NAMES, REDUCE_OPS, kernel_op_problem, reduce_op, switch_op_problem
 from msc.resources import data_dir
 
 if TYPE_CHECKING:
@@ -95,6 +95,22 @@ class KernelLayout:
     chunk_factor: int
     form: str
     max_steps: int = 0                           # steps of the longest threadblock
+    groups: tuple[tuple[int, ...], ...] = ()     # the switch groups (NVLS), in order of first use
+    switch_tbs: tuple[tuple[int, int], ...] = ()  # per global threadblock: (group index, channel), (-1, -1): none
+
+    @property
+    def switch(self) -> bool:
+        """Whether the plan has switch ops (its kernel includes templates/multimem.cuh.j2)."""
+        return bool(self.groups)
+
+    def group_channels(self, g: int) -> tuple[int, ...]:
+        """The channels of group ``g``'s threadblocks: a barrier counter each, in this order."""
+        return tuple(sorted({c for gi, c in self.switch_tbs if gi == g}))
+
+    def group_of(self, rank: int) -> int:
+        """The index of the switch group ``rank`` belongs to, -1 for none (kernel_layout
+        refuses a rank in two)."""
+        return next((g for g, members in enumerate(self.groups) if rank in members), -1)
 
 
 def _check_kind(dtype: str, op: str) -> DType:
@@ -112,6 +128,10 @@ def check_kernel(dtype: str, op: str, plan: Plan) -> DType:
         raise UsageError(problem)
     if REDUCE_OPS[op].average and plan.collective not in REDUCING:
         raise UsageError(f"{op} on the CUDA backend is for {', '.join(REDUCING)}, not {plan.collective}")
+    if plan.first_switch_step() is not None:
+        problem = switch_op_problem(op, dtype)
+        if problem:
+            raise UsageError(f"plan {plan.name!r} reduces in the NVLink switch, and {problem}")
     proto = PROTOCOLS.get(plan.protocol)
     if proto is not None and proto.transport is None:
         rendered = " and ".join(p.name for p in PROTOCOLS.values() if p.transport)
@@ -126,14 +146,40 @@ def kernel_layout(plan: Plan, form: str) -> KernelLayout:
 
     from msc.ir.arrays import plan_arrays
 
-    refuse_switch_ops(plan, "the msc CUDA runtime (and its emulated device)")
     arrays = plan_arrays(plan)
     tbs_per_rank = np.diff(arrays.rank_tb_start)
-    return KernelLayout(plan.num_ranks, tuple(zip(arrays.tb_rank.tolist(), arrays.tb_id.tolist())),
+    blocks = tuple(zip(arrays.tb_rank.tolist(), arrays.tb_id.tolist()))
+    groups, switch_tbs = _switch_groups(plan, blocks)
+    return KernelLayout(plan.num_ranks, blocks,
                         tuple(zip(arrays.rank_tb_start[:-1].tolist(), tbs_per_rank.tolist())),
                         _connections(arrays), tuple(rp.scratch for rp in plan.ranks), tuple(tbs_per_rank.tolist()),
                         NTHREADS[plan.protocol], plan.slots, plan.chunk_factor, form,
-                        int(np.diff(arrays.tb_start).max(initial=0)))
+                        int(np.diff(arrays.tb_start).max(initial=0)), groups, switch_tbs)
+
+
+def _switch_groups(plan: Plan, blocks) -> tuple[tuple, tuple]:
+    """The plan's switch groups and, per global threadblock, (its group's index, its channel)
+    ((-1, -1): none); ((), ()) for a plan without switch ops. A rank's input and output are
+    bound to one group's memory, so a rank in two groups is refused (not yet supported)."""
+    if plan.first_switch_step() is None:
+        return (), ()
+    groups: list[tuple[int, ...]] = []
+    rows = []
+    for rank, t in blocks:
+        tb = plan.ranks[rank].threadblocks[t]
+        if not tb.group or not any(s.op.switch for s in tb.steps):
+            rows.append((-1, -1))
+            continue
+        if tb.group not in groups:
+            groups.append(tb.group)
+        rows.append((groups.index(tb.group), tb.channel))
+    for rank in range(plan.num_ranks):
+        mine = [g for g in groups if rank in g]
+        if len(mine) > 1:
+            raise UsageError(f"plan {plan.name!r}: rank {rank} belongs to switch groups "
+                             f"{' and '.join(','.join(map(str, g)) for g in mine[:2])}; the msc CUDA runtime binds "
+                             f"a rank's buffers to one group's memory (a rank in several groups is not supported yet)")
+    return tuple(groups), tuple(rows)
 
 
 def _connections(arrays: PlanArrays) -> tuple[Connection, ...]:
@@ -259,6 +305,7 @@ def _encode(plan: Plan, layout: KernelLayout, facts, average: bool) -> tuple[lis
                cin.max_count if cin else 0, cout.max_count if cout else 0, len(table)]
         rows.extend(row)
         steps = []
+        barriers = _barrier_kinds(tb)
         for i, step in enumerate(tb.steps):
             fact = facts.get((rank, t, i)) or _guessed_facts(step, plan.chunk_factor)
             cls = list(fact.classes) if fact.classes else [0] * step.count
@@ -266,6 +313,8 @@ def _encode(plan: Plan, layout: KernelLayout, facts, average: bool) -> tuple[lis
             deps = [x for (dt, ds) in step.deps for x in (dt, ds, len(rp.threadblocks[dt].steps))]
             srcs = [(BUF_IDS[sl.buffer], sl.index) for sl in step.srcs]
             dst = (BUF_IDS[step.dst.buffer], step.dst.index) if step.dst is not None else (0, 0)
+            if step.op is StepOp.BARRIER:
+                dst = (barriers.get(i, BARRIER_EACH_TILE), 0)
             publish = published[first_step[gid] + i]
             steps.append(dict(index=i, op=step.op.name, count=step.count, srcs=srcs, dst=dst, cls=cls, fresh=fresh,
                               deps=deps, publish=publish, text=_describe(step)))
@@ -276,6 +325,20 @@ def _encode(plan: Plan, layout: KernelLayout, facts, average: bool) -> tuple[lis
     return tbs, PlanTables(tuple(rows), tuple(table))
 
 
+# How often a barrier step passes (the dst operand of its encoding, templates/steps.cuh.j2): a
+# threadblock's first and last barriers bound the call, so they pass once (at the first and the last
+# tile iteration); the others separate switch accesses of every tile (msc.ir.StepOp).
+BARRIER_EACH_TILE, BARRIER_FIRST, BARRIER_LAST = 0, 1, 2
+
+
+def _barrier_kinds(tb) -> dict[int, int]:
+    """Step index -> BARRIER_FIRST / BARRIER_LAST for the threadblock's first and last barrier."""
+    at = [i for i, s in enumerate(tb.steps) if s.op is StepOp.BARRIER]
+    if not at:
+        return {}
+    return {at[-1]: BARRIER_LAST, at[0]: BARRIER_FIRST}    # one barrier: it passes once, at the start
+
+
 def plan_tables(plan: Plan, *, op: str = "sum", collective=None, allow_deadlock: bool = False) -> PlanTables:
     """The tables the table-form kernel runs ``plan`` from, for reductions with ``op``
     (only whether it averages matters)."""
@@ -283,12 +346,18 @@ def plan_tables(plan: Plan, *, op: str = "sum", collective=None, allow_deadlock:
     return _encode(plan, kernel_layout(plan, "table"), facts, REDUCE_OPS[op].average)[1]
 
 
-def _kernel_context(protocol: str, dtype: DType, op: str, form: str, max_srcs: int) -> dict:
-    """What every kernel's text needs, whatever the form."""
+def _kernel_context(protocol: str, dtype: DType, op: str, form: str, max_srcs: int, switch: bool = False) -> dict:
+    """What every kernel's text needs, whatever the form. ``switch``: the kernel runs switch
+    ops (NVLS): it includes templates/multimem.cuh.j2 for (dtype, op); kernels without them
+    render as they did before switch ops existed."""
+    from msc.cuda.switch import switch_form
+
     step_ops, op_masks = step_op_table()
     return dict(dtype=dtype, op=op, redop=REDUCE_OPS[op], protocol=protocol, transport=PROTOCOLS[protocol].transport,
                 form=form, nthreads=NTHREADS[protocol], min_blocks=MIN_BLOCKS[protocol],
-                counter_words=COUNTER_STRIDE // 8, step_ops=step_ops, op_masks=op_masks, max_srcs=max_srcs)
+                counter_words=COUNTER_STRIDE // 8, step_ops=step_ops, op_masks=op_masks, max_srcs=max_srcs,
+                switch=switch_form(dtype.name, op) if switch else None,
+                barrier_first=BARRIER_FIRST, barrier_last=BARRIER_LAST)
 
 
 def _guessed_facts(step, k: int):
@@ -355,16 +424,19 @@ def render(plan: Plan, *, dtype: str = "float32", op: str = "sum", form: str | N
     form = choose_form(plan, form)
     layout = kernel_layout(plan, form)
     if form == "table":
-        return render_table_kernel(plan.protocol, dtype=dtype, op=op, max_srcs=table_width(plan)), layout
+        return render_table_kernel(plan.protocol, dtype=dtype, op=op, max_srcs=table_width(plan),
+                                   switch=layout.switch), layout
     facts = plan_facts(plan, collective=collective, allow_deadlock=allow_deadlock)
     tbs, _ = _encode(plan, layout, facts, REDUCE_OPS[op].average)
-    context = _kernel_context(plan.protocol, dt, op, form, _widest_step(plan))
+    context = _kernel_context(plan.protocol, dt, op, form, _widest_step(plan), layout.switch)
     context.update(plan=plan, tbs=tbs)
     return environment().get_template("kernel.cu.j2").render(**context), layout
 
 
-def render_table_kernel(protocol: str, *, dtype: str = "float32", op: str = "sum", max_srcs: int = 1) -> str:
+def render_table_kernel(protocol: str, *, dtype: str = "float32", op: str = "sum", max_srcs: int = 1,
+                        switch: bool = False) -> str:
     """The table-form kernel for every plan of ``protocol`` whose steps read at most
-    ``max_srcs`` local sources: no plan in its text (the plan comes as PlanTables)."""
-    context = _kernel_context(protocol, _check_kind(dtype, op), op, "table", max_srcs)
+    ``max_srcs`` local sources (``switch``: and that has switch ops): no plan in its text
+    (the plan comes as PlanTables)."""
+    context = _kernel_context(protocol, _check_kind(dtype, op), op, "table", max_srcs, switch)
     return environment().get_template("kernel.cu.j2").render(**context)

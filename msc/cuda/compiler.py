@@ -142,7 +142,10 @@ def _digest(*parts: str) -> str:
 def source_key(plan: Plan, *, dtype: str, op: str, form: str, collective=None) -> str:
     """The key of the plan's kernel source: a table-form kernel's is its kind's."""
     if form == "table":
-        return _digest(_toolchain_digest(), "table", plan.protocol, dtype, op, str(table_width(plan)))
+        kind = ("table", plan.protocol, dtype, op, str(table_width(plan)))
+        if plan.first_switch_step() is not None:        # another kernel (multimem); others keep their keys
+            kind += ("switch",)
+        return _digest(_toolchain_digest(), *kind)
     from msc.formats.plan_text import dump_plan
 
     return _digest(_toolchain_digest(), collective_digest(plan, collective), dtype, op, form, dump_plan(plan))

@@ -161,6 +161,13 @@ def memset_async(ptr: int, nbytes: int, stream: int) -> None:
     call(driver.cuMemsetD8Async, driver.CUdeviceptr(ptr), 0, nbytes, driver.CUstream(stream))
 
 
+def copy_async(dst: int, src: int, nbytes: int, stream: int) -> None:
+    """Device to device (any GPU: unified addressing), in stream order."""
+    from cuda.bindings import driver
+
+    call(driver.cuMemcpyAsync, driver.CUdeviceptr(dst), driver.CUdeviceptr(src), nbytes, driver.CUstream(stream))
+
+
 def copy_to_host_async(host_ptr: int, dev_ptr: int, nbytes: int, stream: int) -> None:
     from cuda.bindings import driver
 

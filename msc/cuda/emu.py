@@ -326,6 +326,7 @@ class EmuBackend:
 
     name = "emu"
     host_tensors = True          # tensors live in host memory: results are read after synchronize()
+    group_in_arena = True        # switch group memory: in each member's arena (msc.cuda.groups)
 
     def __init__(self):
         self.memory = HostMemory()
@@ -365,6 +366,10 @@ class EmuBackend:
 
     def describe_device(self, index: int) -> str:
         return f"emulated device {index}"
+
+    def check_switch(self, placement: str, devices) -> None:
+        """Switch plans run in every placement here: the group's memory is the members' arenas,
+        which every placement maps (no multicast objects, no capability to check)."""
 
     # kernels
     def compile(self, plan, *, dtype: str, op: str, form: str, collective, cache, allow_deadlock: bool):
@@ -441,6 +446,10 @@ class EmuBackend:
 
     def zero(self, index: int, ptr: int, nbytes: int, stream: Stream) -> None:
         stream.submit(lambda: ctypes.memset(ptr, 0, nbytes))
+
+    def copy(self, index: int, dst: int, src: int, nbytes: int, stream: Stream, keep=()) -> None:
+        """A stream-ordered copy between device buffers (``keep`` alive until it has run)."""
+        stream.submit(lambda: (ctypes.memmove(dst, src, nbytes), keep))
 
     def free(self, index: int, ptr: int) -> None:
         self.memory.free(ptr)

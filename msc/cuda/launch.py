@@ -77,10 +77,13 @@ class Footprint:
     counters: int = 2 * COUNTER_STRIDE  # per connection: tail (receiver) and head (sender), a line each
     error: int = 4 * ERROR_WORDS
     room: int = 0                      # bytes of a chunk-tile in a slot (a multiple of 16)
+    group: int = 0                     # bytes of a switch group member's memory (msc.cuda.groups), 0: none
 
 
-def footprint(layout: KernelLayout, params: LaunchParams, *, dtype: str, protocol: str, slots: int) -> Footprint:
-    """Device memory for ``params``; ``slots`` per connection (at least the plan's)."""
+def footprint(layout: KernelLayout, params: LaunchParams, *, dtype: str, protocol: str, slots: int,
+              group: int = 0) -> Footprint:
+    """Device memory for ``params``; ``slots`` per connection (at least the plan's); ``group``:
+    bytes of a switch group member's memory (msc.cuda.groups.group_bytes)."""
     if slots < layout.slots:
         raise UsageError(f"the plan was verified deadlock-free with {layout.slots} slots per connection; "
                          f"{slots} may deadlock")
@@ -92,7 +95,7 @@ def footprint(layout: KernelLayout, params: LaunchParams, *, dtype: str, protoco
     return Footprint(
         scratch=tuple(c * params.scratch_stride * size for c in layout.scratch_chunks),
         slots=tuple(slots * c.max_count * room for c in layout.connections),
-        progress=tuple(COUNTER_STRIDE * n for n in layout.threadblocks_per_rank), room=room)
+        progress=tuple(COUNTER_STRIDE * n for n in layout.threadblocks_per_rank), room=room, group=group)
 
 
 # -- MscArgs and its arrays, as in templates/steps.cuh.j2 -----------------------------
@@ -120,16 +123,25 @@ class MscArgsHeader(ctypes.Structure):
     _fields_ = _HEADER_FIELDS
 
 
-def args_struct(num_ranks: int, num_connections: int) -> type[ctypes.Structure]:
+# A switch plan's MscArgs ends with a pointer to its MscSwitch table (templates/steps.cuh.j2).
+_SWITCH_FIELDS = [("switches", ctypes.c_void_p), ("switch_input", ctypes.c_int64), ("switch_output", ctypes.c_int64)]
+
+
+def args_struct(num_ranks: int, num_connections: int, switch: bool = False) -> type[ctypes.Structure]:
     """The block a launch reads: MscArgs, then an MscRank per rank and an MscConn
     per connection (what the kernel's rank_of and conn_of index)."""
-    return type("MscArgsBlock", (ctypes.Structure,), {"_fields_": _HEADER_FIELDS + [
+    return type("MscArgsBlock", (ctypes.Structure,), {"_fields_": _HEADER_FIELDS + (_SWITCH_FIELDS if switch else []) + [
         ("rank", MscRank * num_ranks), ("conn", MscConn * max(num_connections, 1))]})
+
+
+def args_header_size(switch: bool) -> int:
+    """sizeof(MscArgs) of a kernel with (``switch``) or without switch ops."""
+    return ctypes.sizeof(args_struct(0, 0, switch)) - ctypes.sizeof(MscConn)
 
 
 def pack_args(layout: KernelLayout, params: LaunchParams, *, ranks: list[dict], connections: list[dict],
               error: int, slot_room: int, first_block: int = 0, timeout_ns: int = 300 * 10 ** 9,
-              tables: tuple[int, int] = (0, 0), local: bool = False) -> bytes:
+              tables: tuple[int, int] = (0, 0), local: bool = False, switches: tuple[int, int, int] = (0, 0, 0)) -> bytes:
     """MscArgs and its arrays as bytes to copy to the device. ``ranks[r]``:
     pointers input, output, scratch, progress (0 for a rank this process does
     not run); ``connections[c]``: pointers slots, tail, head, in
@@ -138,15 +150,20 @@ def pack_args(layout: KernelLayout, params: LaunchParams, *, ranks: list[dict], 
     (the GPU's global timer); ``tables``: device pointers to the plan's
     threadblock and step tables (the table form; codegen.PlanTables);
     ``local``: every peer of the launch's blocks is on its GPU (the virtual
-    placement), so connection counters and LL packets need only .gpu scope."""
+    placement), so connection counters and LL packets need only .gpu scope;
+    ``switches``: a switch plan's MscSwitch table (msc.cuda.groups) and the element offsets of
+    the input and output in group memory, required there."""
     if len(ranks) != layout.num_ranks or len(connections) != len(layout.connections):
         raise UsageError(f"pointer tables for {len(ranks)} ranks and {len(connections)} connections; the kernel "
                          f"has {layout.num_ranks} and {len(layout.connections)}")
     check(layout.slots, MAX_SLOTS, "slots per connection")      # the kernel's slot_of assumes it
     if layout.form == "table" and not all(tables):
         raise UsageError("a table-form launch needs the plan's tables in device memory (tables=...)")
-    cls = args_struct(layout.num_ranks, len(layout.connections))
-    args = cls(count=params.count, chunk=params.chunk, tile=params.tile, iterations=params.iterations,
+    if layout.switch and not switches[0]:
+        raise UsageError("a launch of a plan with switch ops needs its group memory table (switches=...)")
+    cls = args_struct(layout.num_ranks, len(layout.connections), layout.switch)
+    extra = dict(zip(("switches", "switch_input", "switch_output"), switches)) if layout.switch else {}
+    args = cls(**extra, count=params.count, chunk=params.chunk, tile=params.tile, iterations=params.iterations,
                timeout=timeout_ns, scratch_stride=params.scratch_stride, slot_room=slot_room,
                inv_n=1.0 / layout.num_ranks, first_block=first_block, error=error,
                threadblocks=tables[0], steps=tables[1], nranks=layout.num_ranks,

@@ -82,6 +82,12 @@ call has started (its blocks would wait for the refused ones). Two torchrun
 ranks on one GPU are refused at the first call's bootstrap unless MPS is
 running (msc.cuda.device.mps_active): their kernels would only take turns.
 
+Switch plans (NVLS): the switch reaches only a group's memory (msc.cuda.groups), so a call
+copies each member's input and output there before its launch and the output back after, in
+stream order. The emulated device keeps it in the arenas (every placement); a GPU binds a
+buffer per member to a multicast object (msc.cuda.multicast), under the torchrun placement
+only, after a capability check in the constructor (CapabilityError, no fallback).
+
 What runs without a GPU: everything, on the emulated device
 (tests/test_cuda_emu.py), and the CUDA backend's calls with the driver faked
 (tests/test_cuda_runtime.py). What only a GPU shows (tests/test_cuda_gpu.py):
@@ -89,7 +95,6 @@ the driver calls themselves, speed, occupancy, and the memory model's scopes.
 """
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import itertools
 from collections import OrderedDict
@@ -102,8 +107,10 @@ from msc.cuda.backend import choose
 from msc.cuda.codegen import KernelLayout, choose_form, kernel_layout
 from msc.cuda.compiler import tables as plan_tables
 from msc.cuda.diagnose import BrokenCommunicatorError, counters_from_arena, decode, merge, parse_words
-from msc.cuda.launch import ERROR_WORDS, MscArgsHeader, footprint, launch_params, pack_args
-from msc.cuda.tables import arena_layout, error_pointer, grow, peers, pointer_tables
+from msc.cuda.groups import (MemberMemory, check_units, group_bytes, group_layout, span_of, staged_offsets,
+                             switch_table, switch_table_bytes)
+from msc.cuda.launch import ERROR_WORDS, args_header_size, footprint, launch_params, pack_args
+from msc.cuda.tables import UserBuffers, arena_layout, error_pointer, grow, peers, pointer_tables
 from msc.cuda.validate import check_call, check_collective, check_op, units
 from msc.errors import UsageError
 from msc.ir import Plan
@@ -140,6 +147,12 @@ class Launch:
     first_block: int
     grid: int
     error_rank: int
+
+
+def _elem_size(dtype: str) -> int:
+    from msc.cuda.codegen import DTYPES
+
+    return DTYPES[dtype].size
 
 
 def launches(layout: KernelLayout, placement: str, devices: tuple[int, ...], rank: int | None = None) -> tuple[Launch, ...]:
@@ -200,12 +213,12 @@ class Kernels:
     by msc.cuda.compiler) and loaded once."""
 
     def __init__(self, backend, plan: Plan, arch: str, *, form: str | None = None, cache: Path | None = None,
-                 collective=None, allow_deadlock: bool = False):
+                 collective=None, allow_deadlock: bool = False, switch: bool = False):
         self.backend, self.plan, self.arch, self.form, self.cache = backend, plan, arch, form, cache
         self.collective, self.allow_deadlock = collective, allow_deadlock
         self._compiled: dict[tuple[str, str], object] = {}
         self._loaded: dict[tuple[str, str], object] = {}
-        self.args_size = ctypes.sizeof(MscArgsHeader)
+        self.args_size = args_header_size(switch)
 
     def compiled(self, dtype: str, op: str):
         key = (dtype, op)
@@ -262,6 +275,8 @@ class Communicator:
             self._join_group(group)
         self.devices = resolve_devices(placement, devices, n, backend.current())
         self._check_devices()
+        if self.layout.switch:          # NVLS: CapabilityError (a GPU) or UsageError (placement), no fallback
+            backend.check_switch(placement, self.devices)
         self.ranks_here = tuple(range(n)) if placement != "torchrun" else (self.rank,)
         self.device_of = {r: self.devices[0] if placement != "devices" else self.devices[r] for r in self.ranks_here}
         self._launches = launches(self.layout, placement, self.devices, self.rank)
@@ -271,7 +286,7 @@ class Communicator:
         self._threads = backend.block_threads(self.layout.nthreads)
         self._arch = {d: backend.arch(d) for d in self.devices}
         self._kernels = {a: Kernels(backend, self.kplan, a, form=form, cache=cache, collective=collective,
-                                    allow_deadlock=allow_deadlock)
+                                    allow_deadlock=allow_deadlock, switch=self.layout.switch)
                          for a in set(self._arch.values())}
         self._table_source = dict(collective=collective, cache=cache, allow_deadlock=allow_deadlock)
         # (device, averages) -> [pointers, what holds them, the copy's event until it is seen complete]
@@ -283,6 +298,9 @@ class Communicator:
         self._bases: list[int | None] = [None] * n
         self._owned: dict[int, int] = {}        # rank -> our allocation
         self._opened: dict[int, int] = {}       # rank -> a peer's arena opened by IPC
+        self._groups: list = []                 # switch plans: the group memory layouts (msc.cuda.groups)
+        self._group_held: list = []             # what holds group memory outside the arenas (a GPU's)
+        self._switch_tables: dict[int, int] = {}    # device -> its MscSwitch table
         self._generation = 0
         self._args: OrderedDict = OrderedDict()
         self._mirrors: dict[int, tuple] = {}    # launch index -> (error word copy, event)
@@ -539,17 +557,25 @@ class Communicator:
         kernels = {L.device: self._kernel(L.device, spec.dtype, spec.op) for L in self._launches}
         if fresh and self.placement == "torchrun" and not backend.capturing():
             self._rendezvous(f"kernel {spec.dtype} {spec.op}")     # compiled at first use: start together
+        spans = self._switch_spans(spec, params) if self.layout.switch else None
         self._reserve(footprint(self.layout, params, dtype=spec.dtype, protocol=self.kplan.protocol,
-                                slots=self.slots))
+                                slots=self.slots, group=group_bytes(self.layout, max(s.size for s in spans))
+                                if spans else 0))
         buffers = [None] * self.plan.num_ranks
         for i, r in enumerate(self.ranks_here):
-            buffers[r] = spec.buffers[i]
+            buffers[r] = spec.buffers[i] if spans is None else self._staged(r, spans[i])
         ranks, conns = pointer_tables(self.layout, self._arenas, self._bases, buffers, self.ranks_here)
         for i, L in enumerate(self._launches):
+            switches = (0, 0, 0)
+            if spans is not None:       # every group's buffers at one offset, every rank's span alike
+                size, at = _elem_size(spec.dtype), self._groups[0].buffers
+                switches = (self._switch_tables[L.device], (at + spans[0].input) // size,
+                            (at + spans[0].output) // size)
             args = pack_args(self.layout, params, ranks=ranks, connections=conns, slot_room=self._capacity.room,
                              error=error_pointer(self._arenas, self._bases, L.error_rank),
                              first_block=L.first_block, timeout_ns=self._timeout_ns,
-                             tables=self._plan_tables(L.device, spec.op), local=self.placement == "virtual")
+                             tables=self._plan_tables(L.device, spec.op), local=self.placement == "virtual",
+                             switches=switches)
             with backend.context(L.device):
                 stream = backend.stream(L.device)
                 capturing = backend.capturing()
@@ -558,9 +584,91 @@ class Communicator:
                     backend.wait(stream, last[1])          # launches of one communicator never overlap
                 self._after_tables(L.device, spec.op, stream)
                 ptr, held = self._upload(L.device, args, capturing)
+                if spans is not None:
+                    self._stage(L, spec, spans, stream, keep, into_group=True)
                 self._launch(i, L, stream, kernels[L.device], ptr, keep=(held, keep))
+                if spans is not None:
+                    self._stage(L, spec, spans, stream, keep, into_group=False)
                 if not capturing:
                     self._track(i, L, stream)
+
+    # -- switch plans (NVLS): group memory, staged buffers ----------------------------------
+    def _switch_spans(self, spec, params) -> list:
+        """Per rank here, the span of its buffers (msc.cuda.groups.Span); the same layout on every
+        rank (the switch finds a chunk at one offset on every member), whole multimem units."""
+        check_units(self.layout, spec.dtype, spec.count, params.chunk)
+        size = _elem_size(spec.dtype)
+        in_units, out_units = units(self.plan)
+        spans = [span_of(b.input, in_units * spec.count * size, b.output, out_units * spec.count * size,
+                         self.plan.inplace) for b in spec.buffers]
+        if any(s != spans[0] for s in spans):
+            raise UsageError(f"plan {self.plan.name!r} reduces in the NVLink switch, which finds a chunk at one "
+                             f"offset on every member: its ranks' in-place buffers must be laid out alike "
+                             f"({', '.join(f'rank {r}: input at byte {s.input} of the output' for r, s in zip(self.ranks_here, spans))})")
+        return spans
+
+    def _staged(self, rank: int, span):
+        """The addresses the kernel uses for ``rank``'s buffers: its copies in its group memory
+        (msc.cuda.groups), or none of that for a rank outside every group."""
+        g = self.layout.group_of(rank)
+        if g < 0:
+            return None
+        base = self._group_memory(rank).local
+        at = staged_offsets(self.layout, rank, span, self._groups)
+        return UserBuffers(base + at[0], base + at[1])
+
+    def _stage(self, L: Launch, spec, spans, stream, keep, *, into_group: bool) -> None:
+        """Copy the callers' buffers of ``L``'s ranks into their group memory before the launch
+        (input and output: a chunk the plan leaves alone comes back as it was), or the output
+        back after it, in stream order."""
+        size = _elem_size(spec.dtype)
+        in_units, out_units = units(self.plan)
+        for r in L.ranks:
+            if self.layout.group_of(r) < 0:
+                continue
+            i = self.ranks_here.index(r)
+            user, span = spec.buffers[i], spans[i]
+            mem = self._group_memory(r).local + self._groups[0].buffers
+            lo = min(user.input, user.output) if self.plan.inplace else None
+            pieces = [(lo, mem, span.size)] if lo is not None else [
+                (user.output, mem + span.output, out_units * spec.count * size)]
+            if lo is None and into_group:
+                pieces.append((user.input, mem + span.input, in_units * spec.count * size))
+            for addr, staged, nbytes in pieces:
+                src, dst = (addr, staged) if into_group else (staged, addr)
+                self.backend.copy(L.device, dst, src, nbytes, stream, keep=keep)
+
+    def _group_memory(self, rank: int) -> MemberMemory:
+        return self._member_memory()[rank]
+
+    def _member_memory(self) -> list:
+        """Per rank, its group memory as this process sees it (None: not mapped or no group)."""
+        if self._group_held:                     # a GPU: this rank's multicast-bound buffer
+            buf = self._group_held[0]
+            return [MemberMemory(buf.local, buf.mc) if r == self.rank else None for r in range(self.plan.num_ranks)]
+        return [MemberMemory(base + a.group) if base is not None and a.group >= 0 else None
+                for base, a in zip(self._bases, self._arenas)]
+
+    def _setup_groups(self, capacity) -> None:
+        """After (re)allocating: the group memory (a GPU: a multicast-bound buffer per member,
+        its counters zeroed by all before any uses it) and each launch device's MscSwitch table."""
+        backend, layout = self.backend, self.layout
+        self._groups = [group_layout(layout, g, capacity.group) for g in range(len(layout.groups))]
+        if not backend.group_in_arena:
+            g = layout.group_of(self.rank)
+            members = layout.groups[g]
+            buf = backend.open_group(self.devices[0], members.index(self.rank), len(members), capacity.group,
+                                     prefix=f"{self._prefix()}/group{g}/{self._generation}", timeout_s=self.timeout_s)
+            self._group_held.append(buf)
+            with backend.context(self.devices[0]):
+                backend.zero(self.devices[0], buf.local, self._groups[g].buffers, backend.stream(self.devices[0]))
+            backend.synchronize(self.devices[0])
+            self._rendezvous("group memory zeroed")      # no member adds to a counter another still zeroes
+        memory = self._member_memory()
+        for d in {L.device for L in self._launches}:
+            ptr = backend.alloc(d, switch_table_bytes(layout))
+            self._switch_tables[d] = ptr
+            backend.write(d, ptr, switch_table(layout, memory, self._groups, ptr))
 
     def _launch(self, i: int, L: Launch, stream, kernel, ptr: int, keep) -> None:
         """Launch ``L``, the i-th launch of a call. A launch that fails breaks the communicator
@@ -623,7 +731,7 @@ class Communicator:
         if backend.capturing():
             raise UsageError("this call needs larger communicator buffers, which cannot be allocated during CUDA "
                              "graph capture: make a call of the largest size before capturing")
-        arenas = arena_layout(self.layout, new)
+        arenas = arena_layout(self.layout, new, group_in_arena=backend.group_in_arena)
         mine = sum(arenas[r].size for r in self.ranks_here)
         if self.max_bytes is not None and mine > self.max_bytes:
             raise UsageError(f"this call needs {mine} bytes of communicator buffers (scratch, slots, counters), "
@@ -660,6 +768,12 @@ class Communicator:
         self._bases, self._arenas, self._capacity = bases, arenas, new
         self._args.clear()
         self._mirrors.clear()
+        if self.layout.switch:
+            try:
+                self._setup_groups(new)
+            except BaseException:
+                self._release()
+                raise
 
     def _exchange(self, capacity) -> list[int | None]:
         """torchrun placement: every rank's arena base in this process (msc.cuda.bootstrap)."""
@@ -707,6 +821,12 @@ class Communicator:
         try:
             self._close_opened()
         finally:
+            tables, self._switch_tables = self._switch_tables, {}
+            for d, ptr in tables.items():
+                self.backend.free(d, ptr)
+            held, self._group_held = self._group_held, []
+            for buf in held:
+                buf.close()
             owned, self._owned = self._owned, {}
             for r, ptr in owned.items():
                 self.backend.free(self.device_of[r], ptr)

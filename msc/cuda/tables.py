@@ -61,10 +61,13 @@ class RankArena:
     slots: dict[int, int]         # connection id -> offset (connections this rank receives on)
     scratch: int
     counters_end: int             # [0, counters_end): error word and counters
+    group: int = -1               # its switch group memory (msc.cuda.groups) in the arena, -1: none here
 
 
-def arena_layout(layout: KernelLayout, fp: Footprint) -> tuple[RankArena, ...]:
-    """Every rank's arena for buffers of footprint ``fp``."""
+def arena_layout(layout: KernelLayout, fp: Footprint, *, group_in_arena: bool = True) -> tuple[RankArena, ...]:
+    """Every rank's arena for buffers of footprint ``fp``. ``group_in_arena``: a switch group
+    member's group memory (fp.group bytes) goes at the end of its arena (the emulated device;
+    a GPU binds a separate allocation to a multicast object)."""
     out = []
     for rank in range(layout.num_ranks):
         at = _up(4 * ERROR_WORDS, COUNTER_STRIDE)
@@ -88,7 +91,10 @@ def arena_layout(layout: KernelLayout, fp: Footprint) -> tuple[RankArena, ...]:
                 at = _up(at + fp.slots[c.id])
         scratch = at
         at = _up(at + fp.scratch[rank])
-        out.append(RankArena(rank, at, 0, progress, tail, head, slots, scratch, counters_end))
+        group = -1
+        if group_in_arena and fp.group and layout.group_of(rank) >= 0:
+            group, at = at, _up(at + fp.group)
+        out.append(RankArena(rank, at, 0, progress, tail, head, slots, scratch, counters_end, group))
     return tuple(out)
 
 
@@ -168,9 +174,13 @@ def error_pointer(arenas: tuple[RankArena, ...], bases: list[int | None], rank: 
 
 
 def peers(layout: KernelLayout, rank: int) -> tuple[int, ...]:
-    """The ranks whose arenas ``rank`` must map: the other ends of its connections."""
+    """The ranks whose arenas ``rank`` must map: the other ends of its connections, and the
+    other members of its switch group."""
     found = {c.receiver for c in layout.connections if c.sender == rank}
     found |= {c.sender for c in layout.connections if c.receiver == rank}
+    g = layout.group_of(rank)
+    if g >= 0:                  # the emulated device's switch reaches the members' arenas
+        found |= set(layout.groups[g])
     found.discard(rank)
     return tuple(sorted(found))
 
@@ -188,6 +198,8 @@ def resolve(ptr: int, arenas: tuple[RankArena, ...], bases: list[int | None]) ->
         regions = [("error", a.error), ("progress", a.progress), ("scratch", a.scratch)]
         regions += [(f"tail{c}", o) for c, o in a.tail.items()] + [(f"head{c}", o) for c, o in a.head.items()]
         regions += [(f"slots{c}", o) for c, o in a.slots.items()]
+        if a.group >= 0:                 # first: it wins a tie with an empty scratch region before it
+            regions.insert(0, ("group", a.group))
         name, start = max(((n, o) for n, o in regions if o <= off), key=lambda x: x[1])
         return r, name, off - start
     raise UsageError(f"address {ptr:#x} is in no known arena")

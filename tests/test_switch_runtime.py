@@ -1,0 +1,244 @@
+"""Plans with switch ops (NVLS) on msc's CUDA runtime: the emulated device runs
+the real kernels (swred/swst/swrs through templates/multimem.cuh.j2 on the
+members' copies, group barriers on per-(group, channel) counters) and the
+real Communicator (group memory in the arenas, the callers' buffers staged in
+and out); every result bit-exact against msc.executor on random inputs
+(never zero). The default run takes a case per (dtype, op) the switch reduces;
+tests/test_cuda_emu.py's slow sweep takes the cross product.
+
+Also here: what is refused before anything launches (an op or dtype the
+switch cannot reduce, half types on odd chunks, a rank in two groups, a GPU
+placement other than torchrun, a GPU without multicast), and the GPU path's
+orchestration with the driver and multicast faked (cudaboot).
+"""
+from __future__ import annotations
+
+import dataclasses
+from functools import lru_cache
+
+import numpy as np
+import pytest
+
+import msc
+from cudaboot import check_run
+from library import algorithms
+from msc.cuda import Communicator
+from msc.cuda.switch import supported_pairs
+from msc.errors import UsageError
+from msc.ir.ops import REDUCE_OPS
+from msc.lower.pipeline import LowerOptions, lower
+
+# The library's switch algorithms and the rank counts they run at here (nvls_tree: nodes of 2 GPUs).
+SWITCH_KEYS = {"allreduce/nvls:nvls": (2, 3, 5), "allreduce/nvls_tree:nvls_tree": (4, 8)}
+TREE_NODE = {"gpus_per_node": 2}
+# What the switch reduces; avg only with inputs pre-scaled by every member, which the kernels do not do: refused.
+SWITCH_PAIRS = [(d, o) for d, o in supported_pairs() if not REDUCE_OPS[o].average]
+
+
+@lru_cache(maxsize=None)
+def switch_plan(key: str, n: int, inplace: bool = True, instances: int = 1):
+    alg = algorithms()[key]
+    if "nvls_tree" in key:
+        alg = dataclasses.replace(alg, params={**alg.params, **TREE_NODE})
+    return lower(msc.trace(alg, n, inplace=inplace), LowerOptions(instances=instances, tile=4096))
+
+
+def counts_for(plan, dtype: str) -> tuple[int, ...]:
+    """Counts per data unit: one, a few, several tiles per chunk, with short last chunks. The switch
+    moves half types in pairs: their chunks even, and the last one shorter by two."""
+    if dtype in ("float16", "bfloat16"):
+        return tuple(_pairs_count(plan.chunk_factor, near) for near in (2, 250, 2050))
+    return 1, 3, 1001, 8197
+
+
+def _pairs_count(k: int, chunk: int) -> int:
+    """The smallest count per unit (even) whose chunks (ceil(count / k)) have ``chunk`` elements
+    (even): the last chunk as short as that allows (k = 2 leaves none shorter)."""
+    chunk += chunk % 2
+    return min(e for e in range(k * (chunk - 1), k * chunk + 1) if e % 2 == 0 and -(-e // k) == chunk)
+
+
+# One case per (dtype, op) the switch reduces, rotating algorithm, ranks, in place, instances and form.
+CASES = [("allreduce/nvls:nvls", 4, True, 1, "table"), ("allreduce/nvls:nvls", 3, False, 2, "straight"),
+         ("allreduce/nvls_tree:nvls_tree", 4, True, 2, "table"), ("allreduce/nvls:nvls", 5, False, 1, "table"),
+         ("allreduce/nvls_tree:nvls_tree", 8, False, 1, "straight"), ("allreduce/nvls:nvls", 2, True, 2, "straight")]
+DEFAULT = [CASES[i % len(CASES)] + pair for i, pair in enumerate(SWITCH_PAIRS)]
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("switch-kernels")
+
+
+def test_the_cases_cover_every_pair_the_switch_reduces():
+    assert {(d, o) for *_, d, o in DEFAULT} == set(SWITCH_PAIRS)
+    assert len(SWITCH_PAIRS) == 11 and ("int32", "min") in SWITCH_PAIRS and ("float64", "sum") in SWITCH_PAIRS
+
+
+@pytest.mark.parametrize("key, n, inplace, instances, form, dtype, op", DEFAULT)
+def test_library_switch_algorithms_match_the_reference_executor(key, n, inplace, instances, form, dtype, op, cache):
+    plan = switch_plan(key, n, inplace, instances)
+    assert plan.first_switch_step() is not None
+    comm = Communicator(plan, "virtual", device="emu", form=form, cache=cache, dtypes=(dtype,), ops=(op,),
+                        timeout_s=60)
+    assert comm.layout.form == form and comm.layout.switch
+    for i, count in enumerate(counts_for(plan, dtype)):
+        check_run(comm, count, dtype, op, seed=1000 * n + i)
+    comm.close()
+
+
+def test_calls_back_to_back_on_several_devices_and_growing_buffers(cache):
+    """Calls queue on 4 emulated devices with no synchronize between them: the group barriers'
+    counters persist across launches (each call's targets follow from where the last left them),
+    and a larger call grows the arenas, counters restarting from zero."""
+    plan = switch_plan("allreduce/nvls:nvls", 4, True, 2)
+    comm = Communicator(plan, "devices", [0, 1, 2, 3], device="emu", cache=cache, timeout_s=60)
+    rng = np.random.default_rng(7)
+    calls = []
+    for i in range(30):
+        count = (300, 7, 5000, 1)[i % 4] + i
+        xs = [rng.uniform(1, 2, count).astype(np.float32) for _ in range(4)]
+        calls.append((xs, [x.copy() for x in xs]))
+        comm.all_reduce(xs)
+    comm.synchronize()
+    from msc.executor import run_collective
+
+    for i, (xs, inputs) in enumerate(calls):
+        want = run_collective(plan, inputs, "sum", count=len(inputs[0]))
+        for r in range(4):
+            assert xs[r].tobytes() == want[r].tobytes(), f"call {i} rank {r}"
+    assert comm._generation >= 2
+    from msc.cuda.tables import resolve
+
+    at = comm._groups[0].buffers                   # each rank's staged buffers: in its own arena's group memory
+    assert [resolve(comm._group_memory(r).local + at, comm._arenas, comm._bases) for r in range(4)] == \
+        [(r, "group", at) for r in range(4)]
+    comm.close()
+
+
+# -- refused before anything launches ---------------------------------------------------------------
+@pytest.mark.parametrize("dtype, op, message", [
+    ("float32", "prod", "cannot reduce float32 with prod \\(multimem.ld_reduce does sum on float32\\)"),
+    ("float32", "max", "cannot reduce float32 with max"),
+    ("int32", "avg", "avg on the msc CUDA runtime needs a floating type"),
+    ("bfloat16", "avg", "the NVLink switch cannot average: avg needs every member's copy pre-scaled by 1/n"),
+    ("float16", "prod", "cannot reduce float16 with prod"),
+])
+def test_ops_the_switch_cannot_do_are_refused_with_the_tables_message(dtype, op, message, cache):
+    plan = switch_plan("allreduce/nvls:nvls", 4)
+    with pytest.raises(UsageError, match=message):
+        Communicator(plan, device="emu", cache=cache, dtypes=(dtype,), ops=(op,))
+    comm = Communicator(plan, device="emu", cache=cache)       # float32 sum: fine; then a call asks for more
+    xs = [np.ones(64, np.dtype(dtype)) for _ in range(4)]
+    with pytest.raises(UsageError, match=message):
+        comm.all_reduce(xs, op=op)
+    assert comm._arenas is None                                 # refused before any memory or launch
+    comm.close()
+
+
+def test_half_types_on_odd_chunks_are_refused(cache):
+    plan = switch_plan("allreduce/nvls:nvls", 2)               # 2 chunks a unit
+    comm = Communicator(plan, device="emu", cache=cache, dtypes=("bfloat16",))
+    xs = [np.ones(6, np.uint16).view(__import__("ml_dtypes").bfloat16) for _ in range(2)]
+    with pytest.raises(UsageError, match="elements per chunk \\(3\\).*moves bfloat16 in pairs of elements"):
+        comm.all_reduce(xs)
+    comm.close()
+
+
+def test_a_rank_in_two_switch_groups_is_refused():
+    from msc.cuda.codegen import kernel_layout
+    from msc.ir import Plan, RankPlan, Slice, Step, StepOp, Threadblock
+
+    def tb(i, group):
+        return Threadblock(i, None, None, i, (Step(StepOp.SWRED, (Slice("input", 0, 1),), Slice("output", 0, 1), 1),),
+                           group)
+
+    ranks = (RankPlan(0, 0, (tb(0, (0, 1)), tb(1, (0, 2)))), RankPlan(1, 0, (tb(0, (0, 1)),)),
+             RankPlan(2, 0, (tb(0, (0, 2)),)))
+    plan = Plan("two", "allreduce", 3, 1, False, 1, 1, ranks)
+    with pytest.raises(UsageError, match="rank 0 belongs to switch groups 0,1 and 0,2"):
+        kernel_layout(plan, "table")
+
+
+def test_kernels_without_switch_ops_include_none_of_it():
+    from msc.cuda.codegen import render, render_table_kernel
+
+    ring = lower(msc.trace(algorithms()["allreduce/ring:ring"], 4), LowerOptions())
+    for source in (render(ring, form="straight")[0], render_table_kernel("Simple")):
+        assert "SwitchMem" not in source and "switch_step" not in source and "switches" not in source
+    source = render(switch_plan("allreduce/nvls:nvls", 4), form="straight")[0]
+    assert "multimem.ld_reduce" in source and "switch_step(b, it" in source
+
+
+# -- the GPU path, with the driver and multicast faked ------------------------------------------------
+@pytest.fixture(scope="module")
+def gloo2():
+    pytest.importorskip("torch")
+    import torchdist
+
+    pool = torchdist.Pool(2, timeout=180)
+    yield pool
+    pool.close()
+
+
+def test_gpu_torchrun_binds_group_memory_stages_buffers_and_fills_the_switch_table(gloo2):
+    """Each process opens its group memory through msc.cuda.multicast (member 0 creates the object,
+    each binds its own memory), zeroes the barrier counters, points the kernel's buffers at its
+    copy, copies its tensor in before the launch and out after, and hands the kernel multicast
+    addresses only (members[] null); close() releases everything."""
+    import cudaboot
+
+    got = gloo2.run(cudaboot.fake_switch_torchrun_case)
+    for rank, out in enumerate(got):
+        assert isinstance(out, dict), out
+        at, counters = out["buffers"], dict(zip(sorted(set(out["channels"])), out["counters"]))
+        assert out["members"] == 2 and out["bound"] == 1 and out["zeroed"]
+        assert out["created"] == ([("mc_create", out["size"], 2)] if rank == 0 else [])
+        assert out["size"] % (2 << 20) == 0 and out["size"] >= at + 2 * 64 * 4
+        assert out["input"] == (at, at) and out["switch_offsets"] == (at // 4, at // 4)
+        assert out["entries"] == [(0, 0, 2, counters[c], 0, counters[c]) for c in out["channels"]]
+        nbytes = 2 * 64 * 4                           # in place: the whole tensor in, then out
+        assert out["copies"] == [(at, "user", nbytes), ("user", at, nbytes)]
+        assert out["left"] == []
+
+
+def test_gpu_placements_other_than_torchrun_and_gpus_without_multicast_are_refused(monkeypatch):
+    pytest.importorskip("torch")
+    import cudaboot
+    from msc.cuda import multicast
+    from msc.cuda.backend import CudaBackend
+    from msc.errors import CapabilityError
+
+    state = cudaboot.install_fakes(monkeypatch.setattr)
+    with pytest.raises(UsageError, match="runs on GPUs under placement 'torchrun'.*not 'virtual'"):
+        Communicator(switch_plan("allreduce/nvls:nvls", 2), "virtual")
+    pcie = multicast.DeviceFacts(0, "NVIDIA H100 PCIe", (9, 0), False, True, True)
+    monkeypatch.setattr(multicast, "CudaMulticast", lambda: cudaboot.FakeMulticast(state["mem"], pcie))
+    with pytest.raises(CapabilityError, match="NVIDIA H100 PCIe.*MULTICAST_SUPPORTED"):
+        CudaBackend().check_switch("torchrun", (0,))
+
+
+# -- static gate: the whole kernel through NVRTC and ptxas for sm_90 (no GPU) -----------------------
+@pytest.mark.parametrize("form, dtype, op", [("straight", "float32", "sum"), ("table", "bfloat16", "max"),
+                                             ("table", "int32", "min")])
+def test_switch_kernels_compile_for_sm90_with_multimem_and_no_spills(form, dtype, op, tmp_path):
+    """The Communicator's kernel of nvls (runtime_plan) for sm_90: ptxas accepts it, its PTX holds
+    the (dtype, op)'s multimem forms (tests/test_switch_static.py's table) and the barrier's release
+    red, and ptxas reports no spill bytes."""
+    pytest.importorskip("cuda.bindings")
+    import re
+
+    from msc.cuda.compiler import rendered
+    from msc.cuda.runtime import runtime_plan
+    from msc.cuda.switch import nvrtc_ptx
+    from test_switch_static import expected_forms
+
+    source = rendered(runtime_plan(switch_plan("allreduce/nvls:nvls", 4, True, 2)), dtype=dtype, op=op,
+                      form=form, cache=tmp_path).source
+    ptx, cubin, log = nvrtc_ptx(source, name="kernel.cu")
+    loads, stores = expected_forms(dtype, op)
+    assert set(re.findall(r"multimem\.ld_reduce\S*", ptx)) == loads
+    assert set(re.findall(r"multimem\.st\S*", ptx)) == stores
+    assert set(re.findall(r"multimem\.red\S*", ptx)) == {"multimem.red.release.sys.global.add.u64"}
+    spills = [int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", log)]
+    assert len(cubin) > 0 and spills and not any(spills), log
