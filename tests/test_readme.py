@@ -161,6 +161,7 @@ def test_the_custom_collective_section_runs_as_written(tmp_path):
 
 
 @pytest.mark.slow
+@needs_emu
 def test_the_nvls_section_runs_as_written(tmp_path):
     """The switch example compiles, runs on the reference executor with right
     results, simulates on dgx-h100, and msc tune picks NVLS for large sizes."""
