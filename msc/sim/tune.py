@@ -166,7 +166,7 @@ def _candidates(path, alg, ranks, topology, protocols, instances, user, inplace,
     out = []
     for params in variants(alg, topology, user):
         shown = {k: v for k, v in params.items() if v != alg.params.get(k)} if varied_keys else {}
-        label = f"{alg.name} {params}" if params else alg.name
+        label = f"{alg.name} {params}"
         try:
             if not alg.supports(ranks, **params):
                 skipped.append(f"{label}: does not support {ranks} ranks")
