@@ -697,3 +697,24 @@ def emu_subgroups_case(rank: int, n: int) -> tuple:
     comm.synchronize()
     comm.close()
     return float(x[0]), float(x[-1])
+
+
+def queued_allreduces_are_right(comm, plan, counts, seed: int) -> None:
+    """Queue one float32 allreduce per count on ``comm`` (4 ranks, no
+    synchronize between calls, each call with buffers of its own), then
+    check every result bit for bit against msc.executor."""
+    import numpy as np
+
+    from msc.executor import run_collective
+
+    rng = np.random.default_rng(seed)
+    calls = []
+    for count in counts:
+        xs = [rng.uniform(1, 2, count).astype(np.float32) for _ in range(4)]
+        calls.append((xs, [x.copy() for x in xs]))
+        comm.all_reduce(xs)
+    comm.synchronize()
+    for i, (xs, inputs) in enumerate(calls):
+        want = run_collective(plan, inputs, "sum", count=len(inputs[0]))
+        for r in range(4):
+            assert xs[r].tobytes() == want[r].tobytes(), f"call {i} rank {r}"

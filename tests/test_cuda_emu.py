@@ -46,7 +46,7 @@ import numpy as np
 import pytest
 
 import msc
-from cudaboot import check_run, deadlock_plan, np_dtype
+from cudaboot import check_run, deadlock_plan, np_dtype, queued_allreduces_are_right
 from library import algorithms
 from msc.cuda import Communicator, DeviceTimeoutError
 from msc.cuda.compiler import compile_host
@@ -244,20 +244,7 @@ def test_back_to_back_launches_without_a_sync_under_devices(protocol, cache):
     The counters persist across launches: every result must be right."""
     plan = plan_for("allreduce/ring:ring", 4, protocol)
     comm = Communicator(plan, "devices", [0, 1, 2, 3], device="emu", cache=cache, timeout_s=60)
-    rng = np.random.default_rng(0)
-    calls = []
-    for i in range(100):
-        count = 500 - 37 * (i % 7)
-        xs = [rng.uniform(1, 2, count).astype(np.float32) for _ in range(4)]
-        calls.append((xs, [x.copy() for x in xs]))
-        comm.all_reduce(xs)
-    comm.synchronize()
-    from msc.executor import run_collective
-
-    for i, (xs, inputs) in enumerate(calls):
-        want = run_collective(plan, inputs, "sum", count=len(inputs[0]))
-        for r in range(4):
-            assert xs[r].tobytes() == want[r].tobytes(), f"launch {i} rank {r}"
+    queued_allreduces_are_right(comm, plan, [500 - 37 * (i % 7) for i in range(100)], seed=0)
     comm.close()
 
 

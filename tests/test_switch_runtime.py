@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import msc
-from cudaboot import check_run
+from cudaboot import check_run, queued_allreduces_are_right
 from library import algorithms
 from msc.cuda import Communicator
 from msc.cuda.switch import supported_pairs
@@ -93,20 +93,7 @@ def test_calls_back_to_back_on_several_devices_and_growing_buffers(cache):
     and a larger call grows the arenas, counters restarting from zero."""
     plan = switch_plan("allreduce/nvls:nvls", 4, True, 2)
     comm = Communicator(plan, "devices", [0, 1, 2, 3], device="emu", cache=cache, timeout_s=60)
-    rng = np.random.default_rng(7)
-    calls = []
-    for i in range(30):
-        count = (300, 7, 5000, 1)[i % 4] + i
-        xs = [rng.uniform(1, 2, count).astype(np.float32) for _ in range(4)]
-        calls.append((xs, [x.copy() for x in xs]))
-        comm.all_reduce(xs)
-    comm.synchronize()
-    from msc.executor import run_collective
-
-    for i, (xs, inputs) in enumerate(calls):
-        want = run_collective(plan, inputs, "sum", count=len(inputs[0]))
-        for r in range(4):
-            assert xs[r].tobytes() == want[r].tobytes(), f"call {i} rank {r}"
+    queued_allreduces_are_right(comm, plan, [(300, 7, 5000, 1)[i % 4] + i for i in range(30)], seed=7)
     assert comm._generation >= 2
     from msc.cuda.tables import resolve
 
