@@ -166,15 +166,7 @@ class Program:
             raise OperationError(f"{kind.value}: source rank {src.rank} {src.buffer}[{src.index}] and destination "
                                  f"{dst.buffer}[{dst.index}] (size {size}) overlap", rank=dst.rank,
                                  buffer=dst.buffer, index=dst.index, where=user_line(3))
-        self._moves += size
-        if self._moves > MAX_CHUNK_MOVES:
-            raise AlgorithmError(f"{kind.value}: the operations so far move {self._moves} chunks, over msc's limit "
-                                 f"of {MAX_CHUNK_MOVES}", where=user_line(3))
-        if dbuf not in self._physical:
-            key = (dst.rank, dbuf)
-            had = self.scratch_sizes.get(key, 0)
-            if had < di + size:
-                self._grow_scratch(kind, dst, key, had, di + size)
+        self._account(kind.value, size, dst, dbuf, di + size)
         if self._alias is not None and (sbuf, dbuf) != (src.buffer, dst.buffer):
             self.written_as[len(self.ops)] = (src.buffer, src.index, dst.buffer, dst.index)
         self.ops.append(Op(kind, src.rank, sbuf, si, dst.rank, dbuf, di, size,
@@ -211,15 +203,7 @@ class Program:
             raise OperationError(f"{what}: {side} {buf} on every member of the switch group, but only the input and "
                                  f"output buffers are laid out alike on every rank (not scratch buffers)",
                                  rank=rank, buffer=buf, where=user_line(3))
-        self._moves += size * len(members)
-        if self._moves > MAX_CHUNK_MOVES:
-            raise AlgorithmError(f"{what}: the operations so far move {self._moves} chunks, over msc's limit "
-                                 f"of {MAX_CHUNK_MOVES}", where=user_line(3))
-        if dst[0] not in self._physical:
-            key = (rank, dst[0])
-            had = self.scratch_sizes.get(key, 0)
-            if had < dst[1] + size:
-                self._grow_scratch(kind, Ref(self, rank, dbuf, di, size), key, had, dst[1] + size)
+        self._account(what, size * len(members), Ref(self, rank, dbuf, di, size), dst[0], dst[1] + size)
         self.has_switch = True
         self.ops.append(Op(kind, rank, src[0], src[1], rank, dst[0], dst[1], size, group.channel, None, None,
                            user_line(3), members))
@@ -238,12 +222,26 @@ class Program:
                                  f"instead", rank=rank, buffer=buffer, index=index, where=user_line(4))
         return target, index + spots.pop()
 
-    def _grow_scratch(self, kind: OpKind, dst: Ref, key: tuple, had: int, size: int) -> None:
+    def _account(self, what: str, moved: int, dst: Ref, buffer: str, end: int) -> None:
+        """An op moving ``moved`` chunks into ``dst`` (physical ``buffer`` up
+        to chunk ``end``): msc's limit on chunks moved, and a scratch buffer
+        grown to what is named."""
+        self._moves += moved
+        if self._moves > MAX_CHUNK_MOVES:
+            raise AlgorithmError(f"{what}: the operations so far move {self._moves} chunks, over msc's limit "
+                                 f"of {MAX_CHUNK_MOVES}", where=user_line(3))
+        if buffer not in self._physical:
+            key = (dst.rank, buffer)
+            had = self.scratch_sizes.get(key, 0)
+            if had < end:
+                self._grow_scratch(what, dst, key, had, end)
+
+    def _grow_scratch(self, what: str, dst: Ref, key: tuple, had: int, size: int) -> None:
         """Scratch buffer ``key`` now holds ``size`` chunks: the verifiers hold
         every chunk up to the highest index named, so the total is bounded."""
         self._chunks += size - had
         if self._chunks > MAX_TOTAL_CHUNKS:
-            raise AlgorithmError(f"{kind.value}: rank {dst.rank} {dst.buffer}[{dst.index}:{dst.index + dst.size}] "
+            raise AlgorithmError(f"{what}: rank {dst.rank} {dst.buffer}[{dst.index}:{dst.index + dst.size}] "
                                  f"grows the buffers of all ranks to {self._chunks} chunks, over msc's limit of "
                                  f"{MAX_TOTAL_CHUNKS}", where=user_line(4))
         self.scratch_sizes[key] = size

@@ -50,7 +50,7 @@ class SwitchGroup:
         p = self.program
         if getattr(src, "program", None) is not p or not hasattr(src, "size"):
             raise OperationError(f"switch store: source must be a chunk reference of the same program, got {src!r}",
-                                 where=_line())
+                                 where=user_line())
         self._member(src.rank, "store", src.buffer, src.index)
         buffer = src.buffer if buffer is None else buffer
         index = src.index if index is None else index
@@ -61,7 +61,7 @@ class SwitchGroup:
         if rank not in self.ranks:
             raise OperationError(f"switch {what}: rank {rank!r} is not a member of the switch group "
                                  f"{list(self.ranks)}", rank=rank if type(rank) is int else None, buffer=buffer,
-                                 index=index if type(index) is int else None, where=_line(3))
+                                 index=index if type(index) is int else None, where=user_line(3))
 
 
 class SwitchSum:
@@ -94,20 +94,16 @@ class SwitchSum:
         return p.chunk(self.rank, buffer, index, self.size)
 
 
-def _line(depth: int = 3):
-    return user_line(depth)
-
-
 def switch_group(program, ranks, channel) -> SwitchGroup:
     """``Program.switch``: the group of ``ranks`` (all when None), checked."""
     n = program.num_ranks
     members = list(range(n)) if ranks is None else [_integer(r) for r in ranks]
     bad = [r for r in members if type(r) is not int or not 0 <= r < n]
     if bad:
-        raise OperationError(f"switch: {bad[0]!r} is not a rank (ranks are 0..{n - 1})", where=_line())
+        raise OperationError(f"switch: {bad[0]!r} is not a rank (ranks are 0..{n - 1})", where=user_line())
     if len(set(members)) != len(members) or len(members) < 2:
-        raise OperationError(f"switch: a group needs at least two distinct ranks, got {members}", where=_line())
+        raise OperationError(f"switch: a group needs at least two distinct ranks, got {members}", where=user_line())
     channel = _integer(channel)
     if channel is not None and (type(channel) is not int or channel < 0):
-        raise OperationError(f"switch: channel {channel!r} must be an int >= 0 or None", where=_line())
+        raise OperationError(f"switch: channel {channel!r} must be an int >= 0 or None", where=user_line())
     return SwitchGroup(program, tuple(sorted(members)), channel)

@@ -306,14 +306,3 @@ class Plan:
                             return rp.rank, tb.id, i, step
         return None
 
-
-def refuse_switch_ops(plan: Plan, backend: str) -> None:
-    """A UsageError where ``plan`` has switch ops that ``backend`` cannot run
-    (yet): named, never run wrongly or skipped."""
-    found = plan.first_switch_step()
-    if found is not None:
-        from msc.errors import UsageError
-
-        rank, t, s, step = found
-        raise UsageError(f"plan {plan.name!r} uses switch ops (NVLS: in-switch reduction and multicast; the first is "
-                         f"{step.op.value} at rank {rank} threadblock {t} step {s}), which {backend} does not run yet")

@@ -45,7 +45,7 @@ from msc.verification.plan_values import check_plan, user_buffer_sizes
 from msc.verification.plan import check_races, verify_plan
 from msc.lower.runtimes import DEFAULT_TARGET, Runtime, get_runtime
 from msc.lower.schedule import PRIORITIES, build_plan, order
-from msc.lower.switch import has_switch_ops, lower_switch
+from msc.lower.switch import SWITCH_PROTOCOLS, has_switch_ops, lower_switch
 
 MAX_SLOTS = 8    # the most slots per connection lowering tries: the MSCCL runtimes' NCCL_STEPS
 
@@ -134,7 +134,7 @@ def _lower_switch(ops, scratch, n, options: LowerOptions, fields, collective, ta
     if target.xml:
         raise UsageError(f"the program uses switch ops (NVLS), which the {target.name} runtime ({target.title}) does "
                          f"not have: lower it for the msc runtime")
-    if options.protocol != "Simple":      # multimem loads and stores with barriers: no LL flags (NCCL's NVLS too)
+    if options.protocol not in SWITCH_PROTOCOLS:
         raise UsageError(f"the program uses switch ops (NVLS), which run with the Simple protocol only, not "
                          f"{options.protocol}")
     tried = []

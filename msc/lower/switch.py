@@ -24,13 +24,15 @@ The plan is then verified like any other (msc.verification.plan).
 """
 from __future__ import annotations
 
-from msc.errors import LoweringError
-from msc.ir import Op, OpKind, Plan, RankPlan, Step, StepOp, Threadblock
-from msc.ir import Slice
+from msc.ir import Op, OpKind, Plan, RankPlan, Slice, Step, StepOp, Threadblock
 from msc.lower.dag import build_dag
 from msc.lower.fusion import forwarding_pairs, fuse_forwarding, fuse_local
 from msc.lower.placement import assign, place_auto, place_manual, spread_channels
 from msc.lower.schedule import build_plan, order
+from msc.lower.switch_expand import latest_deps
+
+# The protocols switch ops run with: multimem loads and stores with barriers, no LL flags (NCCL's NVLS too).
+SWITCH_PROTOCOLS = ("Simple",)
 
 _STEP = {OpKind.SWITCH_REDUCE: StepOp.SWRED, OpKind.SWITCH_STORE: StepOp.SWST,
          OpKind.SWITCH_REDUCE_STORE: StepOp.SWRS}
@@ -191,14 +193,6 @@ def _append_epoch(sub: Plan, rank_tbs, done, gates, channel_base: int) -> int:
     return channel_base + width
 
 
-def _latest(deps) -> tuple[tuple[int, int], ...]:
-    """One dependency per threadblock: on its latest step named."""
-    latest: dict[int, int] = {}
-    for t, s in deps:
-        latest[t] = max(s, latest.get(t, -1))
-    return tuple(sorted(latest.items()))
-
-
 def _assemble(fields, scratch, n, groups, switch_tbs, rank_tbs) -> Plan:
     """Per rank: its switch threadblocks first, then the epochs'; symbolic
     dependencies (("switch", key, step), ("epoch", tb, step)) resolved."""
@@ -214,7 +208,7 @@ def _assemble(fields, scratch, n, groups, switch_tbs, rank_tbs) -> Plan:
             return offset + dep[1], dep[2]
 
         def resolved(steps):
-            return tuple(Step(st.op, st.srcs, st.dst, st.count, _latest(map(resolve, st.deps)), st.where)
+            return tuple(Step(st.op, st.srcs, st.dst, st.count, latest_deps(map(resolve, st.deps)), st.where)
                          for st in steps)
 
         tbs = [Threadblock(i, None, None, c, resolved(switch_tbs[(r, g, c)]), g) for i, (g, c) in enumerate(mine)]

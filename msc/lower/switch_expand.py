@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from msc.ir import Plan, RankPlan, Slice, Step, StepOp, Threadblock
+from msc.ir.worklist import GroupBarriers
 
 
 def expand_switch_ops(plan: Plan) -> Plan:
@@ -43,8 +44,9 @@ class _Expansion:
         self.base = 1 + max(tb.channel for rp in plan.ranks for tb in rp.threadblocks)
         self.scratch = [rp.scratch for rp in plan.ranks]
         self.tbs = [list(rp.threadblocks) for rp in plan.ranks]
-        self.links: dict[tuple, list[int]] = {}      # (rank, peer, channel, "send"/"recv") -> its tb index
-        self.epoch_start: dict[tuple, tuple[int, int]] = {}    # (rank, group, channel) -> its current barrier step
+        self.links: dict[tuple, int] = {}            # (rank, peer, channel, "send"/"recv") -> its tb index
+        self.switch_tb = GroupBarriers(plan).tb_of   # (group, channel) -> member -> its switch threadblock
+        self.epoch_start: dict[tuple, int | None] = {}     # (rank, group, channel) -> its current barrier step
         self.epoch_steps: dict[tuple, list[tuple[int, int]]] = {}    # (rank, group, channel) -> helper steps since
         self.sent_x: dict[tuple, tuple[int, int]] = {}     # (member, rank, tb, step) -> the member's send of its copy
 
@@ -106,11 +108,8 @@ class _Expansion:
     def _gate(self, key) -> tuple:
         """The dependency a helper step of ``key``'s epoch takes: its barrier (as a nop)."""
         at = self.epoch_start[key]
-        return () if at is None else ((self._tb_of(key), at),)
-
-    def _tb_of(self, key) -> int:
         rank, group, channel = key
-        return next(tb.id for tb in self.old.ranks[rank].threadblocks if tb.group == group and tb.channel == channel)
+        return () if at is None else ((self.switch_tb[(group, channel)][rank], at),)
 
     # -- one switch step ---------------------------------------------------------------
     def _expand(self, rank: int, t: int, s: int, phase: int) -> None:
@@ -122,7 +121,7 @@ class _Expansion:
             return
         if step.op is StepOp.BARRIER:
             waits = tuple(self.epoch_steps[key])
-            self._replace(rank, t, s, Step(StepOp.NOP, (), None, 1, _latest(step.deps + waits), step.where))
+            self._replace(rank, t, s, Step(StepOp.NOP, (), None, 1, latest_deps(step.deps + waits), step.where))
             self._begin(key, s)
             return
         group = tb.group
@@ -137,24 +136,25 @@ class _Expansion:
     def _reduce(self, rank, t, s, step, group) -> None:
         """The members' copies of the source, in member order, into the destination."""
         x = step.srcs[0]
+        channel = self.old.ranks[rank].threadblocks[t].channel
         sources, deps = [], list(step.deps)
         for m in group:
             if m == rank:
                 sources.append(x)
                 continue
-            mkey = (m, group, self._old_tb(m, t, rank).channel)
-            st = self._link(m, rank, mkey[2], "send")
+            mkey = (m, group, channel)
+            st = self._link(m, rank, channel, "send")
             sent = self._add(m, st, Step(StepOp.SEND, (x,), None, step.count, self._gate(mkey), step.where))
             self.epoch_steps[mkey].append(sent)
             temp = self._temp(rank, step.count)
-            rt = self._link(rank, m, mkey[2], "recv")
-            got = self._add(rank, rt, Step(StepOp.RECV, (), temp, step.count, self._gate((rank, group, mkey[2])),
+            rt = self._link(rank, m, channel, "recv")
+            got = self._add(rank, rt, Step(StepOp.RECV, (), temp, step.count, self._gate((rank, group, channel)),
                                            step.where))
-            self.epoch_steps[(rank, group, mkey[2])].append(got)
+            self.epoch_steps[(rank, group, channel)].append(got)
             sources.append(temp)
             deps.append(got)
             self.sent_x[(m, rank, t, s)] = sent
-        self._replace(rank, t, s, Step(StepOp.REDUCE, tuple(sources), step.dst, step.count, _latest(deps), step.where))
+        self._replace(rank, t, s, Step(StepOp.REDUCE, tuple(sources), step.dst, step.count, latest_deps(deps), step.where))
 
     def _multicast(self, rank, t, s, step, group) -> None:
         """The destination (as this step left it) to every other member's destination."""
@@ -172,13 +172,8 @@ class _Expansion:
             mine = self.sent_x.get((m, rank, t, s))
             if mine is not None:              # in place its source is this destination: send it first
                 after = after + (mine,)
-            got = self._add(m, rt, Step(StepOp.RECV, (), d, step.count, _latest(after), step.where))
+            got = self._add(m, rt, Step(StepOp.RECV, (), d, step.count, latest_deps(after), step.where))
             self.epoch_steps[mkey].append(got)
-
-    def _old_tb(self, m: int, t: int, rank: int) -> Threadblock:
-        """Member ``m``'s threadblock of the group and channel of ``rank``'s threadblock ``t``."""
-        tb = self.old.ranks[rank].threadblocks[t]
-        return next(x for x in self.old.ranks[m].threadblocks if x.group == tb.group and x.channel == tb.channel)
 
     def _replace(self, rank: int, t: int, s: int, step: Step) -> None:
         tb = self.tbs[rank][t]
@@ -187,7 +182,8 @@ class _Expansion:
         self.tbs[rank][t] = replace(tb, steps=tuple(steps), group=())
 
 
-def _latest(deps) -> tuple[tuple[int, int], ...]:
+def latest_deps(deps) -> tuple[tuple[int, int], ...]:
+    """One dependency per threadblock: on its latest step named (sorted)."""
     latest: dict[int, int] = {}
     for t, s in deps:
         latest[t] = max(s, latest.get(t, -1))

@@ -208,6 +208,7 @@ def _lowered(prog, protocols, instances, budget, over: set, skip):
     from dataclasses import replace
 
     from msc.lower.pipeline import LowerOptions, lower
+    from msc.lower.switch import SWITCH_PROTOCOLS
 
     per_instance = None                 # threadblocks per rank and instance, once known
     for inst in sorted(instances):
@@ -225,7 +226,7 @@ def _lowered(prog, protocols, instances, budget, over: set, skip):
             continue
         switch = plan.first_switch_step() is not None
         for proto in protocols:
-            if switch and proto != "Simple":      # as lower() refuses them (msc.lower.pipeline)
+            if switch and proto not in SWITCH_PROTOCOLS:      # as lower() refuses them (msc.lower.pipeline)
                 skip(f"x{inst} {proto}: switch ops (NVLS) run with the Simple protocol only")
                 continue
             yield plan if proto == plan.protocol else replace(plan, protocol=proto)

@@ -556,11 +556,6 @@ class _Execution:
         and before one: else m's collective call may not have started (its
         stream may still use the buffer) or may have returned (the caller may
         reuse it) while the access happens."""
-        rank_of = {}
-        for r, row in enumerate(self.base):
-            for t, g in enumerate(row):
-                for j in range(len(self.plan.ranks[r].threadblocks[t].steps)):
-                    rank_of[g + j] = r
         checked = set()
         for (m, buf, x), accesses in remote.items():
             for g, writes in accesses:
@@ -568,7 +563,7 @@ class _Execution:
                     continue
                 checked.add((g, m))
                 for forward, when_ in ((False, "started"), (True, "returned")):
-                    if not self._meets_rank(g, m, rank_of, forward):
+                    if not self._meets_rank(g, m, forward):
                         r, t, s = self._locate(g)
                         step = self.plan.ranks[r].threadblocks[t].steps[s]
                         origin = f", from {step.where}" if step.where is not None else ""
@@ -580,19 +575,18 @@ class _Execution:
                             f"of the switch group {'after' if forward else 'before'} it would)",
                             ((r, t, s),), rank=m, buffer=buf, index=x, where=step.where)
 
-    def _meets_rank(self, g, m, rank_of, forward: bool) -> bool:
+    def _meets_rank(self, g, m, forward: bool) -> bool:
         """Whether a step of rank ``m`` happens before (``forward``: after)
         step ``g``. Looking back, a barrier of a group holding m counts: m
         had reached its matching barrier when that one completed."""
         stack, seen = [g], {g}
         while stack:
             h = stack.pop()
-            if h != g and rank_of[h] == m:
+            r, t, _ = self._locate(h)
+            if h != g and r == m:
                 return True
-            if not forward and h in self.barrier_gids:
-                r, t, s = self._locate_fast(h)
-                if m in self.plan.ranks[r].threadblocks[t].group:
-                    return True
+            if not forward and h in self.barrier_gids and m in self.plan.ranks[r].threadblocks[t].group:
+                return True
             for p in self.succs[h] if forward else self._preds(h):
                 if p not in seen:
                     seen.add(p)
@@ -601,7 +595,7 @@ class _Execution:
 
     def _preds(self, g) -> list[int]:
         """Step ``g``'s happens-before predecessors."""
-        r, t, s = self._locate_fast(g)
+        r, t, s = self._locate(g)
         step = self.plan.ranks[r].threadblocks[t].steps[s]
         preds = [g - 1] if s else []
         preds.extend(self.base[r][dt] + ds for dt, ds in step.deps)
@@ -610,9 +604,10 @@ class _Execution:
         preds.extend(self.sync_preds.get(g, ()))
         return preds
 
-    def _locate_fast(self, g):
-        """(rank, threadblock, step) of step id ``g``."""
-        if self._starts is None:      # built once: a plan can need many searches
+    def _locate(self, g):
+        """(rank, threadblock, step) of step id ``g`` (a bisection over the
+        threadblocks' first ids, built once: a plan can need many)."""
+        if self._starts is None:      # an empty threadblock shares its id with the next: the later one wins
             loc = {}
             for r, row in enumerate(self.base):
                 for t, g0 in enumerate(row):
@@ -764,10 +759,3 @@ class _Execution:
                     raise contribution_error(rank, index, expected.counts, found, how, where)
                 checked.add(key)
 
-    def _locate(self, gid):
-        for r, row in enumerate(self.base):
-            for t, g in enumerate(row):
-                steps = len(self.plan.ranks[r].threadblocks[t].steps)
-                if g <= gid < g + steps:
-                    return r, t, gid - g
-        raise KeyError(gid)
