@@ -63,6 +63,10 @@ def add_simulate_command(subparsers, load_plan: Callable) -> argparse.ArgumentPa
     add_collective_arg(p)
     p.add_argument("--engine", choices=("auto", "fast", "events"), default="auto",
                    help="auto: max-plus, event-driven where links are contended; fast: ignore contention")
+    p.add_argument("--model", choices=("auto", "lifted", "onesided"), default="auto",
+                   help="MSCCL++ plans (.json): auto: msc's simulator of the msc plan a plan in the shape msc's "
+                        "export writes was exported from, the one-sided model (msc.sim.onesided) for any other; "
+                        "lifted: the former only; onesided: the one-sided model for every plan")
     p.add_argument("--json", action="store_true", help="print the records as a JSON list")
     p.add_argument("--plot", metavar="FILE.png", help="draw busbw against size, a line per plan")
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show Python tracebacks")
@@ -111,22 +115,40 @@ def _simulate_plans(args, requested, load_plan):
     from msc.sim.simulate import Simulator
     from msc.units import format_table
 
+    from msc.cli.sim_mscclpp import LIFTED, MODEL_TEXT, onesided_plan, simulate_onesided
+    from msc.formats.load import plan_reader
+
     everything, series, topo = [], [], None
     for path in args.plans:
+        mscclpp = plan_reader(path) == "mscclpp"
+        osp = onesided_plan(path, args) if mscclpp else None
+        if osp is not None:
+            records, label, topo, title = simulate_onesided(args, path, osp, requested)
+            everything += records
+            series.append((label, records))
+            if not args.json:
+                columns = bound_columns(records)
+                print(format_table(records, columns=columns, title=title) + ("\n" + BOUND_NOTE if columns else ""))
+            continue
         plan = load_plan(path, **capacity_args(args), **collective_kw(args))
         topo = topology_from_args(args, plan.num_ranks)
         records = Simulator(plan, topo, tile=args.tile, slots=simulated_slots(plan, path, args),
                             dtype=args.dtype).records(requested, engine=args.engine)
         if plan.first_switch_step() is None:      # msc bound has no switch cuts: it bounds link-only plans
             add_bound(records, plan.collective, plan.root, topo)     # bound_time, bound_pct
+        if mscclpp:
+            for r in records:
+                r["model"] = LIFTED
         everything += records
         series.append((f"{plan.name} ({plan.protocol}, x{plan.instances})", records))
         if not args.json:
             columns = bound_columns(records)
             print(format_table(records, columns=columns,
                                title=f"msc simulate {path}: {plan.collective}, {plan.num_ranks} ranks, "
-                                     f"{plan.protocol}, x{plan.instances}, on {topo.summary()} "
-                                     f"(predicted: nothing run)") + ("\n" + BOUND_NOTE if columns else ""))
+                                     f"{plan.protocol}, x{plan.instances}, "
+                                     + (f"MSCCL++ plan {MODEL_TEXT[LIFTED]}, " if mscclpp else "")
+                                     + f"on {topo.summary()} (predicted: nothing run)")
+                  + ("\n" + BOUND_NOTE if columns else ""))
     return everything, series, topo
 
 
