@@ -99,6 +99,7 @@ class OneSidedSimulator:
         gpu = plan.gpus[0]
         self.big = max(gpu.input_chunks, gpu.output_chunks, 1)
         self._routes: dict = {}
+        self._capacity: dict = {}        # shared link name -> bytes/s in the plan's protocol's view
 
     def route(self, protocol: str, src: int, dst: int):
         """(latency s, private rate cap B/s, shared link names) from ``src`` to ``dst`` under ``protocol``."""
@@ -106,13 +107,14 @@ class OneSidedSimulator:
         if key not in self._routes:
             view = self.views[protocol]
             r = view.route(src, dst)
-            self.view.route(src, dst)                       # registers the links in the capacities' view
             names = tuple(view.resource_names[i] for i in r.resources)
+            for i in self.view.route(src, dst).resources:  # the same links, as the plan's protocol rates them
+                self._capacity[self.view.resource_names[i]] = self.view.capacity[i]
             self._routes[key] = (r.alpha, min(r.bandwidth, view.threadblock_bandwidth), names)
         return self._routes[key]
 
     def capacity(self, name: str) -> float:
-        return self.view.capacity[self.view._resource_ids[name]]
+        return self._capacity[name]
 
     def chunk_geometry(self, size: int) -> tuple[int, int, int]:
         """(rounded size, count, chunk bytes) for a requested size, as msc run X.json reads it."""
