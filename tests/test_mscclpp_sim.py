@@ -237,6 +237,11 @@ def test_simulate_says_which_model_ran(tmp_path):
     assert "MSCCL++ plan in the one-sided model (msc.sim.onesided)" in text.stdout
     refused = cli("simulate", "gets.json", "-t", "dgx-h100", "--tile", "4096", cwd=tmp_path)
     assert refused.returncode == 2 and "--tile describes an msc plan's run" in refused.stderr
+    foreign = json.loads(plan_to_mscclpp_json(plan))
+    del foreign["msc_slots"]                        # msc's shape, but not msc's export: its slots unknown
+    (tmp_path / "foreign.json").write_text(json.dumps(foreign))
+    out = cli("simulate", "foreign.json", "-t", "dgx-h100", "-b", "1M", "-e", "1M", "--json", cwd=tmp_path)
+    assert out.returncode == 0 and json.loads(out.stdout)[0]["model"] == "onesided", out.stderr
     lifted = cli("simulate", "gets.json", "-t", "dgx-h100", "--model", "lifted", cwd=tmp_path)
     assert lifted.returncode != 0 and "operation 5 (get): not in the shape" in lifted.stderr
 

@@ -64,9 +64,9 @@ def add_simulate_command(subparsers, load_plan: Callable) -> argparse.ArgumentPa
     p.add_argument("--engine", choices=("auto", "fast", "events"), default="auto",
                    help="auto: max-plus, event-driven where links are contended; fast: ignore contention")
     p.add_argument("--model", choices=("auto", "lifted", "onesided"), default="auto",
-                   help="MSCCL++ plans (.json): auto: msc's simulator of the msc plan a plan in the shape msc's "
-                        "export writes was exported from, the one-sided model (msc.sim.onesided) for any other; "
-                        "lifted: the former only; onesided: the one-sided model for every plan")
+                   help="MSCCL++ plans (.json): auto: an export of msc's is lifted back to its msc plan and "
+                        "simulated as that, any other plan runs in the one-sided model (msc.sim.onesided); lifted: "
+                        "lift (plans in the shape msc's export writes); onesided: the one-sided model for every plan")
     p.add_argument("--json", action="store_true", help="print the records as a JSON list")
     p.add_argument("--plot", metavar="FILE.png", help="draw busbw against size, a line per plan")
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show Python tracebacks")

@@ -1,9 +1,11 @@
 """``msc simulate X.json`` of an MSCCL++ execution plan: which model runs it.
 
-A plan in the shape msc's export writes is lifted back to the msc plan it
-came from and simulated by msc's simulator (msc.sim.simulate), as before;
-any other plan ``msc verify`` takes runs in the one-sided cost model
-(msc.sim.onesided). ``--model onesided`` runs every MSCCL++ plan in the
+A plan msc's export wrote (its msc_slots field) in the shape that export
+writes is lifted back to the msc plan it came from and simulated by msc's
+simulator (msc.sim.simulate), as before; any other plan ``msc verify`` takes
+runs in the one-sided cost model (msc.sim.onesided): a plan of that shape
+written elsewhere too, whose slots msc's simulator would have to guess (one
+a connection, where LL packets need none). ``--model onesided`` runs every MSCCL++ plan in the
 one-sided model (an export too: what the executor runs, without msc's
 tiling). The output and each record say which model ran.
 """
@@ -21,8 +23,8 @@ MODEL_TEXT = {LIFTED: "lifted to the msc plan it was exported from, msc's simula
 def onesided_plan(path: str, args):
     """The plan read and verified as MSCCL++ runs it if the one-sided model
     simulates it (``--model onesided``, or lift refuses its shape), else None
-    (msc's simulator of the lifted plan: ``--model lifted``, or auto where
-    lift reads it)."""
+    (msc's simulator of the lifted plan: ``--model lifted``, or auto for an
+    export of msc's that lift reads)."""
     from msc.formats.inputs import read_input
     from msc.formats.mscclpp.check import verify_mscclpp
     from msc.formats.mscclpp.lift import lift_plan
@@ -33,8 +35,8 @@ def onesided_plan(path: str, args):
         return None
     osp = parse_mscclpp(read_input(path, MAX_PLAN_FILE_BYTES, what="plan", error=PlanError), path=path)
     verify_mscclpp(osp, **collective_kw(args))       # what msc verify checks: deadlock, races, results
-    if args.model == ONESIDED:
-        return osp
+    if args.model == ONESIDED or osp.meta_value("msc_slots") is None:
+        return osp                # not written by msc's export: the slots a lifted plan would run with are a guess
     try:
         lift_plan(osp)
     except PlanError:             # not msc's shape: only the one-sided model reads it
