@@ -253,3 +253,13 @@ def test_simulate_refuses_a_plan_msc_verify_refuses(tmp_path):
     (tmp_path / "early.json").write_text(json.dumps(doc))
     out = cli("simulate", "early.json", "-t", "ring:4", cwd=tmp_path)
     assert out.returncode != 0 and "nothing on rank" in out.stderr
+
+
+def test_the_flags_of_other_plans_are_refused(tmp_path):
+    assert cli("compile", "allgather/ring", "--ranks", "4", "-o", "ag.plan", cwd=tmp_path).returncode == 0
+    out = cli("simulate", "ag.plan", "-t", "ring:4", "--model", "onesided", cwd=tmp_path)
+    assert out.returncode == 2 and "--model onesided chooses how an MSCCL++ plan (.json) is simulated" in out.stderr
+    out = cli("simulate", "--nccl", "allreduce", "-t", "dgx-h100", "--model", "lifted", cwd=tmp_path)
+    assert out.returncode == 2 and "--model" in out.stderr
+    with pytest.raises(UsageError, match="topology 'ring:4' has 4 ranks, plan 'get_allgather' 8"):
+        OneSidedSimulator(read(get_allgather(8)), get_topology("ring", 4))

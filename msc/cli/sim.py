@@ -100,7 +100,8 @@ def _check_simulate_args(args) -> None:
         raise UsageError("give one or more plans, or --nccl COLLECTIVE")
     if args.nccl:
         given = [flag for flag, v in (("--tile", args.tile), ("--slots", args.slots), ("--runtime", args.runtime),
-                                      ("--engine", args.engine if args.engine != "auto" else None)) if v is not None]
+                                      ("--engine", args.engine if args.engine != "auto" else None),
+                                      ("--model", args.model if args.model != "auto" else None)) if v is not None]
         if given:
             raise UsageError(f"{', '.join(given)} describe a plan's run; --nccl takes NCCL's own "
                              "(its slices, buffers and channels)")
@@ -121,6 +122,8 @@ def _simulate_plans(args, requested, load_plan):
     everything, series, topo = [], [], None
     for path in args.plans:
         mscclpp = plan_reader(path) == "mscclpp"
+        if args.model != "auto" and not mscclpp:
+            raise UsageError(f"--model {args.model} chooses how an MSCCL++ plan (.json) is simulated; {path} is not one")
         osp = onesided_plan(path, args) if mscclpp else None
         if osp is not None:
             records, label, topo, title = simulate_onesided(args, path, osp, requested)

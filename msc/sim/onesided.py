@@ -28,6 +28,12 @@ simulator (msc.sim.simulate) reads:
 Link capacities are the plan's protocol's view's; the launch latency of that
 protocol is added once per size. Sizes: whole 16-byte units per chunk of the
 largest buffer, as ``msc run X.json`` reads them.
+
+Other channels (the reader refuses them today) fit the same loop: a port
+channel's put is a transfer that starts after the host proxy's latency (the
+topology's ``proxy``) and its flush a wait for the transfers before it; a
+switch channel's operations cost what msc's simulator charges switch steps
+(the view's ``nvls_*``: the port load at the switch's rate plus its latency).
 """
 from __future__ import annotations
 
