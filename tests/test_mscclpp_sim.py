@@ -263,3 +263,27 @@ def test_the_flags_of_other_plans_are_refused(tmp_path):
     assert out.returncode == 2 and "--model" in out.stderr
     with pytest.raises(UsageError, match="topology 'ring:4' has 4 ranks, plan 'get_allgather' 8"):
         OneSidedSimulator(read(get_allgather(8)), get_topology("ring", 4))
+
+
+def _put_pair(shape: str) -> dict:
+    """A 2-rank allgather whose put is plain, split over a threadblock group of 2, or a pipeline of 4 slices."""
+    signal_wait = [{"name": "nop"}, {"name": "signal", "channel_ids": [0], "channel_type": "memory"},
+                   {"name": "wait", "channel_ids": [0], "channel_type": "memory"}]
+    def tbs(r):
+        if shape == "group":
+            return [([_own_copy(r)] if i == 0 else []) + [dict(_put(r, 0), tbg_info={"tb_id": i, "tbg_size": 2})]
+                    + signal_wait for i in range(2)]
+        put = _put(r, 0)
+        if shape == "pipeline":
+            put = {"name": "pipeline", "iter_context": {"unit_size": 256 * 1024, "num_chunks": 1}, "ops": [put]}
+        return [[_own_copy(r), put] + signal_wait]
+    return _plan(shape, [_gpu(r, 2, tbs(r)) for r in range(2)])
+
+
+def test_a_pipeline_runs_its_slices_in_turn_and_a_group_splits_the_bytes():
+    topo = Uniform(2, alpha_us=1.0, bandwidth_gbps=100.0, threadblock_gbps=10.0)   # the threadblock limits
+    times = {shape: OneSidedSimulator(read(_put_pair(shape)), topo).run([2 * MB])[0].seconds
+             for shape in ("plain", "pipeline", "group")}
+    assert times["plain"] == pytest.approx(MB / 10e9 + 1e-6, rel=1e-12)
+    assert times["pipeline"] == pytest.approx(times["plain"], rel=1e-12)        # 4 slices of 256 KiB, one by one
+    assert times["group"] == pytest.approx(MB / 2 / 10e9 + 1e-6, rel=1e-12)     # two threadblocks, half each
