@@ -230,7 +230,9 @@ def test_export_verify_diff_and_import_on_the_command_line(tmp_path):
     (tmp_path / "broken.json").write_text(json.dumps(broken))
     done = cli("run", "broken.json", "-b", "128", "-e", "128", "--json", cwd=tmp_path)
     assert done.returncode == 1 and json.loads(done.stdout)["records"][0]["wrong_per_rank"] == [0, 16]
-    done = cli("simulate", "ag2.json", "-t", "ring:2", cwd=tmp_path)
+    done = cli("simulate", "ag2.json", "-t", "ring:2", cwd=tmp_path)          # not msc's shape: the one-sided model
+    assert done.returncode == 0 and "in the one-sided model (msc.sim.onesided)" in done.stdout, done.stderr
+    done = cli("simulate", "ag2.json", "-t", "ring:2", "--model", "lifted", cwd=tmp_path)
     assert done.returncode == 2 and "operation 1 (put) writes rank 1's output directly (zero-copy)" in done.stderr
     done = cli("run", "ag.json", "-o", "max", cwd=tmp_path)
     assert done.returncode == 2 and "allgather" in done.stderr

@@ -63,6 +63,10 @@ def add_simulate_command(subparsers, load_plan: Callable) -> argparse.ArgumentPa
     add_collective_arg(p)
     p.add_argument("--engine", choices=("auto", "fast", "events"), default="auto",
                    help="auto: max-plus, event-driven where links are contended; fast: ignore contention")
+    p.add_argument("--model", choices=("auto", "lifted", "onesided"), default="auto",
+                   help="MSCCL++ plans (.json): auto: an export of msc's is lifted back to its msc plan and "
+                        "simulated as that, any other plan runs in the one-sided model (msc.sim.onesided); lifted: "
+                        "lift (plans in the shape msc's export writes); onesided: the one-sided model for every plan")
     p.add_argument("--json", action="store_true", help="print the records as a JSON list")
     p.add_argument("--plot", metavar="FILE.png", help="draw busbw against size, a line per plan")
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show Python tracebacks")
@@ -96,7 +100,8 @@ def _check_simulate_args(args) -> None:
         raise UsageError("give one or more plans, or --nccl COLLECTIVE")
     if args.nccl:
         given = [flag for flag, v in (("--tile", args.tile), ("--slots", args.slots), ("--runtime", args.runtime),
-                                      ("--engine", args.engine if args.engine != "auto" else None)) if v is not None]
+                                      ("--engine", args.engine if args.engine != "auto" else None),
+                                      ("--model", args.model if args.model != "auto" else None)) if v is not None]
         if given:
             raise UsageError(f"{', '.join(given)} describe a plan's run; --nccl takes NCCL's own "
                              "(its slices, buffers and channels)")
@@ -111,22 +116,42 @@ def _simulate_plans(args, requested, load_plan):
     from msc.sim.simulate import Simulator
     from msc.units import format_table
 
+    from msc.cli.sim_mscclpp import LIFTED, MODEL_TEXT, onesided_plan, simulate_onesided
+    from msc.formats.load import plan_reader
+
     everything, series, topo = [], [], None
     for path in args.plans:
+        mscclpp = plan_reader(path) == "mscclpp"
+        if args.model != "auto" and not mscclpp:
+            raise UsageError(f"--model {args.model} chooses how an MSCCL++ plan (.json) is simulated; {path} is not one")
+        osp = onesided_plan(path, args) if mscclpp else None
+        if osp is not None:
+            records, label, topo, title = simulate_onesided(args, path, osp, requested)
+            everything += records
+            series.append((label, records))
+            if not args.json:
+                columns = bound_columns(records)
+                print(format_table(records, columns=columns, title=title) + ("\n" + BOUND_NOTE if columns else ""))
+            continue
         plan = load_plan(path, **capacity_args(args), **collective_kw(args))
         topo = topology_from_args(args, plan.num_ranks)
         records = Simulator(plan, topo, tile=args.tile, slots=simulated_slots(plan, path, args),
                             dtype=args.dtype).records(requested, engine=args.engine)
         if plan.first_switch_step() is None:      # msc bound has no switch cuts: it bounds link-only plans
             add_bound(records, plan.collective, plan.root, topo)     # bound_time, bound_pct
+        if mscclpp:
+            for r in records:
+                r["model"] = LIFTED
         everything += records
         series.append((f"{plan.name} ({plan.protocol}, x{plan.instances})", records))
         if not args.json:
             columns = bound_columns(records)
             print(format_table(records, columns=columns,
                                title=f"msc simulate {path}: {plan.collective}, {plan.num_ranks} ranks, "
-                                     f"{plan.protocol}, x{plan.instances}, on {topo.summary()} "
-                                     f"(predicted: nothing run)") + ("\n" + BOUND_NOTE if columns else ""))
+                                     f"{plan.protocol}, x{plan.instances}, "
+                                     + (f"MSCCL++ plan {MODEL_TEXT[LIFTED]}, " if mscclpp else "")
+                                     + f"on {topo.summary()} (predicted: nothing run)")
+                  + ("\n" + BOUND_NOTE if columns else ""))
     return everything, series, topo
 
 

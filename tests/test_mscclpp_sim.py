@@ -1,0 +1,289 @@
+"""``msc simulate`` of MSCCL++ plans in the one-sided cost model
+(msc.sim.onesided): its arithmetic on the textbook model, the library's
+exports against msc's own simulation of the plans they came from, plans in
+shapes lift cannot read (gets, several puts before one signal, threadblocks
+chained by semaphores) with times that move as the model says, and the
+command line."""
+from __future__ import annotations
+
+import functools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import msc
+from msc.errors import PlanError, UsageError
+from msc.formats.mscclpp.export import plan_to_mscclpp_json
+from msc.formats.mscclpp.check import verify_mscclpp
+from msc.formats.mscclpp.lift import lift_plan
+from msc.formats.mscclpp.reader import parse_mscclpp
+from msc.lower.pipeline import LowerOptions, lower
+from msc.sim.onesided import OneSidedSimulator
+from msc.sim.presets import get_topology
+from msc.sim.simulate import Simulator
+from msc.sim.topology import Uniform
+from library import algorithms, rank_counts
+
+ALGORITHMS = algorithms(switch=False)
+CASES = [(key, n) for key in ALGORITHMS for n in rank_counts(ALGORITHMS[key], (4, 8))]
+MB = 1024 ** 2
+
+
+# -- hand-written plans (the format as src/core/executor/execution_plan.cc reads it) -------------
+def _peers(r: int, n: int) -> list[int]:
+    return [p for p in range(n) if p != r]
+
+
+def _gpu(r: int, n: int, threadblocks: list[list[dict]], semaphores=(), inputs: int = 1, outputs: int = 0) -> dict:
+    """Rank ``r`` with a memory channel and a remote output buffer per peer (channel and buffer_id j: the
+    j-th peer), every threadblock declaring them all."""
+    peers = _peers(r, n)
+    tb = lambda ops: {"id": 0, "ops": ops,
+                      "channels": [{"channel_type": "memory", "channel_ids": list(range(len(peers)))}],
+                      "remote_buffer_refs": [{"access_channel_type": "memory",
+                                              "remote_buffer_ids": list(range(len(peers)))}]}
+    tbs = [dict(tb(ops), id=t) for t, ops in enumerate(threadblocks)]
+    return {"id": r, "input_chunks": inputs, "output_chunks": outputs or n, "scratch_chunks": 0,
+            "channels": [{"channel_type": "memory", "connected_to": peers}],
+            "remote_buffers": [{"rank": p, "type": "o", "access_channel_types": ["memory"]} for p in peers],
+            "semaphores": [{"init_value": v} for v in semaphores], "threadblocks": tbs}
+
+
+def _plan(name: str, gpus: list[dict], collective: str = "allgather") -> dict:
+    return {"name": name, "collective": collective, "protocol": "Simple", "inplace": False, "gpus": gpus}
+
+
+def _sync(n: int) -> list[dict]:
+    """Publish what came before to every peer, then wait for every peer to do the same."""
+    every = list(range(n - 1))
+    return [{"name": "nop"}, {"name": "signal", "channel_ids": every, "channel_type": "memory"},
+            {"name": "wait", "channel_ids": every, "channel_type": "memory"}, {"name": "nop"}]
+
+
+def _own_copy(r: int) -> dict:
+    return {"name": "copy", "src_buff": [{"type": "i", "index": 0, "size": 1}],
+            "dst_buff": [{"type": "o", "index": r, "size": 1}]}
+
+
+def _put(r: int, j: int, source: int = 0) -> dict:
+    return {"name": "put", "src_buff": [{"type": "i", "index": source, "size": 1}],
+            "dst_buff": [{"buffer_id": j, "index": r, "size": 1}], "channel_ids": [j], "channel_type": "memory"}
+
+
+def get_allgather(n: int) -> dict:
+    """Each rank copies its input into its output, tells its peers, gets each peer's chunk from the peer's
+    output, and tells them it has read (a get-based allgather: lift reads no gets)."""
+    def ops(r):
+        gets = [{"name": "get", "src_buff": [{"buffer_id": j, "index": p, "size": 1}],
+                 "dst_buff": [{"type": "o", "index": p, "size": 1}], "channel_ids": [j], "channel_type": "memory"}
+                for j, p in enumerate(_peers(r, n))]
+        return [_own_copy(r)] + _sync(n) + gets + _sync(n)
+    return _plan("get_allgather", [_gpu(r, n, [ops(r)]) for r in range(n)])
+
+
+def put_allgather(n: int) -> dict:
+    """Each rank puts its input straight into every peer's output, several puts before one signal (lift
+    reads one put a signal, into a scratch slot); the k-th puts of all ranks go to distinct peers."""
+    ops = lambda r: [_own_copy(r)] + [_put(r, _peers(r, n).index((r + 1 + k) % n)) for k in range(n - 1)] + _sync(n)
+    return _plan("put_allgather", [_gpu(r, n, [ops(r)]) for r in range(n)])
+
+
+def spread_allgather(n: int, chained: bool) -> dict:
+    """put_allgather with each put on a threadblock of its own (parallel), or the same threadblocks each
+    waiting for the previous one's put through a device semaphore (a serial chain)."""
+    def tbs(r):
+        out = []
+        for step in range(n - 1):                  # the k-th puts of all ranks go to distinct peers
+            j = _peers(r, n).index((r + 1 + step) % n)
+            acquire = [{"name": "sem_acquire", "semaphore_ids": [step - 1]}] if chained and step else []
+            release = [{"name": "sem_release", "semaphore_ids": [step]}] if chained and step < n - 2 else []
+            out.append(acquire + [_put(r, j), {"name": "nop"},
+                                  {"name": "signal", "channel_ids": [j], "channel_type": "memory"}] + release
+                       + [{"name": "wait", "channel_ids": [j], "channel_type": "memory"}])
+        out[0] = [_own_copy(r)] + out[0]
+        return out
+    sems = [0] * (n - 2) if chained else []
+    return _plan("chained" if chained else "parallel", [_gpu(r, n, tbs(r), sems) for r in range(n)])
+
+
+def read(doc: dict):
+    plan = parse_mscclpp(json.dumps(doc))
+    verify_mscclpp(plan)                  # what msc verify takes: the model times only such plans
+    return plan
+
+
+# -- the model's arithmetic on the textbook alpha-beta model -----------------------------------
+def test_a_put_then_wait_costs_its_bytes_over_the_rate_plus_one_latency():
+    topo = Uniform(2, alpha_us=1.0, bandwidth_gbps=10.0)          # textbook: no launch, overheads or copy costs
+    sim = OneSidedSimulator(read(put_allgather(2)), topo)
+    size = 2 * MB
+    [r] = sim.run([size])
+    assert r.chunk == MB and r.seconds == pytest.approx(MB / 10e9 + 1e-6, rel=1e-12)
+
+
+def test_two_threadblocks_putting_over_one_link_share_it():
+    topo = Uniform(2, alpha_us=1.0, bandwidth_gbps=10.0)
+    # rank r's two threadblocks put its two input chunks into the peer's output chunks 0 and 1 at once
+    tbs = [[_put(c, 0, source=c), {"name": "nop"}, {"name": "signal", "channel_ids": [0], "channel_type": "memory"},
+            {"name": "wait", "channel_ids": [0], "channel_type": "memory"}] for c in (0, 1)]
+    plan = read(_plan("two_flows", [_gpu(r, 2, tbs, inputs=2, outputs=2) for r in range(2)], collective="pairs"))
+    [r] = OneSidedSimulator(plan, topo).run([2 * MB])
+    # both 1 MB flows cross the link r->peer together at half its rate each, and end together
+    assert r.chunk == MB and r.seconds == pytest.approx(2 * MB / 10e9 + 1e-6, rel=1e-12)
+
+
+# -- shapes lift cannot read, timed ---------------------------------------------------------------
+FOREIGN = {"get_allgather": get_allgather, "put_allgather": put_allgather}
+
+
+@pytest.mark.parametrize("name", sorted(FOREIGN))
+def test_a_foreign_shape_simulates_and_doubles_its_time_with_its_size(name):
+    plan = read(FOREIGN[name](8))
+    with pytest.raises(PlanError, match="not in the shape msc's MSCCL\\+\\+ export writes"):
+        lift_plan(plan)
+    sim = OneSidedSimulator(plan, get_topology("dgx-h100", 8))
+    small, large, double = sim.run([8 * 1024, 256 * MB, 512 * MB])
+    assert 0 < small.seconds < large.seconds
+    # at large sizes bytes over rates dominate: twice the bytes, about twice the time (less the fixed latencies)
+    assert 1.95 < double.seconds / large.seconds <= 2.0
+
+
+def test_a_serial_chain_of_threadblocks_is_slower_than_its_parallel_twin():
+    topo = get_topology("dgx-h100", 8)
+    parallel, chained = (OneSidedSimulator(read(spread_allgather(8, c)), topo) for c in (False, True))
+    [p], [c] = parallel.run([256 * MB]), chained.run([256 * MB])
+    view = topo.view("Simple")
+    port = view.capacity[view.route(0, 1).resources[0]]          # rank 0's NVLink port out (Simple's share)
+    assert 7 * view.threadblock_bandwidth > port
+    # side by side, the 7 puts share the rank's port fairly; chained, one at a time at a threadblock's rate
+    fixed = view.launch + view.step_overhead + view.route(0, 1).alpha      # a launch, a signal, a wait
+    assert p.chunk / (port / 7) < p.seconds < p.chunk / (port / 7) + p.chunk * topo.delta + fixed
+    assert c.seconds == pytest.approx(7 * c.chunk / view.threadblock_bandwidth, rel=0.02)
+    assert c.seconds > 5 * p.seconds
+
+
+def test_a_put_per_peer_on_one_threadblock_is_as_slow_as_the_chain():
+    topo = get_topology("dgx-h100", 8)
+    one, chained = (OneSidedSimulator(read(doc), topo) for doc in (put_allgather(8), spread_allgather(8, True)))
+    [a], [b] = one.run([256 * MB]), chained.run([256 * MB])
+    assert a.seconds == pytest.approx(b.seconds, rel=0.01)      # one threadblock's puts go one after another
+
+
+# -- the consistency yardstick: the library's exports against msc's own simulation ---------------
+@functools.lru_cache(maxsize=None)
+def library_pair(key: str, n: int, protocol: str):
+    plan = lower(msc.trace(ALGORITHMS[key], n, inplace=False), LowerOptions(protocol=protocol))
+    return plan, parse_mscclpp(plan_to_mscclpp_json(plan))
+
+
+def reference_simulator(plan, topo) -> Simulator:
+    """msc's simulator run as the export runs: a chunk in one piece (the executor moves whole chunks; msc's
+    runtime tiles them), the connection's slots (Simple: the plan's; LL: one per message, no credits)."""
+    if plan.protocol == "LL":
+        slots = max(sum(1 for s in tb.steps if s.op.sends) for rp in plan.ranks for tb in rp.threadblocks)
+    else:
+        slots = plan.slots
+    return Simulator(plan, topo, tile=1 << 40, slots=max(slots, 1))
+
+
+SIZES = [1024, 1 * MB, 64 * MB]
+
+
+@pytest.mark.parametrize("protocol", ["Simple", "LL"])
+def test_every_library_export_agrees_with_msc_simulation_of_its_plan(protocol):
+    for key, n in CASES:
+        plan, osp = library_pair(key, n, protocol)
+        topo = get_topology("dgx-h100" if n % 8 == 0 else f"ring:{n}", n)
+        one = OneSidedSimulator(osp, topo).run(SIZES)
+        ref = reference_simulator(plan, topo).run([a.size for a in one])     # whole 16-byte units a chunk
+        view = topo.view(protocol)
+        drain = view.step_overhead + max(view.route(0, p).alpha for p in range(1, n))
+        for a, b in zip(one, ref):
+            assert a.size == b.size, (key, n)
+            ratio = a.seconds / b.seconds
+            if protocol == "LL":                 # no credits, no extra copies: the same schedule
+                assert abs(ratio - 1) < 0.02, (key, n, a.size, ratio)
+            else:                                # what the export adds costs time, never saves any
+                assert 0.999 < ratio < (1.35 if a.size < 64 * MB else 1.06), (key, n, a.size, ratio)
+        # at the smallest size the difference is the senders' wait for their last credits (a credit signal's
+        # overhead and latency at most): the export's drain, which msc's runtime does not do
+        assert -1e-9 < one[0].seconds - ref[0].seconds <= drain + 1e-9, (key, n)
+
+
+# -- the command line ----------------------------------------------------------------------------
+def cli(*args, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "msc", *map(str, args)], cwd=cwd, capture_output=True, text=True)
+
+
+def test_simulate_says_which_model_ran(tmp_path):
+    (tmp_path / "gets.json").write_text(json.dumps(get_allgather(8)))
+    plan, _ = library_pair("allgather/ring:ring", 8, "Simple")
+    (tmp_path / "ring.json").write_text(plan_to_mscclpp_json(plan))
+    runs = {}
+    for name, extra in (("gets", ()), ("ring", ()), ("ring", ("--model", "onesided"))):
+        out = cli("simulate", f"{name}.json", "-t", "dgx-h100", "-b", "1M", "-e", "4M", "--json", *extra,
+                  cwd=tmp_path)
+        assert out.returncode == 0, out.stderr
+        runs[(name, extra)] = json.loads(out.stdout)
+    assert {r["model"] for r in runs[("gets", ())]} == {"onesided"}
+    assert {r["model"] for r in runs[("ring", ())]} == {"lifted"}
+    assert {r["model"] for r in runs[("ring", ("--model", "onesided"))]} == {"onesided"}
+    assert [r["size"] for r in runs[("gets", ())]] == [MB, 2 * MB, 4 * MB]
+    assert all(r["busbw"] == pytest.approx(r["algbw"] * 7 / 8) for r in runs[("gets", ())])
+    text = cli("simulate", "gets.json", "-t", "dgx-h100", "-b", "1M", "-e", "1M", cwd=tmp_path)
+    assert "MSCCL++ plan in the one-sided model (msc.sim.onesided)" in text.stdout
+    refused = cli("simulate", "gets.json", "-t", "dgx-h100", "--tile", "4096", cwd=tmp_path)
+    assert refused.returncode == 2 and "--tile describes an msc plan's run" in refused.stderr
+    foreign = json.loads(plan_to_mscclpp_json(plan))
+    del foreign["msc_slots"]                        # msc's shape, but not msc's export: its slots unknown
+    (tmp_path / "foreign.json").write_text(json.dumps(foreign))
+    out = cli("simulate", "foreign.json", "-t", "dgx-h100", "-b", "1M", "-e", "1M", "--json", cwd=tmp_path)
+    assert out.returncode == 0 and json.loads(out.stdout)[0]["model"] == "onesided", out.stderr
+    lifted = cli("simulate", "gets.json", "-t", "dgx-h100", "--model", "lifted", cwd=tmp_path)
+    assert lifted.returncode != 0 and "operation 5 (get): not in the shape" in lifted.stderr
+
+
+def test_simulate_refuses_a_plan_msc_verify_refuses(tmp_path):
+    doc = get_allgather(4)
+    for g in doc["gpus"]:
+        g["threadblocks"][0]["ops"] = g["threadblocks"][0]["ops"][:-4]     # no wait for the peers' reads
+    (tmp_path / "early.json").write_text(json.dumps(doc))
+    out = cli("simulate", "early.json", "-t", "ring:4", cwd=tmp_path)
+    assert out.returncode != 0 and "nothing on rank" in out.stderr
+
+
+def test_the_flags_of_other_plans_are_refused(tmp_path):
+    assert cli("compile", "allgather/ring", "--ranks", "4", "-o", "ag.plan", cwd=tmp_path).returncode == 0
+    out = cli("simulate", "ag.plan", "-t", "ring:4", "--model", "onesided", cwd=tmp_path)
+    assert out.returncode == 2 and "--model onesided chooses how an MSCCL++ plan (.json) is simulated" in out.stderr
+    out = cli("simulate", "--nccl", "allreduce", "-t", "dgx-h100", "--model", "lifted", cwd=tmp_path)
+    assert out.returncode == 2 and "--model" in out.stderr
+    with pytest.raises(UsageError, match="topology 'ring:4' has 4 ranks, plan 'get_allgather' 8"):
+        OneSidedSimulator(read(get_allgather(8)), get_topology("ring", 4))
+
+
+def _put_pair(shape: str) -> dict:
+    """A 2-rank allgather whose put is plain, split over a threadblock group of 2, or a pipeline of 4 slices."""
+    signal_wait = [{"name": "nop"}, {"name": "signal", "channel_ids": [0], "channel_type": "memory"},
+                   {"name": "wait", "channel_ids": [0], "channel_type": "memory"}]
+    def tbs(r):
+        if shape == "group":
+            return [([_own_copy(r)] if i == 0 else []) + [dict(_put(r, 0), tbg_info={"tb_id": i, "tbg_size": 2})]
+                    + signal_wait for i in range(2)]
+        put = _put(r, 0)
+        if shape == "pipeline":
+            put = {"name": "pipeline", "iter_context": {"unit_size": 256 * 1024, "num_chunks": 1}, "ops": [put]}
+        return [[_own_copy(r), put] + signal_wait]
+    return _plan(shape, [_gpu(r, 2, tbs(r)) for r in range(2)])
+
+
+def test_a_pipeline_runs_its_slices_in_turn_and_a_group_splits_the_bytes():
+    topo = Uniform(2, alpha_us=1.0, bandwidth_gbps=100.0, threadblock_gbps=10.0)   # the threadblock limits
+    times = {shape: OneSidedSimulator(read(_put_pair(shape)), topo).run([2 * MB])[0].seconds
+             for shape in ("plain", "pipeline", "group")}
+    assert times["plain"] == pytest.approx(MB / 10e9 + 1e-6, rel=1e-12)
+    assert times["pipeline"] == pytest.approx(times["plain"], rel=1e-12)        # 4 slices of 256 KiB, one by one
+    assert times["group"] == pytest.approx(MB / 2 / 10e9 + 1e-6, rel=1e-12)     # two threadblocks, half each
