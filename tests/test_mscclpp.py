@@ -26,7 +26,7 @@ from msc.verification.onesided import verify_onesided
 from msc.verification.plan import verify_plan
 from library import algorithms, rank_counts
 
-ALGORITHMS = algorithms(switch=False)          # switch ops (NVLS) are refused: test_switch_plans_are_refused
+ALGORITHMS = algorithms(switch=False)          # switch plans (NVLS, Simple only): tests/test_mscclpp_channels.py
 CASES = [(key, n) for key in ALGORITHMS for n in rank_counts(ALGORITHMS[key], (4, 8))]
 
 
@@ -180,7 +180,8 @@ def test_the_operation_limit_names_the_constant_rank_and_threadblock():
 
 @pytest.mark.parametrize("change,message", [
     (lambda d: d["gpus"][0]["channels"][0].update(channel_type="port"), "channels\\[0\\] is a port channel"),
-    (lambda d: ops(d, 1).insert(0, {"name": "glres"}), "operation 0: glres is an NVLS switch-channel operation"),
+    (lambda d: ops(d, 1).insert(0, {"name": "glres"}), "operation 0: glres takes a switch-channel source and a "
+                                                       "switch-channel destination"),
     (lambda d: ops(d, 1).insert(0, {"name": "flush"}), "operation 0: flush is a port-channel"),
     (lambda d: ops(d, 1).insert(2, {"name": "bogus"}), "operation 2: 'bogus' is not an operation of the MSCCL\\+\\+"),
     (lambda d: d.update(protocol="LL128"), "protocol 'LL128': the executor takes Simple or LL"),
@@ -293,11 +294,3 @@ def test_a_custom_collective_is_checked_from_the_contract_the_export_records():
         tb["ops"] = [op for op in tb["ops"] if op["name"] not in ("re", "res")]
     with pytest.raises(VerificationError, match="wrong result on rank 2: .* not what pair_sum requires"):
         check(doc)
-
-
-def test_switch_plans_are_refused_by_name():
-    """MSCCL++'s switch channels are not written yet: an NVLS plan is refused, naming its first switch step."""
-    plan = lower(msc.trace(algorithms()["allreduce/nvls:nvls"], 4), LowerOptions())
-    with pytest.raises(PlanError, match="barrier: a switch op \\(NVLS\\); msc's MSCCL\\+\\+ export does not write") as exc:
-        plan_to_mscclpp(plan)
-    assert (exc.value.rank, exc.value.tb, exc.value.step) == (0, 0, 0)

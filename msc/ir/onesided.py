@@ -21,30 +21,38 @@ from dataclasses import dataclass
 CONTROL_OPS = ("nop", "barrier", "signal", "wait", "rlxsignal", "rlxwait", "sem_acquire", "sem_release")
 DATA_OPS = ("put", "pws", "pwsf", "get", "copy", "re", "res", "rre", "rres")
 PACKET_OPS = ("ppkt", "rppkt", "cpkt", "upkt", "repkt", "respkt", "recpkt", "recspkt")
+# Switch-channel (NVLS) operations: a multimem access to every member of the channel's group at one offset.
+SWITCH_OPS = ("glres", "gstore", "gstorepkt")
 UNSUPPORTED_OPS = {                       # known to the executor, not (yet) to msc
     "flush": "a port-channel (proxy) operation",
-    "glres": "an NVLS switch-channel operation (multimem load-reduce-store)",
-    "gstore": "an NVLS switch-channel operation (multimem store)",
-    "gstorepkt": "an NVLS switch-channel operation (multimem packet store)",
 }
 PIPELINE = "pipeline"
-KNOWN_OPS = CONTROL_OPS + DATA_OPS + PACKET_OPS + tuple(UNSUPPORTED_OPS) + (PIPELINE,)
+KNOWN_OPS = CONTROL_OPS + DATA_OPS + PACKET_OPS + SWITCH_OPS + tuple(UNSUPPORTED_OPS) + (PIPELINE,)
 
 
 @dataclass(frozen=True)
 class Operand:
     """``size`` chunks of ``rank``'s ``buffer`` (input, output, scratch)
-    from ``index``; ``remote``: reached through a memory channel."""
+    from ``index``; ``remote``: reached through a memory channel;
+    ``group``: reached through a switch channel, the same chunks on every
+    rank of the group at once (``rank`` is the rank that issues it)."""
 
     rank: int
     buffer: str
     index: int
     size: int
     remote: bool = False
+    group: tuple[int, ...] = ()
 
     def __str__(self) -> str:
         where = f"rank {self.rank} " if self.remote else ""
+        if self.group:
+            where = f"ranks {','.join(map(str, self.group))} (switch) "
         return f"{where}{self.buffer}[{self.index}:{self.index + self.size}]"
+
+    def on(self, rank: int) -> "Operand":
+        """A switch operand's chunks on one member ``rank``."""
+        return Operand(rank, self.buffer, self.index, self.size, remote=rank != self.rank)
 
 
 @dataclass(frozen=True)
@@ -77,7 +85,8 @@ class Operation:
 class Gpu:
     """One rank: its buffer sizes in chunks, its memory channels (the peer of
     each, in the flattened order the executor builds them), the initial
-    values of its device semaphores, and per threadblock its operations and
+    values of its device semaphores, its switch (NVLS) channels (the
+    buffer each binds and the ranks of its group), and per threadblock its operations and
     how many channels and remote buffers it declares."""
 
     rank: int
@@ -91,6 +100,7 @@ class Gpu:
     tb_buffers: tuple[int, ...] = ()           # remote buffers each threadblock declares
     tb_meta: tuple[tuple[tuple[str, object], ...], ...] = ()   # msc_* fields of each threadblock
     meta: tuple[tuple[str, object], ...] = ()  # msc_* fields of the gpu
+    switches: tuple[tuple[str, tuple[int, ...]], ...] = ()   # switch channels: (buffer, group's ranks)
 
 
 @dataclass(frozen=True)

@@ -101,6 +101,24 @@ def check_finished(run: Run) -> None:
                                 ((run.blocks[a.g].rank, run.blocks[a.g].tb, a.who),), rank=rank, buffer=key)
 
 
+def check_started(run: Run) -> None:
+    """A switch access to another member's input or output must come after
+    something of that member's call: they are the caller's, which the
+    member's kernel may not have been handed yet (or still uses from its last
+    call). MSCCL++'s plans sync the members first (signal/wait). Scratch is
+    the executor's, kept apart across calls as for memory-channel puts."""
+    for (rank, key), accesses in sorted(run.m.state.accesses.items(), key=lambda kv: kv[0]):
+        if key == "scratch":
+            continue
+        for a in accesses:
+            if a.switch and a.remote_from is not None and not any(
+                    a.clock[b.g] >= 1 for b in run.blocks if b.rank == rank):
+                raise RaceError(f"{_name(run, a.g)} {a.who} {'writes' if a.write else 'reads'} rank {rank}'s {key} "
+                                f"(bytes {a.lo}..{a.hi}) through the switch before anything shows rank {rank}'s call "
+                                f"has begun: rank {rank} may still be in its previous call or not yet have its input",
+                                ((run.blocks[a.g].rank, run.blocks[a.g].tb, a.who),), rank=rank, buffer=key)
+
+
 def check_balance(run: Run) -> None:
     """The executor keeps channel and device semaphores across calls: every
     call must leave them as it found them."""
@@ -176,6 +194,7 @@ def verify_onesided(plan: OneSidedPlan, *, collective=None, root: int | None = N
     inputs = random_inputs(np.random.default_rng(seed), ELEMENT, "sum", layout.n, length)
     outputs, run, machine = execute_onesided(plan, layout, chunk, inputs)
     check_races(run, chunk)
+    check_started(run)
     check_finished(run)
     check_balance(run)
     if layout.checkable:

@@ -12,14 +12,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from msc.errors import DeadlockError, ExecutionError, PlanError
-from msc.ir.onesided import OneSidedPlan, Operand, Operation
+from msc.ir.onesided import SWITCH_OPS, OneSidedPlan, Operand, Operation
 
 ELEMENT = np.dtype(np.int32)                  # what msc verify runs plans on
 UNIT = 16                                     # the executor's buffer_alignment
 POISON = np.int32(-(1 << 30))                 # what unwritten int32 output and scratch hold
 MAX_MODEL_BYTES = 1 << 28                     # all ranks' buffers together, in the model
 MAX_INSTANCES = 1 << 22                       # operations run (a pipeline's body once per slice), all threadblocks
-PACKET_READS = {"rppkt": 1, "upkt": 1, "repkt": None, "respkt": None, "recpkt": None, "recspkt": None}
+PACKET_READS = {"rppkt": 1, "upkt": 1, "repkt": None, "respkt": None, "recpkt": None, "recspkt": None,
+                "gstorepkt": 1}
 
 
 @dataclass
@@ -61,6 +62,7 @@ class Access:
     clock: np.ndarray
     who: str
     remote_from: int | None = None      # the accessing rank, when it is not the buffer's owner
+    switch: bool = False                # through a switch channel (multimem)
 
 
 @dataclass
@@ -155,12 +157,12 @@ class Machine:
             self.packets[(rank, key)] = (np.full(n, self.poison, self.dtype), np.full(n, -1, np.int64))
         return self.packets[(rank, key)]
 
-    def record(self, rank, key, lo, hi, write, block, clock, who, packet=False):
+    def record(self, rank, key, lo, hi, write, block, clock, who, packet=False, switch=False):
         if packet:                   # packets take twice the bytes they carry, in the same buffer
             lo, hi = 2 * lo, 2 * hi
         remote = block.rank if block.rank != rank else None
         self.state.accesses.setdefault((rank, key), []).append(
-            Access(lo, hi, write, block.g, block.seq, clock, who, remote))
+            Access(lo, hi, write, block.g, block.seq, clock, who, remote, switch))
 
 
 class Layout:
@@ -410,6 +412,7 @@ class DataOp:
 
     def __init__(self, run: Run, b: Block, inst: Instance):
         self.run_, self.m, self.b, self.inst = run, run.m, b, inst
+        self.switch = inst.op.name in SWITCH_OPS
         self.clock = b.known.copy()
         self.clock[b.g] = b.seq
 
@@ -424,12 +427,12 @@ class DataOp:
 
     def read(self, operand: Operand) -> np.ndarray:
         key, lo, hi = self.locate(operand)
-        self.m.record(operand.rank, key, lo, hi, False, self.b, self.clock, self.inst.label)
+        self.m.record(operand.rank, key, lo, hi, False, self.b, self.clock, self.inst.label, switch=self.switch)
         return self.m.view(operand.rank, key, lo, hi).copy()
 
     def write(self, operand: Operand, values: np.ndarray) -> None:
         key, lo, hi = self.locate(operand)
-        self.m.record(operand.rank, key, lo, hi, True, self.b, self.clock, self.inst.label)
+        self.m.record(operand.rank, key, lo, hi, True, self.b, self.clock, self.inst.label, switch=self.switch)
         self.m.view(operand.rank, key, lo, hi)[:] = self.fit(values, hi - lo, operand)
 
     def fit(self, values: np.ndarray, nbytes: int, operand: Operand) -> np.ndarray:
@@ -458,7 +461,8 @@ class DataOp:
         payload[lo // s:hi // s] = self.fit(values, hi - lo, operand)
         writer[lo // s:hi // s] = len(self.m.writers)
         self.m.writers.append((self.b.g, self.b.seq, self.clock.copy()))
-        self.m.record(operand.rank, key, lo, hi, True, self.b, self.clock, self.inst.label, packet=True)
+        self.m.record(operand.rank, key, lo, hi, True, self.b, self.clock, self.inst.label, packet=True,
+                      switch=self.switch)
 
     def source(self, i: int) -> Operand:
         """Put's i-th source: the first source's buffer at the i-th source's chunks (handlePut)."""
@@ -492,8 +496,31 @@ class DataOp:
             self.write(op.dsts[0], value)
             for d in op.dsts[1:] if name in ("res", "rres") else ():
                 self.write(d, value)
+        elif name in SWITCH_OPS:
+            self.switch_op(op)
         else:
             self.packet_op(op)
+
+    def switch_op(self, op: Operation) -> None:
+        """glres: every member's destination = the sum of the members' sources
+        (multimem.ld_reduce then multimem.st, member order here); gstore: every
+        member's destination = the local source; gstorepkt: the same with the
+        source's packets (this call's), written as packets."""
+        src, dst = op.srcs[0], op.dsts[0]
+        if op.name == "glres":
+            value = self.reduce([self.read(src.on(m)) for m in src.group])
+        elif op.name == "gstore":
+            value = self.read(src)
+        else:
+            if src.buffer != "scratch" or dst.buffer != "scratch":
+                raise PlanError(f"{self.inst.label}: gstorepkt from {src} to {dst}: packets live in scratch (the "
+                                f"executor reads and writes them at the scratch offset)", rank=self.b.rank, tb=self.b.tb)
+            value = self.read_packets(src)
+            for m in dst.group:
+                self.write_packets(dst.on(m), value)
+            return
+        for m in dst.group:
+            self.write(dst.on(m), value)
 
     def reduce(self, values: list) -> np.ndarray:
         n = values[0].size
