@@ -275,3 +275,102 @@ def test_mutating_an_exported_switch_plan_gives_msc_errors_only():
                 except msc.errors.MscError:
                     refused += 1
     assert refused > 40
+
+
+# -- port channels (through the host proxy) -------------------------------------------------------
+def _port(name: str, **more) -> dict:
+    return {"name": name, "channel_ids": [0], "channel_type": "port", **more}
+
+
+def port_allgather() -> dict:
+    """Allgather of 2 ranks over port channels: each copies its input into
+    its output, signals that it is ready, waits for the peer's ready, puts its
+    input into the peer's output with signal and flush (pwsf), and waits for
+    the peer's data."""
+    gpus = []
+    for r in (0, 1):
+        put = _port("pwsf", src_buff=[{"type": "i", "index": 0, "size": 1}],
+                    dst_buff=[{"buffer_id": 0, "index": r, "size": 1}])
+        ops = [{"name": "copy", "src_buff": [{"type": "i", "index": 0, "size": 1}],
+                "dst_buff": [{"type": "o", "index": r, "size": 1}]},
+               {"name": "nop"}, _port("signal"), _port("wait"), {"name": "nop"}, put, _port("wait"), {"name": "nop"}]
+        gpus.append({"id": r, "input_chunks": 1, "output_chunks": 2, "scratch_chunks": 0,
+                     "channels": [{"channel_type": "port", "connected_to": [1 - r]}],
+                     "remote_buffers": [{"rank": 1 - r, "type": "o", "access_channel_types": ["port"]}],
+                     "semaphores": [],
+                     "threadblocks": [{"id": 0, "ops": ops, "channels": [{"channel_type": "port", "channel_ids": [0]}],
+                                       "remote_buffer_refs": [{"access_channel_type": "port",
+                                                               "remote_buffer_ids": [0]}]}]})
+    return {"name": "port_allgather", "collective": "allgather", "protocol": "Simple", "inplace": False, "gpus": gpus}
+
+
+def test_a_port_channel_plan_verifies_with_the_right_results():
+    report = check(port_allgather())
+    assert report.results_checked and report.num_ranks == 2
+
+
+def test_a_put_the_sender_never_flushes_is_named():
+    doc = port_allgather()
+    for r in (0, 1):
+        _ops(doc, r)[5]["name"] = "pws"               # signalled but never flushed
+    with pytest.raises(RaceError, match="rank [01] threadblock 0's proxy \\(port channel 0\\) operation 5 \\(pws\\) "
+                                        "reads rank [01]'s input .* nothing tells rank [01] the transfer is done"):
+        check(doc)
+
+
+def test_a_flush_without_destinations_flushes_nothing_as_in_the_executor():
+    """handleFlush flushes op.nOutputs channels: a flush with no dst_buff
+    (what MSCCL++'s DSL writes) leaves the transfer unflushed."""
+    doc = port_allgather()
+    for r in (0, 1):
+        _ops(doc, r)[5]["name"] = "pws"
+        _ops(doc, r).insert(6, _port("flush"))
+    with pytest.raises(RaceError, match="nothing tells rank [01] the transfer is done"):
+        check(doc)
+    for r in (0, 1):
+        _ops(doc, r)[6]["dst_buff"] = [{"buffer_id": 0, "index": r, "size": 1}]
+    assert check(doc).results_checked
+
+
+def test_a_put_signalled_separately_after_it_still_orders_the_data():
+    doc = port_allgather()
+    for r in (0, 1):
+        _ops(doc, r)[5]["name"] = "put"
+        _ops(doc, r)[6:6] = [_port("signal"), {**_port("flush"), "dst_buff": [{"buffer_id": 0, "index": r, "size": 1}]}]
+    assert check(doc).results_checked
+
+
+def test_a_put_its_signal_does_not_follow_is_named():
+    doc = port_allgather()
+    flush = {**_port("flush"), "dst_buff": [{"buffer_id": 0, "index": 0, "size": 1}]}
+    _ops(doc, 0)[5:6] = [_port("signal"), {**_ops(doc, 0)[5], "name": "put"}, flush]   # signal pushed before the put
+    with pytest.raises(RaceError, match="rank 0 threadblock 0's proxy \\(port channel 0\\) operation 6 \\(put\\) writes "
+                                        "rank 1's output .* nothing on rank 1 waits for it"):
+        check(doc)
+
+
+def test_port_channels_pair_by_their_order_between_two_ranks():
+    doc = port_allgather()
+    osp = parse_mscclpp(json.dumps(doc))
+    assert osp.gpus[0].port_channels == (1,) and osp.gpus[0].channels == ()
+    assert osp.channel_ordinal(0, 0, port=True) == (1, 0)
+    op = osp.gpus[0].threadblocks[0][5]
+    assert op.port and op.dsts[0].rank == 1 and op.dsts[0].buffer == "output" and op.dsts[0].remote
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda d: d["gpus"][0]["remote_buffers"][0].update(access_channel_types=["memory"]),
+     "remote buffer 0 \\(rank 1's output\\) is picked for port channels but declares access through memory"),
+    (lambda d: _ops(d, 0)[5].update(channel_ids=[1]), "operation 5: port channel id 1 is not below"),
+    (lambda d: _ops(d, 0)[5].update(name="re"), "operation 5 \\(re\\): re has no port-channel form"),
+])
+def test_malformed_port_plans_are_refused_naming_where(change, message):
+    doc = port_allgather()
+    change(doc)
+    with pytest.raises(PlanError, match=message):
+        check(doc)
+
+
+def test_a_port_plan_verifies_but_is_not_lifted():
+    with pytest.raises(PlanError, match="operation 2 \\(signal\\) goes through a port channel"):
+        lift_plan(parse_mscclpp(json.dumps(port_allgather())))

@@ -23,11 +23,10 @@ DATA_OPS = ("put", "pws", "pwsf", "get", "copy", "re", "res", "rre", "rres")
 PACKET_OPS = ("ppkt", "rppkt", "cpkt", "upkt", "repkt", "respkt", "recpkt", "recspkt")
 # Switch-channel (NVLS) operations: a multimem access to every member of the channel's group at one offset.
 SWITCH_OPS = ("glres", "gstore", "gstorepkt")
-UNSUPPORTED_OPS = {                       # known to the executor, not (yet) to msc
-    "flush": "a port-channel (proxy) operation",
-}
+PORT_ONLY_OPS = ("flush",)                 # waits for a port channel's proxy: nothing on memory channels
+UNSUPPORTED_OPS: dict = {}                # known to the executor, not (yet) to msc
 PIPELINE = "pipeline"
-KNOWN_OPS = CONTROL_OPS + DATA_OPS + PACKET_OPS + SWITCH_OPS + tuple(UNSUPPORTED_OPS) + (PIPELINE,)
+KNOWN_OPS = CONTROL_OPS + DATA_OPS + PACKET_OPS + SWITCH_OPS + PORT_ONLY_OPS + tuple(UNSUPPORTED_OPS) + (PIPELINE,)
 
 
 @dataclass(frozen=True)
@@ -58,7 +57,9 @@ class Operand:
 @dataclass(frozen=True)
 class Operation:
     """One operation of a threadblock. ``channels``: the rank's memory
-    channel indices it signals or waits on; ``semaphores``: device semaphore
+    channel indices it signals, waits on or writes through, or its port
+    channel indices where ``channel_type`` is "port" (the work then goes
+    through the host proxy: see msc.verification.onesided); ``semaphores``: device semaphore
     ids; ``barrier``: (id, threadblocks); ``group``: (index, size) of a
     threadblock group, which splits the operands' bytes between its members;
     ``body``, ``unit_size`` (bytes), ``num_chunks``: a pipeline's operations,
@@ -74,6 +75,11 @@ class Operation:
     body: tuple["Operation", ...] = ()
     unit_size: int = 0
     num_chunks: int = 0
+    channel_type: str = "memory"
+
+    @property
+    def port(self) -> bool:
+        return self.channel_type == "port"
 
     @property
     def count(self) -> int:
@@ -101,6 +107,7 @@ class Gpu:
     tb_meta: tuple[tuple[tuple[str, object], ...], ...] = ()   # msc_* fields of each threadblock
     meta: tuple[tuple[str, object], ...] = ()  # msc_* fields of the gpu
     switches: tuple[tuple[str, tuple[int, ...]], ...] = ()   # switch channels: (buffer, group's ranks)
+    port_channels: tuple[int, ...] = ()        # the peer of each port channel, in the executor's order
 
 
 @dataclass(frozen=True)
@@ -117,9 +124,11 @@ class OneSidedPlan:
     def meta_value(self, key: str, default=None):
         return dict(self.meta).get(key, default)
 
-    def channel_ordinal(self, rank: int, channel: int) -> tuple[int, int]:
-        """(peer, q): ``channel`` of ``rank`` is its q-th memory channel to
-        peer; it pairs with the peer's q-th channel to ``rank``."""
-        peers = self.gpus[rank].channels
+    def channel_ordinal(self, rank: int, channel: int, port: bool = False) -> tuple[int, int]:
+        """(peer, q): ``channel`` of ``rank`` is its q-th memory (or port)
+        channel to peer; it pairs with the peer's q-th channel of that kind
+        to ``rank`` (executor.cc tags a pair's connections memory first,
+        then port, after padding both ends to as many memory channels)."""
+        peers = self.gpus[rank].port_channels if port else self.gpus[rank].channels
         peer = peers[channel]
         return peer, sum(1 for p in peers[:channel] if p == peer)

@@ -133,6 +133,8 @@ def _steps(osp, rank: int, b: _Block, slots: dict, own: int, barrier_channels: s
     previous: Operation | None = None
     for i, op in enumerate(b.ops):
         where = dict(rank=rank, tb=b.index)
+        if op.port:
+            raise PlanError(f"operation {i} ({op.name}) goes through a port channel (the host proxy); {SHAPE}", **where)
         if op.name == "wait" and op.channels and set(op.channels) <= barrier_channels:
             if not (b.steps and b.steps[-1][0] is StepOp.BARRIER and previous is not None and previous.name == "wait"):
                 _add(b, StepOp.BARRIER, (), None, 1, pending)     # a group of 9+ waits more than once
