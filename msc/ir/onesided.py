@@ -5,13 +5,16 @@ interpreter kernel: per rank, threadblocks; per threadblock, operations that
 read and write the rank's own buffers and, through memory channels, its
 peers' (put, get, remote reduce), signal and wait on channel semaphores,
 sync with other threadblocks of the rank (barriers, device semaphores) and
-exchange LL packets. msc.formats.mscclpp reads and writes the JSON;
-msc.verification.onesided checks and executes this model.
+exchange LL packets; through port channels the same transfers go through a
+host proxy, and through switch (NVLS) channels a group op reads or writes a
+chunk on every member of a group at once. msc.formats.mscclpp reads and
+writes the JSON; msc.verification.onesided checks and executes this model.
 
 Operands are resolved when a plan is read: an ``Operand`` names the rank
-that owns the buffer (a peer's for a remote operand), the buffer and the
-chunks; a channel is the rank's flattened memory-channel index. Everything
-a check reports names (rank, threadblock, operation index).
+that owns the buffer (a peer's for a remote operand; the issuing rank and
+the group for a switch operand), the buffer and the chunks; a channel is the
+rank's flattened memory-channel (or, for a port operation, port-channel)
+index. Everything a check reports names (rank, threadblock, operation index).
 """
 from __future__ import annotations
 

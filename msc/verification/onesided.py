@@ -23,6 +23,26 @@ the next call begin, first). Signals and waits must balance per channel, and
 device semaphores end where they began: the executor keeps them across
 calls, so the next call would start out of step. The results are compared
 with the collective's reference (msc.verification.reference).
+
+Switch channels (NVLS, execution_kernel.hpp): ``glres`` reads the chunk on
+every member of the group through the multicast address, sums it (member
+order here; the switch's own order, exact for integers) and writes the sum to
+every member's destination; ``gstore`` writes a local chunk to every member;
+``gstorepkt`` the same with packets. Each of those accesses is recorded on
+the member's buffer, so any unordered access to any member's copy races, and
+a member's input or output reached before anything shows its call began (a
+signal/wait exchange, as MSCCL++'s NVLS plans do first) is reported too.
+
+Port channels go through the host proxy: a ``put``/``pws``/``pwsf``/``ppkt``
+/``rppkt`` is done later by a proxy per (threadblock, port channel), in the
+order the threadblock pushed them, each after what the threadblock knew when
+it pushed it. A port ``signal`` (and pws's) follows the proxy's earlier
+transfers on that channel; ``flush`` (on its op.nOutputs channels, as
+handleFlush reads them) and pwsf give the threadblock the proxy's progress
+after the next ``nop``. A transfer whose source is the caller's input or
+output and that the sending rank never learns finished is reported last: its
+kernel can return, and its caller overwrite the source, while the proxy
+still reads it.
 """
 
 from __future__ import annotations
