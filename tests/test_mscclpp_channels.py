@@ -15,7 +15,7 @@ import sys
 import pytest
 
 import msc
-from msc.errors import PlanError, RaceError
+from msc.errors import PlanError, RaceError, RuntimeLimitError
 from msc.formats.diff import diff_plans
 from msc.formats.mscclpp.check import verify_mscclpp
 from msc.formats.mscclpp.export import plan_to_mscclpp, plan_to_mscclpp_json
@@ -250,6 +250,16 @@ def test_malformed_switch_plans_are_refused_naming_where(change, message):
     doc = nvls_allreduce(2)
     change(doc)
     with pytest.raises(PlanError, match=message):
+        check(doc)
+
+
+def test_a_threadblock_declaring_more_switch_channels_than_the_executor_holds_is_refused():
+    doc = nvls_allreduce(2)
+    for gpu in doc["gpus"]:
+        gpu["channels"] += [_switch_channel("o", [0, 1]) for _ in range(16)]
+        gpu["threadblocks"][0]["channels"][1]["channel_ids"] = list(range(17))
+    with pytest.raises(RuntimeLimitError, match="rank 0, threadblock 0: channels of one kind declared 17 exceeds the "
+                                                "MSCCL\\+\\+ executor's limit MAX_CHANNEL = 16"):
         check(doc)
 
 

@@ -105,7 +105,7 @@ class Gpu:
     channels: tuple[int, ...]
     semaphores: tuple[int, ...]
     threadblocks: tuple[tuple[Operation, ...], ...]
-    tb_channels: tuple[int, ...] = ()          # memory channels each threadblock declares
+    tb_channels: tuple[int, ...] = ()          # most channels of one kind (memory, port, switch) each threadblock declares
     tb_buffers: tuple[int, ...] = ()           # remote buffers each threadblock declares
     tb_meta: tuple[tuple[tuple[str, object], ...], ...] = ()   # msc_* fields of each threadblock
     meta: tuple[tuple[str, object], ...] = ()  # msc_* fields of the gpu

@@ -163,7 +163,7 @@ class _Reader:
             ctx = (r, t, peers, chans, bufs, tb_switches)
             tbs.append(tuple(self.op(op, i, ctx) for i, op in enumerate(self.field(tb, "ops", list, "tb",
                                                                                       rank=r, tb=t))))
-            tb_channels.append(max(len(chans["memory"]), len(chans["port"])))
+            tb_channels.append(max(len(chans["memory"]), len(chans["port"]), len(tb_switches)))   # MAX_CHANNEL each
             tb_buffers.append(max(len(bufs["memory"]), len(bufs["port"])))
             tb_meta.append(_meta(tb))
         return Gpu(r, self.field(gpu, "input_chunks", int, "gpu", rank=r),
