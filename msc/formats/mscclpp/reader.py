@@ -217,16 +217,7 @@ class _Reader:
             raise self.error(f"operation {i}: {name!r:.40} is not an operation of the MSCCL++ executor", **where)
         if name in UNSUPPORTED_OPS:
             raise self.error(f"operation {i}: {name} is {UNSUPPORTED_OPS[name]}, not supported by msc yet", **where)
-        kind = self.optional(op, "channel_type", str, "memory", f"operation {i}", **where)
-        if kind not in ("memory", "port", "switch", "none"):
-            raise self.error(f"operation {i}: {name} on a {kind!r:.20} channel: the executor has memory, port and "
-                             f"switch channels", **where)
-        kind = "memory" if kind in ("none", "switch") else kind     # switch ops use no channel ids
-        ids = self.optional(op, "channel_ids", list, [], f"operation {i}", **where) if op.get("channel_type") != "switch" else []
-        channels = tuple(self.index(c, chans[kind], f"operation {i}: {kind} channel id", **where) for c in ids)
-        if name == "flush" and kind != "port":
-            raise self.error(f"operation {i}: flush waits for a port channel's proxy; it has channel_type {kind}",
-                             **where)
+        kind, channels = self.op_channels(op, name, i, chans, where)
         srcs = tuple(self.operand(b, r, bufs[kind], tb_switches, i, **where) for b in self.optional(op, "src_buff", list, [], f"operation {i}", **where))
         dsts = tuple(self.operand(b, r, bufs[kind], tb_switches, i, **where) for b in self.optional(op, "dst_buff", list, [], f"operation {i}", **where))
         _check_switch_operands(self, name, srcs, dsts, i, where)
@@ -252,8 +243,24 @@ class _Reader:
                 raise self.error(f"operation {i}: pipeline unit_size 0", **where)
             body = tuple(self.op(inner, i, ctx, nested=True) for inner in self.field(op, "ops", list,
                                                                                       f"operation {i}", **where))
-        return Operation(name, srcs, dsts, tuple(chans[kind][c] for c in channels), sems, barrier, group, body, unit,
-                         nchunks, kind)
+        return Operation(name, srcs, dsts, channels, sems, barrier, group, body, unit, nchunks, kind)
+
+    def op_channels(self, op, name, i, chans, where) -> tuple[str, tuple[int, ...]]:
+        """(the kind of channel whose threadblock lists the operation's ids
+        index, the rank's channels it names). Switch ops name their switch
+        channels in their operands; the executor's handlers ignore the
+        channel_ids some older plans give them."""
+        declared = self.optional(op, "channel_type", str, "memory", f"operation {i}", **where)
+        if declared not in ("memory", "port", "switch", "none"):
+            raise self.error(f"operation {i}: {name} on a {declared!r:.20} channel: the executor has memory, port and "
+                             f"switch channels", **where)
+        kind = "port" if declared == "port" else "memory"
+        if name == "flush" and kind != "port":
+            raise self.error(f"operation {i}: flush waits for a port channel's proxy; it has channel_type {declared}",
+                             **where)
+        ids = [] if declared == "switch" else self.optional(op, "channel_ids", list, [], f"operation {i}", **where)
+        have = chans[kind]
+        return kind, tuple(have[self.index(c, have, f"operation {i}: {kind} channel id", **where)] for c in ids)
 
     def index(self, value, items, what, **where) -> int:
         if type(value) is not int or not 0 <= value < len(items):
