@@ -26,7 +26,7 @@ from msc.verification.onesided import verify_onesided
 from msc.verification.plan import verify_plan
 from library import algorithms, rank_counts
 
-ALGORITHMS = algorithms(switch=False)          # switch ops (NVLS) are refused: test_switch_plans_are_refused
+ALGORITHMS = algorithms(switch=False)          # switch plans (NVLS, Simple only): tests/test_mscclpp_channels.py
 CASES = [(key, n) for key in ALGORITHMS for n in rank_counts(ALGORITHMS[key], (4, 8))]
 
 
@@ -139,7 +139,7 @@ def test_a_signal_without_a_nop_before_it_races_with_the_peer_reading():
 def test_a_wait_never_signalled_is_a_deadlock_naming_rank_threadblock_and_operation():
     doc = allgather_2()
     del ops(doc, 1)[3]                  # rank 1 no longer signals
-    with pytest.raises(DeadlockError, match=r"rank 0 threadblock 0 operation 4 \(wait\): wait 1 on its channel from "
+    with pytest.raises(DeadlockError, match=r"rank 0 threadblock 0 operation 4 \(wait\): wait 1 on its memory channel from "
                                             r"rank 1 .*signals only 0 time"):
         check(doc)
 
@@ -155,7 +155,7 @@ def test_a_missing_copy_is_a_wrong_result_naming_rank_and_chunk():
 def test_unbalanced_signals_are_reported_for_the_next_call():
     doc = allgather_2()
     ops(doc, 0).insert(4, {"name": "signal", "channel_ids": [0], "channel_type": "memory"})
-    with pytest.raises(ExecutionError, match="rank 0 signals its channel 0 to rank 1 2 time.* waits on it 1 time"):
+    with pytest.raises(ExecutionError, match="rank 0 signals its memory channel 0 to rank 1 2 time.* waits on it 1 time"):
         check(doc)
 
 
@@ -179,9 +179,10 @@ def test_the_operation_limit_names_the_constant_rank_and_threadblock():
 
 
 @pytest.mark.parametrize("change,message", [
-    (lambda d: d["gpus"][0]["channels"][0].update(channel_type="port"), "channels\\[0\\] is a port channel"),
-    (lambda d: ops(d, 1).insert(0, {"name": "glres"}), "operation 0: glres is an NVLS switch-channel operation"),
-    (lambda d: ops(d, 1).insert(0, {"name": "flush"}), "operation 0: flush is a port-channel"),
+    (lambda d: d["gpus"][0]["channels"][0].update(channel_type="nvlink"), "channels\\[0\\] is a 'nvlink' channel"),
+    (lambda d: ops(d, 1).insert(0, {"name": "glres"}), "operation 0: glres takes a switch-channel source and a "
+                                                       "switch-channel destination"),
+    (lambda d: ops(d, 1).insert(0, {"name": "flush"}), "operation 0: flush waits for a port channel's proxy"),
     (lambda d: ops(d, 1).insert(2, {"name": "bogus"}), "operation 2: 'bogus' is not an operation of the MSCCL\\+\\+"),
     (lambda d: d.update(protocol="LL128"), "protocol 'LL128': the executor takes Simple or LL"),
 ])
@@ -295,11 +296,3 @@ def test_a_custom_collective_is_checked_from_the_contract_the_export_records():
         tb["ops"] = [op for op in tb["ops"] if op["name"] not in ("re", "res")]
     with pytest.raises(VerificationError, match="wrong result on rank 2: .* not what pair_sum requires"):
         check(doc)
-
-
-def test_switch_plans_are_refused_by_name():
-    """MSCCL++'s switch channels are not written yet: an NVLS plan is refused, naming its first switch step."""
-    plan = lower(msc.trace(algorithms()["allreduce/nvls:nvls"], 4), LowerOptions())
-    with pytest.raises(PlanError, match="barrier: a switch op \\(NVLS\\); msc's MSCCL\\+\\+ export does not write") as exc:
-        plan_to_mscclpp(plan)
-    assert (exc.value.rank, exc.value.tb, exc.value.step) == (0, 0, 0)

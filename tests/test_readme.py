@@ -174,12 +174,13 @@ def test_the_nvls_section_runs_as_written(tmp_path):
 
 
 def test_the_mscclpp_section_runs_as_written(tmp_path):
-    """Export to MSCCL++, its check, the round trip, a run of the JSON, its simulation in both models, LL, and
-    LL128 refused."""
+    """Export to MSCCL++, its check, the round trip, a run of the JSON, its simulation in both models, LL,
+    LL128 refused, and an NVLS-tree plan exported as switch channels, checked and read back."""
     [(lang, code)] = blocks("Interop: MSCCL++ execution plans")
     done = run_block(lang, code, tmp_path)
     assert done.returncode == 0, f"{code}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
-    assert done.stdout.count("verified MSCCL++ plan") == 2 and "equal (up to dependency equivalence)" in done.stdout
+    assert done.stdout.count("verified MSCCL++ plan") == 3
+    assert done.stdout.count("equal (up to dependency equivalence)") == 2
     assert "Out of bounds values : 0 OK" in done.stdout and "Simple and LL (packets) only" in done.stderr
     assert "MSCCL++ plan lifted to the msc plan" in done.stdout and "MSCCL++ plan in the one-sided model" in done.stdout
     gpu = json.loads((tmp_path / "ring8.json").read_text())["gpus"][0]

@@ -5,13 +5,16 @@ interpreter kernel: per rank, threadblocks; per threadblock, operations that
 read and write the rank's own buffers and, through memory channels, its
 peers' (put, get, remote reduce), signal and wait on channel semaphores,
 sync with other threadblocks of the rank (barriers, device semaphores) and
-exchange LL packets. msc.formats.mscclpp reads and writes the JSON;
-msc.verification.onesided checks and executes this model.
+exchange LL packets; through port channels the same transfers go through a
+host proxy, and through switch (NVLS) channels a group op reads or writes a
+chunk on every member of a group at once. msc.formats.mscclpp reads and
+writes the JSON; msc.verification.onesided checks and executes this model.
 
 Operands are resolved when a plan is read: an ``Operand`` names the rank
-that owns the buffer (a peer's for a remote operand), the buffer and the
-chunks; a channel is the rank's flattened memory-channel index. Everything
-a check reports names (rank, threadblock, operation index).
+that owns the buffer (a peer's for a remote operand; the issuing rank and
+the group for a switch operand), the buffer and the chunks; a channel is the
+rank's flattened memory-channel (or, for a port operation, port-channel)
+index. Everything a check reports names (rank, threadblock, operation index).
 """
 from __future__ import annotations
 
@@ -21,36 +24,45 @@ from dataclasses import dataclass
 CONTROL_OPS = ("nop", "barrier", "signal", "wait", "rlxsignal", "rlxwait", "sem_acquire", "sem_release")
 DATA_OPS = ("put", "pws", "pwsf", "get", "copy", "re", "res", "rre", "rres")
 PACKET_OPS = ("ppkt", "rppkt", "cpkt", "upkt", "repkt", "respkt", "recpkt", "recspkt")
-UNSUPPORTED_OPS = {                       # known to the executor, not (yet) to msc
-    "flush": "a port-channel (proxy) operation",
-    "glres": "an NVLS switch-channel operation (multimem load-reduce-store)",
-    "gstore": "an NVLS switch-channel operation (multimem store)",
-    "gstorepkt": "an NVLS switch-channel operation (multimem packet store)",
-}
+# Switch-channel (NVLS) operations: a multimem access to every member of the channel's group at one offset.
+SWITCH_OPS = ("glres", "gstore", "gstorepkt")
+PORT_ONLY_OPS = ("flush",)                 # waits for a port channel's proxy: nothing on memory channels
+UNSUPPORTED_OPS: dict = {}                # known to the executor, not (yet) to msc
 PIPELINE = "pipeline"
-KNOWN_OPS = CONTROL_OPS + DATA_OPS + PACKET_OPS + tuple(UNSUPPORTED_OPS) + (PIPELINE,)
+KNOWN_OPS = CONTROL_OPS + DATA_OPS + PACKET_OPS + SWITCH_OPS + PORT_ONLY_OPS + tuple(UNSUPPORTED_OPS) + (PIPELINE,)
 
 
 @dataclass(frozen=True)
 class Operand:
     """``size`` chunks of ``rank``'s ``buffer`` (input, output, scratch)
-    from ``index``; ``remote``: reached through a memory channel."""
+    from ``index``; ``remote``: reached through a memory channel;
+    ``group``: reached through a switch channel, the same chunks on every
+    rank of the group at once (``rank`` is the rank that issues it)."""
 
     rank: int
     buffer: str
     index: int
     size: int
     remote: bool = False
+    group: tuple[int, ...] = ()
 
     def __str__(self) -> str:
         where = f"rank {self.rank} " if self.remote else ""
+        if self.group:
+            where = f"ranks {','.join(map(str, self.group))} (switch) "
         return f"{where}{self.buffer}[{self.index}:{self.index + self.size}]"
+
+    def on(self, rank: int) -> "Operand":
+        """A switch operand's chunks on one member ``rank``."""
+        return Operand(rank, self.buffer, self.index, self.size, remote=rank != self.rank)
 
 
 @dataclass(frozen=True)
 class Operation:
     """One operation of a threadblock. ``channels``: the rank's memory
-    channel indices it signals or waits on; ``semaphores``: device semaphore
+    channel indices it signals, waits on or writes through, or its port
+    channel indices where ``channel_type`` is "port" (the work then goes
+    through the host proxy: see msc.verification.onesided); ``semaphores``: device semaphore
     ids; ``barrier``: (id, threadblocks); ``group``: (index, size) of a
     threadblock group, which splits the operands' bytes between its members;
     ``body``, ``unit_size`` (bytes), ``num_chunks``: a pipeline's operations,
@@ -66,6 +78,11 @@ class Operation:
     body: tuple["Operation", ...] = ()
     unit_size: int = 0
     num_chunks: int = 0
+    channel_type: str = "memory"
+
+    @property
+    def port(self) -> bool:
+        return self.channel_type == "port"
 
     @property
     def count(self) -> int:
@@ -77,7 +94,8 @@ class Operation:
 class Gpu:
     """One rank: its buffer sizes in chunks, its memory channels (the peer of
     each, in the flattened order the executor builds them), the initial
-    values of its device semaphores, and per threadblock its operations and
+    values of its device semaphores, its switch (NVLS) channels (the
+    buffer each binds and the ranks of its group), and per threadblock its operations and
     how many channels and remote buffers it declares."""
 
     rank: int
@@ -87,10 +105,12 @@ class Gpu:
     channels: tuple[int, ...]
     semaphores: tuple[int, ...]
     threadblocks: tuple[tuple[Operation, ...], ...]
-    tb_channels: tuple[int, ...] = ()          # memory channels each threadblock declares
+    tb_channels: tuple[int, ...] = ()          # most channels of one kind (memory, port, switch) each threadblock declares
     tb_buffers: tuple[int, ...] = ()           # remote buffers each threadblock declares
     tb_meta: tuple[tuple[tuple[str, object], ...], ...] = ()   # msc_* fields of each threadblock
     meta: tuple[tuple[str, object], ...] = ()  # msc_* fields of the gpu
+    switches: tuple[tuple[str, tuple[int, ...]], ...] = ()   # switch channels: (buffer, group's ranks)
+    port_channels: tuple[int, ...] = ()        # the peer of each port channel, in the executor's order
 
 
 @dataclass(frozen=True)
@@ -107,9 +127,11 @@ class OneSidedPlan:
     def meta_value(self, key: str, default=None):
         return dict(self.meta).get(key, default)
 
-    def channel_ordinal(self, rank: int, channel: int) -> tuple[int, int]:
-        """(peer, q): ``channel`` of ``rank`` is its q-th memory channel to
-        peer; it pairs with the peer's q-th channel to ``rank``."""
-        peers = self.gpus[rank].channels
+    def channel_ordinal(self, rank: int, channel: int, port: bool = False) -> tuple[int, int]:
+        """(peer, q): ``channel`` of ``rank`` is its q-th memory (or port)
+        channel to peer; it pairs with the peer's q-th channel of that kind
+        to ``rank`` (executor.cc tags a pair's connections memory first,
+        then port, after padding both ends to as many memory channels)."""
+        peers = self.gpus[rank].port_channels if port else self.gpus[rank].channels
         peer = peers[channel]
         return peer, sum(1 for p in peers[:channel] if p == peer)

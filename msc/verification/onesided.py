@@ -23,6 +23,26 @@ the next call begin, first). Signals and waits must balance per channel, and
 device semaphores end where they began: the executor keeps them across
 calls, so the next call would start out of step. The results are compared
 with the collective's reference (msc.verification.reference).
+
+Switch channels (NVLS, execution_kernel.hpp): ``glres`` reads the chunk on
+every member of the group through the multicast address, sums it (member
+order here; the switch's own order, exact for integers) and writes the sum to
+every member's destination; ``gstore`` writes a local chunk to every member;
+``gstorepkt`` the same with packets. Each of those accesses is recorded on
+the member's buffer, so any unordered access to any member's copy races, and
+a member's input or output reached before anything shows its call began (a
+signal/wait exchange, as MSCCL++'s NVLS plans do first) is reported too.
+
+Port channels go through the host proxy: a ``put``/``pws``/``pwsf``/``ppkt``
+/``rppkt`` is done later by a proxy per (threadblock, port channel), in the
+order the threadblock pushed them, each after what the threadblock knew when
+it pushed it. A port ``signal`` (and pws's) follows the proxy's earlier
+transfers on that channel; ``flush`` (on its op.nOutputs channels, as
+handleFlush reads them) and pwsf give the threadblock the proxy's progress
+after the next ``nop``. A transfer whose source is the caller's input or
+output and that the sending rank never learns finished is reported last: its
+kernel can return, and its caller overwrite the source, while the proxy
+still reads it.
 """
 
 from __future__ import annotations
@@ -63,6 +83,8 @@ def _ordered(a: Access, b: Access) -> bool:
 
 def _name(run: Run, g: int) -> str:
     b = run.blocks[g]
+    if b.proxy is not None:
+        return f"rank {b.rank} threadblock {b.tb}'s proxy (port channel {b.proxy})"
     return f"rank {b.rank} threadblock {b.tb}"
 
 
@@ -87,17 +109,62 @@ def check_races(run: Run, chunk: int) -> None:
 
 def check_finished(run: Run) -> None:
     """A peer's access to a rank's buffer must come before that rank's kernel ends."""
-    ends = {}
-    for b in run.blocks:
-        clock = np.maximum(b.known, b.pending)
-        clock[b.g] = b.seq
-        ends[b.rank] = clock if b.rank not in ends else np.maximum(ends[b.rank], clock)
+    ends = _ends(run)
     for (rank, key), accesses in sorted(run.m.state.accesses.items(), key=lambda kv: kv[0]):
         for a in accesses:
             if a.remote_from is not None and ends[rank][a.g] < a.seq:
                 raise RaceError(f"{_name(run, a.g)} {a.who} {'writes' if a.write else 'reads'} rank {rank}'s {key} "
                                 f"(bytes {a.lo}..{a.hi}) and nothing on rank {rank} waits for it: rank {rank}'s kernel "
                                 f"can finish, and its caller reuse the buffer, first",
+                                ((run.blocks[a.g].rank, run.blocks[a.g].tb, a.who),), rank=rank, buffer=key)
+
+
+def check_flushed(run: Run) -> None:
+    """A port channel's proxy reads the sender's own buffer after the kernel
+    pushed the request; only a flush (or a signal back that follows the
+    transfer) tells the rank it is done, else its caller may reuse the
+    source while the proxy still reads it. (Scratch is the executor's,
+    kept apart across calls as for memory-channel puts.)"""
+    ends = _ends(run)
+    for (rank, key), accesses in sorted(run.m.state.accesses.items(), key=lambda kv: kv[0]):
+        if key == "scratch":
+            continue
+        for a in accesses:
+            if run.blocks[a.g].proxy is not None and a.remote_from is None and ends[rank][a.g] < a.seq:
+                raise RaceError(f"{_name(run, a.g)} {a.who} reads rank {rank}'s {key} (bytes {a.lo}..{a.hi}) and "
+                                f"nothing tells rank {rank} the transfer is done (no flush of that port channel, no "
+                                f"signal back after it): its kernel can return, and its caller overwrite the "
+                                f"source, while the proxy still reads it",
+                                ((run.blocks[a.g].rank, run.blocks[a.g].tb, a.who),), rank=rank, buffer=key)
+
+
+def _ends(run: Run) -> dict:
+    """rank -> what its threadblocks know when the kernel returns (proxies excluded: they outlive it)."""
+    ends = {}
+    for b in run.blocks:
+        if b.proxy is not None:
+            continue
+        clock = np.maximum(b.known, b.pending)
+        clock[b.g] = b.seq
+        ends[b.rank] = clock if b.rank not in ends else np.maximum(ends[b.rank], clock)
+    return ends
+
+
+def check_started(run: Run) -> None:
+    """A switch access to another member's input or output must come after
+    something of that member's call: they are the caller's, which the
+    member's kernel may not have been handed yet (or still uses from its last
+    call). MSCCL++'s plans sync the members first (signal/wait). Scratch is
+    the executor's, kept apart across calls as for memory-channel puts."""
+    for (rank, key), accesses in sorted(run.m.state.accesses.items(), key=lambda kv: kv[0]):
+        if key == "scratch":
+            continue
+        for a in accesses:
+            if a.switch and a.remote_from is not None and not any(
+                    a.clock[b.g] >= 1 for b in run.blocks if b.rank == rank):
+                raise RaceError(f"{_name(run, a.g)} {a.who} {'writes' if a.write else 'reads'} rank {rank}'s {key} "
+                                f"(bytes {a.lo}..{a.hi}) through the switch before anything shows rank {rank}'s call "
+                                f"has begun: rank {rank} may still be in its previous call or not yet have its input",
                                 ((run.blocks[a.g].rank, run.blocks[a.g].tb, a.who),), rank=rank, buffer=key)
 
 
@@ -108,8 +175,8 @@ def check_balance(run: Run) -> None:
     for key in sorted(set(st.signals) | set(st.waits)):
         sent, waited = len(st.signals.get(key, ())), st.waits.get(key, 0)
         if sent != waited:
-            src, dst, q = key
-            raise ExecutionError(f"rank {src} signals its channel {q} to rank {dst} {sent} time(s) but rank {dst} "
+            src, dst, q, kind = key
+            raise ExecutionError(f"rank {src} signals its {kind} channel {q} to rank {dst} {sent} time(s) but rank {dst} "
                                  f"waits on it {waited} time(s): the semaphore carries the difference into the next "
                                  f"call, whose waits then pass early (or hang)", rank=src)
     for gpu in run.plan.gpus:
@@ -176,10 +243,12 @@ def verify_onesided(plan: OneSidedPlan, *, collective=None, root: int | None = N
     inputs = random_inputs(np.random.default_rng(seed), ELEMENT, "sum", layout.n, length)
     outputs, run, machine = execute_onesided(plan, layout, chunk, inputs)
     check_races(run, chunk)
+    check_started(run)
     check_finished(run)
     check_balance(run)
     if layout.checkable:
         check_results(machine, layout, inputs, outputs)
+    check_flushed(run)
     ops = sum(op.count for gpu in plan.gpus for ops in gpu.threadblocks for op in ops)
     return OneSidedReport(plan.name, plan.collective, plan.num_ranks, len(run.blocks), ops, run.events, chunk,
                           time.perf_counter() - start, layout.checkable)

@@ -12,14 +12,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from msc.errors import DeadlockError, ExecutionError, PlanError
-from msc.ir.onesided import OneSidedPlan, Operand, Operation
+from msc.ir.onesided import SWITCH_OPS, OneSidedPlan, Operand, Operation
 
 ELEMENT = np.dtype(np.int32)                  # what msc verify runs plans on
 UNIT = 16                                     # the executor's buffer_alignment
 POISON = np.int32(-(1 << 30))                 # what unwritten int32 output and scratch hold
 MAX_MODEL_BYTES = 1 << 28                     # all ranks' buffers together, in the model
 MAX_INSTANCES = 1 << 22                       # operations run (a pipeline's body once per slice), all threadblocks
-PACKET_READS = {"rppkt": 1, "upkt": 1, "repkt": None, "respkt": None, "recpkt": None, "recspkt": None}
+PACKET_READS = {"rppkt": 1, "upkt": 1, "repkt": None, "respkt": None, "recpkt": None, "recspkt": None,
+                "gstorepkt": 1}
 
 
 @dataclass
@@ -44,6 +45,7 @@ class Block:
     pc: int = 0
     seq: int = 0
     synced: int = 0
+    proxy: int | None = None      # a port channel's host proxy working for threadblock ``tb`` (no program)
 
     def published(self) -> np.ndarray:
         clock = np.maximum(self.known, self.pending)
@@ -61,12 +63,13 @@ class Access:
     clock: np.ndarray
     who: str
     remote_from: int | None = None      # the accessing rank, when it is not the buffer's owner
+    switch: bool = False                # through a switch channel (multimem)
 
 
 @dataclass
 class State:
-    signals: dict = field(default_factory=dict)       # (from, to, q) -> [published clocks]
-    waits: dict = field(default_factory=dict)         # (from, to, q) -> waits done
+    signals: dict = field(default_factory=dict)       # (from, to, q, kind) -> [published clocks]
+    waits: dict = field(default_factory=dict)         # (from, to, q, kind) -> waits done
     sems: dict = field(default_factory=dict)          # (rank, id) -> value
     sem_clock: dict = field(default_factory=dict)     # (rank, id) -> join of releases
     barriers: dict = field(default_factory=dict)      # (rank, id) -> [blocks arrived this round]
@@ -155,12 +158,12 @@ class Machine:
             self.packets[(rank, key)] = (np.full(n, self.poison, self.dtype), np.full(n, -1, np.int64))
         return self.packets[(rank, key)]
 
-    def record(self, rank, key, lo, hi, write, block, clock, who, packet=False):
+    def record(self, rank, key, lo, hi, write, block, clock, who, packet=False, switch=False):
         if packet:                   # packets take twice the bytes they carry, in the same buffer
             lo, hi = 2 * lo, 2 * hi
         remote = block.rank if block.rank != rank else None
         self.state.accesses.setdefault((rank, key), []).append(
-            Access(lo, hi, write, block.g, block.seq, clock, who, remote))
+            Access(lo, hi, write, block.g, block.seq, clock, who, remote, switch))
 
 
 class Layout:
@@ -256,6 +259,11 @@ class Run:
         if sum(len(b.program) for b in self.blocks) > MAX_INSTANCES:
             raise PlanError(f"the plan runs over {MAX_INSTANCES} operations (pipelines' slices counted), more than "
                             f"msc's model of the executor runs")
+        self.agents = {}                  # (g, port channel) -> the proxy Block doing that threadblock's transfers
+        for b in list(self.blocks):
+            for c in sorted({c for inst in b.program if inst.op.port for c in inst.op.channels}):
+                self.agents[(b.g, c)] = Block(b.rank, b.tb, len(self.blocks), [], None, None, proxy=c)
+                self.blocks.append(self.agents[(b.g, c)])
         for b in self.blocks:
             b.known = np.zeros(len(self.blocks), np.int64)
             b.pending = np.zeros(len(self.blocks), np.int64)
@@ -287,10 +295,10 @@ class Run:
     def blocked_on(self, b: Block) -> str:
         op = b.program[b.pc].op
         if op.name in ("wait", "rlxwait"):
-            keys = [self.wait_key(b.rank, c) for c in op.channels]
+            keys = [self.wait_key(b.rank, c, op.port) for c in op.channels]
             late = [k for k in keys if len(self.m.state.signals.get(k, ())) <= self.m.state.waits.get(k, 0)]
-            return "; ".join(f"wait {self.m.state.waits.get(k, 0) + 1} on its channel from rank {k[0]} (channel "
-                             f"{k[2]} of that pair), which rank {k[0]} signals only "
+            return "; ".join(f"wait {self.m.state.waits.get(k, 0) + 1} on its {k[3]} channel from rank {k[0]} ("
+                             f"{k[3]} channel {k[2]} of that pair), which rank {k[0]} signals only "
                              f"{len(self.m.state.signals.get(k, ()))} time(s)" for k in late)
         if op.name == "sem_acquire":
             return f"acquires device semaphore(s) {list(op.semaphores)}, which nothing releases"
@@ -299,9 +307,13 @@ class Run:
             return f"barrier {op.barrier[0]} for {op.barrier[1]} threadblocks, which only {have} reach"
         return "reads packets that no operation writes in this call"
 
-    def wait_key(self, rank: int, channel: int) -> tuple[int, int, int]:
-        peer, q = self.plan.channel_ordinal(rank, channel)
-        return (peer, rank, q)
+    def wait_key(self, rank: int, channel: int, port: bool = False) -> tuple[int, int, int, str]:
+        peer, q = self.plan.channel_ordinal(rank, channel, port)
+        return (peer, rank, q, "port" if port else "memory")
+
+    def signal_key(self, rank: int, channel: int, port: bool = False) -> tuple[int, int, int, str]:
+        peer, q = self.plan.channel_ordinal(rank, channel, port)
+        return (rank, peer, q, "port" if port else "memory")
 
     # -- one operation -----------------------------------------------------------------
     def try_step(self, b: Block) -> bool:
@@ -309,7 +321,7 @@ class Run:
         op, st = inst.op, self.m.state
         name = op.name
         if name in ("wait", "rlxwait"):
-            keys = [self.wait_key(b.rank, c) for c in op.channels]
+            keys = [self.wait_key(b.rank, c, op.port) for c in op.channels]
             if any(len(st.signals.get(k, ())) <= st.waits.get(k, 0) for k in keys):
                 return False
             for k in keys:
@@ -330,7 +342,7 @@ class Run:
             return True
         if name == "barrier":
             return self.barrier(b, op)
-        if name in PACKET_READS and not self.packets_ready(b, inst):
+        if (name in PACKET_READS or (op.port and name == "ppkt")) and not self.packets_ready(b, inst):
             return False
         b.seq += 1
         self.execute(b, inst)
@@ -371,9 +383,12 @@ class Run:
             b.pending[:] = 0
             b.synced = b.seq
         elif op.name in ("signal", "rlxsignal"):
-            for c in op.channels:
-                peer, q = self.plan.channel_ordinal(b.rank, c)
-                st.signals.setdefault((b.rank, peer, q), []).append(b.published())
+            for c in op.channels:               # a port channel's signal follows the proxy's earlier transfers
+                clock = np.maximum(b.published(), self.agents[(b.g, c)].known) if op.port else b.published()
+                st.signals.setdefault(self.signal_key(b.rank, c, op.port), []).append(clock)
+        elif op.name == "flush":
+            for c in op.channels[:len(op.dsts)]:    # handleFlush flushes op.nOutputs channels
+                np.maximum(b.pending, self.agents[(b.g, c)].known, out=b.pending)
         elif op.name == "sem_release":
             keys = [(b.rank, s) for s in op.semaphores]
             self.check_semaphores(b, inst, keys)
@@ -384,7 +399,7 @@ class Run:
             DataOp(self, b, inst).run()
 
     def packets_ready(self, b: Block, inst: Instance) -> bool:
-        for operand in packet_sources(inst.op):
+        for operand in packet_sources(inst.op) if not (inst.op.port and inst.op.name == "ppkt") else inst.op.srcs:
             key, lo, hi = self.m.where(scratch_of(operand, b.rank), inst.op.group, 0, 1 << 62, inst.label)
             _, writer = self.m.packet_store(b.rank, key)
             s = self.m.dtype.itemsize
@@ -410,6 +425,8 @@ class DataOp:
 
     def __init__(self, run: Run, b: Block, inst: Instance):
         self.run_, self.m, self.b, self.inst = run, run.m, b, inst
+        self.switch = inst.op.name in SWITCH_OPS
+        self.actor = b                    # who does the accesses: the threadblock, or its port channel's proxy
         self.clock = b.known.copy()
         self.clock[b.g] = b.seq
 
@@ -424,12 +441,12 @@ class DataOp:
 
     def read(self, operand: Operand) -> np.ndarray:
         key, lo, hi = self.locate(operand)
-        self.m.record(operand.rank, key, lo, hi, False, self.b, self.clock, self.inst.label)
+        self.m.record(operand.rank, key, lo, hi, False, self.actor, self.clock, self.inst.label, switch=self.switch)
         return self.m.view(operand.rank, key, lo, hi).copy()
 
     def write(self, operand: Operand, values: np.ndarray) -> None:
         key, lo, hi = self.locate(operand)
-        self.m.record(operand.rank, key, lo, hi, True, self.b, self.clock, self.inst.label)
+        self.m.record(operand.rank, key, lo, hi, True, self.actor, self.clock, self.inst.label, switch=self.switch)
         self.m.view(operand.rank, key, lo, hi)[:] = self.fit(values, hi - lo, operand)
 
     def fit(self, values: np.ndarray, nbytes: int, operand: Operand) -> np.ndarray:
@@ -448,7 +465,7 @@ class DataOp:
             np.maximum(self.clock, clock, out=self.clock)
             self.clock[g] = max(self.clock[g], seq)
             np.maximum(self.b.pending, self.clock, out=self.b.pending)
-        self.m.record(self.b.rank, key, lo, hi, False, self.b, self.clock, self.inst.label, packet=True)
+        self.m.record(self.b.rank, key, lo, hi, False, self.actor, self.clock, self.inst.label, packet=True)
         return payload[lo // s:hi // s].copy()
 
     def write_packets(self, operand: Operand, values: np.ndarray) -> None:
@@ -457,8 +474,9 @@ class DataOp:
         s = self.m.dtype.itemsize
         payload[lo // s:hi // s] = self.fit(values, hi - lo, operand)
         writer[lo // s:hi // s] = len(self.m.writers)
-        self.m.writers.append((self.b.g, self.b.seq, self.clock.copy()))
-        self.m.record(operand.rank, key, lo, hi, True, self.b, self.clock, self.inst.label, packet=True)
+        self.m.writers.append((self.actor.g, self.actor.seq, self.clock.copy()))
+        self.m.record(operand.rank, key, lo, hi, True, self.actor, self.clock, self.inst.label, packet=True,
+                      switch=self.switch)
 
     def source(self, i: int) -> Operand:
         """Put's i-th source: the first source's buffer at the i-th source's chunks (handlePut)."""
@@ -475,6 +493,8 @@ class DataOp:
     def run(self) -> None:
         op = self.inst.op
         name = op.name
+        if op.port:
+            return self.port_op(op)
         if name == "copy":
             self.need(1, 1)
             self.write(op.dsts[0], self.read(op.srcs[0]))
@@ -492,8 +512,82 @@ class DataOp:
             self.write(op.dsts[0], value)
             for d in op.dsts[1:] if name in ("res", "rres") else ():
                 self.write(d, value)
+        elif name in SWITCH_OPS:
+            self.switch_op(op)
         else:
             self.packet_op(op)
+
+    def by_proxy(self, channel: int) -> Block:
+        """Hand the work to the port channel's proxy: it runs this
+        threadblock's triggers on that channel in order, each after what the
+        threadblock knew when it pushed it; the accesses are the proxy's."""
+        agent = self.run_.agents[(self.b.g, channel)]
+        np.maximum(agent.known, self.clock, out=agent.known)
+        agent.seq += 1
+        agent.known[agent.g] = agent.seq
+        self.actor, self.clock = agent, agent.known.copy()
+        return agent
+
+    def port_op(self, op: Operation) -> None:
+        """put, pws, pwsf, ppkt, rppkt on port channels (handlePut,
+        handlePutPackets, handleReadPutPackets): per destination, a transfer
+        the proxy makes later; pws signals after it, pwsf also waits for it."""
+        name, st = op.name, self.m.state
+        if name not in ("put", "pws", "pwsf", "ppkt", "rppkt"):
+            raise PlanError(f"{self.inst.label}: {name} has no port-channel form in the executor", rank=self.b.rank,
+                            tb=self.b.tb)
+        self.need(1, 1)
+        if len(op.channels) < len(op.dsts):
+            raise PlanError(f"{self.inst.label}: {len(op.dsts)} destinations over {len(op.channels)} port channels "
+                            f"(one each)", rank=self.b.rank, tb=self.b.tb)
+        if name == "rppkt":
+            self.read_packets(op.srcs[0])          # the threadblock waits for this call's packets first
+        start = self.clock.copy()
+        for i, d in enumerate(op.dsts):
+            self.actor, self.clock = self.b, start
+            agent = self.by_proxy(op.channels[i])
+            src = op.srcs[min(i, len(op.srcs) - 1)]
+            if name in ("ppkt", "rppkt"):          # raw packets, scratch to scratch, flags and all
+                self.write_packets(d, self.copy_packets(src))
+            else:
+                self.write(d, self.read(src))
+            if name in ("pws", "pwsf"):
+                st.signals.setdefault(self.run_.signal_key(self.b.rank, op.channels[i], True), []).append(
+                    agent.known.copy())
+            if name == "pwsf":
+                np.maximum(self.b.pending, agent.known, out=self.b.pending)
+
+    def copy_packets(self, operand: Operand) -> np.ndarray:
+        """The proxy's copy of packets in the rank's scratch: whatever is there (no flag check)."""
+        if operand.buffer != "scratch":
+            raise PlanError(f"{self.inst.label}: ppkt on a port channel copies packets from {operand}; msc models "
+                            f"packets in scratch only", rank=self.b.rank, tb=self.b.tb)
+        key, lo, hi = self.locate(operand)
+        payload, _ = self.m.packet_store(self.b.rank, key)
+        self.m.record(self.b.rank, key, lo, hi, False, self.actor, self.clock, self.inst.label, packet=True)
+        s = self.m.dtype.itemsize
+        return payload[lo // s:hi // s].copy()
+
+    def switch_op(self, op: Operation) -> None:
+        """glres: every member's destination = the sum of the members' sources
+        (multimem.ld_reduce then multimem.st, member order here); gstore: every
+        member's destination = the local source; gstorepkt: the same with the
+        source's packets (this call's), written as packets."""
+        src, dst = op.srcs[0], op.dsts[0]
+        if op.name == "glres":
+            value = self.reduce([self.read(src.on(m)) for m in src.group])
+        elif op.name == "gstore":
+            value = self.read(src)
+        else:
+            if src.buffer != "scratch" or dst.buffer != "scratch":
+                raise PlanError(f"{self.inst.label}: gstorepkt from {src} to {dst}: packets live in scratch (the "
+                                f"executor reads and writes them at the scratch offset)", rank=self.b.rank, tb=self.b.tb)
+            value = self.read_packets(src)
+            for m in dst.group:
+                self.write_packets(dst.on(m), value)
+            return
+        for m in dst.group:
+            self.write(dst.on(m), value)
 
     def reduce(self, values: list) -> np.ndarray:
         n = values[0].size

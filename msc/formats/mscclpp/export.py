@@ -30,6 +30,17 @@ several, each starting where the previous one released it (a semaphore).
 msc_* fields (ignored by the executor) record what msc's reader needs to
 give the plan back: the root, chunk factor, slots, each threadblock's msc
 channel and original id.
+
+Switch plans (NVLS; msc.ir.StepOp): every group declares one switch channel
+per buffer its ops reach through the switch, the same list on every member
+(each is one multicast object, created collectively). ``swrs`` is ``glres``
+(multimem load-reduce into a multimem store, both through the switch),
+``swst`` is ``gstore``. MSCCL++ has no reduce-load into the issuing rank
+alone, so ``swred`` is a ``glres`` into a scratch region of every member that
+only this threadblock uses (at one offset on every rank, after every rank's
+own scratch), then a copy out of the rank's own copy. A group barrier is what
+MSCCL++'s own NVLS plans do: a signal to every other member and a wait on
+each, on memory channels kept for it, between nops.
 """
 from __future__ import annotations
 
@@ -39,6 +50,7 @@ from dataclasses import dataclass, field
 from msc.errors import PlanError
 from msc.formats.contract_text import contract_lines
 from msc.formats.mscclpp.limits import MAX_DEVICE_SEMAPHORES, MAX_OPERANDS, MAX_OPERATION
+from msc.formats.mscclpp.limits import MAX_CHANNEL_PER_OPERATION
 from msc.ir import Plan, Slice, Step, StepOp
 from msc.verification.plan_values import check_plan
 
@@ -70,14 +82,10 @@ def plan_to_mscclpp(plan: Plan, *, name: str | None = None) -> dict:
         raise PlanError(f"protocol {plan.protocol}: the MSCCL++ executor runs Simple and LL (packets) only; compile "
                         f"the algorithm with --protocol Simple or LL to export it")
     check_plan(plan)
-    found = plan.first_switch_step()
-    if found is not None:      # MSCCL++ has switch channels (glres, gstore): not written yet (issue 31)
-        rank, t, s, step = found
-        raise PlanError(f"{step.op.value}: a switch op (NVLS); msc's MSCCL++ export does not write switch channels "
-                        f"yet, so the plan cannot be exported to MSCCL++", rank=rank, tb=t, step=s)
     conns = _connections(plan)
     layout = {rp.rank: _scratch_layout(plan, rp, conns) for rp in plan.ranks}
-    ranks = [_RankWriter(plan, rp, conns, layout).build() for rp in plan.ranks]
+    switches = _Switches(plan, max(top for _, top in layout.values()))
+    ranks = [_RankWriter(plan, rp, conns, layout, switches).build() for rp in plan.ranks]
     doc = {"name": name or plan.name, "collective": plan.collective, "protocol": plan.protocol,
            "inplace": plan.inplace, "reuse_resources": False, "use_double_scratch_buffer": plan.protocol == "LL",
            "buffer_alignment": 16, "num_threads_per_block": 1024, "min_message_size": 0,
@@ -124,20 +132,73 @@ def _scratch_layout(plan: Plan, rp, conns: dict) -> tuple[dict, int]:
     return temps, top
 
 
-def _peer_order(conns: dict, rank: int) -> list:
-    """The connections of ``rank`` in the order its memory channels are declared:
-    by peer, then (sender, receiver, channel), the same order on both ends."""
-    mine = [c for c in conns.values() if rank in (c.sender, c.receiver)]
+@dataclass(frozen=True)
+class BarrierLink:
+    """The memory channel pair two members of a group use for its barriers
+    (a switch threadblock's msc channel and group); no data goes over it."""
+
+    sender: int           # the lower rank
+    receiver: int
+    channel: int
+    group: tuple
+
+    @property
+    def key(self):
+        return (self.sender, self.receiver, -1 - self.channel, self.group)
+
+
+class _Switches:
+    """The plan's switch channels ((group, buffer), the same list on every
+    member) and the scratch region each swred threadblock reduces into, at
+    one offset on every rank (``base``: above every rank's own scratch)."""
+
+    def __init__(self, plan: Plan, base: int):
+        used, self.temps, top = set(), {}, base
+        for rp in plan.ranks:
+            for tb in rp.threadblocks:
+                for step in tb.steps:
+                    if step.op.group_reads:
+                        used.add((tb.group, step.srcs[0].buffer))
+                    if step.op.group_writes:
+                        used.add((tb.group, step.dst.buffer))
+                    if step.op is StepOp.SWRED:
+                        used.add((tb.group, "scratch"))
+                width = max((st.count for st in tb.steps if st.op is StepOp.SWRED), default=0)
+                if width:
+                    self.temps[(rp.rank, tb.id)], top = top, top + width
+        self.channels = sorted(used, key=lambda gb: (gb[0], list(LETTER).index(gb[1])))
+        self.scratch = top if self.temps else 0
+
+    def of(self, rank: int) -> list:
+        """The switch channels ``rank`` declares, in the common order."""
+        return [gb for gb in self.channels if rank in gb[0]]
+
+
+def _barrier_links(plan: Plan, rank: int) -> list:
+    links = set()
+    for tb in plan.ranks[rank].threadblocks:
+        if any(step.op is StepOp.BARRIER for step in tb.steps):
+            links |= {BarrierLink(min(rank, m), max(rank, m), tb.channel, tb.group) for m in tb.group if m != rank}
+    return sorted(links, key=lambda link: link.key)
+
+
+def _peer_order(conns: dict, rank: int, links: list = ()) -> list:
+    """The connections (and barrier links) of ``rank`` in the order its memory
+    channels are declared: by peer, then key, the same order on both ends."""
+    mine = [c for c in conns.values() if rank in (c.sender, c.receiver)] + list(links)
     return sorted(mine, key=lambda c: (c.receiver if c.sender == rank else c.sender, c.key))
 
 
 class _RankWriter:
     """One gpu entry: channels, scratch layout, remote buffers, semaphores, threadblocks."""
 
-    def __init__(self, plan: Plan, rp, conns: dict, conns_layout: dict):
+    def __init__(self, plan: Plan, rp, conns: dict, conns_layout: dict, switches: _Switches):
         self.plan, self.rp, self.conns, self.r = plan, rp, conns, rp.rank
         self.ll = plan.protocol == "LL"
-        order = _peer_order(conns, self.r)
+        self.switches = switches
+        self.switch_channel = {gb: i for i, gb in enumerate(switches.of(self.r))}
+        self.links = _barrier_links(plan, self.r)
+        order = _peer_order(conns, self.r, self.links)
         self.channel = {c.key: i for i, c in enumerate(order)}
         self.peers = [c.receiver if c.sender == self.r else c.sender for c in order]
         self.remote = sorted({c.receiver for c in conns.values() if c.sender == self.r})
@@ -164,11 +225,16 @@ class _RankWriter:
 
     def build(self) -> dict:
         entries = _spread(self, [(tb, _BlockWriter(self, tb).ops()) for tb in self.rp.threadblocks])
-        return {"id": self.r, "input_chunks": self.plan.input_chunks, "output_chunks": self.plan.output_chunks,
-                "scratch_chunks": self.scratch, "msc_scratch": self.rp.scratch,
-                "channels": [{"channel_type": "memory", "connected_to": [p]} for p in self.peers],
-                "remote_buffers": [{"rank": p, "type": "s", "access_channel_types": ["memory"]} for p in self.remote],
-                "semaphores": [{"init_value": 0} for _ in range(self.semaphores)], "threadblocks": entries}
+        doc = {"id": self.r, "input_chunks": self.plan.input_chunks, "output_chunks": self.plan.output_chunks,
+               "scratch_chunks": max(self.scratch, self.switches.scratch), "msc_scratch": self.rp.scratch,
+               "channels": [{"channel_type": "memory", "connected_to": [p]} for p in self.peers] + [
+                   {"channel_type": "switch", "buffer_type": LETTER[buf],
+                    "rank_groups": [{"size": len(group), "ranks": list(group)}]} for group, buf in self.switch_channel],
+               "remote_buffers": [{"rank": p, "type": "s", "access_channel_types": ["memory"]} for p in self.remote],
+               "semaphores": [{"init_value": 0} for _ in range(self.semaphores)], "threadblocks": entries}
+        if self.links:
+            doc["msc_barrier_channels"] = sorted(self.channel[link.key] for link in self.links)
+        return doc
 
 
 class _BlockWriter:
@@ -237,6 +303,8 @@ class _BlockWriter:
         dst = self.local(step.dst) if step.dst is not None else None
         if op is StepOp.NOP:
             return []
+        if op.switch:
+            return self.switch_step(step)
         if op is StepOp.COPY:
             return [_op("copy", [src], [dst])]
         if op is StepOp.REDUCE:
@@ -255,6 +323,31 @@ class _BlockWriter:
             {"type": "s", "index": self.w.temps[self.tb.id], "size": n} if ll else self.slot_in(n))
         return [self.put("respkt" if ll else "res", [src, self.slot_in(n)], [keep, self.slot_out(n)])]
 
+    def through_switch(self, sl: Slice) -> dict:
+        return {"switch_channel_id": self.w.switch_channel[(self.tb.group, sl.buffer)], "index": sl.index,
+                "size": sl.count}
+
+    def switch_step(self, step: Step) -> list[dict]:
+        """glres, gstore, or for swred a glres into this threadblock's scratch
+        region on every member and a copy out of the rank's own; a barrier as
+        a signal to every other member and a wait on each."""
+        op = step.op
+        if op is StepOp.BARRIER:
+            links = [self.w.channel[link.key] for link in self.w.links
+                     if link.channel == self.tb.channel and link.group == self.tb.group]
+            sync = lambda name: [{"name": name, "channel_ids": links[i:i + MAX_CHANNEL_PER_OPERATION],
+                                  "channel_type": "memory"} for i in range(0, len(links), MAX_CHANNEL_PER_OPERATION)]
+            return [{"name": "nop"}] + sync("signal") + sync("wait") + [{"name": "nop"}]
+        # A nop first: the threads of a multimem op split the bytes unlike the data ops before it.
+        if op is StepOp.SWST:
+            return [{"name": "nop"}, _switch_op("gstore", self.local(step.srcs[0]), self.through_switch(step.dst))]
+        if op is StepOp.SWRS:
+            return [{"name": "nop"}, _switch_op("glres", self.through_switch(step.srcs[0]),
+                                                self.through_switch(step.dst))]
+        temp = Slice("scratch", self.w.switches.temps[(self.r, self.tb.id)], step.count)
+        return [{"name": "nop"}, _switch_op("glres", self.through_switch(step.srcs[0]), self.through_switch(temp)),
+                {"name": "nop"}, _op("copy", [self.local(temp)], [self.local(step.dst)])]
+
     def put(self, name: str, srcs: list, dsts: list) -> dict:
         out = _op(name, srcs, dsts)
         out.update({"channel_ids": [self.w.channel[self.send.key]], "channel_type": "memory"})
@@ -266,6 +359,13 @@ class _BlockWriter:
 def _op(name: str, srcs: list, dsts: list) -> dict:
     out = {"name": name, "src_buff": srcs, "dst_buff": dsts}
     if name in ("re", "repkt"):
+        out["reduce_op"] = "sum"
+    return out
+
+
+def _switch_op(name: str, src: dict, dst: dict) -> dict:
+    out = {"name": name, "src_buff": [src], "dst_buff": [dst], "channel_type": "switch"}
+    if name == "glres":
         out["reduce_op"] = "sum"
     return out
 
@@ -318,11 +418,22 @@ def _entry(w: _RankWriter, t: int, ops: list, tb, meta: dict) -> dict:
     with channel and buffer ids local to it."""
     used = sorted({c for op in ops for c in op.get("channel_ids", [])})
     local = {c: i for i, c in enumerate(used)}
+    switched = sorted({b["switch_channel_id"] for op in ops for b in op.get("src_buff", []) + op.get("dst_buff", [])
+                       if "switch_channel_id" in b})
+    local_switch = {c: i for i, c in enumerate(switched)}
     buffers = [w.remote.index(tb.send)] if tb.send is not None else []
     for op in ops:
         if "channel_ids" in op:
             op["channel_ids"] = [local[c] for c in op["channel_ids"]]
-    entry = {"id": t, "ops": ops, "channels": [{"channel_type": "memory", "channel_ids": used}] if used else [],
+        for b in op.get("src_buff", []) + op.get("dst_buff", []):
+            if "switch_channel_id" in b:
+                b["switch_channel_id"] = local_switch[b["switch_channel_id"]]
+    channels = [{"channel_type": "memory", "channel_ids": used}] if used else []
+    if switched:
+        channels.append({"channel_type": "switch", "channel_ids": switched})
+    if tb.group:
+        meta = {**meta, "msc_group": list(tb.group)}
+    entry = {"id": t, "ops": ops, "channels": channels,
              "remote_buffer_refs": ([{"access_channel_type": "memory", "remote_buffer_ids": buffers}]
                                     if buffers else [])}
     entry.update(meta)

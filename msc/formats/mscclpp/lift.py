@@ -11,6 +11,10 @@ Each run of operations between synchronisations is one msc step:
     res [X, slot] -> [slot, peer slot]       respkt [X, slot] -> [temp, peer slot]   rrs X
     res [X, slot] -> [D, peer slot]          respkt [X, slot] -> [D, peer slot]      rrcs X -> D
     copy X -> D, re [S...] -> D (no slot)                              copy, reduce
+    glres switch S -> switch D                                         swrs S -> D
+    glres switch S -> switch scratch region; copy region -> D          swred S -> D
+    gstore X -> switch D                                               swst X -> D
+    wait on the group's barrier channels (msc_barrier_channels)        barrier
 
 A slot is scratch some peer writes. Waits, signals and nops are the
 connection's flow control and say nothing more; a device semaphore released
@@ -25,7 +29,7 @@ from dataclasses import dataclass, field
 
 from msc.errors import PlanError
 from msc.ir import Contract, Plan, RankPlan, Slice, Step, StepOp, Threadblock
-from msc.ir.onesided import OneSidedPlan, Operand, Operation
+from msc.ir.onesided import SWITCH_OPS, OneSidedPlan, Operand, Operation
 from msc.verification.plan_values import check_plan
 
 FLOW = ("nop", "wait", "signal", "rlxwait", "rlxsignal")
@@ -58,8 +62,9 @@ def lift_plan(osp: OneSidedPlan) -> Plan:
     for gpu in osp.gpus:
         own = dict(gpu.meta).get("msc_scratch", min((i for (r, i) in slots if r == gpu.rank), default=gpu.scratch_chunks))
         blocks = _join_parts(osp, gpu)
+        barrier_channels = set(dict(gpu.meta).get("msc_barrier_channels", ()))
         for b in blocks:
-            _steps(osp, gpu.rank, b, slots, own)
+            _steps(osp, gpu.rank, b, slots, own, barrier_channels)
         ranks.append(RankPlan(gpu.rank, own, _threadblocks(gpu.rank, blocks)))
     k = osp.meta_value("msc_chunk_factor", layout.k)
     contract = contract_of_plan(osp)
@@ -123,11 +128,19 @@ def _join_parts(osp: OneSidedPlan, gpu) -> list[_Block]:
     return [blocks[k] for k in sorted(blocks)]
 
 
-def _steps(osp, rank: int, b: _Block, slots: dict, own: int) -> None:
+def _steps(osp, rank: int, b: _Block, slots: dict, own: int, barrier_channels: set) -> None:
     pending: list = []
     previous: Operation | None = None
     for i, op in enumerate(b.ops):
         where = dict(rank=rank, tb=b.index)
+        if op.port:
+            raise PlanError(f"operation {i} ({op.name}) goes through a port channel (the host proxy); {SHAPE}", **where)
+        if op.name == "wait" and op.channels and set(op.channels) <= barrier_channels:
+            if not (b.steps and b.steps[-1][0] is StepOp.BARRIER and previous is not None and previous.name == "wait"):
+                _add(b, StepOp.BARRIER, (), None, 1, pending)     # a group of 9+ waits more than once
+                pending = []
+            previous = op
+            continue
         if op.name in FLOW:
             previous = None
             continue
@@ -177,9 +190,18 @@ def _continues(b: _Block, previous, op: Operation, where, i: int) -> bool:
     the next ``re`` of a reduce with more sources than one operation takes."""
     from msc.formats.mscclpp.limits import MAX_OPERANDS
 
-    if previous is None or not b.steps:
+    if not b.steps:
         return False
     kind, srcs, dst, count = b.steps[-1]
+    if kind is StepOp.SWRED and dst is None:       # the copy out of the switch's scratch region
+        if op.name != "copy" or len(op.srcs) != 1 or len(op.dsts) != 1 or op.srcs[0].group or op.dsts[0].group \
+                or op.srcs[0].remote or op.dsts[0].remote:
+            raise PlanError(f"operation {i} ({op.name}): a glres into a scratch region is not followed by a copy out "
+                            f"of it; {SHAPE}", **where)
+        b.steps[-1] = (kind, srcs, _slice(op.dsts[0]), count)
+        return True
+    if previous is None:
+        return False
     if op.name in ("put", "rppkt") and previous.name in ("copy", "upkt") and kind is StepOp.RECV \
             and op.srcs and op.srcs[0] == previous.srcs[0] and op.dsts and op.dsts[0].remote:
         _peer(b, "send", op.dsts[0].rank, where, i)
@@ -192,9 +214,24 @@ def _continues(b: _Block, previous, op: Operation, where, i: int) -> bool:
     return False
 
 
+def _switch_step(op: Operation, own: int):
+    """swrs, swst, or the first half of swred (glres into a scratch region above the plan's own scratch)."""
+    src, dst = op.srcs[0], op.dsts[0]
+    if op.name == "gstore":
+        return StepOp.SWST, (_slice(src),), _slice(dst), src.size
+    if dst.buffer == "scratch" and dst.index >= own:
+        return StepOp.SWRED, (_slice(src),), None, src.size
+    return StepOp.SWRS, (_slice(src),), _slice(dst), src.size
+
+
 def _step_of(op: Operation, rank: int, b: _Block, slots: dict, own: int, i: int, where):
     name, srcs, dsts = op.name, op.srcs, op.dsts
     bad = PlanError(f"operation {i} ({name}): {SHAPE}", **where)
+    if name in ("glres", "gstore"):
+        if not b.meta.get("msc_group"):
+            raise PlanError(f"operation {i} ({name}): a switch op in a threadblock msc did not write (no msc_group); "
+                            f"{SHAPE}", **where)
+        return _switch_step(op, own)
     if not srcs or not dsts or any(s.remote for s in srcs):
         raise bad
     remote = [d for d in dsts if d.remote]
@@ -243,5 +280,6 @@ def _threadblocks(rank: int, blocks: list[_Block]) -> tuple[Threadblock, ...]:
                 raise PlanError(f"acquires device semaphore {missing[0]}, which no step releases; {SHAPE}",
                                 rank=rank, tb=t)
             steps.append(Step(op, tuple(srcs), dst, count, tuple(sorted({released[s] for s in acquires}))))
-        out.append(Threadblock(t, b.send, b.recv, int(b.meta.get("msc_channel", 0)), tuple(steps)))
+        out.append(Threadblock(t, b.send, b.recv, int(b.meta.get("msc_channel", 0)), tuple(steps),
+                               tuple(b.meta.get("msc_group", ()))))
     return tuple(out)

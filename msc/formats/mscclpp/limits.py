@@ -9,7 +9,7 @@ from msc.ir.onesided import OneSidedPlan
 RUNTIME = "mscclpp"
 TITLE = "microsoft/mscclpp src/core/include/execution_common.hpp"
 MAX_OPERATION = 64                  # operations per threadblock, a pipeline's body included (executor.cc)
-MAX_CHANNEL = 16                    # memory channels (and remote buffers) a threadblock declares
+MAX_CHANNEL = 16                    # memory, port, switch channels (each) and remote buffers a threadblock declares
 MAX_CHANNEL_PER_OPERATION = 8
 MAX_LOCAL_BUFFER_PER_OPERATION = 2
 MAX_OPERANDS = MAX_LOCAL_BUFFER_PER_OPERATION + MAX_CHANNEL_PER_OPERATION    # src_buff / dst_buff entries
@@ -32,7 +32,7 @@ def check_limits(plan: OneSidedPlan) -> None:
             total = sum(op.count for op in ops)
             if total > MAX_OPERATION:
                 raise _limit("MAX_OPERATION", total, MAX_OPERATION, "operations (a pipeline's body included)", **where)
-            for count, what in ((gpu.tb_channels[t] if gpu.tb_channels else 0, "memory channels declared"),
+            for count, what in ((gpu.tb_channels[t] if gpu.tb_channels else 0, "channels of one kind declared"),
                                 (gpu.tb_buffers[t] if gpu.tb_buffers else 0, "remote buffers declared")):
                 if count > MAX_CHANNEL:
                     raise _limit("MAX_CHANNEL", count, MAX_CHANNEL, what, **where)
