@@ -351,3 +351,33 @@ def _receive_or_error(address):
 def test_receive_from_nowhere_is_a_clear_error():
     with pytest.raises(UsageError, match="could not receive the multicast handle from @msc-fd-nobody"):
         fdpass.receive_fd("@msc-fd-nobody", 1)
+
+
+# -- the group exchange's gather (msc.cuda.backend.CudaBackend.open_group) ---------------------------
+def test_group_exchange_refuses_a_gather_over_every_process_when_the_store_is_missing(monkeypatch):
+    """A switch group's members (one node of nvls_tree's per-node groups) number themselves 0..m-1
+    among m members: only the job's key-value store can gather them. Without it the exchange must
+    refuse by name, not fall back to torch.distributed's all_gather_object over every process of
+    the job (the world's list, other groups' members mixed in, or a hang)."""
+    from contextlib import nullcontext
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
+    from msc.cuda import backend as backend_mod
+    from msc.cuda import multicast
+
+    def unreachable():
+        raise RuntimeError("Default process group has not been initialized")
+
+    opened = []
+    monkeypatch.setattr(dist.distributed_c10d, "_get_default_store", unreachable)
+    monkeypatch.setattr(dist, "all_gather_object", lambda *a, **k: pytest.fail("gathered over every process"))
+    monkeypatch.setattr(backend_mod, "_torch", lambda: SimpleNamespace(cuda=SimpleNamespace(device=nullcontext)))
+    monkeypatch.setattr(multicast, "CudaMulticast", lambda: None)
+    monkeypatch.setattr(multicast, "open_group_buffer",
+                        lambda member, members, index, nbytes, *, gather, **kw: opened.append(gather(0, member)))
+    with pytest.raises(UsageError, match=r"member 1 of the switch group at 'job/group1/0'.* 2 members exchange "
+                                         r"through torch.distributed's key-value store, which cannot be reached"):
+        backend_mod.CudaBackend().open_group(3, 1, 2, MIB, prefix="job/group1/0", timeout_s=1.0)
+    assert opened == []

@@ -120,7 +120,8 @@ class CudaBackend:
         from msc.cuda.bootstrap import store_gather
         from msc.cuda.multicast import CudaMulticast, open_group_buffer
 
-        gather = store_gather(prefix, member, members, timeout_s)
+        gather = store_gather(prefix, member, members, timeout_s,
+                              subset=f"member {member} of the switch group at {prefix!r}")
         with _torch().cuda.device(index):
             return open_group_buffer(member, members, index, nbytes, gather=gather, driver=CudaMulticast(),
                                      host=self.host_id(), tag="switch", timeout_s=timeout_s)
