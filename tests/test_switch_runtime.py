@@ -3,7 +3,8 @@ the real kernels (swred/swst/swrs through templates/multimem.cuh.j2 on the
 members' copies, group barriers on per-(group, channel) counters) and the
 real Communicator (group memory in the arenas, the callers' buffers staged in
 and out); every result bit-exact against msc.executor on random inputs
-(never zero). The default run takes a case per (dtype, op) the switch reduces;
+(never zero), avg included (the switch's sum, then a second launch divides each
+output chunk as the executor does). The default run takes a case per (dtype, op) the switch reduces;
 tests/test_cuda_emu.py's slow sweep takes the cross product.
 
 Also here: what is refused before anything launches (an op or dtype the
@@ -31,8 +32,8 @@ from msc.lower.pipeline import LowerOptions, lower
 # The library's switch algorithms and the rank counts they run at here (nvls_tree: nodes of 2 GPUs).
 SWITCH_KEYS = {"allreduce/nvls:nvls": (2, 3, 5), "allreduce/nvls_tree:nvls_tree": (4, 8)}
 TREE_NODE = {"gpus_per_node": 2}
-# What the switch reduces; avg only with inputs pre-scaled by every member, which the kernels do not do: refused.
-SWITCH_PAIRS = [(d, o) for d, o in supported_pairs() if not REDUCE_OPS[o].average]
+# What the switch reduces (avg: the switch's sum, then the runtime's division pass).
+SWITCH_PAIRS = supported_pairs()
 
 
 @lru_cache(maxsize=None)
@@ -72,7 +73,8 @@ def cache(tmp_path_factory):
 
 def test_the_cases_cover_every_pair_the_switch_reduces():
     assert {(d, o) for *_, d, o in DEFAULT} == set(SWITCH_PAIRS)
-    assert len(SWITCH_PAIRS) == 11 and ("int32", "min") in SWITCH_PAIRS and ("float64", "sum") in SWITCH_PAIRS
+    assert len(SWITCH_PAIRS) == 15 and ("int32", "min") in SWITCH_PAIRS and ("float64", "sum") in SWITCH_PAIRS
+    assert {d for d, o in SWITCH_PAIRS if REDUCE_OPS[o].average} == {"float32", "float64", "float16", "bfloat16"}
 
 
 @pytest.mark.parametrize("key, n, inplace, instances, form, dtype, op", DEFAULT)
@@ -108,7 +110,7 @@ def test_calls_back_to_back_on_several_devices_and_growing_buffers(cache):
     ("float32", "prod", "cannot reduce float32 with prod \\(multimem.ld_reduce does sum on float32\\)"),
     ("float32", "max", "cannot reduce float32 with max"),
     ("int32", "avg", "avg on the msc CUDA runtime needs a floating type"),
-    ("bfloat16", "avg", "the NVLink switch cannot average: avg needs every member's copy pre-scaled by 1/n"),
+    ("bfloat16", "prod", "cannot reduce bfloat16 with prod"),
     ("float16", "prod", "cannot reduce float16 with prod"),
 ])
 def test_ops_the_switch_cannot_do_are_refused_with_the_tables_message(dtype, op, message, cache):
@@ -145,6 +147,29 @@ def test_a_rank_in_two_switch_groups_is_refused():
     plan = Plan("two", "allreduce", 3, 1, False, 1, 1, ranks)
     with pytest.raises(UsageError, match="rank 0 belongs to switch groups 0,1 and 0,2"):
         kernel_layout(plan, "table")
+
+
+def test_avg_divides_what_the_executor_divides_in_a_second_launch():
+    """A switch plan's avg: no input pre-scaled (the switch reads members' memory as it is), the
+    kernel run as a sum, then a division pass over exactly the executor's averaged chunks."""
+    from msc.cuda.codegen import average_table, plan_tables, prescales, render
+    from msc.executor import Executor
+
+    plan = switch_plan("allreduce/nvls:nvls", 4, False)
+    assert not prescales(plan, "avg") and prescales(lower(msc.trace(algorithms()["allreduce/ring:ring"], 4),
+                                                          LowerOptions()), "avg")
+    assert plan_tables(plan, op="avg") == plan_tables(plan, op="sum")          # no fresh flags set
+    table = average_table(plan)
+    head, entries = table[:12], table[12:]
+    averaged = Executor(plan).averaged
+    assert len(averaged) == 4 * 4 and {m for *_, m in averaged} == {4}
+    for rank in range(4):
+        first, end, tbs = head[3 * rank:3 * rank + 3]
+        assert tbs == len(plan.ranks[rank].threadblocks)
+        assert [tuple(entries[3 * e:3 * e + 3]) for e in range(first, end)] == \
+            [(1, index, m) for r, buf, index, m in averaged if r == rank and buf == "output"]
+    source = render(plan, dtype="bfloat16", op="avg", form="straight")[0]
+    assert "divide_outputs(a, g)" in source and "divide_outputs" not in render(plan, op="sum", form="straight")[0]
 
 
 def test_kernels_without_switch_ops_include_none_of_it():
@@ -207,7 +232,7 @@ def test_gpu_placements_other_than_torchrun_and_gpus_without_multicast_are_refus
 
 # -- static gate: the whole kernel through NVRTC and ptxas for sm_90 (no GPU) -----------------------
 @pytest.mark.parametrize("form, dtype, op", [("straight", "float32", "sum"), ("table", "bfloat16", "max"),
-                                             ("table", "int32", "min")])
+                                             ("table", "int32", "min"), ("straight", "float16", "avg")])
 def test_switch_kernels_compile_for_sm90_with_multimem_and_no_spills(form, dtype, op, tmp_path):
     """The Communicator's kernel of nvls (runtime_plan) for sm_90: ptxas accepts it, its PTX holds
     the (dtype, op)'s multimem forms (tests/test_switch_static.py's table) and the barrier's release

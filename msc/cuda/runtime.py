@@ -97,6 +97,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import sys
 from collections import OrderedDict
 from contextlib import suppress
 from dataclasses import dataclass
@@ -104,7 +105,7 @@ from pathlib import Path
 
 from msc.cuda import device as cu
 from msc.cuda.backend import choose
-from msc.cuda.codegen import KernelLayout, choose_form, kernel_layout
+from msc.cuda.codegen import KernelLayout, average_table, choose_form, kernel_layout
 from msc.cuda.compiler import tables as plan_tables
 from msc.cuda.diagnose import BrokenCommunicatorError, counters_from_arena, decode, merge, parse_words
 from msc.cuda.groups import (MemberMemory, check_units, group_bytes, group_layout, span_of, staged_offsets,
@@ -301,6 +302,8 @@ class Communicator:
         self._groups: list = []                 # switch plans: the group memory layouts (msc.cuda.groups)
         self._group_held: list = []             # what holds group memory outside the arenas (a GPU's)
         self._switch_tables: dict[int, int] = {}    # device -> its MscSwitch table
+        self._average_tables: dict[int, int] = {}   # device -> a switch plan's division table (avg)
+        self._divisions: bytes | None = None
         self._generation = 0
         self._args: OrderedDict = OrderedDict()
         self._mirrors: dict[int, tuple] = {}    # launch index -> (error word copy, event)
@@ -571,11 +574,11 @@ class Communicator:
                 size, at = _elem_size(spec.dtype), self._groups[0].buffers
                 switches = (self._switch_tables[L.device], (at + spans[0].input) // size,
                             (at + spans[0].output) // size)
-            args = pack_args(self.layout, params, ranks=ranks, connections=conns, slot_room=self._capacity.room,
-                             error=error_pointer(self._arenas, self._bases, L.error_rank),
-                             first_block=L.first_block, timeout_ns=self._timeout_ns,
-                             tables=self._plan_tables(L.device, spec.op), local=self.placement == "virtual",
-                             switches=switches)
+            packing = dict(ranks=ranks, connections=conns, slot_room=self._capacity.room,
+                           error=error_pointer(self._arenas, self._bases, L.error_rank), first_block=L.first_block,
+                           timeout_ns=self._timeout_ns, tables=self._plan_tables(L.device, spec.op),
+                           local=self.placement == "virtual", switches=switches)
+            args = pack_args(self.layout, params, **packing)
             with backend.context(L.device):
                 stream = backend.stream(L.device)
                 capturing = backend.capturing()
@@ -587,6 +590,10 @@ class Communicator:
                 if spans is not None:
                     self._stage(L, spec, spans, stream, keep, into_group=True)
                 self._launch(i, L, stream, kernels[L.device], ptr, keep=(held, keep))
+                if spans is not None and REDUCE_OPS[spec.op].average:      # the switch summed: divide now
+                    divide = pack_args(self.layout, params, **packing, divide=self._average_tables[L.device])
+                    ptr, held = self._upload(L.device, divide, capturing)
+                    self._launch(i + 1, L, stream, kernels[L.device], ptr, keep=(held, keep))   # i + 1: after a start
                 if spans is not None:
                     self._stage(L, spec, spans, stream, keep, into_group=False)
                 if not capturing:
@@ -669,6 +676,20 @@ class Communicator:
             ptr = backend.alloc(d, switch_table_bytes(layout))
             self._switch_tables[d] = ptr
             backend.write(d, ptr, switch_table(layout, memory, self._groups, ptr))
+            divisions = self._division_table()
+            self._average_tables[d] = backend.alloc(d, len(divisions))
+            backend.write(d, self._average_tables[d], divisions)
+
+    def _division_table(self) -> bytes:
+        """The switch plan's division table (msc.cuda.codegen.average_table) as the device reads it."""
+        if self._divisions is None:
+            from array import array
+
+            ints = array("i", average_table(self.kplan, self._table_source["collective"]))
+            if sys.byteorder != "little":
+                ints.byteswap()
+            self._divisions = ints.tobytes()
+        return self._divisions
 
     def _launch(self, i: int, L: Launch, stream, kernel, ptr: int, keep) -> None:
         """Launch ``L``, the i-th launch of a call. A launch that fails breaks the communicator
@@ -822,7 +843,8 @@ class Communicator:
             self._close_opened()
         finally:
             tables, self._switch_tables = self._switch_tables, {}
-            for d, ptr in tables.items():
+            divisions, self._average_tables = self._average_tables, {}
+            for d, ptr in [*tables.items(), *divisions.items()]:
                 self.backend.free(d, ptr)
             held, self._group_held = self._group_held, []
             for buf in held:
