@@ -455,12 +455,12 @@ def fake_switch_torchrun_case(rank: int, n: int) -> dict:
         first, count = comm.layout.rank_blocks[rank]
         size = ctypes.sizeof(MscSwitchC)
         entries = [MscSwitchC.from_buffer_copy(mem.read(a.switches + g * size, size)) for g in range(first, first + count)]
-        groups = comm._groups[0]
+        groups = comm._groups
         result = {
             "entries": [(e.mem.mc - buf.mc, e.mem.members or 0, e.mem.n, e.flag.mc - buf.mc, e.flag.members or 0,
                          e.mine - buf.local) for e in entries],
             "channels": [comm.layout.switch_tbs[g][1] for g in range(first, first + count)],
-            "counters": [groups.counter(c) for c in groups.channels], "buffers": groups.buffers,
+            "counters": [groups.counter(g, c) for g, c in groups.counters], "buffers": groups.buffers,
             "input": (a.rank[rank].input - buf.local, a.rank[rank].output - buf.local),
             "switch_offsets": (a.switch_input, a.switch_output),
             "copies": [(e[1] - buf.local if e[1] != x.data_ptr() else "user", e[2] - buf.local

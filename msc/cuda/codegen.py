@@ -107,10 +107,13 @@ class KernelLayout:
         """The channels of group ``g``'s threadblocks: a barrier counter each, in this order."""
         return tuple(sorted({c for gi, c in self.switch_tbs if gi == g}))
 
-    def group_of(self, rank: int) -> int:
-        """The index of the switch group ``rank`` belongs to, -1 for none (kernel_layout
-        refuses a rank in two)."""
-        return next((g for g, members in enumerate(self.groups) if rank in members), -1)
+    def groups_of(self, rank: int) -> tuple[int, ...]:
+        """The indices of the switch groups ``rank`` belongs to (it may be in several), in order."""
+        return tuple(g for g, members in enumerate(self.groups) if rank in members)
+
+    def group_counters(self) -> tuple[tuple[int, int], ...]:
+        """Every (group, channel) with a barrier counter, in order: where each lies in group memory."""
+        return tuple((g, c) for g in range(len(self.groups)) for c in self.group_channels(g))
 
 
 def _check_kind(dtype: str, op: str) -> DType:
@@ -159,8 +162,8 @@ def kernel_layout(plan: Plan, form: str) -> KernelLayout:
 
 def _switch_groups(plan: Plan, blocks) -> tuple[tuple, tuple]:
     """The plan's switch groups and, per global threadblock, (its group's index, its channel)
-    ((-1, -1): none); ((), ()) for a plan without switch ops. A rank's input and output are
-    bound to one group's memory, so a rank in two groups is refused (not yet supported)."""
+    ((-1, -1): none); ((), ()) for a plan without switch ops. A rank may be in several groups:
+    its buffers lie in one group memory that each of its groups reaches (msc.cuda.groups)."""
     if plan.first_switch_step() is None:
         return (), ()
     groups: list[tuple[int, ...]] = []
@@ -173,12 +176,6 @@ def _switch_groups(plan: Plan, blocks) -> tuple[tuple, tuple]:
         if tb.group not in groups:
             groups.append(tb.group)
         rows.append((groups.index(tb.group), tb.channel))
-    for rank in range(plan.num_ranks):
-        mine = [g for g in groups if rank in g]
-        if len(mine) > 1:
-            raise UsageError(f"plan {plan.name!r}: rank {rank} belongs to switch groups "
-                             f"{' and '.join(','.join(map(str, g)) for g in mine[:2])}; the msc CUDA runtime binds "
-                             f"a rank's buffers to one group's memory (a rank in several groups is not supported yet)")
     return tuple(groups), tuple(rows)
 
 
