@@ -84,8 +84,10 @@ def store_gather(prefix: str, rank: int, n: int, timeout_s: float, group=None, *
             store.wait(keys, timedelta(seconds=timeout_s))
         except Exception:
             missing = [r for r, k in enumerate(keys) if not store.check([k])]
+            who = (f"members of {subset}" if subset else
+                   "process group ranks " + ", ".join(str(ranks[r]) for r in missing))
             raise UsageError(f"rank {rank} waited {timeout_s:g} s at '{tag}' of the msc CUDA runtime's bootstrap for "
-                             f"rank(s) {', '.join(map(str, missing))} ({'members of ' + subset if subset else 'process group ranks ' + ', '.join(str(ranks[r]) for r in missing)}), which never came: every rank must make "
+                             f"rank(s) {', '.join(map(str, missing))} ({who}), which never came: every rank must make "
                              f"the same calls (the same element count and dtype), and a rank that grows its buffers "
                              f"waits for the others to grow theirs") from None
         return [pickle.loads(store.get(k)) for k in keys]

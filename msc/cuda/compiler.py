@@ -29,8 +29,8 @@ from functools import lru_cache
 from pathlib import Path
 
 from msc.cuda import kcache
-from msc.cuda.codegen import (KernelLayout, PlanTables, check_kernel, choose_form, kernel_layout, plan_tables, prescales,
-                              render, table_width)
+from msc.cuda.codegen import (KernelLayout, PlanTables, check_kernel, choose_form, kernel_layout, plan_tables,
+                              prescales, render, table_width)
 from msc.errors import CompileError, UsageError
 from msc.ir import Plan
 from msc.resources import cache_dir, data_dir
