@@ -11,7 +11,8 @@ growth, deferred error reads, the broken state, the torchrun bootstrap
 
 Every result is compared with msc.executor on random inputs (never zero)
 with poisoned outputs: bit-exact, but for avg (the kernel pre-multiplies by
-1/n as NCCL does; the executor divides once: within a few roundings).
+1/n as NCCL does; the executor divides once: within a few roundings), except
+in switch plans, whose avg is the executor's own division (bit-exact).
 
 - default run: every library algorithm at 4 ranks x Simple/LL (one that
   needs more ranks at its smallest count, one protocol), the table
@@ -221,7 +222,7 @@ def switch_cache(tmp_path_factory):
 @pytest.mark.parametrize("key, n, inplace, instances", switch_sweep_cases())
 def test_switch_sweep_every_form_dtype_and_op_the_switch_reduces(key, n, inplace, instances, switch_cache):
     """Bit-exact against msc.executor for every (dtype, op) of msc.cuda.switch.supported_pairs
-    (avg aside: refused, tests/test_switch_runtime.py), both forms, counts that leave tails."""
+    (avg included: the switch's sum, then the division pass), both forms, counts that leave tails."""
     from test_switch_runtime import SWITCH_PAIRS, counts_for, switch_plan
 
     plan, seed = switch_plan(key, n, inplace, instances), 100

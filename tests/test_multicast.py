@@ -263,6 +263,61 @@ def test_group_buffer_call_order():
     assert set(os.listdir("/proc/self/fd")) == fds_before          # no descriptor left open
 
 
+def test_a_member_of_two_groups_binds_its_one_memory_to_each_groups_object():
+    """Devices 0 and 1 form group A, devices 0 and 2 group B (a rank in two switch groups): one
+    multicast object per group; device 0 allocates and maps its memory once (group A's buffer)
+    and binds that very allocation to B's object too; closing B then A unbinds B's, then releases."""
+    driver = FakeDriver(3)
+    gathers = {"A": ThreadGather(2), "B": ThreadGather(2)}
+    opened: dict = {}
+
+    def member(device, plan):
+        threading.current_thread().device = device
+        memory = None
+        for name, m in plan:
+            opened[name, device] = memory = open_group_buffer(
+                m, 2, device, 3 * MIB, gather=gathers[name].for_member(m), driver=driver, tag=name, timeout_s=10,
+                memory=memory)
+    threads = [threading.Thread(target=member, args=args) for args in
+               ((0, (("A", 0), ("B", 0))), (1, (("A", 1),)), (2, (("B", 1),)))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(opened) == 4, opened
+    a0, b0 = opened["A", 0], opened["B", 0]
+    created = [args for _, name, args in driver.log if name == "mc_create"]
+    assert len(created) == 2                                            # an object per group
+    assert driver.calls(0).count("mem_create") == 1 and b0.mem == a0.mem and b0.local == a0.local
+    binds = [args for m, name, args in driver.log if name == "mc_bind" and m == 0]
+    assert [mem for _, mem, _ in binds] == [a0.mem, a0.mem] and binds[0][0] != binds[1][0]
+    assert b0.mc and a0.mc and b0.mc != a0.mc
+    assert driver.calls(0).count("map") == 3                            # A's object, the memory, B's object
+
+    def close(device, *bufs):
+        threading.current_thread().device = device
+        for b in bufs:
+            b.close()
+    closers = [threading.Thread(target=close, args=(0, b0, a0)), threading.Thread(target=close, args=(1, opened["A", 1])),
+               threading.Thread(target=close, args=(2, opened["B", 2]))]
+    for t in closers:
+        t.start()
+    for t in closers:
+        t.join(30)
+    assert driver.live == set()
+    # B: its object's mapping, its bind, its object; then A: both mappings, its bind, the memory, its object
+    assert driver.calls(0)[-11:] == ["unmap", "free_va", "mc_unbind", "release", "unmap", "free_va", "unmap", "free_va",
+                                     "mc_unbind", "release", "release"]
+
+
+def test_memory_of_another_group_must_cover_the_object():
+    small = GroupBuffer(0, 2, 0, size=2 * MIB, local=1 << 32, mem=7)
+    with pytest.raises(UsageError, match="member 0's memory of another switch group \\(2097152 bytes on device 0\\) "
+                                         "cannot back this group's 4194304 bytes"):
+        from msc.cuda.multicast import _bind_and_map
+        _bind_and_map(GroupBuffer(0, 2, 0, size=4 * MIB), 5, FakeDriver(2), small)
+
+
 def test_a_failed_bind_fails_every_member_and_undoes_each_ones_steps():
     n = 3
     driver = FakeDriver(n, fail=("mc_bind", 2))
@@ -351,3 +406,33 @@ def _receive_or_error(address):
 def test_receive_from_nowhere_is_a_clear_error():
     with pytest.raises(UsageError, match="could not receive the multicast handle from @msc-fd-nobody"):
         fdpass.receive_fd("@msc-fd-nobody", 1)
+
+
+# -- the group exchange's gather (msc.cuda.backend.CudaBackend.open_group) ---------------------------
+def test_group_exchange_refuses_a_gather_over_every_process_when_the_store_is_missing(monkeypatch):
+    """A switch group's members (one node of nvls_tree's per-node groups) number themselves 0..m-1
+    among m members: only the job's key-value store can gather them. Without it the exchange must
+    refuse by name, not fall back to torch.distributed's all_gather_object over every process of
+    the job (the world's list, other groups' members mixed in, or a hang)."""
+    from contextlib import nullcontext
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
+    from msc.cuda import backend as backend_mod
+    from msc.cuda import multicast
+
+    def unreachable():
+        raise RuntimeError("Default process group has not been initialized")
+
+    opened = []
+    monkeypatch.setattr(dist.distributed_c10d, "_get_default_store", unreachable)
+    monkeypatch.setattr(dist, "all_gather_object", lambda *a, **k: pytest.fail("gathered over every process"))
+    monkeypatch.setattr(backend_mod, "_torch", lambda: SimpleNamespace(cuda=SimpleNamespace(device=nullcontext)))
+    monkeypatch.setattr(multicast, "CudaMulticast", lambda: None)
+    monkeypatch.setattr(multicast, "open_group_buffer",
+                        lambda member, members, index, nbytes, *, gather, **kw: opened.append(gather(0, member)))
+    with pytest.raises(UsageError, match=r"member 1 of the switch group at 'job/group1/0'.* 2 members exchange "
+                                         r"through torch.distributed's key-value store, which cannot be reached"):
+        backend_mod.CudaBackend().open_group(3, 1, 2, MIB, prefix="job/group1/0", timeout_s=1.0)
+    assert opened == []

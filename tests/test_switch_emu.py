@@ -44,7 +44,7 @@ def libs(tmp_path_factory):
 
     def get(dtype, op):
         if (dtype, op) not in built:
-            built[dtype, op] = load_probe_host(dtype, op, prescaled=True, cache=cache)
+            built[dtype, op] = load_probe_host(dtype, op, cache=cache)
         return built[dtype, op]
     return get
 

@@ -3,11 +3,12 @@ the real kernels (swred/swst/swrs through templates/multimem.cuh.j2 on the
 members' copies, group barriers on per-(group, channel) counters) and the
 real Communicator (group memory in the arenas, the callers' buffers staged in
 and out); every result bit-exact against msc.executor on random inputs
-(never zero). The default run takes a case per (dtype, op) the switch reduces;
+(never zero), avg included (the switch's sum, then a second launch divides each
+output chunk as the executor does). The default run takes a case per (dtype, op) the switch reduces;
 tests/test_cuda_emu.py's slow sweep takes the cross product.
 
-Also here: what is refused before anything launches (an op or dtype the
-switch cannot reduce, half types on odd chunks, a rank in two groups, a GPU
+Also here: a rank in two switch groups; what is refused before anything launches (an op or
+dtype the switch cannot reduce, half types on odd chunks, a GPU
 placement other than torchrun, a GPU without multicast), and the GPU path's
 orchestration with the driver and multicast faked (cudaboot).
 """
@@ -31,8 +32,8 @@ from msc.lower.pipeline import LowerOptions, lower
 # The library's switch algorithms and the rank counts they run at here (nvls_tree: nodes of 2 GPUs).
 SWITCH_KEYS = {"allreduce/nvls:nvls": (2, 3, 5), "allreduce/nvls_tree:nvls_tree": (4, 8)}
 TREE_NODE = {"gpus_per_node": 2}
-# What the switch reduces; avg only with inputs pre-scaled by every member, which the kernels do not do: refused.
-SWITCH_PAIRS = [(d, o) for d, o in supported_pairs() if not REDUCE_OPS[o].average]
+# What the switch reduces (avg: the switch's sum, then the runtime's division pass).
+SWITCH_PAIRS = supported_pairs()
 
 
 @lru_cache(maxsize=None)
@@ -72,7 +73,8 @@ def cache(tmp_path_factory):
 
 def test_the_cases_cover_every_pair_the_switch_reduces():
     assert {(d, o) for *_, d, o in DEFAULT} == set(SWITCH_PAIRS)
-    assert len(SWITCH_PAIRS) == 11 and ("int32", "min") in SWITCH_PAIRS and ("float64", "sum") in SWITCH_PAIRS
+    assert len(SWITCH_PAIRS) == 15 and ("int32", "min") in SWITCH_PAIRS and ("float64", "sum") in SWITCH_PAIRS
+    assert {d for d, o in SWITCH_PAIRS if REDUCE_OPS[o].average} == {"float32", "float64", "float16", "bfloat16"}
 
 
 @pytest.mark.parametrize("key, n, inplace, instances, form, dtype, op", DEFAULT)
@@ -97,7 +99,7 @@ def test_calls_back_to_back_on_several_devices_and_growing_buffers(cache):
     assert comm._generation >= 2
     from msc.cuda.tables import resolve
 
-    at = comm._groups[0].buffers                   # each rank's staged buffers: in its own arena's group memory
+    at = comm._groups.buffers                   # each rank's staged buffers: in its own arena's group memory
     assert [resolve(comm._group_memory(r).local + at, comm._arenas, comm._bases) for r in range(4)] == \
         [(r, "group", at) for r in range(4)]
     comm.close()
@@ -108,7 +110,7 @@ def test_calls_back_to_back_on_several_devices_and_growing_buffers(cache):
     ("float32", "prod", "cannot reduce float32 with prod \\(multimem.ld_reduce does sum on float32\\)"),
     ("float32", "max", "cannot reduce float32 with max"),
     ("int32", "avg", "avg on the msc CUDA runtime needs a floating type"),
-    ("bfloat16", "avg", "the NVLink switch cannot average: avg needs every member's copy pre-scaled by 1/n"),
+    ("bfloat16", "prod", "cannot reduce bfloat16 with prod"),
     ("float16", "prod", "cannot reduce float16 with prod"),
 ])
 def test_ops_the_switch_cannot_do_are_refused_with_the_tables_message(dtype, op, message, cache):
@@ -132,19 +134,106 @@ def test_half_types_on_odd_chunks_are_refused(cache):
     comm.close()
 
 
-def test_a_rank_in_two_switch_groups_is_refused():
+# A rank in two switch groups: pairs {0,1} and {2,3} sum their halves in the switch, then the cross
+# pairs {0,2} and {1,3} sum the pairs' sums. Each threadblock: a first barrier, its op, a barrier at
+# every tile (the cross pair's threadblock waits for it, so a member's second op follows its first
+# group's writes tile by tile), a last barrier. Written as plan text: msc's lowering orders switch
+# ops of one group, not across groups (an ordering through another group's barrier).
+TWO_GROUPS = {0: ((0, 1), "input[0] -> output[0]", (0, 2), "output[0] -> output[0]"),
+              1: ((0, 1), "input[1] -> output[1]", (1, 3), "output[0] -> output[0]"),
+              2: ((2, 3), "input[0] -> output[0]", (0, 2), "output[1] -> output[1]"),
+              3: ((2, 3), "input[1] -> output[1]", (1, 3), "output[1] -> output[1]")}
+
+
+def two_groups_plan(*, ordered: bool = True):
+    from msc.formats.plan_text import parse_plan
+
+    lines = ['msc-plan 1', 'name "two_groups" collective allreduce ranks 4 chunk_factor 2',
+             'input_chunks 2 output_chunks 2 inplace false root 0', 'protocol Simple instances 1 slots 1 tile 0', '']
+    for r, (first, op1, second, op2) in TWO_GROUPS.items():
+        lines += [f"rank {r} scratch 0", f"  tb 0 send - recv - channel 0 group {','.join(map(str, first))}",
+                  "    0: barrier", f"    1: swrs {op1}", "    2: barrier", "    3: barrier",
+                  f"  tb 1 send - recv - channel 0 group {','.join(map(str, second))}",
+                  "    0: barrier", "    1: barrier" + (" after 0.2" if ordered else ""), f"    2: swrs {op2}",
+                  "    3: barrier", ""]
+    return parse_plan("\n".join(lines))
+
+
+def test_the_two_group_plan_verifies_and_races_without_its_cross_group_order():
+    from msc.errors import RaceError
+    from msc.verification.plan import check_races, verify_plan
+
+    assert verify_plan(two_groups_plan()).results_checked
+    check_races(two_groups_plan())
+    with pytest.raises(RaceError, match="race on rank"):
+        check_races(two_groups_plan(ordered=False))
+
+
+@pytest.mark.parametrize("placement, form", [("virtual", "straight"), ("devices", "table")])
+def test_a_rank_in_two_switch_groups_matches_the_reference_executor(placement, form, cache):
+    """Every rank is in two groups: one group memory per rank that both its groups reach, a
+    barrier counter per (group, channel); bit-exact against msc.executor, counts of one and of
+    several tiles per chunk, sum and avg."""
     from msc.cuda.codegen import kernel_layout
-    from msc.ir import Plan, RankPlan, Slice, Step, StepOp, Threadblock
 
-    def tb(i, group):
-        return Threadblock(i, None, None, i, (Step(StepOp.SWRED, (Slice("input", 0, 1),), Slice("output", 0, 1), 1),),
-                           group)
+    plan = two_groups_plan()
+    layout = kernel_layout(plan, form)
+    assert layout.groups == ((0, 1), (0, 2), (1, 3), (2, 3)) and layout.groups_of(0) == (0, 1)
+    assert len(layout.group_counters()) == 4
+    devices = [0, 1, 2, 3] if placement == "devices" else None
+    comm = Communicator(plan, placement, devices, device="emu", form=form, cache=cache, timeout_s=60)
+    for i, count in enumerate((1, 3, 1001, 300_002)):              # 300002: two tiles a chunk
+        check_run(comm, count, "float32", "sum", seed=50 + i)
+    for i, count in enumerate((4, 1004, 300_004)):                 # half types: even chunks
+        check_run(comm, count, "bfloat16", "avg", seed=60 + i)
+    at = comm._groups.buffers
+    counters = {comm._groups.counter(g, 0) for g in range(4)}
+    assert len(counters) == 4 and max(counters) < at              # four counters, then the buffers
+    comm.close()
 
-    ranks = (RankPlan(0, 0, (tb(0, (0, 1)), tb(1, (0, 2)))), RankPlan(1, 0, (tb(0, (0, 1)),)),
-             RankPlan(2, 0, (tb(0, (0, 2)),)))
-    plan = Plan("two", "allreduce", 3, 1, False, 1, 1, ranks)
-    with pytest.raises(UsageError, match="rank 0 belongs to switch groups 0,1 and 0,2"):
-        kernel_layout(plan, "table")
+
+def test_switch_table_points_each_group_at_its_own_multicast_object_and_counter():
+    """A GPU member of two groups: both its threadblocks' entries use the one memory, each its
+    group's multicast address and its (group, channel) counter."""
+    import ctypes
+
+    from msc.cuda.codegen import kernel_layout
+    from msc.cuda.groups import MemberMemory, MscSwitchC, group_layout, switch_table
+
+    layout = kernel_layout(two_groups_plan(), "table")
+    groups = group_layout(layout, 4096)
+    mine = MemberMemory(1 << 40, (5 << 40, 6 << 40, 0, 0))          # rank 0: in groups 0 and 1 only
+    raw = switch_table(layout, [mine, None, None, None], groups, 1 << 44)
+    size = ctypes.sizeof(MscSwitchC)
+    entries = [MscSwitchC.from_buffer_copy(raw[g * size:(g + 1) * size]) for g in range(len(layout.blocks))]
+    first, count = layout.rank_blocks[0]
+    got = [(e.mem.mc, e.flag.mc, e.mine, e.mem.n) for e in entries[first:first + count]]
+    assert got == [(5 << 40, (5 << 40) + groups.counter(0, 0), (1 << 40) + groups.counter(0, 0), 2),
+                   (6 << 40, (6 << 40) + groups.counter(1, 0), (1 << 40) + groups.counter(1, 0), 2)]
+    assert all(not e.mem.mc and not e.mine for e in entries[count:])   # other ranks: not run here
+
+
+def test_avg_divides_what_the_executor_divides_in_a_second_launch():
+    """A switch plan's avg: no input pre-scaled (the switch reads members' memory as it is), the
+    kernel run as a sum, then a division pass over exactly the executor's averaged chunks."""
+    from msc.cuda.codegen import average_table, plan_tables, prescales, render
+    from msc.executor import Executor
+
+    plan = switch_plan("allreduce/nvls:nvls", 4, False)
+    assert not prescales(plan, "avg") and prescales(lower(msc.trace(algorithms()["allreduce/ring:ring"], 4),
+                                                          LowerOptions()), "avg")
+    assert plan_tables(plan, op="avg") == plan_tables(plan, op="sum")          # no fresh flags set
+    table = average_table(plan)
+    head, entries = table[:12], table[12:]
+    averaged = Executor(plan).averaged
+    assert len(averaged) == 4 * 4 and {m for *_, m in averaged} == {4}
+    for rank in range(4):
+        first, end, tbs = head[3 * rank:3 * rank + 3]
+        assert tbs == len(plan.ranks[rank].threadblocks)
+        assert [tuple(entries[3 * e:3 * e + 3]) for e in range(first, end)] == \
+            [(1, index, m) for r, buf, index, m in averaged if r == rank and buf == "output"]
+    source = render(plan, dtype="bfloat16", op="avg", form="straight")[0]
+    assert "divide_outputs(a, g)" in source and "divide_outputs" not in render(plan, op="sum", form="straight")[0]
 
 
 def test_kernels_without_switch_ops_include_none_of_it():
@@ -207,7 +296,7 @@ def test_gpu_placements_other_than_torchrun_and_gpus_without_multicast_are_refus
 
 # -- static gate: the whole kernel through NVRTC and ptxas for sm_90 (no GPU) -----------------------
 @pytest.mark.parametrize("form, dtype, op", [("straight", "float32", "sum"), ("table", "bfloat16", "max"),
-                                             ("table", "int32", "min")])
+                                             ("table", "int32", "min"), ("straight", "float16", "avg")])
 def test_switch_kernels_compile_for_sm90_with_multimem_and_no_spills(form, dtype, op, tmp_path):
     """The Communicator's kernel of nvls (runtime_plan) for sm_90: ptxas accepts it, its PTX holds
     the (dtype, op)'s multimem forms (tests/test_switch_static.py's table) and the barrier's release

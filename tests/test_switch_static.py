@@ -42,7 +42,7 @@ def expected_forms(dtype: str, op: str) -> tuple[set[str], set[str]]:
 
 @pytest.mark.parametrize("dtype,op", supported_pairs())
 def test_probe_ptx_holds_the_multimem_forms(dtype, op):
-    ptx, cubin, log = nvrtc_ptx(render_probe(dtype, op, prescaled=True))
+    ptx, cubin, log = nvrtc_ptx(render_probe(dtype, op))
     loads = set(re.findall(r"multimem\.ld_reduce\S*", ptx))
     stores = set(re.findall(r"multimem\.st\S*", ptx))
     want_loads, want_stores = expected_forms(dtype, op)
@@ -62,13 +62,13 @@ def test_every_pair_is_in_the_table_or_refused():
     supported = set(supported_pairs())
     for dtype in DTYPES:
         for op in REDUCE_OP_NAMES:
-            problem = switch_op_problem(op, dtype, prescaled=True)
+            problem = switch_op_problem(op, dtype)
             if (dtype, op) in supported:
                 assert problem is None
-                switch_form(dtype, op, prescaled=True)
+                switch_form(dtype, op)
             else:
                 with pytest.raises(UsageError) as err:
-                    render_probe(dtype, op, prescaled=True)
+                    render_probe(dtype, op)
                 assert str(err.value) == problem
 
 
@@ -81,15 +81,16 @@ def test_every_pair_is_in_the_table_or_refused():
 ])
 def test_unsupported_pairs_raise_a_clear_error(dtype, op, words):
     with pytest.raises(UsageError) as err:
-        render_probe(dtype, op, prescaled=True)
+        render_probe(dtype, op)
     for w in words:
         assert w in str(err.value)
 
 
-def test_avg_needs_prescaled_inputs():
-    with pytest.raises(UsageError, match="cannot average.*pre-scaled by 1/n"):
-        switch_form("float32", "avg")
-    assert switch_form("float32", "avg", prescaled=True).ptx_op == "add"
+def test_avg_is_the_switch_sum_on_float_types_only():
+    """The switch cannot average: avg renders its sum (the runtime divides afterwards), on float types."""
+    assert {switch_form(d, "avg").ptx_op for d in ("float32", "float64", "float16", "bfloat16")} == {"add"}
+    with pytest.raises(UsageError, match="avg through the NVLink switch needs a floating type.*not int32"):
+        switch_form("int32", "avg")
 
 
 def test_half_slices_must_be_whole_pairs():

@@ -113,17 +113,20 @@ class CudaBackend:
         for d in devices:
             check_multicast(driver, d)
 
-    def open_group(self, index: int, member: int, members: int, nbytes: int, *, prefix: str, timeout_s: float):
+    def open_group(self, index: int, member: int, members: int, nbytes: int, *, prefix: str, timeout_s: float,
+                   memory=None):
         """This member's group memory on GPU ``index``: a multicast-bound buffer of at least
         ``nbytes`` (msc.cuda.multicast.open_group_buffer, met through the job's store under
-        ``prefix``): a GroupBuffer (.local, .mc, .close())."""
+        ``prefix``): a GroupBuffer (.local, .mc, .close()). ``memory``: this member's buffer of
+        another group, whose allocation this group binds too (a rank in several groups)."""
         from msc.cuda.bootstrap import store_gather
         from msc.cuda.multicast import CudaMulticast, open_group_buffer
 
-        gather = store_gather(prefix, member, members, timeout_s)
+        gather = store_gather(prefix, member, members, timeout_s,
+                              subset=f"member {member} of the switch group at {prefix!r}")
         with _torch().cuda.device(index):
             return open_group_buffer(member, members, index, nbytes, gather=gather, driver=CudaMulticast(),
-                                     host=self.host_id(), tag="switch", timeout_s=timeout_s)
+                                     host=self.host_id(), tag="switch", timeout_s=timeout_s, memory=memory)
 
     def describe_device(self, index: int) -> str:
         return f"GPU {index}"

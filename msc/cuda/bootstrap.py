@@ -57,16 +57,23 @@ def torch_gather(group=None):
     return gather
 
 
-def store_gather(prefix: str, rank: int, n: int, timeout_s: float, group=None):
+def store_gather(prefix: str, rank: int, n: int, timeout_s: float, group=None, *, subset: str = ""):
     """``gather(tag, obj)`` through the default process group's store: each
     rank sets ``prefix/tag/rank`` and waits at most ``timeout_s`` for the
-    others' keys. Falls back to ``torch_gather`` where the store cannot be
-    reached."""
+    others' keys. Falls back to ``torch_gather`` (over ``group``) where the store
+    cannot be reached, except for a ``subset``: ``rank`` and ``n`` number the
+    members of a subset of the processes that ``subset`` describes (a switch
+    group), which only the store can gather (a collective would need every
+    process of the job): a UsageError there."""
     import torch.distributed as dist
 
     try:
         store = dist.distributed_c10d._get_default_store()
-    except Exception:          # a private helper of torch.distributed: without it, gather without a deadline
+    except Exception as exc:   # a private helper of torch.distributed: without it, gather without a deadline
+        if subset:
+            raise UsageError(f"{subset}: its {n} members exchange through torch.distributed's key-value store, "
+                             f"which cannot be reached here ({type(exc).__name__}: {exc}); a gather over every "
+                             f"process would mix other groups' members in") from None
         return torch_gather(group)
     ranks = list(range(n)) if group is None else dist.get_process_group_ranks(group)
 
@@ -77,9 +84,10 @@ def store_gather(prefix: str, rank: int, n: int, timeout_s: float, group=None):
             store.wait(keys, timedelta(seconds=timeout_s))
         except Exception:
             missing = [r for r, k in enumerate(keys) if not store.check([k])]
+            who = (f"members of {subset}" if subset else
+                   "process group ranks " + ", ".join(str(ranks[r]) for r in missing))
             raise UsageError(f"rank {rank} waited {timeout_s:g} s at '{tag}' of the msc CUDA runtime's bootstrap for "
-                             f"rank(s) {', '.join(map(str, missing))} (process group ranks "
-                             f"{', '.join(str(ranks[r]) for r in missing)}), which never came: every rank must make "
+                             f"rank(s) {', '.join(map(str, missing))} ({who}), which never came: every rank must make "
                              f"the same calls (the same element count and dtype), and a rank that grows its buffers "
                              f"waits for the others to grow theirs") from None
         return [pickle.loads(store.get(k)) for k in keys]

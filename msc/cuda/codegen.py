@@ -107,10 +107,13 @@ class KernelLayout:
         """The channels of group ``g``'s threadblocks: a barrier counter each, in this order."""
         return tuple(sorted({c for gi, c in self.switch_tbs if gi == g}))
 
-    def group_of(self, rank: int) -> int:
-        """The index of the switch group ``rank`` belongs to, -1 for none (kernel_layout
-        refuses a rank in two)."""
-        return next((g for g, members in enumerate(self.groups) if rank in members), -1)
+    def groups_of(self, rank: int) -> tuple[int, ...]:
+        """The indices of the switch groups ``rank`` belongs to (it may be in several), in order."""
+        return tuple(g for g, members in enumerate(self.groups) if rank in members)
+
+    def group_counters(self) -> tuple[tuple[int, int], ...]:
+        """Every (group, channel) with a barrier counter, in order: where each lies in group memory."""
+        return tuple((g, c) for g in range(len(self.groups)) for c in self.group_channels(g))
 
 
 def _check_kind(dtype: str, op: str) -> DType:
@@ -159,8 +162,8 @@ def kernel_layout(plan: Plan, form: str) -> KernelLayout:
 
 def _switch_groups(plan: Plan, blocks) -> tuple[tuple, tuple]:
     """The plan's switch groups and, per global threadblock, (its group's index, its channel)
-    ((-1, -1): none); ((), ()) for a plan without switch ops. A rank's input and output are
-    bound to one group's memory, so a rank in two groups is refused (not yet supported)."""
+    ((-1, -1): none); ((), ()) for a plan without switch ops. A rank may be in several groups:
+    its buffers lie in one group memory that each of its groups reaches (msc.cuda.groups)."""
     if plan.first_switch_step() is None:
         return (), ()
     groups: list[tuple[int, ...]] = []
@@ -173,12 +176,6 @@ def _switch_groups(plan: Plan, blocks) -> tuple[tuple, tuple]:
         if tb.group not in groups:
             groups.append(tb.group)
         rows.append((groups.index(tb.group), tb.channel))
-    for rank in range(plan.num_ranks):
-        mine = [g for g in groups if rank in g]
-        if len(mine) > 1:
-            raise UsageError(f"plan {plan.name!r}: rank {rank} belongs to switch groups "
-                             f"{' and '.join(','.join(map(str, g)) for g in mine[:2])}; the msc CUDA runtime binds "
-                             f"a rank's buffers to one group's memory (a rank in several groups is not supported yet)")
     return tuple(groups), tuple(rows)
 
 
@@ -341,15 +338,40 @@ def _barrier_kinds(tb) -> dict[int, int]:
 
 def plan_tables(plan: Plan, *, op: str = "sum", collective=None, allow_deadlock: bool = False) -> PlanTables:
     """The tables the table-form kernel runs ``plan`` from, for reductions with ``op``
-    (only whether it averages matters)."""
+    (only whether it pre-scales matters: ``prescales``)."""
     facts = plan_facts(plan, collective=collective, allow_deadlock=allow_deadlock)
-    return _encode(plan, kernel_layout(plan, "table"), facts, REDUCE_OPS[op].average)[1]
+    return _encode(plan, kernel_layout(plan, "table"), facts, prescales(plan, op))[1]
+
+
+def prescales(plan: Plan, op: str) -> bool:
+    """Whether the kernel averages by scaling inputs by 1/n where first read (NCCL's PreMulSum):
+    for an averaging ``op``, unless the plan has switch ops. The switch reads the members' memory
+    as it is and only sums, so a switch plan's average is its sum, then a second launch divides
+    every output chunk by its contributions (``average_table``; the executor's definition)."""
+    return REDUCE_OPS[op].average and plan.first_switch_step() is None
+
+
+def average_table(plan: Plan, collective=None) -> tuple[int, ...]:
+    """What a switch plan's division pass (templates/switch_average.cuh.j2) reads, as int32:
+    per rank (first entry, end of its entries, its threadblocks), then an entry (buffer id,
+    chunk, m) per output chunk of m >= 2 contributions: msc.executor's divisors, so the pass
+    divides exactly what the reference divides."""
+    from msc.executor import Executor
+
+    averaged = Executor(plan, collective=collective).averaged
+    head, entries = [], []
+    for rank, rp in enumerate(plan.ranks):
+        mine = [(BUF_IDS[buf], index, m) for r, buf, index, m in averaged if r == rank]
+        head += [len(entries) // 3, len(entries) // 3 + len(mine), len(rp.threadblocks)]
+        entries += [x for entry in mine for x in entry]
+    return tuple(head + entries)
 
 
 def _kernel_context(protocol: str, dtype: DType, op: str, form: str, max_srcs: int, switch: bool = False) -> dict:
     """What every kernel's text needs, whatever the form. ``switch``: the kernel runs switch
-    ops (NVLS): it includes templates/multimem.cuh.j2 for (dtype, op); kernels without them
-    render as they did before switch ops existed."""
+    ops (NVLS): it includes templates/multimem.cuh.j2 for (dtype, op), and for an average the
+    division pass (``divides``: templates/switch_average.cuh.j2); kernels without them render
+    as they did before switch ops existed."""
     from msc.cuda.switch import switch_form
 
     step_ops, op_masks = step_op_table()
@@ -357,6 +379,7 @@ def _kernel_context(protocol: str, dtype: DType, op: str, form: str, max_srcs: i
                 form=form, nthreads=NTHREADS[protocol], min_blocks=MIN_BLOCKS[protocol],
                 counter_words=COUNTER_STRIDE // 8, step_ops=step_ops, op_masks=op_masks, max_srcs=max_srcs,
                 switch=switch_form(dtype.name, op) if switch else None,
+                divides=switch and REDUCE_OPS[op].average,
                 barrier_first=BARRIER_FIRST, barrier_last=BARRIER_LAST)
 
 
@@ -427,7 +450,7 @@ def render(plan: Plan, *, dtype: str = "float32", op: str = "sum", form: str | N
         return render_table_kernel(plan.protocol, dtype=dtype, op=op, max_srcs=table_width(plan),
                                    switch=layout.switch), layout
     facts = plan_facts(plan, collective=collective, allow_deadlock=allow_deadlock)
-    tbs, _ = _encode(plan, layout, facts, REDUCE_OPS[op].average)
+    tbs, _ = _encode(plan, layout, facts, prescales(plan, op))
     context = _kernel_context(plan.protocol, dt, op, form, _widest_step(plan), layout.switch)
     context.update(plan=plan, tbs=tbs)
     return environment().get_template("kernel.cu.j2").render(**context), layout

@@ -29,8 +29,8 @@ from functools import lru_cache
 from pathlib import Path
 
 from msc.cuda import kcache
-from msc.cuda.codegen import (KernelLayout, PlanTables, check_kernel, choose_form, kernel_layout, plan_tables, render,
-                              table_width)
+from msc.cuda.codegen import (KernelLayout, PlanTables, check_kernel, choose_form, kernel_layout, plan_tables,
+                              prescales, render, table_width)
 from msc.errors import CompileError, UsageError
 from msc.ir import Plan
 from msc.resources import cache_dir, data_dir
@@ -194,10 +194,11 @@ def tables(plan: Plan, *, op: str = "sum", collective=None, cache: Path | None =
            allow_deadlock: bool = False) -> PlanTables:
     """The plan's tables for the table-form kernel (computed, or read from the
     cache): what a new plan needs instead of a compile. ``op``: only whether it
-    averages matters. ``allow_deadlock`` as in ``rendered``."""
+    pre-scales inputs matters (msc.cuda.codegen.prescales). ``allow_deadlock`` as in ``rendered``."""
     from msc.ir.ops import reduce_op
 
-    average = reduce_op(op).average
+    reduce_op(op)
+    average = prescales(plan, op)
     root = cache or cache_dir()
     name = f"kernels/tables-{tables_key(plan, average=average, collective=collective)}/tables.i32"
     raw = kcache.read(root, name)

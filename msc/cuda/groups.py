@@ -3,13 +3,19 @@ buffers the switch reaches lives, and the MscSwitch table a switch plan's
 kernel reads (templates/steps.cuh.j2). Pure Python, no GPU.
 
 A member of a switch group runs its call on *group memory* laid out by
-``group_layout``:
+``group_layout``, the same on every rank:
 
-    counters   a u64 barrier counter per channel of the group's threadblocks
-               (the group barrier's, every member's copy written by every member),
-               each on a cache line of its own
+    counters   a u64 barrier counter per (group, channel) of the plan's switch
+               threadblocks (the group barrier's, every member's copy written by
+               every member), each on a cache line of its own
     buffers    the rank's input and output, as the call lays them out (in place:
                one span holding both, at the user's offsets)
+
+A rank in several groups (e.g. groups {0,1} and {2,3}, then {0,2} and {1,3}) has
+one group memory that each of its groups reaches, so every group's switch reads
+and writes the same copy of its buffers, and each group barriers on counters of
+its own. On a GPU that is one multicast object per group, the rank's one
+allocation bound to each (msc.cuda.multicast, ``memory=``).
 
 The switch reaches only memory that was bound to the group (on a GPU a
 multicast object: msc.cuda.multicast), never the caller's tensors, so the
@@ -68,27 +74,27 @@ def span_of(inp: int, in_bytes: int, out: int, out_bytes: int, inplace: bool) ->
 
 @dataclass(frozen=True)
 class GroupLayout:
-    """Byte offsets in one member's group memory (see the module doc)."""
+    """Byte offsets in a member's group memory, the same on every rank (see the module doc)."""
 
-    channels: tuple[int, ...]     # a counter per channel, in this order
-    buffers: int                  # where the span of the input and output starts
+    counters: tuple[tuple[int, int], ...]     # a counter per (group, channel), in this order
+    buffers: int                              # where the span of the input and output starts
     size: int
 
-    def counter(self, channel: int) -> int:
-        return self.channels.index(channel) * COUNTER_STRIDE
+    def counter(self, group: int, channel: int) -> int:
+        return self.counters.index((group, channel)) * COUNTER_STRIDE
 
 
-def group_layout(layout: KernelLayout, group: int, span_bytes: int) -> GroupLayout:
-    """Group ``group``'s memory. The buffers start at the same offset in every group's (after
-    the counters of the group with the most channels): one offset in MscArgs serves all."""
-    most = max(len(layout.group_channels(g)) for g in range(len(layout.groups)))
-    buffers = _up(COUNTER_STRIDE * most)
-    return GroupLayout(layout.group_channels(group), buffers, _up(buffers + span_bytes))
+def group_layout(layout: KernelLayout, span_bytes: int) -> GroupLayout:
+    """Every member's group memory: the counters of every (group, channel), then the buffers,
+    at one offset on every rank (one offset in MscArgs serves all)."""
+    counters = layout.group_counters()
+    buffers = _up(COUNTER_STRIDE * len(counters))
+    return GroupLayout(counters, buffers, _up(buffers + span_bytes))
 
 
 def group_bytes(layout: KernelLayout, span_bytes: int) -> int:
-    """Bytes of the largest member's group memory for a call of ``span_bytes`` (0: no switch ops)."""
-    return max((group_layout(layout, g, span_bytes).size for g in range(len(layout.groups))), default=0)
+    """Bytes of a member's group memory for a call of ``span_bytes`` (0: no switch ops)."""
+    return group_layout(layout, span_bytes).size if layout.switch else 0
 
 
 def check_units(layout: KernelLayout, dtype: str, count: int, chunk: int) -> None:
@@ -105,20 +111,23 @@ def check_units(layout: KernelLayout, dtype: str, count: int, chunk: int) -> Non
 @dataclass(frozen=True)
 class MemberMemory:
     """Where one member's group memory is, as this process addresses it: ``local`` its own
-    copy (0: not mapped here), ``mc`` the group's multicast address (a GPU; 0 on the emulated
-    device)."""
+    copy (0: not mapped here), ``mc`` per group index the group's multicast address (a GPU;
+    empty on the emulated device, 0 for a group the rank is not in)."""
 
     local: int
-    mc: int = 0
+    mc: tuple[int, ...] = ()
+
+    def mc_of(self, group: int) -> int:
+        return self.mc[group] if group < len(self.mc) else 0
 
 
-def switch_table(layout: KernelLayout, memory: list[MemberMemory | None], groups: list[GroupLayout],
+def switch_table(layout: KernelLayout, memory: list[MemberMemory | None], groups: GroupLayout,
                  base: int) -> bytes:
     """The MscSwitch table at device address ``base``: an entry per global threadblock (zeros
     for those without switch ops or run elsewhere), then the address arrays the entries point to
     (the emulated device: each member's group memory and barrier counter; a GPU uses the
     multicast address instead). ``memory[r]``: rank r's group memory as this process sees it
-    (None: not mapped here); ``groups[g]``: group g's layout. It depends on neither the call's
+    (None: not mapped here); ``groups``: the group memory's layout. It depends on neither the call's
     count nor its buffers: written once per allocation."""
     entries = (MscSwitchC * max(len(layout.blocks), 1))()
     arrays: list[int] = []
@@ -126,10 +135,11 @@ def switch_table(layout: KernelLayout, memory: list[MemberMemory | None], groups
     for gid, ((rank, _), (g, channel)) in enumerate(zip(layout.blocks, layout.switch_tbs)):
         if g < 0 or memory[rank] is None:
             continue
-        members, mine, counter = layout.groups[g], memory[rank], groups[g].counter(channel)
-        if mine.mc:
-            entries[gid] = MscSwitchC(SwitchMemC(mine.mc, 0, len(members)),
-                                      SwitchMemC(mine.mc + counter, 0, len(members)), mine.local + counter)
+        members, mine, counter = layout.groups[g], memory[rank], groups.counter(g, channel)
+        mc = mine.mc_of(g)
+        if mc:
+            entries[gid] = MscSwitchC(SwitchMemC(mc, 0, len(members)), SwitchMemC(mc + counter, 0, len(members)),
+                                      mine.local + counter)
             continue
         missing = [m for m in members if memory[m] is None]
         if missing:
@@ -150,7 +160,6 @@ def switch_table_bytes(layout: KernelLayout) -> int:
     return ctypes.sizeof(MscSwitchC) * max(len(layout.blocks), 1) + arrays
 
 
-def staged_offsets(layout: KernelLayout, rank: int, span: Span, groups: list[GroupLayout]) -> tuple[int, int]:
-    """Byte offsets of ``rank``'s input and output copies in its group memory."""
-    at = groups[layout.group_of(rank)].buffers
-    return at + span.input, at + span.output
+def staged_offsets(span: Span, groups: GroupLayout) -> tuple[int, int]:
+    """Byte offsets of a rank's input and output copies in its group memory."""
+    return groups.buffers + span.input, groups.buffers + span.output

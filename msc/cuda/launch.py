@@ -124,7 +124,8 @@ class MscArgsHeader(ctypes.Structure):
 
 
 # A switch plan's MscArgs ends with a pointer to its MscSwitch table (templates/steps.cuh.j2).
-_SWITCH_FIELDS = [("switches", ctypes.c_void_p), ("switch_input", ctypes.c_int64), ("switch_output", ctypes.c_int64)]
+_SWITCH_FIELDS = [("switches", ctypes.c_void_p), ("switch_input", ctypes.c_int64), ("switch_output", ctypes.c_int64),
+                  ("averages", ctypes.c_void_p), ("divide", ctypes.c_int32)]
 
 
 def args_struct(num_ranks: int, num_connections: int, switch: bool = False) -> type[ctypes.Structure]:
@@ -141,7 +142,8 @@ def args_header_size(switch: bool) -> int:
 
 def pack_args(layout: KernelLayout, params: LaunchParams, *, ranks: list[dict], connections: list[dict],
               error: int, slot_room: int, first_block: int = 0, timeout_ns: int = 300 * 10 ** 9,
-              tables: tuple[int, int] = (0, 0), local: bool = False, switches: tuple[int, int, int] = (0, 0, 0)) -> bytes:
+              tables: tuple[int, int] = (0, 0), local: bool = False, switches: tuple[int, int, int] = (0, 0, 0),
+              divide: int = 0) -> bytes:
     """MscArgs and its arrays as bytes to copy to the device. ``ranks[r]``:
     pointers input, output, scratch, progress (0 for a rank this process does
     not run); ``connections[c]``: pointers slots, tail, head, in
@@ -152,7 +154,9 @@ def pack_args(layout: KernelLayout, params: LaunchParams, *, ranks: list[dict], 
     ``local``: every peer of the launch's blocks is on its GPU (the virtual
     placement), so connection counters and LL packets need only .gpu scope;
     ``switches``: a switch plan's MscSwitch table (msc.cuda.groups) and the element offsets of
-    the input and output in group memory, required there."""
+    the input and output in group memory, required there; ``divide``: a switch plan's average,
+    the device pointer of its division table (msc.cuda.codegen.average_table): this launch is the
+    division pass (templates/switch_average.cuh.j2)."""
     if len(ranks) != layout.num_ranks or len(connections) != len(layout.connections):
         raise UsageError(f"pointer tables for {len(ranks)} ranks and {len(connections)} connections; the kernel "
                          f"has {layout.num_ranks} and {len(layout.connections)}")
@@ -162,7 +166,10 @@ def pack_args(layout: KernelLayout, params: LaunchParams, *, ranks: list[dict], 
     if layout.switch and not switches[0]:
         raise UsageError("a launch of a plan with switch ops needs its group memory table (switches=...)")
     cls = args_struct(layout.num_ranks, len(layout.connections), layout.switch)
-    extra = dict(zip(("switches", "switch_input", "switch_output"), switches)) if layout.switch else {}
+    if divide and not layout.switch:
+        raise UsageError("only a plan with switch ops has a division pass (divide=...)")
+    extra = dict(zip(("switches", "switch_input", "switch_output"), switches), averages=divide,
+                 divide=int(bool(divide))) if layout.switch else {}
     args = cls(**extra, count=params.count, chunk=params.chunk, tile=params.tile, iterations=params.iterations,
                timeout=timeout_ns, scratch_stride=params.scratch_stride, slot_room=slot_room,
                inv_n=1.0 / layout.num_ranks, first_block=first_block, error=error,

@@ -24,6 +24,11 @@ What each member process does (``open_group_buffer``), as NCCL does it
    (cuMemAddressReserve, cuMemMap, cuMemSetAccess) and all agree that every
    member is mapped before any kernel may use the buffer.
 
+A rank in several switch groups (``memory=``): one multicast object per
+group, and the rank's one physical allocation (its first group's) bound to
+each of them, so that every group's switch reads and writes the same copy;
+only the first group's buffer creates, maps and releases that memory.
+
 Every step's result is agreed through the gather (each member publishes its
 problem or None), so a failure on one member is raised on all of them, each
 naming the member that failed, instead of leaving the others waiting. What
@@ -130,7 +135,8 @@ def rounded_size(nbytes: int, minimum: int, recommended: int, allocation: int) -
 @dataclass
 class GroupBuffer:
     """One member's view of a multicast buffer: ``mc`` the multicast address
-    (multimem.* only), ``local`` its own copy (unicast), ``size`` bytes."""
+    (multimem.* only), ``local`` its own copy (unicast), ``size`` bytes, ``mem`` the
+    physical allocation bound (owned by the buffer that created it)."""
 
     member: int
     members: int
@@ -138,6 +144,7 @@ class GroupBuffer:
     size: int = 0
     mc: int = 0
     local: int = 0
+    mem: object = None
     undo: list[tuple[str, Callable[[], None]]] = field(default_factory=list, repr=False)
 
     def close(self) -> None:
@@ -164,12 +171,15 @@ class Joined:
 
 
 def open_group_buffer(member: int, members: int, device: int, nbytes: int, *, gather, driver: MulticastDriver,
-                      host: str = "", tag: str = "switch", timeout_s: float = 60.0, fds=None) -> GroupBuffer:
+                      host: str = "", tag: str = "switch", timeout_s: float = 60.0, fds=None,
+                      memory: GroupBuffer | None = None) -> GroupBuffer:
     """This member's GroupBuffer of a multicast buffer of at least ``nbytes``
     bytes shared by ``members`` processes (member 0 creates it). ``gather(tag,
     obj) -> [obj of member 0, ...]`` as msc.cuda.bootstrap's; every member must
     call this with the same ``members``, ``nbytes`` and ``tag``. ``fds``: the
-    descriptor transport (msc.cuda.fdpass by default)."""
+    descriptor transport (msc.cuda.fdpass by default). ``memory``: this member's
+    buffer of another group, whose physical memory to bind instead of allocating
+    (its ``local`` is this one's too; close this buffer before that one)."""
     if not 0 <= member < members:
         raise UsageError(f"member {member} of a switch group of {members}")
     if fds is None:
@@ -180,7 +190,7 @@ def open_group_buffer(member: int, members: int, device: int, nbytes: int, *, ga
         mc = _share_object(buf, nbytes, pids, gather=gather, driver=driver, tag=tag, timeout_s=timeout_s, fds=fds)
         _, exc = _attempt(lambda: driver.mc_add_device(mc, device))
         _agree(gather, f"{tag}/added", exc, "add its device")          # every member added before any binds
-        _, exc = _attempt(lambda: _bind_and_map(buf, mc, driver))
+        _, exc = _attempt(lambda: _bind_and_map(buf, mc, driver, memory))
         _agree(gather, f"{tag}/mapped", exc, "bind and map its memory")
     except BaseException:
         buf.close()
@@ -283,14 +293,21 @@ def _import(buf: GroupBuffer, address: str, driver, fds, timeout_s: float):
     return handle
 
 
-def _bind_and_map(buf: GroupBuffer, mc, driver) -> None:
+def _bind_and_map(buf: GroupBuffer, mc, driver, memory: GroupBuffer | None = None) -> None:
     size, dev = buf.size, buf.device
-    mem = driver.mem_create(size, dev)
-    buf.undo.append(("release memory", lambda: driver.release(mem)))
+    if memory is not None and (memory.device != dev or memory.size < size or not memory.mem):
+        raise UsageError(f"member {buf.member}'s memory of another switch group ({memory.size} bytes on device "
+                         f"{memory.device}) cannot back this group's {size} bytes on device {dev}")
+    if memory is None:
+        mem = driver.mem_create(size, dev)
+        buf.undo.append(("release memory", lambda: driver.release(mem)))
+    else:
+        mem = memory.mem                 # another group's member buffer owns, maps and releases it
+    buf.mem = mem
     driver.mc_bind(mc, mem, size)
     buf.undo.append(("unbind", lambda: driver.mc_unbind(mc, dev, size)))
     buf.mc = _map(buf, mc, driver.mc_granularity(size, buf.members, False), driver)
-    buf.local = _map(buf, mem, driver.mem_granularity(dev), driver)
+    buf.local = _map(buf, mem, driver.mem_granularity(dev), driver) if memory is None else memory.local
 
 
 def _map(buf: GroupBuffer, handle, alignment: int, driver) -> int:

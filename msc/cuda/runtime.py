@@ -97,6 +97,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import sys
 from collections import OrderedDict
 from contextlib import suppress
 from dataclasses import dataclass
@@ -104,7 +105,7 @@ from pathlib import Path
 
 from msc.cuda import device as cu
 from msc.cuda.backend import choose
-from msc.cuda.codegen import KernelLayout, choose_form, kernel_layout
+from msc.cuda.codegen import KernelLayout, average_table, choose_form, kernel_layout
 from msc.cuda.compiler import tables as plan_tables
 from msc.cuda.diagnose import BrokenCommunicatorError, counters_from_arena, decode, merge, parse_words
 from msc.cuda.groups import (MemberMemory, check_units, group_bytes, group_layout, span_of, staged_offsets,
@@ -298,9 +299,11 @@ class Communicator:
         self._bases: list[int | None] = [None] * n
         self._owned: dict[int, int] = {}        # rank -> our allocation
         self._opened: dict[int, int] = {}       # rank -> a peer's arena opened by IPC
-        self._groups: list = []                 # switch plans: the group memory layouts (msc.cuda.groups)
-        self._group_held: list = []             # what holds group memory outside the arenas (a GPU's)
+        self._groups = None                     # switch plans: the group memory's layout (msc.cuda.groups)
+        self._group_held: list = []             # a GPU's: this rank's multicast-bound buffer per group it is in
         self._switch_tables: dict[int, int] = {}    # device -> its MscSwitch table
+        self._average_tables: dict[int, int] = {}   # device -> a switch plan's division table (avg)
+        self._divisions: bytes | None = None
         self._generation = 0
         self._args: OrderedDict = OrderedDict()
         self._mirrors: dict[int, tuple] = {}    # launch index -> (error word copy, event)
@@ -568,14 +571,14 @@ class Communicator:
         for i, L in enumerate(self._launches):
             switches = (0, 0, 0)
             if spans is not None:       # every group's buffers at one offset, every rank's span alike
-                size, at = _elem_size(spec.dtype), self._groups[0].buffers
+                size, at = _elem_size(spec.dtype), self._groups.buffers
                 switches = (self._switch_tables[L.device], (at + spans[0].input) // size,
                             (at + spans[0].output) // size)
-            args = pack_args(self.layout, params, ranks=ranks, connections=conns, slot_room=self._capacity.room,
-                             error=error_pointer(self._arenas, self._bases, L.error_rank),
-                             first_block=L.first_block, timeout_ns=self._timeout_ns,
-                             tables=self._plan_tables(L.device, spec.op), local=self.placement == "virtual",
-                             switches=switches)
+            packing = dict(ranks=ranks, connections=conns, slot_room=self._capacity.room,
+                           error=error_pointer(self._arenas, self._bases, L.error_rank), first_block=L.first_block,
+                           timeout_ns=self._timeout_ns, tables=self._plan_tables(L.device, spec.op),
+                           local=self.placement == "virtual", switches=switches)
+            args = pack_args(self.layout, params, **packing)
             with backend.context(L.device):
                 stream = backend.stream(L.device)
                 capturing = backend.capturing()
@@ -587,6 +590,10 @@ class Communicator:
                 if spans is not None:
                     self._stage(L, spec, spans, stream, keep, into_group=True)
                 self._launch(i, L, stream, kernels[L.device], ptr, keep=(held, keep))
+                if spans is not None and REDUCE_OPS[spec.op].average:      # the switch summed: divide now
+                    divide = pack_args(self.layout, params, **packing, divide=self._average_tables[L.device])
+                    ptr, held = self._upload(L.device, divide, capturing)
+                    self._launch(i + 1, L, stream, kernels[L.device], ptr, keep=(held, keep))   # i + 1: after a start
                 if spans is not None:
                     self._stage(L, spec, spans, stream, keep, into_group=False)
                 if not capturing:
@@ -610,11 +617,10 @@ class Communicator:
     def _staged(self, rank: int, span):
         """The addresses the kernel uses for ``rank``'s buffers: its copies in its group memory
         (msc.cuda.groups), or none of that for a rank outside every group."""
-        g = self.layout.group_of(rank)
-        if g < 0:
+        if not self.layout.groups_of(rank):
             return None
         base = self._group_memory(rank).local
-        at = staged_offsets(self.layout, rank, span, self._groups)
+        at = staged_offsets(span, self._groups)
         return UserBuffers(base + at[0], base + at[1])
 
     def _stage(self, L: Launch, spec, spans, stream, keep, *, into_group: bool) -> None:
@@ -624,11 +630,11 @@ class Communicator:
         size = _elem_size(spec.dtype)
         in_units, out_units = units(self.plan)
         for r in L.ranks:
-            if self.layout.group_of(r) < 0:
+            if not self.layout.groups_of(r):
                 continue
             i = self.ranks_here.index(r)
             user, span = spec.buffers[i], spans[i]
-            mem = self._group_memory(r).local + self._groups[0].buffers
+            mem = self._group_memory(r).local + self._groups.buffers
             lo = min(user.input, user.output) if self.plan.inplace else None
             pieces = [(lo, mem, span.size)] if lo is not None else [
                 (user.output, mem + span.output, out_units * spec.count * size)]
@@ -643,32 +649,52 @@ class Communicator:
 
     def _member_memory(self) -> list:
         """Per rank, its group memory as this process sees it (None: not mapped or no group)."""
-        if self._group_held:                     # a GPU: this rank's multicast-bound buffer
-            buf = self._group_held[0]
-            return [MemberMemory(buf.local, buf.mc) if r == self.rank else None for r in range(self.plan.num_ranks)]
+        if self._group_held:                     # a GPU: this rank's multicast-bound buffers, one memory
+            mcs = dict(zip(self.layout.groups_of(self.rank), (buf.mc for buf in self._group_held)))
+            mine = MemberMemory(self._group_held[0].local, tuple(mcs.get(g, 0) for g in range(len(self.layout.groups))))
+            return [mine if r == self.rank else None for r in range(self.plan.num_ranks)]
         return [MemberMemory(base + a.group) if base is not None and a.group >= 0 else None
                 for base, a in zip(self._bases, self._arenas)]
 
     def _setup_groups(self, capacity) -> None:
-        """After (re)allocating: the group memory (a GPU: a multicast-bound buffer per member,
-        its counters zeroed by all before any uses it) and each launch device's MscSwitch table."""
+        """After (re)allocating: the group memory (a GPU: a multicast object per group, this
+        member's one allocation bound to each of its groups', its counters zeroed by all before
+        any uses them) and each launch device's MscSwitch table."""
         backend, layout = self.backend, self.layout
-        self._groups = [group_layout(layout, g, capacity.group) for g in range(len(layout.groups))]
+        self._groups = group_layout(layout, capacity.group)
         if not backend.group_in_arena:
-            g = layout.group_of(self.rank)
-            members = layout.groups[g]
-            buf = backend.open_group(self.devices[0], members.index(self.rank), len(members), capacity.group,
-                                     prefix=f"{self._prefix()}/group{g}/{self._generation}", timeout_s=self.timeout_s)
-            self._group_held.append(buf)
-            with backend.context(self.devices[0]):
-                backend.zero(self.devices[0], buf.local, self._groups[g].buffers, backend.stream(self.devices[0]))
-            backend.synchronize(self.devices[0])
+            mine = layout.groups_of(self.rank)
+            for g in mine:            # every member opens its groups in the plan's group order: no cycle waits
+                members = layout.groups[g]
+                self._group_held.append(backend.open_group(
+                    self.devices[0], members.index(self.rank), len(members), capacity.group,
+                    prefix=f"{self._prefix()}/group{g}/{self._generation}", timeout_s=self.timeout_s,
+                    memory=self._group_held[0] if self._group_held else None))
+            if mine:
+                with backend.context(self.devices[0]):
+                    backend.zero(self.devices[0], self._group_held[0].local, self._groups.buffers,
+                                 backend.stream(self.devices[0]))
+                backend.synchronize(self.devices[0])
             self._rendezvous("group memory zeroed")      # no member adds to a counter another still zeroes
         memory = self._member_memory()
         for d in {L.device for L in self._launches}:
             ptr = backend.alloc(d, switch_table_bytes(layout))
             self._switch_tables[d] = ptr
             backend.write(d, ptr, switch_table(layout, memory, self._groups, ptr))
+            divisions = self._division_table()
+            self._average_tables[d] = backend.alloc(d, len(divisions))
+            backend.write(d, self._average_tables[d], divisions)
+
+    def _division_table(self) -> bytes:
+        """The switch plan's division table (msc.cuda.codegen.average_table) as the device reads it."""
+        if self._divisions is None:
+            from array import array
+
+            ints = array("i", average_table(self.kplan, self._table_source["collective"]))
+            if sys.byteorder != "little":
+                ints.byteswap()
+            self._divisions = ints.tobytes()
+        return self._divisions
 
     def _launch(self, i: int, L: Launch, stream, kernel, ptr: int, keep) -> None:
         """Launch ``L``, the i-th launch of a call. A launch that fails breaks the communicator
@@ -822,10 +848,11 @@ class Communicator:
             self._close_opened()
         finally:
             tables, self._switch_tables = self._switch_tables, {}
-            for d, ptr in tables.items():
+            divisions, self._average_tables = self._average_tables, {}
+            for d, ptr in [*tables.items(), *divisions.items()]:
                 self.backend.free(d, ptr)
             held, self._group_held = self._group_held, []
-            for buf in held:
+            for buf in reversed(held):           # the first owns the memory the others bind
                 buf.close()
             owned, self._owned = self._owned, {}
             for r, ptr in owned.items():

@@ -54,7 +54,7 @@ SWITCH_TYPES: dict[str, SwitchType] = {
     "bfloat16": SwitchType("bf16x2", "r", 4, 2, True, acc=".acc::f32"),
     "int32": SwitchType("s32", "r", 4, 1, False),
 }
-# The PTX reduction of each msc op the switch can do (an average is a sum of pre-scaled inputs).
+# The PTX reduction of each msc op the switch can do (an average: the sum, divided after the plan).
 SWITCH_PTX_OPS = {"sum": "add", "avg": "add", "min": "min", "max": "max"}
 
 
@@ -77,26 +77,26 @@ class SwitchForm:
         return f"multimem.ld_reduce.relaxed.sys.global.{self.ptx_op}{self.acc}"
 
 
-def switch_form(dtype: str, op: str, *, prescaled: bool = False) -> SwitchForm:
+def switch_form(dtype: str, op: str) -> SwitchForm:
     """The multimem form of ``dtype`` and ``op``; UsageError (from the one table,
     msc.ir.ops.switch_op_problem) where the switch cannot do it: nothing renders then."""
     reduce_op(op)
-    problem = switch_op_problem(op, dtype, prescaled=prescaled)
+    problem = switch_op_problem(op, dtype)
     if problem:
         raise UsageError(problem)
     return SwitchForm(dtype, op, SWITCH_PTX_OPS[op], SWITCH_TYPES[dtype])
 
 
-def switch_context(dtype: str, op: str, *, prescaled: bool = False) -> dict:
+def switch_context(dtype: str, op: str) -> dict:
     """What a kernel's Jinja context adds to include templates/multimem.cuh.j2."""
-    return {"switch": switch_form(dtype, op, prescaled=prescaled)}
+    return {"switch": switch_form(dtype, op)}
 
 
 def supported_pairs() -> list[tuple[str, str]]:
-    """Every (dtype, op) the switch reduces (avg counted where its inputs are pre-scaled)."""
+    """Every (dtype, op) the switch reduces (avg: its sum, divided after the plan)."""
     from msc.ir.ops import REDUCE_OP_NAMES
 
-    return [(d, o) for d in SWITCH_TYPES for o in REDUCE_OP_NAMES if switch_op_problem(o, d, prescaled=True) is None]
+    return [(d, o) for d in SWITCH_TYPES for o in REDUCE_OP_NAMES if switch_op_problem(o, d) is None]
 
 
 def switch_slice_problem(dtype: str, offset: int, count: int, *, what: str = "slice") -> str | None:

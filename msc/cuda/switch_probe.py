@@ -12,13 +12,13 @@ from msc.cuda.switch import SwitchMemC, switch_form
 from msc.ir.ops import reduce_op
 
 
-def render_probe(dtype: str, op: str, *, prescaled: bool = False) -> str:
+def render_probe(dtype: str, op: str) -> str:
     """templates/switch_probe.cu.j2: one small kernel calling every multimem
     primitive for ``dtype`` and ``op`` (the static gate compiles it with
     NVRTC; the emulated device builds it as host C++ and calls its entry points)."""
     from msc.cuda.codegen import DTYPES, environment
 
-    form = switch_form(dtype, op, prescaled=prescaled)
+    form = switch_form(dtype, op)
     return environment().get_template("switch_probe.cu.j2").render(
         dtype=DTYPES[dtype], op=op, redop=reduce_op(op), switch=form)
 
@@ -35,13 +35,13 @@ class ProbeArgsC(ctypes.Structure):
 PROBE_MODES = {"reduce": 0, "store": 1, "reduce_store": 2, "barrier": 3}
 
 
-def load_probe_host(dtype: str, op: str, *, prescaled: bool = False, cache=None):
+def load_probe_host(dtype: str, op: str, *, cache=None):
     """The probe built for the emulated device (msc.cuda.hostbuild), loaded:
     ``msc_switch_probe_host(ProbeArgsC*, threads) -> int``."""
     from msc.cuda.emu import _load_private      # the emulated device's loader: a private copy of the checked bytes
     from msc.cuda.hostbuild import build
 
-    _, image, _ = build(render_probe(dtype, op, prescaled=prescaled), cache=cache)
+    _, image, _ = build(render_probe(dtype, op), cache=cache)
     lib = _load_private(image)
     lib.msc_switch_probe_host.argtypes = [ctypes.POINTER(ProbeArgsC), ctypes.c_int]
     lib.msc_switch_probe_host.restype = ctypes.c_int

@@ -92,7 +92,7 @@ def arena_layout(layout: KernelLayout, fp: Footprint, *, group_in_arena: bool = 
         scratch = at
         at = _up(at + fp.scratch[rank])
         group = -1
-        if group_in_arena and fp.group and layout.group_of(rank) >= 0:
+        if group_in_arena and fp.group and layout.groups_of(rank):
             group, at = at, _up(at + fp.group)
         out.append(RankArena(rank, at, 0, progress, tail, head, slots, scratch, counters_end, group))
     return tuple(out)
@@ -175,11 +175,10 @@ def error_pointer(arenas: tuple[RankArena, ...], bases: list[int | None], rank: 
 
 def peers(layout: KernelLayout, rank: int) -> tuple[int, ...]:
     """The ranks whose arenas ``rank`` must map: the other ends of its connections, and the
-    other members of its switch group."""
+    other members of its switch groups."""
     found = {c.receiver for c in layout.connections if c.sender == rank}
     found |= {c.sender for c in layout.connections if c.receiver == rank}
-    g = layout.group_of(rank)
-    if g >= 0:                  # the emulated device's switch reaches the members' arenas
+    for g in layout.groups_of(rank):    # the emulated device's switch reaches the members' arenas
         found |= set(layout.groups[g])
     found.discard(rank)
     return tuple(sorted(found))

@@ -24,7 +24,8 @@ class ReduceOp:
     torch_op: str                  # its torch.distributed.ReduceOp member
     c_float: str                   # a (+) b in C on floats x, y (common.cuh.j2: half types compute in float)
     c_elem: str                    # a (+) b in C on the element type's a, b (the other types)
-    average: bool = False          # then divide by the ranks (the CUDA kernels pre-scale inputs by 1/n instead)
+    average: bool = False          # then divide by the ranks (the CUDA kernels pre-scale inputs by 1/n instead,
+                                   # but for switch plans: their sum, then the executor's division)
     exact: bool = False            # the result is one of the inputs: exact in any order, no rounding tolerance
     aliases: tuple[str, ...] = ()  # further names msc.torch takes
 
@@ -62,7 +63,9 @@ def kernel_op_problem(op: str, dtype: str, floating: bool) -> str | None:
 # ISA 9.7.9.14; every form below, and the refusal of the others, checked with NVRTC 13's ptxas in
 # tests/test_switch_static.py): .add on f32, f64, f16x2, bf16x2 and s32 (also u32 and u64, but not
 # s64), .min/.max only on the half types and the integers. No prod at all, no min/max of f32/f64,
-# and avg only as a sum of inputs each member pre-scaled by 1/n (NCCL's PreMulSum).
+# and no average: avg (float types only) is the switch's sum, then every output chunk divided by
+# its number of contributions once the rank's plan has finished (msc.executor's definition: the
+# CUDA runtime's second launch, templates/switch_average.cuh.j2), bit-exact with the executor.
 SWITCH_OPS: dict[str, tuple[str, ...]] = {
     "float32": ("sum",), "float64": ("sum",),
     "float16": ("sum", "min", "max"), "bfloat16": ("sum", "min", "max"),
@@ -70,18 +73,16 @@ SWITCH_OPS: dict[str, tuple[str, ...]] = {
 }
 
 
-def switch_op_problem(op: str, dtype: str, *, prescaled: bool = False) -> str | None:
+def switch_op_problem(op: str, dtype: str) -> str | None:
     """Why the NVLink switch cannot reduce ``dtype`` with ``op`` (multimem.ld_reduce), or None.
-    ``prescaled``: every member scaled its copy by 1/n before, so an average is a plain sum."""
+    An average is the switch's sum, divided afterwards (see SWITCH_OPS)."""
     row = reduce_op(op)
     if dtype not in SWITCH_OPS:
         return (f"the NVLink switch (multimem) has no reduction for data type {dtype!r} (it reduces "
                 f"{', '.join(SWITCH_OPS)})")
-    if row.average and not prescaled:
-        return (f"the NVLink switch cannot average: {op} needs every member's copy pre-scaled by 1/n "
-                f"before the switch sums them")
     if row.average and dtype not in ("float32", "float64", "float16", "bfloat16"):
-        return f"{op} in the NVLink switch needs a floating type (its inputs are scaled by 1/n), not {dtype}"
+        return (f"{op} through the NVLink switch needs a floating type (the switch sums, then each output is "
+                f"divided by its contributions), not {dtype}")
     name = "sum" if row.average else op
     if name not in SWITCH_OPS[dtype]:
         can = ", ".join(SWITCH_OPS[dtype])
