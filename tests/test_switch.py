@@ -127,6 +127,36 @@ def test_nvls_tree_matches_the_sum(n, g, inplace, instances):
         np.testing.assert_allclose(out, np.sum(inputs, axis=0), rtol=1e-12, atol=1e-12)
 
 
+TWO_GROUPS_BODY = """
+    for group in (p.switch([0, 1]), p.switch([2, 3])):      # pairs, then across the pairs
+        for i, r in enumerate(group.ranks):
+            group.reduce(r, 'input', i).store('{out}', i)
+    for group in (p.switch([0, 2]), p.switch([1, 3])):
+        for i, r in enumerate(group.ranks):
+            group.reduce(r, '{out}', i).store('{out}', i)
+    """
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+def test_a_rank_in_two_groups_is_ordered_through_both_groups_barriers(tmp_path, inplace):
+    """A member m of groups F and G orders an op of F before one of G by passing F's barrier
+    before arriving at G's: two rounds of barriers between the phases, in one order on every rank
+    (no deadlock); a rank in one group keeps one barrier (the NVLS tests above)."""
+    body = TWO_GROUPS_BODY.replace("{out}", "input" if inplace else "output")
+    alg = _algorithm(tmp_path, body, chunk_factor="lambda n: 2")
+    plan = _plan(alg, 4, inplace=inplace)
+    verify_plan(plan)
+    for rp in plan.ranks:
+        switch = [tb for tb in rp.threadblocks if tb.group]
+        assert len(switch) == 2
+        for tb in switch:                                      # first, between the phases (two rounds), last
+            assert [s.op for s in tb.steps].count(StepOp.BARRIER) == 4, (rp.rank, tb.steps)
+    rng = np.random.default_rng(7)
+    inputs = [rng.uniform(0.5, 2.0, 2 * 5 + 1) for _ in range(4)]
+    for out in run_collective(plan, inputs, "sum"):
+        np.testing.assert_allclose(out, np.sum(inputs, axis=0), rtol=1e-12)
+
+
 def test_plan_text_round_trips_switch_groups_both_readers():
     plan = _plan(NVLS_TREE, 8, gpus_per_node=4, instances=2)
     text = dump_plan(plan)

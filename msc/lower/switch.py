@@ -12,7 +12,8 @@ and channel: program order keeps them in order). Then
   the last, and before each epoch with an access that conflicts with one of
   another rank since the last barrier: so each remote access lies between
   two barriers every member passes (an epoch cut for a conflict within one
-  rank needs only that rank's dependencies);
+  rank needs only that rank's dependencies); a rank in several groups
+  passes them in one order, twice between epochs (see _open_epoch);
 - the copies and reductions of each epoch are lowered alone by the usual
   passes (DAG, fusion, placement, order), on channels of their own, so no
   connection spans two epochs; their stores are all kept, since a later
@@ -115,16 +116,9 @@ def lower_switch(ops: list[Op], scratch: list[int], n: int, options, fields: dic
     rank_tbs: list[list[Threadblock]] = [[] for _ in range(n)]       # the epochs' threadblocks, renumbered later
     channel_base = 1 + max((c for _, c in groups), default=-1)
     done: list[list[tuple[int, int]]] = [[] for _ in range(n)]      # per rank: (tb index, last step) of past epochs
-    for part, barrier in zip(parts, barriers_needed(parts)):
-        gates = {}
-        for key, tb in switch.items():
-            past = tuple(("epoch", t, s) for t, s in done[key[0]])
-            if barrier:
-                tb.add(Step(StepOp.BARRIER, (), None, 1, past))
-            else:        # a cut within ranks: the rank's own order, no barrier
-                tb.pending += past
-            if tb.steps:
-                gates[key] = ("switch", key, len(tb.steps) - 1)
+    for e, (part, barrier) in enumerate(zip(parts, barriers_needed(parts))):
+        _open_epoch(switch, done, barrier, first=e == 0)
+        gates = {key: ("switch", key, len(tb.steps) - 1) for key, tb in switch.items() if tb.steps}
         for op in part:
             if op.group:
                 switch[(op.src_rank, op.group, op.channel or 0)].add(_switch_step(op))
@@ -135,6 +129,38 @@ def lower_switch(ops: list[Op], scratch: list[int], n: int, options, fields: dic
     for (rank, _, _), tb in switch.items():
         tb.add(Step(StepOp.BARRIER, (), None, 1, tuple(("epoch", t, s) for t, s in done[rank])))
     return _assemble(fields, scratch, n, groups, {key: tb.steps for key, tb in switch.items()}, rank_tbs)
+
+
+def _open_epoch(switch: dict, done, barrier: bool, first: bool) -> None:
+    """Start an epoch on every switch threadblock. With a barrier, a rank
+    arrives at its groups' barriers once all its earlier steps are done (its
+    other groups' too: a rank in two groups), passes them one after another
+    in the plan's group order (twice where a rank is in two groups of
+    different members), and starts the epoch's switch ops only after the
+    last; every rank takes its groups in the same order, so no barrier waits
+    on a later one. Without one (a cut within ranks), each threadblock's
+    next step waits for the rank's past epochs and its other switch
+    threadblocks' last steps."""
+    # An op of group G after one of group F that touched a member m of both (F's issuer a, G's issuer b)
+    # is ordered by a -> F's barrier -> m -> G's barrier -> b: m must pass F's barrier before arriving
+    # at G's. One round in a fixed order gives that only where F comes first, a second round always.
+    # (Before the first epoch nothing is ordered: the barrier only says every member has started its call.)
+    rounds = 2 if not first and any(len({key[1] for key in switch if key[0] == r}) > 1 for r, _, _ in switch) else 1
+    for rank in sorted({key[0] for key in switch}):
+        keys = [key for key in switch if key[0] == rank]
+        past = tuple(("epoch", t, s) for t, s in done[rank])
+        last = {key: ("switch", key, len(switch[key].steps) - 1) for key in keys if switch[key].steps}
+        if barrier:
+            previous = ()
+            for key in keys * rounds:
+                mine = tuple(gate for k, gate in last.items() if k != key)
+                switch[key].add(Step(StepOp.BARRIER, (), None, 1, past + mine + previous))
+                previous = (("switch", key, len(switch[key].steps) - 1),)
+            for key in keys[:-1]:
+                switch[key].pending += previous
+        else:
+            for key in keys:
+                switch[key].pending += past + tuple(gate for k, gate in last.items() if k != key)
 
 
 class _SwitchTb:
