@@ -18,7 +18,9 @@ and channel: program order keeps them in order). Then
   connection spans two epochs; their stores are all kept, since a later
   epoch may read them;
 - on each rank, the first steps of an epoch wait for the last steps of the
-  epochs before it (through the barrier on a rank of a group).
+  epochs before it (through the barrier on a rank of a group), and a switch
+  threadblock's for the rank's other switch threadblocks (another channel
+  or group) so far.
 
 The plan is then verified like any other (msc.verification.plan).
 """
@@ -117,13 +119,17 @@ def lower_switch(ops: list[Op], scratch: list[int], n: int, options, fields: dic
     done: list[list[tuple[int, int]]] = [[] for _ in range(n)]      # per rank: (tb index, last step) of past epochs
     for part, barrier in zip(parts, barriers_needed(parts)):
         gates = {}
+        # (a threadblock past its first barrier only: that barrier is passed once per call, and waiting
+        # for it would wait, tile by tile, for the threadblock's previous tile)
+        last = {key: ("switch", key, len(tb.steps) - 1) for key, tb in switch.items() if len(tb.steps) > 1}
         for key, tb in switch.items():
-            past = tuple(("epoch", t, s) for t, s in done[key[0]])
+            past = tuple(("epoch", t, s) for t, s in done[key[0]]) + \
+                tuple(gate for other, gate in last.items() if other[0] == key[0] and other != key)
             if barrier:
                 tb.add(Step(StepOp.BARRIER, (), None, 1, past))
             else:        # a cut within ranks: the rank's own order, no barrier
                 tb.pending += past
-            if tb.steps:
+            if len(tb.steps) > 1:
                 gates[key] = ("switch", key, len(tb.steps) - 1)
         for op in part:
             if op.group:
@@ -132,8 +138,11 @@ def lower_switch(ops: list[Op], scratch: list[int], n: int, options, fields: dic
         if two_sided:
             sub = _epoch_plan(two_sided, scratch, n, options, fields, priority)
             channel_base = _append_epoch(sub, rank_tbs, done, gates, channel_base)
-    for (rank, _, _), tb in switch.items():
-        tb.add(Step(StepOp.BARRIER, (), None, 1, tuple(("epoch", t, s) for t, s in done[rank])))
+    for tb in switch.values():
+        # the last barrier orders only the threadblock's own switch accesses before every member's return:
+        # waiting for the rank's copies too would hold its switch steps to their pace tile by tile
+        tb.pending = ()
+        tb.add(Step(StepOp.BARRIER, (), None, 1, ()))
     return _assemble(fields, scratch, n, groups, {key: tb.steps for key, tb in switch.items()}, rank_tbs)
 
 
