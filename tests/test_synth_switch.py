@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import msc
-from msc.errors import UsageError
+from msc.errors import AlgorithmError, UsageError
 from msc.executor import run_collective
 from msc.lower.pipeline import LowerOptions, lower
 from msc.sim.presets import get_topology
@@ -53,7 +53,7 @@ def test_the_switch_program_verifies_and_sums(spec, n, tmp_path):
         inputs = [rng.standard_normal(plan.chunk_factor * 3 + 1) for _ in range(n)]
         for out in run_collective(plan, inputs, "sum"):
             np.testing.assert_allclose(out, np.sum(inputs, axis=0), rtol=1e-12, atol=1e-12)
-    with pytest.raises(Exception):
+    with pytest.raises(AlgorithmError, match=f"does not support {n + 8} ranks"):
         msc.trace(alg, n + 8)                       # written for its topology's ranks only
 
 
