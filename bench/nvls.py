@@ -6,9 +6,10 @@ One node (dgx-h100, 8 GPUs): algorithms/allreduce/nvls.py with 16 instances
 (NCCL's 16 NVLS channels) beside Azure ND H100 v5's forced-NVLS busbw (NCCL
 2.18.5, tests/data/nccl_published.toml), and beside NCCL's ring as msc
 models it (msc simulate --nccl) and the library ring with 16 instances.
-Several nodes (dgx-h100:2, :4): algorithms/allreduce/nvls_tree.py against
-NCCL's own choice (ring or tree) as msc models it; no NVLSTree measurement
-on H100 nodes is in the data set, so those rows compare models only.
+Several nodes (dgx-h100:2, :4): algorithms/allreduce/nvls_tree.py (pipelined,
+two trees) with 4 and 16 instances against NCCL's own choice (ring or tree:
+msc does not model NVLSTree) as msc models it; no NVLSTree measurement on
+H100 nodes is in the data set, so those rows compare models only.
 
 No GPU: every "msc" number is msc's cost model (simulated); "published" is
 a measurement from the source named.
@@ -71,15 +72,17 @@ def several_nodes() -> list[str]:
     from msc.sim.presets import get_topology
 
     lines = ["", "## Several nodes: NVLS inside each node, a tree across (busbw GB/s)", "",
-             "| topology | size | msc nvls_tree x16 (simulated) | NCCL's choice (msc's model) | ratio |",
-             "|---|---|---:|---|---:|"]
+             "| topology | size | msc nvls_tree x4 (simulated) | msc nvls_tree x16 (simulated) | "
+             "NCCL's choice (msc's model) | x4 / NCCL | x16 / NCCL |",
+             "|---|---|---:|---:|---|---:|---:|"]
     for nodes in (2, 4):
         topo = get_topology(f"dgx-h100:{nodes}", 8 * nodes)
-        tree = _busbw(_plan("allreduce/nvls_tree.py", 8 * nodes, 16, gpus_per_node=8), topo, NODES)
+        tree = {k: _busbw(_plan("allreduce/nvls_tree.py", 8 * nodes, k, gpus_per_node=8), topo, NODES) for k in (4, 16)}
         for rec in simulate_nccl("allreduce", topo, NODES):
-            size = rec["size"]
-            lines.append(f"| dgx-h100:{nodes} | {_size(size)} | {tree[size]:.1f} | {rec['algorithm']} "
-                         f"{rec['protocol']} x{rec['channels']}: {rec['busbw']:.1f} | {tree[size] / rec['busbw']:.2f} |")
+            size, nccl = rec["size"], rec["busbw"]
+            lines.append(f"| dgx-h100:{nodes} | {_size(size)} | {tree[4][size]:.1f} | {tree[16][size]:.1f} | "
+                         f"{rec['algorithm']} {rec['protocol']} x{rec['channels']}: {nccl:.1f} | "
+                         f"{tree[4][size] / nccl:.2f} | {tree[16][size] / nccl:.2f} |")
     return lines
 
 

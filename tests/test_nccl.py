@@ -38,7 +38,9 @@ def test_the_model_reproduces_nccl_s_printed_tuning_table(gpus, collective):
 def test_protocol_switches_on_eight_h100_without_nvls():
     """nccl_model.md section 6 (derived): LL -> LL128 near 3.6 MB, LL128 -> Simple near 36 MB."""
     s = nccl.system(get_topology("dgx-h100", None))
-    pick = {size: nccl.choose(s, "allreduce", size).protocol for size in (1 << 20, 3 << 20, 4 << 20, 32 << 20, 40 << 20)}
+    off = ["ring", "tree"]                                 # NCCL_NVLS_ENABLE=0
+    pick = {size: nccl.choose(s, "allreduce", size, algorithms=off).protocol
+            for size in (1 << 20, 3 << 20, 4 << 20, 32 << 20, 40 << 20)}
     assert pick == {1 << 20: "LL", 3 << 20: "LL", 4 << 20: "LL128", 32 << 20: "LL128", 40 << 20: "Simple"}
     forced = nccl.choose(s, "allreduce", 1 << 30, protocols=["LL"])
     assert forced.protocol == "LL" and forced.nccl_us == pytest.approx(15.0 + (1 << 30) / (1000 * 141 * 8 / 14))
@@ -51,7 +53,8 @@ def test_channels_drop_for_small_messages():
     assert nccl.choose(s, "allgather", 1024).channels == 1
     assert nccl.choose(s, "allgather", 64 << 10).channels == 2                     # 64K / (4096 x 8)
     assert nccl.choose(s, "allgather", 64 << 20).channels == 24
-    assert nccl.choose(s, "allreduce", 1 << 20, protocols=["Simple"]).channels == 24   # 1M >= 24 x 32K
+    assert nccl.choose(s, "allreduce", 1 << 20, algorithms=["ring", "tree"],
+                       protocols=["Simple"]).channels == 24                          # 1M >= 24 x 32K
 
 
 def test_multi_node_picks_and_latency():
@@ -81,7 +84,22 @@ def test_forced_nvls_is_nccls_2_21_model_on_its_16_channels():
     assert (choice.algorithm, choice.protocol, choice.channels) == ("nvls", "Simple", 16)
     assert nccl.algorithm_bandwidth(s, "allreduce", "nvls", "Simple") == pytest.approx(266.67, rel=1e-3)
     assert choice.nccl_us == pytest.approx(25.0 + (1 << 30) / (1000 * 266.667), rel=1e-4)
-    assert nccl.choose(s, "allreduce", 1 << 30).algorithm != "nvls"      # NCCL's own choice leaves it out
+
+
+def test_nccl_s_own_choice_takes_nvls_on_one_h100_node_from_2_mb():
+    """NCCL 2.21 weighs NVLS by default (tuning.cc): on 8 H100 its model picks ring LL up to 1 MB and
+    NVLS from 2 MB, as NCCL printed on such a machine (nccl-tests issue 309: '8B~1MB: uses Algo RING
+    proto LL ... 2MB~16GB uses Algo NVLS proto SIMPLE'). Across nodes NVLS is off (no CollNet) and
+    NVLSTree is not modelled: ring or tree."""
+    s = nccl.system(get_topology("dgx-h100", None))
+    picks = {size: (c.algorithm, c.protocol) for size in (1 << 20, 2 << 20, 1 << 30, 16 << 30)
+             for c in [nccl.choose(s, "allreduce", size)]}
+    assert picks == {1 << 20: ("ring", "LL"), 2 << 20: ("nvls", "Simple"), 1 << 30: ("nvls", "Simple"),
+                     16 << 30: ("nvls", "Simple")}
+    assert nccl.choose(s, "allreduce", 1 << 30, algorithms=["ring", "tree"]).algorithm == "ring"
+    assert nccl.choose(s, "allgather", 1 << 30).algorithm == "ring"
+    for topo in ("dgx-h100:2", "dgx-a100"):
+        assert nccl.choose(nccl.system(get_topology(topo, None)), "allreduce", 1 << 30).algorithm != "nvls"
     with pytest.raises(UsageError, match="no algorithm among tree"):
         nccl.choose(nccl.system(get_topology("dgx-h100", None)), "allgather", 64, algorithms=["tree"])
 

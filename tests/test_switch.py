@@ -85,13 +85,34 @@ def test_nvls_lowers_to_one_switch_step_between_two_barriers_per_rank():
 
 def test_nvls_tree_needs_no_barrier_where_each_rank_only_orders_itself():
     """Between the node reduce and the tree, and the tree and the multicast,
-    every conflict is a rank's own: dependencies, not barriers."""
+    every conflict is a rank's own: dependencies, not barriers. The reduce
+    and the store run on switch threadblocks of their own (pipelined), and
+    neither the tree nor the last barriers wait for a first barrier or for
+    the rank's copies (which would hold the phases to one pace per tile)."""
     plan = _plan(NVLS_TREE, 8, gpus_per_node=4)
     for rp in plan.ranks:
+        node = tuple(range(rp.rank // 4 * 4, rp.rank // 4 * 4 + 4))
         switch = [tb for tb in rp.threadblocks if tb.group]
-        assert len(switch) == 1 and switch[0].group == tuple(range(rp.rank // 4 * 4, rp.rank // 4 * 4 + 4))
-        assert [s.op for s in switch[0].steps] == [StepOp.BARRIER, StepOp.SWRED, StepOp.SWST, StepOp.BARRIER]
-        assert switch[0].steps[2].deps, "the multicast waits for the rank's tree steps"
+        assert [(tb.id, tb.group, tb.channel) for tb in switch] == [(0, node, 0), (1, node, 1)]
+        reducing, storing = switch
+        assert [s.op for s in reducing.steps] == [StepOp.BARRIER, StepOp.SWRED, StepOp.BARRIER]
+        assert [s.op for s in storing.steps] == [StepOp.BARRIER, StepOp.SWST, StepOp.BARRIER]
+        tree_tbs = {tb.id for tb in rp.threadblocks if not tb.group}
+        assert {t for t, _ in storing.steps[1].deps} & tree_tbs, "the multicast waits for the rank's tree steps"
+        assert reducing.steps[2].deps == storing.steps[2].deps == ()
+        for tb in rp.threadblocks:
+            for step in tb.steps:
+                assert all(not (t in (0, 1) and s == 0) for t, s in step.deps), (rp.rank, tb.id, step)
+
+
+def test_switch_threadblocks_of_one_rank_order_each_other():
+    """With one node the store (channel 1) meets the reduce (channel 0) with
+    no copy between: the store waits for the reduce on its own rank."""
+    plan = _plan(NVLS_TREE, 4, gpus_per_node=4)
+    verify_plan(plan)
+    for rp in plan.ranks:
+        reducing, storing = rp.threadblocks
+        assert storing.steps[1].op is StepOp.SWST and (reducing.id, 1) in storing.steps[1].deps
 
 
 def _member_order(inputs, op):

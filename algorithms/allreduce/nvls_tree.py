@@ -1,40 +1,66 @@
 """NVLS inside each node, a tree across nodes (after NCCL's NVLSTree)."""
 import msc
 
+# The switch channels: the reduce-loads on one threadblock, the multicast stores on another, so that
+# across tiles the switch reduces tile t + 1 while the network carries tile t and the store of
+# tile t - 1 runs (the tree's copies get threadblocks of their own when lowered).
+REDUCE_CHANNEL, STORE_CHANNEL = 0, 1
 
-def _parent(node: int) -> int:
-    return (node - 1) // 2
+
+def tree_parent(position: int) -> int:
+    """The parent of a node's position in a binary tree (0 is the root)."""
+    return (position - 1) // 2
 
 
-@msc.algorithm("allreduce", chunk_factor=lambda n, gpus_per_node: gpus_per_node,
-               ranks=lambda n, gpus_per_node: gpus_per_node >= 2 and n % gpus_per_node == 0)
-def nvls_tree(p: msc.Program, gpus_per_node=8):
-    """NVLS reduce in each node, a binary tree across nodes, NVLS multicast.
+def tree_order(nodes: int, tree: int) -> list[int]:
+    """The nodes by position in tree ``tree``: tree 0 is 0, 1, ..., tree 1
+    its mirror, so the leaves of one are the inner nodes of the other (as
+    NCCL's double binary tree: no NIC carries an inner node's load twice)."""
+    order = list(range(nodes))
+    return order if tree % 2 == 0 else order[::-1]
+
+
+@msc.algorithm("allreduce", chunk_factor=lambda n, gpus_per_node, trees: gpus_per_node * trees,
+               ranks=lambda n, gpus_per_node, trees: gpus_per_node >= 2 and n % gpus_per_node == 0 and trees >= 1)
+def nvls_tree(p: msc.Program, gpus_per_node=8, trees=2):
+    """NVLS reduce in each node, binary trees across nodes, NVLS multicast.
 
     Rank = node * g + local (g = gpus_per_node, one NVSwitch domain per
-    node); local index l owns chunk l.
+    node); local index l owns chunks l*trees ... l*trees + trees - 1, one
+    per tree, and sends them over its own NIC.
 
-    1. In each node, rank l reads the node's sum of chunk l through the
+    1. In each node, rank l reads the node's sum of its chunks through the
        switch (one reduce-load) into its output.
-    2. Across nodes, the ranks of local index l reduce their chunk up a
-       binary tree of nodes (node j's parent is (j - 1) // 2) and send the
-       total back down.
-    3. In each node, rank l writes chunk l to every rank of its node in one
-       multicast store.
+    2. Across nodes, the ranks of local index l reduce chunk l*trees + k up
+       binary tree k of nodes and send the total back down (tree 1 is tree
+       0 mirrored, so each node's NIC carries an inner node's load in at
+       most one of the two).
+    3. In each node, rank l writes its chunks to every rank of its node in
+       one multicast store.
 
-    With one node it is NVLS with the load and the store as two steps.
+    The reduce-loads and the stores run on two switch threadblocks, the
+    tree on others: the three phases overlap across tiles, as NCCL's
+    NVLSTree pipelines them. With one node it is NVLS with the load and
+    the store as two steps.
     """
     n, g = p.num_ranks, gpus_per_node
     nodes = n // g
-    groups = [p.switch(range(j * g, (j + 1) * g)) for j in range(nodes)]
+    node_ranks = [range(j * g, (j + 1) * g) for j in range(nodes)]
+    reducing = [p.switch(ranks, channel=REDUCE_CHANNEL) for ranks in node_ranks]
+    storing = [p.switch(ranks, channel=STORE_CHANNEL) for ranks in node_ranks]
     for j in range(nodes):
         for l in range(g):
-            groups[j].reduce(j * g + l, "input", l).to("output", l)
-    for l in range(g):
-        for j in reversed(range(1, nodes)):       # leaves first: a child is complete before it is sent
-            p.chunk(_parent(j) * g + l, "output", l).reduce(p.chunk(j * g + l, "output", l))
-        for j in range(1, nodes):                 # root first: a parent is final before it is sent
-            p.chunk(_parent(j) * g + l, "output", l).copy(j * g + l, "output", l)
+            reducing[j].reduce(j * g + l, "input", l * trees, trees).to("output", l * trees)
+    for k in range(trees):
+        order = tree_order(nodes, k)
+        for l in range(g):
+            chunk = l * trees + k
+            for pos in reversed(range(1, nodes)):      # leaves first: a child is complete before it is sent
+                child, parent = order[pos] * g + l, order[tree_parent(pos)] * g + l
+                p.chunk(parent, "output", chunk).reduce(p.chunk(child, "output", chunk))
+            for pos in range(1, nodes):                # root first: a parent is final before it is sent
+                child, parent = order[pos] * g + l, order[tree_parent(pos)] * g + l
+                p.chunk(parent, "output", chunk).copy(child, "output", chunk)
     for j in range(nodes):
         for l in range(g):
-            groups[j].store(p.chunk(j * g + l, "output", l))
+            storing[j].store(p.chunk(j * g + l, "output", l * trees, trees))

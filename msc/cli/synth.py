@@ -82,7 +82,9 @@ def _synthesize(args, collective, topo, command) -> dict:
     if args.pieces is None and n <= SIMULATE_UP_TO and collective != "alltoall":
         from msc.synth.choose import choose_by_simulation
 
-        choice = choose_by_simulation(collective, topo, args.size, root=args.root, name=args.name, command=command)
+        # --spread and --add-on-arrival shape the tree programs: given, the switch schedule is not a candidate
+        choice = choose_by_simulation(collective, topo, args.size, root=args.root, name=args.name, command=command,
+                                      switch=args.spread is None and args.add_on_arrival is None)
         s = choice.synthesis
         spread = s.spread if args.spread is None else args.spread
         on_arrival = s.add_on_arrival if args.add_on_arrival is None else args.add_on_arrival
@@ -96,7 +98,7 @@ def _synthesize(args, collective, topo, command) -> dict:
                        add_on_arrival=args.add_on_arrival is not False, root=args.root, name=args.name,
                        command=command)
         summary.update(chosen_by="given" if args.pieces is not None else "packing")
-    summary.update(pieces=s.pieces, spread=s.spread, add_on_arrival=s.add_on_arrival,
+    summary.update(switch=s.switch, pieces=s.pieces, spread=s.spread, add_on_arrival=s.add_on_arrival,
                    **{"relayed" if collective == "alltoall" else "trees": s.trees}, max_depth=s.max_depth,
                    busiest_link=s.busiest, packing_gbps=(1 / s.bandwidth_s_per_byte / 1e9
                                                          if s.bandwidth_s_per_byte > 0 else None))
@@ -135,11 +137,17 @@ def _adding(on_arrival: bool | None) -> str:
 def _describe(s: dict) -> str:
     flags = f"{s['topology_flags']} --ranks {s['ranks']}"
     hops = f"{s['max_depth']} hop{'s' if s['max_depth'] != 1 else ''}"
-    shape = (f"{s['pieces']} piece(s) per pair, {s['relayed']} relayed, at most {hops}"
-             if s["collective"] == "alltoall" else
-             f"{s['trees']} trees of {s['pieces']} piece(s) per shard, at most {hops} deep")
-    lines = [f"synthesized: {s['collective']} for {s['topology']} ({s['ranks']} ranks) -> {s['output']}: {shape}, "
-             f"spread over {s['spread']} channel(s){_adding(s['add_on_arrival'])}; verified in place and out of place"]
+    if s.get("switch"):
+        shape = ("reduced and multicast in the switch (NVLS)" if not s["trees"] else
+                 f"reduced and multicast in each node's switch (NVLS), {s['trees']} trees across nodes, at most "
+                 f"{hops} deep")
+    elif s["collective"] == "alltoall":
+        shape = f"{s['pieces']} piece(s) per pair, {s['relayed']} relayed, at most {hops}"
+    else:
+        shape = f"{s['trees']} trees of {s['pieces']} piece(s) per shard, at most {hops} deep"
+    spread = "" if s.get("switch") else f", spread over {s['spread']} channel(s){_adding(s['add_on_arrival'])}"
+    lines = [f"synthesized: {s['collective']} for {s['topology']} ({s['ranks']} ranks) -> {s['output']}: {shape}"
+             f"{spread}; verified in place and out of place"]
     if s["chosen_by"] == "simulation":
         lines.append(f"  chosen by simulating {s['candidates']} candidates at {format_size(s['size'])}: "
                      f"{s['simulated_us']:.1f} us with {s['instances']} instance(s), Simple "

@@ -19,7 +19,9 @@ and channel: program order keeps them in order). Then
   connection spans two epochs; their stores are all kept, since a later
   epoch may read them;
 - on each rank, the first steps of an epoch wait for the last steps of the
-  epochs before it (through the barrier on a rank of a group).
+  epochs before it (through the barrier on a rank of a group), and a switch
+  threadblock's for the rank's other switch threadblocks (another channel
+  or group) so far.
 
 The plan is then verified like any other (msc.verification.plan).
 """
@@ -118,7 +120,9 @@ def lower_switch(ops: list[Op], scratch: list[int], n: int, options, fields: dic
     done: list[list[tuple[int, int]]] = [[] for _ in range(n)]      # per rank: (tb index, last step) of past epochs
     for e, (part, barrier) in enumerate(zip(parts, barriers_needed(parts))):
         _open_epoch(switch, done, barrier, first=e == 0)
-        gates = {key: ("switch", key, len(tb.steps) - 1) for key, tb in switch.items() if tb.steps}
+        # (a threadblock past its first barrier only: that barrier is passed once per call, and waiting
+        # for it would wait, tile by tile, for the threadblock's previous tile)
+        gates = {key: ("switch", key, len(tb.steps) - 1) for key, tb in switch.items() if len(tb.steps) > 1}
         for op in part:
             if op.group:
                 switch[(op.src_rank, op.group, op.channel or 0)].add(_switch_step(op))
@@ -126,19 +130,22 @@ def lower_switch(ops: list[Op], scratch: list[int], n: int, options, fields: dic
         if two_sided:
             sub = _epoch_plan(two_sided, scratch, n, options, fields, priority)
             channel_base = _append_epoch(sub, rank_tbs, done, gates, channel_base)
-    for (rank, _, _), tb in switch.items():
-        tb.add(Step(StepOp.BARRIER, (), None, 1, tuple(("epoch", t, s) for t, s in done[rank])))
+    for tb in switch.values():
+        # the last barrier orders only the threadblock's own switch accesses before every member's return:
+        # waiting for the rank's copies too would hold its switch steps to their pace tile by tile
+        tb.pending = ()
+        tb.add(Step(StepOp.BARRIER, (), None, 1, ()))
     return _assemble(fields, scratch, n, groups, {key: tb.steps for key, tb in switch.items()}, rank_tbs)
 
 
 def _open_epoch(switch: dict, done, barrier: bool, first: bool) -> None:
     """Start an epoch on every switch threadblock. With a barrier, a rank
     arrives at its groups' barriers once all its earlier steps are done (its
-    other groups' too: a rank in two groups), passes them one after another
-    in the plan's group order (twice where a rank is in two groups of
-    different members), and starts the epoch's switch ops only after the
-    last; every rank takes its groups in the same order, so no barrier waits
-    on a later one. Without one (a cut within ranks), each threadblock's
+    other threadblocks' too). Where a rank is in groups of different members,
+    every rank passes its barriers twice, one after another in the plan's
+    group order, and starts the epoch's switch ops only after the last; every
+    rank takes its groups in the same order, so no barrier waits on a later
+    one. Without one (a cut within ranks), each threadblock's
     next step waits for the rank's past epochs and its other switch
     threadblocks' last steps."""
     # An op of group G after one of group F that touched a member m of both (F's issuer a, G's issuer b)
@@ -149,13 +156,14 @@ def _open_epoch(switch: dict, done, barrier: bool, first: bool) -> None:
     for rank in sorted({key[0] for key in switch}):
         keys = [key for key in switch if key[0] == rank]
         past = tuple(("epoch", t, s) for t, s in done[rank])
-        last = {key: ("switch", key, len(switch[key].steps) - 1) for key in keys if switch[key].steps}
+        last = {key: ("switch", key, len(switch[key].steps) - 1) for key in keys if len(switch[key].steps) > 1}
         if barrier:
             previous = ()
             for key in keys * rounds:
                 mine = tuple(gate for k, gate in last.items() if k != key)
                 switch[key].add(Step(StepOp.BARRIER, (), None, 1, past + mine + previous))
-                previous = (("switch", key, len(switch[key].steps) - 1),)
+                if rounds > 1:          # chained: one group's barrier after the other's
+                    previous = (("switch", key, len(switch[key].steps) - 1),)
             for key in keys[:-1]:
                 switch[key].pending += previous
         else:

@@ -133,9 +133,9 @@ def topology_for(system: str):
 def _blocked(row: Row) -> str | None:
     if row.algorithm == "nvlstree":
         return "NVLSTree (NVLS inside nodes, a tree across) has no NCCL model in msc (msc.sim.nccl models NVLS on one node)"
-    if "NCCL_NVLS_ENABLE=1" in row.note and row.nodes_in_system <= 2:
-        return ("NVLS enabled: NCCL chooses among Ring, Tree, NVLS and NVLSTree; msc's model of NCCL's choice "
-                "leaves NVLS out (it models NVLS where it is forced)")
+    if "NCCL_NVLS_ENABLE=1" in row.note and row.nodes_in_system == 2:
+        return ("NVLS enabled on 2 nodes: NCCL chooses among Ring, Tree and NVLSTree; msc's model of NCCL's choice "
+                "has no NVLSTree (msc.sim.nccl models NVLS on one node)")
     if row.busbw is None and row.algbw is None and row.time_us is None:
         return "the source gives no number for it"
     if "OUTLIER" in row.note:
@@ -160,10 +160,11 @@ def compare(row: Row, cache: dict | None = None) -> Comparison:
         cache[key[0]] = topo
     topo = cache[key[0]]
     try:
-        # NVLS where the row ran it: msc's model of NCCL's own choice leaves NVLS out (msc.sim.nccl)
+        # NVLS where the row ran it; NCCL's own choice (msc.sim.nccl: NVLS included on one H100 node) unless
+        # the row turned NVLS off
         [rec] = simulate_nccl(row.collective, topo, [row.compared_size],
                               algorithms=[row.algorithm] if row.algorithm and (row.forced or row.algorithm == "nvls")
-                              else None,
+                              else ["ring", "tree"] if _nvls_off(row) else None,
                               protocols=[row.protocol] if row.forced and row.protocol else None)
     except UsageError as exc:
         return Comparison(row, None, None, tolerance, str(exc))
@@ -173,6 +174,11 @@ def compare(row: Row, cache: dict | None = None) -> Comparison:
         rec = dict(rec, time=floor, algbw=rec["algbw"] * scale, busbw=rec["busbw"] * scale, host_bound=True)
     nccl_us = max(rec["nccl_us"], floor)
     return Comparison(row, rec, _ratio(row, rec), tolerance, None, _ratio(row, rec, nccl_us))
+
+
+def _nvls_off(row: Row) -> bool:
+    """Whether the row's run had NVLS turned off (its note opens with the setting, or says so)."""
+    return row.note.startswith("NCCL_NVLS_ENABLE=0") or "NVLS disabled" in row.note
 
 
 def _ratio(row: Row, rec: dict, time_us: float | None = None) -> float:

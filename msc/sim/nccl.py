@@ -13,12 +13,18 @@ pipelining: tiles of NCCL's slices and as many in flight as its buffers
 hold. So a prediction here is msc's cost model of NCCL's schedule, not
 NCCL's own formula (which is reported beside it, ``nccl_us``).
 
-NCCL's own choice here leaves NVLS (in-switch reduction) out: on H100 it
-is NCCL with NCCL_NVLS_ENABLE=0. NVLS runs where it is asked for
-(``algorithms=["nvls"]``, NCCL_ALGO=NVLS: allreduce on one H100 node,
-Simple), as the library's nvls plan on NCCL's NVLS channels. Only the
-DGX-class presets (nodes of GPUs on NVSwitch, one NIC per GPU) have an
-NCCL model.
+NCCL's own choice includes NVLS (in-switch reduction) where NCCL 2.21
+enables it by default: allreduce on one node of H100 on NVSwitch
+(tuning.cc@v2.21.5-1 disables NVLS across nodes without CollNet and
+NVLSTree on one node), Simple only, 25 us and 8 x min(40, 60) x 5/6 GB/s
+in its model; it runs as the library's nvls plan on NCCL's 16 NVLS
+channels. ``algorithms=["ring", "tree"]`` is NCCL with NCCL_NVLS_ENABLE=0.
+Across nodes NCCL 2.21 also weighs NVLSTree (min(bwIntra, bwInter, or
+bwInter / 2 beyond 2 nodes) x channels, 25 us + 2 log2(nodes) x 14 us):
+not modelled here, since its multi-node graph's speeds come from NCCL's
+NIC search, which msc does not repeat; its choice there is ring or tree.
+Only the DGX-class presets (nodes of GPUs on NVSwitch, one NIC per GPU)
+have an NCCL model.
 """
 from __future__ import annotations
 
@@ -139,9 +145,12 @@ class Choice:
 
 
 def enabled(s: System, collective: str, algorithms=None, protocols=None) -> list[tuple[str, str]]:
-    """The (algorithm, protocol) pairs NCCL may use [3.6] (NVLS only where
-    asked for), narrowed to ``algorithms``/``protocols`` (NCCL_ALGO, NCCL_PROTO)."""
+    """The (algorithm, protocol) pairs NCCL may use [3.6] (NVLS where NCCL
+    2.21 enables it by default: nvls_by_default), narrowed to
+    ``algorithms``/``protocols`` (NCCL_ALGO, NCCL_PROTO)."""
     algos = ["ring", "tree"] if collective == "allreduce" else ["ring"]
+    if algorithms is None and nvls_by_default(s, collective):
+        algos.append("nvls")
     if algorithms is not None:
         bad = set(algorithms) - set(ALGORITHMS)
         if bad:
@@ -157,6 +166,13 @@ def enabled(s: System, collective: str, algorithms=None, protocols=None) -> list
     if not pairs:
         raise UsageError(f"NCCL has no algorithm among {', '.join(algorithms or ALGORITHMS)} for {collective}")
     return pairs
+
+
+def nvls_by_default(s: System, collective: str) -> bool:
+    """Whether NCCL 2.21 weighs NVLS for ``collective`` without being asked:
+    allreduce on one H100 node (NVSwitch with SHARP; NCCL_NVLS_ENABLE
+    defaults to on where the driver and switch support multicast)."""
+    return s.arch == "hopper" and s.nodes == 1 and collective == "allreduce"
 
 
 def _check_nvls(s: System, collective: str) -> None:

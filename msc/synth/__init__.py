@@ -58,6 +58,7 @@ class Synthesis:
     max_depth: int                 # hops from a root to the farthest rank (alltoall: of a piece's path)
     bandwidth_s_per_byte: float
     busiest: str
+    switch: bool = False           # reduces in the switch (msc.synth.switch): no packing, no spread
 
 
 def spread_choices(pieces: int) -> tuple[int, ...]:
@@ -199,7 +200,11 @@ def check_name(name) -> str:
     no keyword, none of the names the program itself looks up."""
     import keyword
 
-    from msc.synth.emit import global_names
+    from msc.synth.emit import global_names as tree_names
+    from msc.synth.switch import global_names as switch_names
+
+    def global_names():
+        return tree_names() | switch_names()
 
     if not isinstance(name, str) or not name.isidentifier():
         raise UsageError(f"the algorithm's name must be a Python identifier, got {name!r}")
