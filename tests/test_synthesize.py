@@ -167,10 +167,13 @@ def msc_cli(*args, cwd):
 
 
 def test_the_command_writes_a_program_msc_compiles(tmp_path):
-    out = msc_cli("synthesize", "allreduce", "--topology", "ring:3", "-o", "ring3.py", "--json", cwd=tmp_path)
+    # at 1M, not the default 1G: the same choice made by simulation, in a second rather than half a minute
+    out = msc_cli("synthesize", "allreduce", "--topology", "ring:3", "--size", "1M", "-o", "ring3.py", "--json",
+                  cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     summary = json.loads(out.stdout)
     assert summary["verified"] and summary["chosen_by"] == "simulation" and summary["ranks"] == 3
+    assert summary["size"] == 1 << 20
     text = (tmp_path / "ring3.py").read_text()
     assert "IN_TREES = {" in text and "OUT_TREES = {" in text and "msc synthesize allreduce" in text
     assert f"SPREAD = {summary['spread']}" in text and f"PIECES = {summary['pieces']}" in text
