@@ -40,8 +40,9 @@ every member when it ends. Topologies without NVLS and groups across switch
 domains are refused as msc's simulator refuses them.
 
 Port channels: a port ``put``/``pws``/``pwsf``/``ppkt``/``rppkt`` (one
-trigger per destination) or ``signal`` costs the threadblock the protocol's
-per-message overhead to push its trigger; the host proxy of that threadblock
+trigger per destination) or ``signal`` (one per channel) costs the
+threadblock the protocol's per-message overhead once, as a memory signal's
+fence, to push its triggers; the host proxy of that threadblock
 and channel (msc.verification.onesided_run's agents) takes its triggers in
 issue order, each ``proxy_us`` after it was pushed and not before the one
 before it is done, and moves the bytes over the route at the route's rate
@@ -404,15 +405,15 @@ class _Replay:
 
     def signal(self, b: _Block, op):
         """Memory channels: the flags are posted after the protocol's per-message overhead (the fence before
-        them). Port channels: a trigger each, pushed at that overhead; the proxy posts the flag in turn."""
+        them). Port channels: a trigger a channel, pushed at that overhead; each proxy posts its flag in turn."""
         overhead = self.sim.view.step_overhead
         if not op.port:
             for c in op.channels:
                 self.post(self.channel_key(b.rank, c, False, True), self.now + overhead)
             return self.now + overhead
-        for i, c in enumerate(op.channels):
-            self.enqueue(b, c, self.now + (i + 1) * overhead, [], [self.channel_key(b.rank, c, True, True)], [])
-        return self.now + len(op.channels) * overhead
+        for c in op.channels:
+            self.enqueue(b, c, self.now + overhead, [], [self.channel_key(b.rank, c, True, True)], [])
+        return self.now + overhead
 
     def acquire(self, b: _Block, op):
         keys = [(b.rank, s) for s in op.semaphores]
@@ -449,8 +450,9 @@ class _Replay:
 
     # -- port channels: the proxies ----------------------------------------------------------
     def port_put(self, b: _Block, inst):
-        """Push a trigger per destination (the protocol's per-message overhead each) once the packets it
-        reads are readable; the proxy moves the bytes later. pwsf then waits for the proxies (a flush)."""
+        """Push a trigger per destination once the packets it reads are readable (the protocol's per-message
+        overhead for them all, as a signal's fence); the proxy moves the bytes later. pwsf then waits for the
+        proxies (a flush)."""
         op, sim = inst.op, self.sim
         channels = op.channels[:len(op.dsts)]
         if b.issued != b.pc:
@@ -465,13 +467,13 @@ class _Replay:
             packets = op.name in ("ppkt", "rppkt")
             protocol = "LL" if packets else "Simple"
             overhead = sim.view.step_overhead
-            for i, (d, c) in enumerate(zip(op.dsts, channels)):
+            for d, c in zip(op.dsts, channels):
                 lo, hi = byte_range(d, inst, self.chunk)
                 moves = [(hi - lo, sim.route(protocol, b.rank, d.rank, by_proxy=True))] if hi > lo else []
                 signals = [self.channel_key(b.rank, c, True, True)] if op.name in ("pws", "pwsf") else []
                 writes = [(d.rank, lo, hi)] if packets else []
-                self.enqueue(b, c, self.now + (i + 1) * overhead, moves, signals, writes)
-            b.issued, b.issue_end = b.pc, self.now + len(channels) * overhead
+                self.enqueue(b, c, self.now + overhead, moves, signals, writes)
+            b.issued, b.issue_end = b.pc, self.now + overhead
             if op.name != "pwsf":
                 return b.issue_end
         return self.drained(b, channels)
