@@ -402,6 +402,36 @@ def test_a_port_put_signals_after_its_transfer_and_a_flush_waits_for_it():
     assert r.seconds == pytest.approx(0.5e-6 + 1e-6 + 0.5e-6 + MB / 10e9 + 1e-6, rel=1e-12)
 
 
+def port_packets() -> dict:
+    """2-rank LL allgather whose packets the proxy copies raw, scratch to the peer's scratch (port ppkt)."""
+    gpus = []
+    for r in (0, 1):
+        p = 1 - r
+        ops = [_own_copy(r),
+               {"name": "cpkt", "src_buff": [{"type": "i", "index": 0, "size": 1}], "dst_buff": [{"type": "s", "index": r, "size": 1}]},
+               {"name": "ppkt", "channel_ids": [0], "channel_type": "port", "src_buff": [{"type": "s", "index": r, "size": 1}],
+                "dst_buff": [{"buffer_id": 0, "index": r, "size": 1}]},
+               {"name": "upkt", "src_buff": [{"type": "s", "index": p, "size": 1}], "dst_buff": [{"type": "o", "index": p, "size": 1}]}]
+        gpus.append({"id": r, "input_chunks": 1, "output_chunks": 2, "scratch_chunks": 2,
+                     "channels": [{"channel_type": "port", "connected_to": [p]}],
+                     "remote_buffers": [{"rank": p, "type": "s", "access_channel_types": ["port"]}], "semaphores": [],
+                     "threadblocks": [{"id": 0, "ops": ops, "channels": [{"channel_type": "port", "channel_ids": [0]}],
+                                       "remote_buffer_refs": [{"access_channel_type": "port", "remote_buffer_ids": [0]}]}]})
+    return {"name": "port_pkt", "collective": "allgather", "protocol": "LL", "inplace": False,
+            "use_double_scratch_buffer": True, "gpus": gpus}
+
+
+def test_packets_a_proxy_copies_are_read_once_its_transfer_is_done():
+    topo = Uniform(2, alpha_us=1.0, bandwidth_gbps=10.0)           # textbook: no overheads
+    view = topo.view("LL")
+    rate, latency = view.capacity[view.route(0, 1).resources[0]], view.route(0, 1).alpha
+    plan = read(port_packets())
+    for proxy_us in (0.0, 2.0):
+        [r] = OneSidedSimulator(plan, topo, proxy_us=proxy_us).run([2 * MB])
+        # the proxy's latency, the 1 MB chunk at LL's rate, then the packets' route latency before the unpack
+        assert r.seconds == pytest.approx(proxy_us * 1e-6 + MB / rate + latency, rel=1e-12)
+
+
 # -- every operation the reader knows is priced or refused by name --------------------------------------
 def test_every_operation_name_the_reader_knows_has_a_price():
     assert set(KNOWN_OPS) == set(PRICING)

@@ -456,7 +456,8 @@ class _Replay:
         op, sim = inst.op, self.sim
         channels = op.channels[:len(op.dsts)]
         if b.issued != b.pc:
-            sources = op.srcs[:1] if op.name in ("ppkt", "rppkt") else ()     # packets in the rank's scratch
+            # packets in the rank's scratch: a port ppkt copies its sources' raw packets, rppkt reads its first
+            sources = {"ppkt": op.srcs, "rppkt": op.srcs[:1]}.get(op.name, ())
             ready = self.packets_ready(b, inst, sources)
             if ready is None:
                 self.park(("packets", b.rank), b)
