@@ -2,8 +2,10 @@
 (msc.sim.onesided): its arithmetic on the textbook model, the library's
 exports against msc's own simulation of the plans they came from, plans in
 shapes lift cannot read (gets, several puts before one signal, threadblocks
-chained by semaphores) with times that move as the model says, and the
-command line."""
+chained by semaphores) with times that move as the model says, switch
+channels against msc's simulator of the NVLS plans they were exported from,
+port channels through their proxies, every operation name priced or refused,
+and the command line."""
 from __future__ import annotations
 
 import dataclasses
@@ -407,16 +409,18 @@ def port_packets() -> dict:
     gpus = []
     for r in (0, 1):
         p = 1 - r
+        scratch = lambda index: [{"type": "s", "index": index, "size": 1}]
         ops = [_own_copy(r),
-               {"name": "cpkt", "src_buff": [{"type": "i", "index": 0, "size": 1}], "dst_buff": [{"type": "s", "index": r, "size": 1}]},
-               {"name": "ppkt", "channel_ids": [0], "channel_type": "port", "src_buff": [{"type": "s", "index": r, "size": 1}],
+               {"name": "cpkt", "src_buff": [{"type": "i", "index": 0, "size": 1}], "dst_buff": scratch(r)},
+               {"name": "ppkt", "channel_ids": [0], "channel_type": "port", "src_buff": scratch(r),
                 "dst_buff": [{"buffer_id": 0, "index": r, "size": 1}]},
-               {"name": "upkt", "src_buff": [{"type": "s", "index": p, "size": 1}], "dst_buff": [{"type": "o", "index": p, "size": 1}]}]
+               {"name": "upkt", "src_buff": scratch(p), "dst_buff": [{"type": "o", "index": p, "size": 1}]}]
         gpus.append({"id": r, "input_chunks": 1, "output_chunks": 2, "scratch_chunks": 2,
                      "channels": [{"channel_type": "port", "connected_to": [p]}],
                      "remote_buffers": [{"rank": p, "type": "s", "access_channel_types": ["port"]}], "semaphores": [],
                      "threadblocks": [{"id": 0, "ops": ops, "channels": [{"channel_type": "port", "channel_ids": [0]}],
-                                       "remote_buffer_refs": [{"access_channel_type": "port", "remote_buffer_ids": [0]}]}]})
+                                       "remote_buffer_refs": [{"access_channel_type": "port",
+                                                               "remote_buffer_ids": [0]}]}]})
     return {"name": "port_pkt", "collective": "allgather", "protocol": "LL", "inplace": False,
             "use_double_scratch_buffer": True, "gpus": gpus}
 
