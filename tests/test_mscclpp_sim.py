@@ -2,10 +2,13 @@
 (msc.sim.onesided): its arithmetic on the textbook model, the library's
 exports against msc's own simulation of the plans they came from, plans in
 shapes lift cannot read (gets, several puts before one signal, threadblocks
-chained by semaphores) with times that move as the model says, and the
-command line."""
+chained by semaphores) with times that move as the model says, switch
+channels against msc's simulator of the NVLS plans they were exported from,
+port channels through their proxies, every operation name priced or refused,
+and the command line."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import subprocess
@@ -21,11 +24,13 @@ from msc.formats.mscclpp.check import verify_mscclpp
 from msc.formats.mscclpp.lift import lift_plan
 from msc.formats.mscclpp.reader import parse_mscclpp
 from msc.lower.pipeline import LowerOptions, lower
-from msc.sim.onesided import OneSidedSimulator
+from msc.ir.onesided import KNOWN_OPS, Operation
+from msc.sim.onesided import PRICING, PROXY_US, OneSidedSimulator, switch_port_load
 from msc.sim.presets import get_topology
 from msc.sim.simulate import Simulator
 from msc.sim.topology import Uniform
 from library import algorithms, rank_counts
+from test_mscclpp_channels import nvls_allgather_packets, nvls_allreduce      # switch plans in the executor's format
 
 ALGORITHMS = algorithms(switch=False)
 CASES = [(key, n) for key in ALGORITHMS for n in rank_counts(ALGORITHMS[key], (4, 8))]
@@ -287,3 +292,183 @@ def test_a_pipeline_runs_its_slices_in_turn_and_a_group_splits_the_bytes():
     assert times["plain"] == pytest.approx(MB / 10e9 + 1e-6, rel=1e-12)
     assert times["pipeline"] == pytest.approx(times["plain"], rel=1e-12)        # 4 slices of 256 KiB, one by one
     assert times["group"] == pytest.approx(MB / 2 / 10e9 + 1e-6, rel=1e-12)     # two threadblocks, half each
+
+
+# -- switch channels (NVLS): priced as msc's simulator prices switch steps --------------------------
+def _nvls_pair(instances: int):
+    """msc's NVLS allreduce at 8 ranks exported, read back, and the msc plan lift gives (what --model lifted runs)."""
+    alg = algorithms()["allreduce/nvls:nvls"]
+    osp = parse_mscclpp(plan_to_mscclpp_json(lower(msc.trace(alg, 8, inplace=True), LowerOptions(instances=instances))))
+    verify_mscclpp(osp)
+    return osp, lift_plan(osp)
+
+
+@pytest.mark.parametrize("instances", [1, 16])
+def test_an_nvls_export_agrees_with_msc_simulation_of_its_lifted_plan(instances):
+    topo = get_topology("dgx-h100", 8)
+    view = topo.view("Simple")
+    osp, lifted = _nvls_pair(instances)
+    sizes = [MB, 64 * MB, 1024 * MB]
+    one = OneSidedSimulator(osp, topo).run(sizes)
+    ref = Simulator(lifted, topo, slots=lifted.slots).run(sizes)      # as msc simulate --model lifted runs it
+    # the export's group barrier (a signal to every member and a wait on each) costs a signal's overhead and a
+    # route's latency where msc's simulator charges its barrier latency; msc tiles a chunk and pays the switch
+    # latency per tile, the executor moves the chunk in one multimem op: what the two differ by, and nothing else
+    barriers = 2 * (view.nvls_barrier - view.step_overhead - view.route(0, 1).alpha)
+    for a, b in zip(one, ref):
+        assert a.size == b.size
+        expected = barriers + (b.iterations - 1) * view.nvls_alpha
+        assert b.seconds - a.seconds == pytest.approx(expected, abs=1e-9), (instances, a.size)
+        assert 0.95 < a.seconds / b.seconds <= 1.0, (instances, a.size)
+        # not free: each rank's glres of its 1/8 puts 8 + 1 bytes per byte on its port at the switch's rate
+        assert a.seconds > a.chunk * 9 / view.nvls_bandwidth
+
+
+def test_switch_port_load_is_msc_simulators_rule():
+    assert switch_port_load("glres", 8, 1) == 9 and switch_port_load("gstore", 8, 1) == 8
+    assert switch_port_load("glres", 8, 16) == 9 * 16          # the rank's 16 threadblocks share its port
+    assert switch_port_load("gstorepkt", 4, 1) == 8            # packets: twice the bytes
+
+
+def test_switch_plans_are_refused_where_msc_simulator_refuses_them():
+    osp, _ = _nvls_pair(1)
+    with pytest.raises(UsageError, match="topology 'ring:8' has no switch that does"):
+        OneSidedSimulator(osp, get_topology("ring", 8))
+    doc = nvls_allreduce(16)                       # one group over the 16 GPUs of 2 nodes
+    with pytest.raises(UsageError, match="rank 0 threadblock 0 operation 5 \\(glres\\)'s switch group 0,1,.*,15 "
+                                         "spans more than one NVSwitch domain of 'dgx-h100:2'"):
+        OneSidedSimulator(parse_mscclpp(json.dumps(doc)), get_topology("dgx-h100:2", 16))
+
+
+def test_packets_through_the_switch_are_read_once_the_gstorepkt_is_done():
+    topo = get_topology("dgx-h100", 8)
+    plan = read(nvls_allgather_packets(8))
+    small, large, double = OneSidedSimulator(plan, topo).run([8 * 1024, 128 * MB, 256 * MB])
+    view = topo.view("LL")
+    # each rank's gstorepkt writes 8 members' packets (16 bytes a 8-byte word) through its port; the peers'
+    # unpacks wait for it
+    assert large.seconds > large.chunk * switch_port_load("gstorepkt", 8, 1) / view.nvls_bandwidth
+    assert 0 < small.seconds < large.seconds and 1.95 < double.seconds / large.seconds <= 2.0
+
+
+# -- port channels (through the host proxy) ---------------------------------------------------------------
+def port_allgather(n: int, one_flush: bool = True) -> dict:
+    """Each rank copies its input into its output, signals every peer it is ready and waits for theirs, puts
+    its input into every peer's output with a signal (pws, one port channel a peer), flushes them all and waits
+    for the peers' data."""
+    def gpu(r):
+        peers = _peers(r, n)
+        every = list(range(n - 1))
+        port = lambda name, ids, **more: {"name": name, "channel_ids": ids, "channel_type": "port", **more}
+        puts = [port("pws", [j], src_buff=[{"type": "i", "index": 0, "size": 1}],
+                     dst_buff=[{"buffer_id": j, "index": r, "size": 1}]) for j in range(n - 1)]
+        flush = port("flush", every, dst_buff=[{"buffer_id": j, "index": r, "size": 1} for j in every])
+        ops = [_own_copy(r), {"name": "nop"}, port("signal", every), port("wait", every), {"name": "nop"},
+               *puts, flush, port("wait", every), {"name": "nop"}]
+        return {"id": r, "input_chunks": 1, "output_chunks": n, "scratch_chunks": 0,
+                "channels": [{"channel_type": "port", "connected_to": peers}],
+                "remote_buffers": [{"rank": p, "type": "o", "access_channel_types": ["port"]} for p in peers],
+                "semaphores": [], "threadblocks": [{"id": 0, "ops": ops,
+                                                    "channels": [{"channel_type": "port", "channel_ids": every}],
+                                                    "remote_buffer_refs": [{"access_channel_type": "port",
+                                                                            "remote_buffer_ids": every}]}]}
+    return _plan("port_allgather", [gpu(r) for r in range(n)])
+
+
+def test_a_port_channel_allgather_moves_its_bytes_through_the_proxies():
+    topo = get_topology("dgx-h100", 8)
+    plan = read(port_allgather(8))
+    sim = OneSidedSimulator(plan, topo)
+    small, large, double = sim.run([8 * 1024, 256 * MB, 512 * MB])
+    assert 0 < small.seconds < large.seconds < double.seconds
+    view = topo.view("Simple")
+    port = view.capacity[view.route(0, 1).resources[0]]          # rank 0's NVLink port out
+    # the 7 proxies' copies run at once (no threadblock's rate caps a copy engine), sharing the rank's port:
+    # more bytes cost exactly their time at the port's rate and the own chunk's copy at the copy rate; the rest
+    # (launch, triggers, proxy and route latencies: the small size's time) stays
+    per_byte = 7 / port + topo.delta
+    assert double.seconds - large.seconds == pytest.approx((double.chunk - large.chunk) * per_byte, rel=1e-6)
+    assert large.seconds == pytest.approx(large.chunk * per_byte + small.seconds, rel=1e-3)
+    [threadblock] = OneSidedSimulator(read(put_allgather(8)), topo).run([256 * MB])
+    assert threadblock.seconds > 3 * large.seconds               # memory channels: one put after another
+    # the proxy's latency is paid twice on the way: the ready signal, then the pws
+    slow = OneSidedSimulator(plan, topo, proxy_us=PROXY_US + 3.0)
+    assert slow.run([8 * 1024])[0].seconds - small.seconds == pytest.approx(6e-6, rel=1e-6)
+
+
+def test_a_port_put_signals_after_its_transfer_and_a_flush_waits_for_it():
+    topo = Uniform(2, alpha_us=1.0, bandwidth_gbps=10.0)           # textbook: no overheads
+    plan = read(port_allgather(2))
+    [r] = OneSidedSimulator(plan, topo, proxy_us=0.5).run([2 * MB])
+    # ready: signal (proxy 0.5) + latency 1; then the put (proxy 0.5 + 1 MB at 10 GB/s), its signal, latency 1
+    assert r.seconds == pytest.approx(0.5e-6 + 1e-6 + 0.5e-6 + MB / 10e9 + 1e-6, rel=1e-12)
+
+
+def port_packets() -> dict:
+    """2-rank LL allgather whose packets the proxy copies raw, scratch to the peer's scratch (port ppkt)."""
+    gpus = []
+    for r in (0, 1):
+        p = 1 - r
+        scratch = lambda index: [{"type": "s", "index": index, "size": 1}]
+        ops = [_own_copy(r),
+               {"name": "cpkt", "src_buff": [{"type": "i", "index": 0, "size": 1}], "dst_buff": scratch(r)},
+               {"name": "ppkt", "channel_ids": [0], "channel_type": "port", "src_buff": scratch(r),
+                "dst_buff": [{"buffer_id": 0, "index": r, "size": 1}]},
+               {"name": "upkt", "src_buff": scratch(p), "dst_buff": [{"type": "o", "index": p, "size": 1}]}]
+        gpus.append({"id": r, "input_chunks": 1, "output_chunks": 2, "scratch_chunks": 2,
+                     "channels": [{"channel_type": "port", "connected_to": [p]}],
+                     "remote_buffers": [{"rank": p, "type": "s", "access_channel_types": ["port"]}], "semaphores": [],
+                     "threadblocks": [{"id": 0, "ops": ops, "channels": [{"channel_type": "port", "channel_ids": [0]}],
+                                       "remote_buffer_refs": [{"access_channel_type": "port",
+                                                               "remote_buffer_ids": [0]}]}]})
+    return {"name": "port_pkt", "collective": "allgather", "protocol": "LL", "inplace": False,
+            "use_double_scratch_buffer": True, "gpus": gpus}
+
+
+def test_packets_a_proxy_copies_are_read_once_its_transfer_is_done():
+    topo = Uniform(2, alpha_us=1.0, bandwidth_gbps=10.0)           # textbook: no overheads
+    view = topo.view("LL")
+    rate, latency = view.capacity[view.route(0, 1).resources[0]], view.route(0, 1).alpha
+    plan = read(port_packets())
+    for proxy_us in (0.0, 2.0):
+        [r] = OneSidedSimulator(plan, topo, proxy_us=proxy_us).run([2 * MB])
+        # the proxy's latency, the 1 MB chunk at LL's rate, then the packets' route latency before the unpack
+        assert r.seconds == pytest.approx(proxy_us * 1e-6 + MB / rate + latency, rel=1e-12)
+
+
+# -- every operation the reader knows is priced or refused by name --------------------------------------
+def test_every_operation_name_the_reader_knows_has_a_price():
+    assert set(KNOWN_OPS) == set(PRICING)
+
+
+def test_an_operation_without_a_price_is_refused_naming_where():
+    plan = read(put_allgather(4))
+    def with_op(op):
+        gpus = list(plan.gpus)
+        tbs = list(gpus[2].threadblocks)
+        tbs[0] = tbs[0][:3] + (op,) + tbs[0][4:]
+        gpus[2] = dataclasses.replace(gpus[2], threadblocks=tuple(tbs))
+        return dataclasses.replace(plan, gpus=tuple(gpus))
+    topo = get_topology("ring", 4)
+    with pytest.raises(PlanError, match="rank 2, threadblock 0: operation 3: the one-sided cost model refuses "
+                                        "'glre', an operation it has no price for"):
+        OneSidedSimulator(with_op(Operation("glre")), topo)
+    with pytest.raises(PlanError, match="rank 2, threadblock 0: operation 3: the one-sided cost model refuses copy on "
+                                        "a port channel"):
+        OneSidedSimulator(with_op(Operation("copy", channels=(0,), channel_type="port")), topo)
+
+
+def test_simulate_gives_no_bound_for_switch_plans(tmp_path):
+    osp_doc = plan_to_mscclpp_json(lower(msc.trace(algorithms()["allreduce/nvls:nvls"], 8, inplace=True)))
+    (tmp_path / "nvls.json").write_text(osp_doc)
+    (tmp_path / "gets.json").write_text(json.dumps(get_allgather(8)))
+    runs = {}
+    for name in ("nvls", "gets"):
+        out = cli("simulate", f"{name}.json", "-t", "dgx-h100", "-b", "1M", "-e", "1M", "--model", "onesided",
+                  "--json", cwd=tmp_path)
+        assert out.returncode == 0, out.stderr
+        runs[name] = json.loads(out.stdout)[0]
+    assert "bound_pct" not in runs["nvls"] and runs["nvls"]["model"] == "onesided" and runs["nvls"]["time"] > 0
+    assert runs["gets"]["bound_pct"] > 0                    # memory-channel plans keep their bound
+    text = cli("simulate", "nvls.json", "-t", "dgx-h100", "-b", "1M", "-e", "1M", "--model", "onesided", cwd=tmp_path)
+    assert "%bound" not in text.stdout

@@ -58,7 +58,7 @@ def simulate_onesided(args, path: str, osp, requested):
     """(records, series label, topology, title) of ``osp`` in the one-sided model."""
     from msc.cli.bound import add_bound
     from msc.formats.mscclpp.check import stated_collective
-    from msc.sim.onesided import OneSidedSimulator
+    from msc.sim.onesided import OneSidedSimulator, has_switch_ops
 
     refuse_plan_flags(args, path)
     topo = topology_from_args(args, osp.num_ranks)
@@ -66,7 +66,8 @@ def simulate_onesided(args, path: str, osp, requested):
                             dtype=args.dtype)
     records = sim.records(requested)
     layout = sim.layout
-    if layout.collective is not None and layout.builtin:       # msc bound knows the built-in collectives
+    # msc bound knows the built-in collectives, and no switch cuts yet: no bound for switch plans (as msc.cli.sim)
+    if layout.collective is not None and layout.builtin and not has_switch_ops(osp):
         add_bound(records, layout.collective.name, layout.root, topo)
     name = layout.collective.name if layout.collective is not None else osp.collective
     title = (f"msc simulate {path}: {name}, {osp.num_ranks} ranks, {osp.protocol}, MSCCL++ plan in the "
