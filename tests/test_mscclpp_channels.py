@@ -100,12 +100,13 @@ def test_swred_reduces_into_a_scratch_region_at_one_offset_on_every_rank_then_co
         i = next(k for k, op in enumerate(ops) if op["name"] == "glres")
         glres, copy_out = ops[i], ops[i + 2]
         assert ops[i + 1] == {"name": "nop"} and copy_out["name"] == "copy"
-        region = glres["dst_buff"][0]["index"]
-        assert copy_out["src_buff"] == [{"type": "s", "index": region, "size": 1}]
-        assert copy_out["dst_buff"] == [{"type": "i", "index": gpu["id"], "size": 1}]
+        region, size = glres["dst_buff"][0]["index"], glres["dst_buff"][0]["size"]
+        assert size == plan.chunk_factor // 8                          # the rank's share (two trees: 2 chunks)
+        assert copy_out["src_buff"] == [{"type": "s", "index": region, "size": size}]
+        assert copy_out["dst_buff"] == [{"type": "i", "index": gpu["id"] * size, "size": size}]
         regions.add(region)
-        assert gpu["scratch_chunks"] == 8                              # every issuer's region on every member
-    assert regions == set(range(8))                                    # each issuer its own
+        assert gpu["scratch_chunks"] == 8 * size                       # every issuer's region on every member
+    assert regions == set(range(0, plan.chunk_factor, plan.chunk_factor // 8))   # each issuer its own
 
 
 def test_the_exported_nvls_plan_verifies_from_the_command_line(tmp_path):
