@@ -9,13 +9,16 @@ threadblock's rate, unshared links, shared links split max-min fairly); the
 message arrives one route latency (alpha) later, and a consumed slot is
 back at the sender one latency after the receiving step ends. The
 protocol's view of the topology (msc.sim.topology.Topology.view) gives the
-latencies and rates, and its launch latency is added once per size. Chunks are taken as
+latencies and rates, and its launch latency is added once per size. A
+switch op (NVLS) pays the switch's latency and transmits as a flow over its
+group's NVLink ports, each direction loaded with what the op moves through
+it (Simulator._switch_flows), shared with the transfers on those ports. Chunks are taken as
 q = ceil(count / k) elements each; a chunk streams in ceil(q bytes / tile)
 iterations, as the runtime loops over tiles.
 
 Two engines compute it: msc.sim.fast (max-plus, numpy, all sizes at once) and,
-for the sizes where concurrent transfers did share a link, msc.sim.events
-(event-driven, max-min fair sharing). Both give the same times whenever no
+for the sizes where concurrent transfers (or switch ops) did share a link,
+msc.sim.events (event-driven, max-min fair sharing). Both give the same times whenever no
 link is shared by overlapping transfers (tests/test_simulate.py).
 """
 from __future__ import annotations
@@ -123,7 +126,14 @@ class Simulator:
         kind of op (a threadblock runs one op at a time), capped at the
         threadblock's rate. Together, n members' fused ops load each port
         with n + 1 bytes each way per byte, and n members' reduce-loads
-        beside n members' stores of other chunks do too."""
+        beside n members' stores of other chunks do too. Switch plans run
+        with the Simple protocol only (as lowering makes them): another
+        protocol is refused, which msc.sim.cut_bound relies on."""
+        from msc.lower.switch import SWITCH_PROTOCOLS
+
+        if view.protocol_name not in SWITCH_PROTOCOLS:
+            raise UsageError(f"plan {self.plan.name!r} has switch ops (NVLS), which run with the "
+                             f"{' or '.join(SWITCH_PROTOCOLS)} protocol only, not {view.protocol_name}")
         if not view.nvls_bandwidth:
             raise UsageError(f"plan {self.plan.name!r} reduces and stores through the switch (NVLS), and topology "
                              f"{view.name!r} has no switch that does (presets with NVLS: dgx-h100[:NODES], nvswitch, ib:NODES)")

@@ -294,9 +294,7 @@ def _bounds(collective, topology, cands, winners, requested) -> list:
     if collective not in COLLECTIVES:
         return []
     at = [cands[w].sim.chunk_geometry(s)[0] for w, s in zip(winners, requested)]
-    bounds = [b.seconds for b in lower_bound(collective, topology, at, root=cands[0].plan.root)]
-    # msc bound has no switch cuts: it bounds the plans that use links only (none where a switch plan wins)
-    return [None if cands[w].plan.first_switch_step() is not None else b for w, b in zip(winners, bounds)]
+    return [b.seconds for b in lower_bound(collective, topology, at, root=cands[0].plan.root)]
 
 
 def _simulate(pool, cands, baseline, requested, exact: int = 2):
