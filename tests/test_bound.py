@@ -22,7 +22,7 @@ from msc.errors import MscError, UsageError
 from msc.lower.pipeline import LowerOptions, lower
 from msc.sim.simulate import Simulator
 from msc.sim.machines import A100, H100
-from msc.sim.presets import infiniband, nvswitch, pcie, ring, torus
+from msc.sim.presets import dgx, infiniband, nvswitch, pcie, ring, torus
 from msc.sim.topology import GB, US, Nodes, Uniform, topology_from_dict
 
 from library import algorithms, uses_switch
@@ -317,13 +317,18 @@ def test_never_above_the_simulator_on_random_graphs():
 @pytest.mark.slow
 def test_never_above_the_simulator_anywhere():
     """Every library algorithm at 2..8 ranks, Simple/LL/LL128 x 1/2
-    instances, on every built-in topology and 20 random graphs."""
+    instances, on every built-in topology and 20 random graphs; the switch
+    ones (Simple) on a node of as many H100 with NVLS."""
     worst = math.inf
     for n in range(2, 9):
         cands = plans(n, protocols=("Simple", "LL", "LL128"), instances=(1, 2))
         for topo in builtins(n):
             for key, plan in cands:
                 worst = min(worst, assert_below(topo, plan, key))
+    for n in range(2, 9):                          # switch plans on a node of n H100 with NVLS
+        node = dgx(H100, 1, 50.0, f"h100x{n}", gpus_per_node=n)
+        for key, plan in plans(n, protocols=("Simple",), instances=(1, 2), switch=True):
+            worst = min(worst, assert_below(node, plan, key))
     graphs = [t for t in (random_topology(s) for s in range(60)) if connected(t)][:20]
     assert len(graphs) == 20
     for topo in graphs:
