@@ -1,6 +1,7 @@
 """NVLS in msc's cost model (issue 30): the library's switch allreduces
 simulated on the H100 presets, against published NCCL NVLS measurements
-and against link-only plans simulated in the same run.
+and against link-only plans simulated in the same run, and beside msc
+bound's least time (switch plans included: msc.sim.cut_bound's "Switch").
 
 One node (dgx-h100, 8 GPUs): algorithms/allreduce/nvls.py with 16 instances
 (NCCL's 16 NVLS channels) beside Azure ND H100 v5's forced-NVLS busbw (NCCL
@@ -44,6 +45,14 @@ def _busbw(plan, topo, sizes) -> dict[int, float]:
     return {r["size"]: r["busbw"] for r in Simulator(plan, topo).records(sizes)}
 
 
+def _bound_busbw(topo, sizes) -> dict[int, float]:
+    """msc bound's allreduce busbw (switch plans included) at each size."""
+    from msc.sim.cut_bound import lower_bound
+
+    n = topo.num_ranks
+    return {b.size: b.size / b.seconds / 1e9 * 2 * (n - 1) / n for b in lower_bound("allreduce", topo, sizes)}
+
+
 def one_node() -> list[str]:
     from msc.sim.calibration import load_rows
     from msc.sim.nccl_sim import simulate_nccl
@@ -55,15 +64,18 @@ def one_node() -> list[str]:
     nvls = _busbw(_plan("allreduce/nvls.py", 8, 16), topo, ONE_NODE)
     ring = _busbw(_plan("allreduce/ring.py", 8, 16), topo, ONE_NODE)
     nccl = {r["size"]: r["busbw"] for r in simulate_nccl("allreduce", topo, ONE_NODE, algorithms=["ring"])}
+    bound = _bound_busbw(topo, ONE_NODE)
     lines = ["## One node: dgx-h100 (8 H100 on NVSwitch), allreduce, busbw GB/s", "",
              "| size | published NCCL NVLS (Azure) | msc nvls x16 (simulated) | msc / published | "
-             "NCCL ring (msc's model) | msc ring x16 (simulated) | nvls / NCCL ring | nvls / ring x16 |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "NCCL ring (msc's model) | msc ring x16 (simulated) | nvls / NCCL ring | nvls / ring x16 | "
+             "msc bound | nvls %bound |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for size in ONE_NODE:
         pub = published.get(size)
         ratio = f"{nvls[size] / pub:.2f}" if pub else "-"
         lines.append(f"| {_size(size)} | {pub if pub else '-'} | {nvls[size]:.1f} | {ratio} | {nccl[size]:.1f} | "
-                     f"{ring[size]:.1f} | {nvls[size] / nccl[size]:.2f} | {nvls[size] / ring[size]:.2f} |")
+                     f"{ring[size]:.1f} | {nvls[size] / nccl[size]:.2f} | {nvls[size] / ring[size]:.2f} | "
+                     f"{bound[size]:.1f} | {100 * nvls[size] / bound[size]:.1f} |")
     return lines
 
 
@@ -73,16 +85,17 @@ def several_nodes() -> list[str]:
 
     lines = ["", "## Several nodes: NVLS inside each node, a tree across (busbw GB/s)", "",
              "| topology | size | msc nvls_tree x4 (simulated) | msc nvls_tree x16 (simulated) | "
-             "NCCL's choice (msc's model) | x4 / NCCL | x16 / NCCL |",
-             "|---|---|---:|---:|---|---:|---:|"]
+             "NCCL's choice (msc's model) | x4 / NCCL | x16 / NCCL | msc bound |",
+             "|---|---|---:|---:|---|---:|---:|---:|"]
     for nodes in (2, 4):
         topo = get_topology(f"dgx-h100:{nodes}", 8 * nodes)
         tree = {k: _busbw(_plan("allreduce/nvls_tree.py", 8 * nodes, k, gpus_per_node=8), topo, NODES) for k in (4, 16)}
+        bound = _bound_busbw(topo, NODES)
         for rec in simulate_nccl("allreduce", topo, NODES):
             size, nccl = rec["size"], rec["busbw"]
             lines.append(f"| dgx-h100:{nodes} | {_size(size)} | {tree[4][size]:.1f} | {tree[16][size]:.1f} | "
                          f"{rec['algorithm']} {rec['protocol']} x{rec['channels']}: {nccl:.1f} | "
-                         f"{tree[4][size] / nccl:.2f} | {tree[16][size] / nccl:.2f} |")
+                         f"{tree[4][size] / nccl:.2f} | {tree[16][size] / nccl:.2f} | {bound[size]:.1f} |")
     return lines
 
 

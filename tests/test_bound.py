@@ -22,10 +22,10 @@ from msc.errors import MscError, UsageError
 from msc.lower.pipeline import LowerOptions, lower
 from msc.sim.simulate import Simulator
 from msc.sim.machines import A100, H100
-from msc.sim.presets import infiniband, nvswitch, pcie, ring, torus
+from msc.sim.presets import dgx, infiniband, nvswitch, pcie, ring, torus
 from msc.sim.topology import GB, US, Nodes, Uniform, topology_from_dict
 
-from library import algorithms
+from library import algorithms, uses_switch
 from test_readme import blocks, run_block
 
 MB64 = 64 << 20
@@ -218,10 +218,12 @@ def test_torus_bands_are_the_sparsest_cuts(rows, cols):
 
 
 # -- never above a simulated time ---------------------------------------------------
-def plans(n: int, protocols=("Simple", "LL"), instances=(1,)):
+def plans(n: int, protocols=("Simple", "LL"), instances=(1,), switch=False):
+    """Library plans at ``n`` ranks; ``switch``: only those with switch ops
+    (NVLS: the Simple protocol, topologies with NVLS), else none of them."""
     out = []
-    for key, alg in algorithms(switch=False).items():      # msc bound has no switch cuts yet
-        if alg.collective.name not in COLLECTIVES or not alg.supports(n):
+    for key, alg in algorithms().items():
+        if alg.collective.name not in COLLECTIVES or not alg.supports(n) or uses_switch(alg) != switch:
             continue
         try:
             prog = msc.trace(alg, n)
@@ -294,6 +296,8 @@ def test_never_above_the_simulator_on_the_builtin_topologies():
         assert_below(nvswitch(), plan, key)
     for key, plan in plans(4, protocols=("LL128",), instances=(2,)):
         assert_below(ring(4), plan, key)
+    for key, plan in plans(8, protocols=("Simple",), instances=(1, 16), switch=True):
+        assert_below(nvswitch(), plan, key)
 
 
 def test_never_above_the_simulator_on_random_graphs():
@@ -313,19 +317,72 @@ def test_never_above_the_simulator_on_random_graphs():
 @pytest.mark.slow
 def test_never_above_the_simulator_anywhere():
     """Every library algorithm at 2..8 ranks, Simple/LL/LL128 x 1/2
-    instances, on every built-in topology and 20 random graphs."""
+    instances, on every built-in topology and 20 random graphs; the switch
+    ones (Simple) on a node of as many H100 with NVLS."""
     worst = math.inf
     for n in range(2, 9):
         cands = plans(n, protocols=("Simple", "LL", "LL128"), instances=(1, 2))
         for topo in builtins(n):
             for key, plan in cands:
                 worst = min(worst, assert_below(topo, plan, key))
+    for n in range(2, 9):                          # switch plans on a node of n H100 with NVLS
+        node = dgx(H100, 1, 50.0, f"h100x{n}", gpus_per_node=n)
+        for key, plan in plans(n, protocols=("Simple",), instances=(1, 2), switch=True):
+            worst = min(worst, assert_below(node, plan, key))
     graphs = [t for t in (random_topology(s) for s in range(60)) if connected(t)][:20]
     assert len(graphs) == 20
     for topo in graphs:
         for key, plan in plans(topo.num_ranks, protocols=("Simple", "LL", "LL128"), instances=(1, 2)):
             worst = min(worst, assert_below(topo, plan, key))
     assert worst >= 1 - 1e-9
+
+
+# -- with the switch (NVLS) ----------------------------------------------------------
+def nvls_plan(n: int, instances: int, name="allreduce/nvls"):
+    [(_, plan)] = [(k, p) for k, p in plans(n, protocols=("Simple",), instances=(instances,), switch=True)
+                   if k.startswith(name + ":")]
+    return plan
+
+
+@pytest.mark.parametrize("instances", [1, 16])
+def test_the_nvls_plan_is_never_faster_than_the_bound_and_meets_it(instances):
+    """On dgx-h100 (nvswitch) at 1K-4G: the switch's "every rank out"
+    term is what NVLS allreduce moves, so the plan nears it at large sizes."""
+    sizes = [1 << k for k in range(10, 33, 2)]
+    assert_below(nvswitch(), nvls_plan(8, instances), "allreduce/nvls", sizes)
+    [r] = Simulator(nvls_plan(8, 16), nvswitch()).run([4 << 30])
+    b = big("allreduce", nvswitch(), r.size)
+    assert 0.99 < b.seconds / r.seconds <= 1.0 and "the switch reducing" in b.limit
+    # its busbw: 2(n-1)/(n+1) of the switch's port rate, the launch aside
+    port_s = (b.seconds - b.launch) / r.size
+    assert 2 * 7 / 9 * H100.nvls_gbps * GB == pytest.approx(2 * 7 / 8 / port_s, rel=1e-3)
+
+
+def test_the_bound_with_nvls_is_below_every_library_allreduce():
+    for key, plan in plans(8, protocols=("Simple",)) + plans(8, protocols=("Simple",), switch=True):
+        if plan.collective == "allreduce":
+            assert_below(nvswitch(), plan, key, sizes=(4096, 1 << 20, MB64))
+    assert_below(infiniband(2), nvls_plan(16, 1, "allreduce/nvls_tree"), "allreduce/nvls_tree",
+                 sizes=(4096, 1 << 20, MB64))
+
+
+def test_the_switch_terms_only_where_the_switch_reduces():
+    """Without NVLS (or with a protocol switch ops do not run with) the
+    bound is the link-only one; with it, only the every-rank partition's
+    bytes shrink (to (n + 1) P / (2 (n - 1) R)) and the terms' latencies
+    are capped at the two barriers."""
+    plain, nvls = Nodes("sw", 1, 8, port_gbps=450.0, port_alpha_us=3.0), \
+        Nodes("sw", 1, 8, port_gbps=450.0, port_alpha_us=3.0, nvls_gbps=300.0, nvls_barrier_us=1.0)
+    for c in COLLECTIVES:
+        a, b = big(c, plain, protocols=("Simple",)), big(c, nvls, protocols=("LL",))
+        assert b.seconds == big(c, plain, protocols=("LL",)).seconds, c
+        if c != "allreduce":
+            # one port's share, at most the barriers' 2 us of latency instead of the hop's 3
+            assert big(c, nvls, protocols=("Simple",)).seconds == pytest.approx(a.seconds - 1e-6, rel=1e-12), c
+    ar = big("allreduce", nvls, protocols=("Simple",))
+    assert ar.seconds == pytest.approx(MB64 * 7 / 8 * 9 / 7 / (300 * GB) + 2e-6, rel=1e-12)
+    assert big("allreduce", plain, protocols=("Simple",)).seconds == pytest.approx(
+        MB64 * 2 * 7 / 8 / (450 * GB) + 3e-6, rel=1e-12)
 
 
 # -- tight where it should be ------------------------------------------------------
@@ -412,6 +469,20 @@ def test_simulate_and_tune_show_the_percent_of_bound(tmp_path, capsys):
     assert all(0 < r["bound_pct"] <= 100 + 1e-9 for r in rows)
     code, out, _ = cli(["tune", "allgather/ring", "-n", "8", "-t", "nvswitch", "-b", "1K", "-e", "1K"], capsys)
     assert "%bound" in out.splitlines()[1]
+
+
+def test_simulate_and_tune_show_the_percent_of_bound_for_switch_plans(tmp_path, capsys):
+    plan = tmp_path / "nvls.plan"
+    assert cli(["compile", "allreduce/nvls", "--ranks", "8", "--instances", "16", "-o", str(plan)], capsys)[0] == 0
+    code, out, _ = cli(["simulate", str(plan), "-t", "dgx-h100", "-b", "1K", "-e", "4G", "-f", "64", "--json"], capsys)
+    recs = json.loads(out)
+    assert code == 0 and all(0 < r["bound_pct"] <= 100 + 1e-9 for r in recs)
+    assert recs[-1]["size"] == 256 << 20 and recs[-1]["bound_pct"] > 98.0   # NVLS moves what the switch term says
+    code, out, _ = cli(["tune", "allreduce/ring", "allreduce/nvls", "-n", "8", "-t", "dgx-h100", "-b", "64M",
+                        "-e", "1G", "-f", "16", "--instances", "16", "--json"], capsys)
+    rows = json.loads(out)["per_size"]
+    assert code == 0 and all(0 < r["bound_pct"] <= 100 + 1e-9 for r in rows)
+    assert all("nvls" in r["winner"] for r in rows), rows
 
 
 def test_the_readme_bound_block_runs_as_written(tmp_path):

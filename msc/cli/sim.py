@@ -137,8 +137,7 @@ def _simulate_plans(args, requested, load_plan):
         topo = topology_from_args(args, plan.num_ranks)
         records = Simulator(plan, topo, tile=args.tile, slots=simulated_slots(plan, path, args),
                             dtype=args.dtype).records(requested, engine=args.engine)
-        if plan.first_switch_step() is None:      # msc bound has no switch cuts: it bounds link-only plans
-            add_bound(records, plan.collective, plan.root, topo)     # bound_time, bound_pct
+        add_bound(records, plan.collective, plan.root, topo)     # bound_time, bound_pct (switch plans too)
         if mscclpp:
             for r in records:
                 r["model"] = LIFTED

@@ -66,7 +66,8 @@ def simulate_onesided(args, path: str, osp, requested):
                             dtype=args.dtype)
     records = sim.records(requested)
     layout = sim.layout
-    # msc bound knows the built-in collectives, and no switch cuts yet: no bound for switch plans (as msc.cli.sim)
+    # msc bound knows the built-in collectives; its switch terms are proved for msc's own simulator (its barriers,
+    # its direction-aware ports), not this model's pricing of switch channels: no bound for switch plans here
     if layout.collective is not None and layout.builtin and not has_switch_ops(osp):
         add_bound(records, layout.collective.name, layout.root, topo)
     name = layout.collective.name if layout.collective is not None else osp.collective

@@ -8,11 +8,12 @@ its view of the topology (msc.sim.topology.Topology.view: every link's
 latency and data rate as p sees them), with launch latency l_p:
 
     bound_p(S) = l_p + max( max over cuts A|T:   D(A) / C_p(A) + alpha_p(T->A),
-                            [allreduce] max over partitions P:  2(|P|-1) S / C_p(P) + alpha_p(P),
+                            [allreduce] max over partitions P:  2(|P|-1) s(P) S / C_p(P) + alpha_p(P),
                             L_p )
 
-and the topology's bound is the smallest bound_p over its protocols (a
-plan uses one of them; every plan of p pays l_p).
+(s(P) = 1 but where switch ops may help: "Switch" below), and the
+topology's bound is the smallest bound_p over its protocols (a plan uses
+one of them; every plan of p pays l_p).
 
 Cuts. A cut splits the ranks into a receiving side A of k ranks and the
 rest T. D(A) is what must cross from T to A whatever the algorithm does:
@@ -73,15 +74,55 @@ Which cuts, per topology (msc.sim.topology):
 The exactness is of the data/capacity part: a cut with a slightly larger
 capacity but a longer latency into it may add a little (at most alpha).
 
+Switch (NVLS). Where the view's plans may have switch ops (switch_plans:
+a topology with nvls_bandwidth R, one switch per node, the Simple
+protocol; the simulator refuses them elsewhere), the terms above become
+(_with_switch):
+- In the simulator a switch op is a flow over its group's NVLink ports,
+  the very links NVLink transfers use (capacity P each way), a switch byte
+  weighing P/R on its port (msc.sim.simulate.Simulator._switch_flows): per
+  byte of its chunk, a reduce-load by rank a on a group G of m ranks moves
+  one byte out of every member's port and one into a's; a store by a, one
+  out of a's and one into every member's. So a port carries at most
+  max(P, R) bytes/s each way, transfers and switch bytes together, and
+  every byte of information into a side A of a cut still crosses the
+  cut's ports (a reduce-load's sum enters the reader's port; what leaves T
+  leaves through T's ports, the switch reading T's copies or T storing):
+  the cut terms hold with each capacity taken max(1, R/P) times (on the
+  presets R < P: unchanged).
+- The partitions whose parts are nodes (or groups of them) hold as they
+  are: a switch group lies inside one node, so between parts only
+  messages move. The partition of every rank into its own part does not:
+  one switch op informs many ranks. Per element, take the switch ops as
+  calls: a reduce-load on m ranks is m - 1 one-way calls into the reader
+  (it learns what each member knew), a store m - 1 calls out of the writer
+  (the fused op both), a message one call. Serialized, they form a one-way
+  gossip among the n ranks in which nobody learns less, so they number at
+  least 2(n-1). A message costs its two ports' crossings (2 P-bytes: out
+  and in); a switch op on m ranks, m + 1 crossings of P/R P-bytes each, for
+  m - 1 calls: per call at least min(2, (M+1) P / ((M-1) R)) P-bytes, M
+  the largest group (the GPUs of a node). Every P-byte (or NIC byte) takes
+  its port (or NIC) for 1/P (1/NIC) s, and the ranks' ports and NICs carry
+  n (P + NIC) bytes/s each way: so the partition's 2(n-1) S bytes over its
+  capacity n (P + NIC) hold scaled by min(1, (M+1) P / (2 (M-1) R))
+  (_switch_scale). On one node of 8 H100 (P = 369, R = 308 GB/s with
+  Simple) that is 0.770: (n+1) S / (n R), what NVLS allreduce moves, so
+  the bound meets the library's nvls plan at large sizes.
+- Every switch plan pays two barriers' latency per call (the simulator
+  puts them in its launch), so no term's latency need exceed 2 barriers:
+  each cut's, partition's and path's latency is capped there (on the
+  presets the barriers' 14 us is no less than any of them: unchanged).
+
 Not counted, so the bound stays valid and only gets looser: reductions and
-copies (gamma, delta), the threadblock's rate, slots, tiles.
+copies (gamma, delta), the threadblock's rate, slots, tiles, the switch's
+per-op latency.
 """
 from __future__ import annotations
 
 import heapq
 import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -116,6 +157,7 @@ class Partition:
     capacity: float
     alpha: float
     label: str
+    demand_scale: float = 1.0   # of the gossip's 2(parts-1) S: less where the switch reduces (_switch_scale)
 
 
 @dataclass(frozen=True)
@@ -161,11 +203,12 @@ def nccl_size(collective: str, n: int, size: int, itemsize: int) -> tuple[int, i
 
 
 def lower_bound(collective: str, topology: Topology, sizes: list[int], *, root: int = 0,
-                protocols: tuple[str, ...] | None = None, cuts=None) -> list[Bound]:
+                protocols: tuple[str, ...] | None = None, cuts=None, switch: bool = True) -> list[Bound]:
     """The bound at each size (bytes, nccl-tests; not rounded here): the
     least over ``protocols`` (default: the topology's) of each protocol's
     bound on its view of the topology, launch latency included. ``cuts``:
-    the function giving a view's CutModel (default cut_model)."""
+    the function giving a view's CutModel (default cut_model). ``switch``
+    False: the bound of plans without switch ops (links only)."""
     collective = collective_name(collective)
     n = topology.num_ranks
     if collective in ROOTED and not (type(root) is int and 0 <= root < n):
@@ -174,7 +217,7 @@ def lower_bound(collective: str, topology: Topology, sizes: list[int], *, root: 
     for s in sizes:
         if type(s) is not int or s < 0:
             raise UsageError(f"sizes must be ints >= 0, got {s!r}")
-    terms = [_protocol_terms(collective, topology.view(p), root, cuts or cut_model) for p in names]
+    terms = [_protocol_terms(collective, topology.view(p), root, cuts or cut_model, switch) for p in names]
     out = []
     for size in sizes:
         if size == 0 or n == 1:
@@ -197,10 +240,12 @@ def lower_bound(collective: str, topology: Topology, sizes: list[int], *, root: 
     return out
 
 
-def _protocol_terms(collective: str, view: Topology, root: int, cuts):
+def _protocol_terms(collective: str, view: Topology, root: int, cuts, switch: bool = True):
     """(s per byte of size, latency, label per cut; the latency term and its
     label; the launch latency) of one protocol's view of a topology."""
     model = cuts(view, root if collective in ROOTED else 0)
+    if switch and switch_plans(view):
+        model = _with_switch(view, model)
     coef, cap, alpha, labels = _constraints(collective, model)
     with np.errstate(divide="ignore", invalid="ignore"):
         per_byte = np.where(np.isinf(cap), 0.0, coef / cap)
@@ -228,7 +273,8 @@ def _constraints(collective: str, model: CutModel):
             rows.append((d, c.capacity, c.alpha, c.label))
     across = SPECS[collective].partition_demand
     if across is not None:
-        rows += [(across(p.parts), p.capacity, p.alpha, p.label) for p in model.partitions if p.parts > 1]
+        rows += [(across(p.parts) * p.demand_scale, p.capacity, p.alpha, p.label)
+                 for p in model.partitions if p.parts > 1]
     coef = np.array([r[0] for r in rows], dtype=float)
     cap = np.array([r[1] for r in rows], dtype=float)
     alpha = np.array([r[2] for r in rows], dtype=float)
@@ -297,6 +343,45 @@ def _nodes(t: Nodes) -> CutModel:
     far = float(_shortest(lat).max()) if m > 1 else 0.0
     label = f"farthest ranks: {far * 1e6:g} us"
     return CutModel(n, cuts, _nodes_partitions(t), (far, far, far), (label,) * 3, exact)
+
+
+def switch_plans(t: Topology) -> bool:
+    """Whether plans with switch ops (NVLS) run on this view of a topology
+    (as msc.sim.simulate.Simulator._switch_flows accepts them): a switch
+    that reduces, one per node, and a protocol switch ops run with (a
+    topology that is no protocol's view: any)."""
+    from msc.lower.switch import SWITCH_PROTOCOLS
+
+    return (isinstance(t, Nodes) and t.nvls_bandwidth > 0 and t.switches == 1 and t.g > 1
+            and (t.protocol_name is None or t.protocol_name in SWITCH_PROTOCOLS))
+
+
+def _switch_scale(t: Nodes) -> float:
+    """The share of one-way gossip's 2(n-1) S that the ranks' ports must
+    carry where switch ops may replace messages (module doc, "Switch"):
+    min(1, (M + 1) P / (2 (M - 1) R)) for groups of up to M ranks, port
+    rate P, switch rate R per port and direction."""
+    m = min(t.g, t.num_ranks)
+    return min(1.0, (m + 1) * t.port / (2 * (m - 1) * t.nvls_bandwidth))
+
+
+def _with_switch(t: Nodes, model: CutModel) -> CutModel:
+    """``model`` (any cut model of ``t``) made a bound for switch plans too
+    (module doc, "Switch"): a port carries at most max(P, R) bytes/s each
+    way (where R > P, every cut's capacity is taken R / P times larger);
+    "every rank out" carries _switch_scale of the gossip's bytes; and no
+    term's latency is above the two barriers every switch plan pays."""
+    floor = 2 * t.nvls_barrier
+    ratio = max(1.0, t.nvls_bandwidth / t.port)
+    cuts = tuple(replace(c, capacity=c.capacity * ratio, alpha=min(c.alpha, floor)) for c in model.cuts)
+    scale = _switch_scale(t)
+    parts = tuple(replace(p, alpha=min(p.alpha, floor), demand_scale=scale,
+                          label=f"{p.label}, the switch reducing: {scale:.3g} of its bytes")
+                  if p.parts == t.num_ranks else replace(p, alpha=min(p.alpha, floor)) for p in model.partitions)
+    lat = tuple(min(x, floor) for x in model.latency)
+    labels = tuple(lbl if x <= floor else f"a switch plan's two barriers: {floor * 1e6:g} us"
+                   for lbl, x in zip(model.latency_labels, model.latency))
+    return CutModel(model.num_ranks, cuts, parts, lat, labels, model.exact)
 
 
 def _node_sizes(t: Nodes) -> tuple[int, int, int, int, int]:

@@ -12,7 +12,11 @@ after the receiving step ends.
 Transmissions are fluid flows. A flow's rate is limited by its private cap
 (the threadblock's rate, unshared links) and by the shared links it
 crosses, divided max-min fairly among the flows on them (water filling); it
-is recomputed for the flows connected to a flow that starts or ends.
+is recomputed for the flows connected to a flow that starts or ends. A
+switch op (NVLS) is a flow too, over its group's switch ports, with a weight
+per port (the bytes it moves there per byte of its chunk, at the switch's
+rate: msc.sim.simulate.Simulator._switch_flows); it ends when its data has
+moved, with no message to deliver.
 """
 from __future__ import annotations
 
@@ -25,39 +29,50 @@ RATE_CACHE = 65_536          # sets of flows whose max-min rates are kept per Ev
 
 
 class _Flow:
-    __slots__ = ("t", "conn", "rem", "rate", "last", "res", "cap", "ver")
+    __slots__ = ("t", "conn", "rem", "rate", "last", "res", "cap", "ver", "w")
 
-    def __init__(self, t, rem, res, cap, now, conn=-1):
+    def __init__(self, t, rem, res, cap, now, conn=-1, w=None):
         self.t, self.conn, self.rem, self.res, self.cap, self.last = t, conn, rem, res, cap, now
-        self.rate, self.ver = 0.0, 0
+        self.rate, self.ver, self.w = 0.0, 0, w
+
+
+def _uses(f):
+    """(link, bytes on it per byte of ``f``) of a flow's shared links (``.w``: None for 1 on each)."""
+    return zip(f.res, f.w) if f.w is not None else ((r, 1) for r in f.res)
 
 
 def maxmin(flows, capacity, members) -> dict:
-    """Max-min fair rates of ``flows`` (each with ``.cap`` and ``.res``):
-    repeatedly give the most constrained flows their bottleneck share."""
+    """Max-min fair rates of ``flows`` (each with ``.cap``, ``.res`` and
+    ``.w``, the bytes a byte of it puts on each link; a switch op's differ
+    from 1): raise every unfrozen flow's rate together until a flow meets
+    its cap or a link is full (its flows' rates times their weights fill
+    it), freeze those flows, repeat."""
     left = {r: capacity[r] for f in flows for r in f.res}
-    count = {r: 0 for r in left}
+    count = {r: 0 for r in left}                # unfrozen flows on each link
+    weight = {r: 0 for r in left}               # their weights' sum (the count where all are 1)
     for f in flows:
-        for r in f.res:
+        for r, w in _uses(f):
             count[r] += 1
+            weight[r] += w
     active = set(flows)
     rate = {}
     while active:
         level = min(f.cap for f in active)
         for r, c in count.items():
             if c:
-                level = min(level, left[r] / c)
+                level = min(level, left[r] / weight[r])
         tol = level * (1 + 1e-12)
         frozen = {f for f in active if f.cap <= tol}
         for r, c in count.items():
-            if c and left[r] / c <= tol:
+            if c and left[r] / weight[r] <= tol:
                 frozen.update(f for f in members[r] if f in active)
         for f in frozen:
             rate[f] = level
             active.discard(f)
-            for r in f.res:
-                left[r] -= level
+            for r, w in _uses(f):
+                left[r] -= level * w
                 count[r] -= 1
+                weight[r] -= w
     return rate
 
 
@@ -67,13 +82,17 @@ class EventSim:
     ``steps[t]``: per step of threadblock t, (global id, compute seconds per
     tile byte, data bytes per tile byte, send connection, receive
     connection, send ordinal, receive ordinal, deps as (tb, step), fixed
-    seconds per iteration) with -1 for no connection; ``per_iter[c]``: messages of connection c per
-    iteration; ``alpha[c]``, ``cap[c]``, ``res[c]``: its latency, private
-    rate cap and shared links; ``capacity[r]``: link rates; ``names[t]``:
-    (rank, threadblock id) of threadblock t, for errors."""
+    seconds per iteration, flow) with -1 for no connection; ``per_iter[c]``: messages of connection c per
+    iteration; ``alpha[c]``: its latency. A step's flow (its send
+    connection, or for a switch op a flow of its own, numbered after the
+    connections) has ``cap[f]``, ``res[f]`` and ``wts[f]``: its private
+    rate cap, shared links and bytes per byte on each (None: 1 each);
+    ``capacity[r]``: link rates; ``names[t]``: (rank, threadblock id) of
+    threadblock t, for errors."""
 
-    def __init__(self, steps, per_iter, alpha, cap, res, capacity, slots, names):
+    def __init__(self, steps, per_iter, alpha, cap, res, capacity, slots, names, wts=None):
         self.steps, self.per_iter, self.alpha, self.cap, self.res = steps, per_iter, alpha, cap, res
+        self.wts = wts if wts is not None else [None] * len(res)
         self.capacity, self.slots, self.names = capacity, slots, names
         # max-min rates per multiset of connections with flows (sorted tuple -> {conn: rate}): a
         # flow's rate depends only on its connection's cap and links and on the others', so
@@ -100,11 +119,11 @@ class _Replay:
 
     __slots__ = ("alpha", "arrived", "cap", "capacity", "credits", "cur", "dirty", "done", "end", "heap", "iters",
                  "lens", "log", "members", "now", "nxt", "per_iter", "rates", "record", "res", "seq", "slots", "steps", "tlen",
-                 "waiting")
+                 "waiting", "wts")
 
     def __init__(self, sim: EventSim, tlen: list[float], record: bool):
         self.steps, self.per_iter, self.alpha, self.slots = sim.steps, sim.per_iter, sim.alpha, sim.slots
-        self.res, self.cap, self.capacity = sim.res, sim.cap, sim.capacity
+        self.res, self.cap, self.capacity, self.wts = sim.res, sim.cap, sim.capacity, sim.wts
         self.rates = sim.rates
         self.tlen, self.iters, self.record = tlen, len(tlen), record
         ntb, nconn = len(sim.steps), len(sim.per_iter)
@@ -130,7 +149,7 @@ class _Replay:
         if pos >= nsteps * self.iters or done[tb] < pos:
             return
         it, step = divmod(pos, nsteps)
-        g, comp, nbytes, sc, rc, so, ro, deps, fixed = self.steps[tb][step]
+        g, comp, nbytes, sc, rc, so, ro, deps, fixed, fc = self.steps[tb][step]
         for dep_tb, dep_step in deps:
             if done[dep_tb] < it * lens[dep_tb] + dep_step + 1:
                 self.waiting.setdefault(("t", dep_tb), []).append(tb)
@@ -153,16 +172,16 @@ class _Replay:
             self.computed(tb)
 
     def computed(self, tb):
-        """Threadblock ``tb``'s running step has computed: transmit, or finish if it sends nothing."""
+        """Threadblock ``tb``'s running step has computed: transmit, or finish if it moves nothing."""
         it, step = divmod(self.nxt[tb] - 1, self.lens[tb])
-        g, comp, nbytes, sc, rc, so, ro, deps, fixed = self.steps[tb][step]
+        g, comp, nbytes, sc, rc, so, ro, deps, fixed, fc = self.steps[tb][step]
         now = self.now
         if self.record:
             self.cur[tb][4] = now
-        if sc < 0:
+        if fc < 0:
             self.finish(tb)
             return
-        f = _Flow(tb, nbytes * self.tlen[it], self.res[sc], self.cap[sc], now, sc)
+        f = _Flow(tb, nbytes * self.tlen[it], self.res[fc], self.cap[fc], now, fc, self.wts[fc])
         if not f.res:
             f.rate = f.cap
             self.push(now + f.rem / f.rate, _FLOW, (f, 0))
@@ -208,7 +227,7 @@ class _Replay:
     def finish(self, tb):
         """Threadblock ``tb``'s running step ends: send its message and slot, wake who waits on it."""
         it, step = divmod(self.nxt[tb] - 1, self.lens[tb])
-        g, comp, nbytes, sc, rc, so, ro, deps, fixed = self.steps[tb][step]
+        g, comp, nbytes, sc, rc, so, ro, deps, fixed, fc = self.steps[tb][step]
         self.done[tb] += 1
         self.end = now = self.now
         if self.record:

@@ -16,8 +16,10 @@ zero durations and zero latencies, which pass times through unchanged. A
 single size with many iterations (large messages, small LL tiles) skips the
 iterations of its periodic regime exactly (see _jump).
 
-Contention is not modelled here. The engine records the transmissions on
-shared links that several connections use; if the transmissions on a link
+Contention is not modelled here: a transmission (a message, or a switch
+op's bytes over its group's ports) runs at its solo rate. The engine
+records the transmissions on shared links that several flows use; if the
+transmissions on a link (each weighted by its bytes there, for a switch op)
 never want more than its capacity at once, every flow ran at its solo rate
 under fair sharing too, so this schedule is exact, and the caller
 (msc.sim.simulate) falls back to sim_events for the sizes where they do.

@@ -98,9 +98,12 @@ def _machine_protocols(simple: dict, ll: dict, threadblock_gbps: float, ll128_th
 # A threadblock: NCCL's search gives a Hopper channel at most 60 GB/s (search.cc's speed array);
 # LL128 36.7 (perChMaxRingLL128Bw). Reductions and copies per threadblock: fast enough not to
 # limit a channel on H100, where allreduce and allgather both reach ~370 (nccl-tests issue 212).
-# NVLS on H100 (NVSwitch 3 with SHARP). A switch op's port load (msc.sim.sim_plan): n + 1 bytes per
-# byte of a fused reduce-and-multicast on n GPUs, so NVLS allreduce's bus bandwidth is
-# 2(n-1)/(n+1) x the port rate, plus a barrier at each end of the call. Fitted on a grid (port 300-370
+# NVLS on H100 (NVSwitch 3 with SHARP). A switch op loads each direction of its group's NVLink ports
+# with what it moves there (msc.sim.simulate.Simulator._switch_flows: a reduce-load one byte out of
+# every member's port and one into the reader's, a store the reverse), at nvls_gbps per port and
+# direction: n GPUs' fused reduce-and-multicasts (or their reduce-loads beside stores of other chunks)
+# put n + 1 bytes per byte on each port each way, so NVLS allreduce's bus bandwidth is 2(n-1)/(n+1)
+# x the port rate, plus a barrier at each end of the call. Fitted on a grid (port 300-370
 # GB/s, switch op 0.5-4 us, barrier 1-8 us) to the 8-GPU rows of Azure ND H100 v5 (NCCL 2.18.5, forced
 # NVLS; tests/data/nccl_published.toml) through msc.sim.calibration (with its one-process host floor):
 # 308 GB/s holds 1-8 GiB at 0.99-1.01 of the measured busbw; the barrier's 7 us narrows the 4-64 MB

@@ -157,11 +157,11 @@ def check_priced(plan: OneSidedPlan) -> None:
 
 
 class _Flow:
-    __slots__ = ("tb", "rem", "res", "cap", "rate", "last", "ver")
+    __slots__ = ("tb", "rem", "res", "cap", "rate", "last", "ver", "w")
 
     def __init__(self, tb, rem, res, cap, now):
         self.tb, self.rem, self.res, self.cap, self.last = tb, rem, res, cap, now
-        self.rate, self.ver = 0.0, 0
+        self.rate, self.ver, self.w = 0.0, 0, None      # w: a byte on each link weighs 1 (msc.sim.events.maxmin)
 
 
 class _Block:

@@ -22,6 +22,7 @@ from msc.ir.arrays import OPS, RECEIVES, SENDS, PlanArrays, plan_arrays
 _REDUCES = np.array([op.reduces for op in OPS], dtype=np.float64)
 _COPIES = np.array([op is StepOp.COPY for op in OPS], dtype=np.float64)
 _REDUCE = OPS.index(StepOp.REDUCE)
+SWITCH_READS, SWITCH_WRITES = 1, 2      # SimPlan.switch_op's bits: a reduce-load, a multicast store
 
 
 @dataclass
@@ -56,8 +57,9 @@ class SimPlan:
     msg_recv: np.ndarray
     tb_send_conn: np.ndarray      # per threadblock: the connection it sends on, -1 if none
     tb_recv_conn: np.ndarray
-    switch_load: np.ndarray | None = None   # per step: its switch op's port load (see _switch_steps), 0: none
+    switch_op: np.ndarray | None = None     # per step: its switch op (_switch_steps: 1 reads, 2 writes, 3 both), 0: none
     barrier: np.ndarray | None = None       # per step: a barrier of its switch group
+    tb_group: list | None = None            # per threadblock: its switch group (a tuple of ranks), () if none
 
     @property
     def num_steps(self) -> int:
@@ -84,55 +86,51 @@ def compile_plan(plan: Plan) -> SimPlan:
     if reduces.any():                                          # (nsrc reads every step's sources)
         nred[reduces] = arrays.nsrc[reduces] - 1              # a reduce adds every source past the first
     dep_src, dep_dst = arrays.dep_step, arrays.dep_owner
-    load = barrier = None
+    switch = barrier = groups = None
     if plan.first_switch_step() is not None:
-        load, barrier, extra = _switch_steps(plan, arrays)
-        nred = np.where(load > 0, 0.0, nred)                # the switch adds, not the threadblock
+        switch, barrier, extra = _switch_steps(plan, arrays)
+        groups = [tb.group or () for rp in plan.ranks for tb in rp.threadblocks]
+        nred = np.where(switch > 0, 0.0, nred)              # the switch adds, not the threadblock
         dep_src = np.concatenate([dep_src, extra[0]]).astype(np.int64)
         dep_dst = np.concatenate([dep_dst, extra[1]]).astype(np.int64)
     return SimPlan(plan, arrays.tb_start, arrays.tb_rank.astype(np.int32), arrays.tb_id.astype(np.int32),
                    arrays.step_tb.astype(np.int32), code, arrays.count.astype(np.float64), SENDS[code], RECEIVES[code],
                    nred, _COPIES[code], dep_src, dep_dst, arrays.conn_sender, arrays.conn_receiver,
                    arrays.conn_channel, arrays.send_ptr, arrays.send_steps, arrays.recv_steps, arrays.tb_send_conn,
-                   arrays.tb_recv_conn, load, barrier)
+                   arrays.tb_recv_conn, switch, barrier, groups)
 
 
 def _switch_steps(plan: Plan, arrays: PlanArrays):
-    """Per step, the load its switch op puts on a member's NVLink port per
-    byte it moves, as NVLS schedules run them (every member issues its share
-    at once, on each of its threadblocks of the group): a reduce-load reads
-    the chunk from all n members and a store writes it to all n, so a port
-    carries n bytes each way per byte of each (n + 1 for the fused op:
-    its own result comes back and goes out), times the rank's threadblocks
-    of the group that share the port. Per step, whether it is a barrier;
-    and the barriers' edges: the k-th barrier of a (group, channel) starts
-    when every member has finished the step before its own k-th barrier."""
+    """Per step, its switch op: SWITCH_READS for a reduce-load (it reads the
+    chunk from every member: the members' ports carry it out, the issuing
+    rank's carries the sum in), SWITCH_WRITES for a multicast store (the
+    issuing rank's port carries it out, every member's in), both for the
+    fused op (msc.sim.simulate.Simulator._switch_flows prices them); 0 for
+    other steps. Per step, whether it is a barrier; and the barriers'
+    edges: the k-th barrier of a (group, channel) starts when every member
+    has finished the step before its own k-th barrier."""
     from msc.ir.worklist import GroupBarriers
 
-    load = np.zeros(len(arrays.op), dtype=np.float64)
+    switch = np.zeros(len(arrays.op), dtype=np.int8)
     barrier = np.zeros(len(arrays.op), dtype=bool)
     base = {(int(r), int(t)): int(g) for r, t, g in zip(arrays.tb_rank, arrays.tb_id, arrays.tb_start[:-1])}
     bars = GroupBarriers(plan)
     src, dst = [], []
     for rp in plan.ranks:
-        sharing = {}
-        for tb in rp.threadblocks:
-            if tb.group:
-                sharing[tb.group] = sharing.get(tb.group, 0) + 1
         for tb in rp.threadblocks:
             if not tb.group:
                 continue
-            g0, n = base[(rp.rank, tb.id)], len(tb.group)
+            g0 = base[(rp.rank, tb.id)]
             for s, step in enumerate(tb.steps):
                 if step.op.group_reads or step.op.group_writes:
-                    load[g0 + s] = (n + (step.op.group_reads and step.op.group_writes)) * sharing[tb.group]
+                    switch[g0 + s] = SWITCH_READS * step.op.group_reads + SWITCH_WRITES * step.op.group_writes
                 elif step.op is StepOp.BARRIER:
                     barrier[g0 + s] = True
                     for m, t, b in bars.peers(rp.rank, tb, s):
                         if b:
                             src.append(base[(m, t)] + b - 1)
                             dst.append(g0 + s)
-    return load, barrier, (np.array(src, dtype=np.int64), np.array(dst, dtype=np.int64))
+    return switch, barrier, (np.array(src, dtype=np.int64), np.array(dst, dtype=np.int64))
 
 
 def _check(arrays: PlanArrays) -> None:

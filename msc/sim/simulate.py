@@ -9,13 +9,16 @@ threadblock's rate, unshared links, shared links split max-min fairly); the
 message arrives one route latency (alpha) later, and a consumed slot is
 back at the sender one latency after the receiving step ends. The
 protocol's view of the topology (msc.sim.topology.Topology.view) gives the
-latencies and rates, and its launch latency is added once per size. Chunks are taken as
+latencies and rates, and its launch latency is added once per size. A
+switch op (NVLS) pays the switch's latency and transmits as a flow over its
+group's NVLink ports, each direction loaded with what the op moves through
+it (Simulator._switch_flows), shared with the transfers on those ports. Chunks are taken as
 q = ceil(count / k) elements each; a chunk streams in ceil(q bytes / tile)
 iterations, as the runtime loops over tiles.
 
 Two engines compute it: msc.sim.fast (max-plus, numpy, all sizes at once) and,
-for the sizes where concurrent transfers did share a link, msc.sim.events
-(event-driven, max-min fair sharing). Both give the same times whenever no
+for the sizes where concurrent transfers (or switch ops) did share a link,
+msc.sim.events (event-driven, max-min fair sharing). Both give the same times whenever no
 link is shared by overlapping transfers (tests/test_simulate.py).
 """
 from __future__ import annotations
@@ -36,7 +39,7 @@ from msc.progress import steps
 from msc.units import BUSBW_FACTOR, parse_dtype
 from msc.sim.events import EventSim
 from msc.sim.fast import JUMP_MIN, evaluate, layers, prepare
-from msc.sim.sim_plan import SimPlan, compile_plan
+from msc.sim.sim_plan import SWITCH_READS, SWITCH_WRITES, SimPlan, compile_plan
 from msc.sim.topology import Topology
 
 ENGINES = ("auto", "fast", "events")
@@ -83,31 +86,54 @@ class Simulator:
         self.itemsize = dt.itemsize
         routes = [view.route(int(s), int(d)) for s, d in zip(sp.conn_src, sp.conn_dst)]
         self.alpha = np.array([r.alpha for r in routes])
-        self.capacity = list(view.capacity)
-        self._capacity_tol = np.asarray(self.capacity) * (1 + 1e-9)     # _overloaded's bar per link
+        # per flow (a connection's transmissions; past them, a switch threadblock's ops of one kind):
+        # its private rate cap, shared links and the weight of a byte on each (None: 1 on every one)
         self.cap = [min(r.bandwidth, view.threadblock_bandwidth) for r in routes]
         self.res = [r.resources for r in routes]
-        self.rate = rate = np.array([min([c] + [self.capacity[x] for x in res]) for c, res in zip(self.cap, self.res)])
-        if len(rate) and not (rate > 0).all():
-            raise UsageError(f"topology {topology.name!r} gives a connection no bandwidth")
+        self.wts: list = [None] * len(routes)
         send_conn = np.full(sp.num_steps, -1, dtype=np.int64)
         send_conn[sp.msg_send] = np.repeat(np.arange(len(routes)), np.diff(sp.conn_ptr))
-        self.send_conn = send_conn
+        self.send_conn = self.flow_conn = send_conn     # flow_conn: per step, the flow it transmits on
+        if sp.switch_op is not None:
+            self._switch_flows(sp, view)
+        self.capacity = list(view.capacity)              # after the switch's ports are registered
+        self._capacity_tol = np.asarray(self.capacity) * (1 + 1e-9)     # _overloaded's bar per link
+        self.rate = rate = np.array([min([c] + [self.capacity[x] / w for x, w in _weighted(res, wts)])
+                                     for c, res, wts in zip(self.cap, self.res, self.wts)])
+        if len(rate) and not (rate > 0).all():
+            raise UsageError(f"topology {topology.name!r} gives a connection no bandwidth")
         self.comp = sp.count * (topology.gamma * sp.nred + topology.delta * sp.ncopy)
         # a threadblock's own time per message and iteration: the protocol's synchronization
         self.fixed = np.where((sp.sends | sp.recvs).astype(bool), view.step_overhead, 0.0)
-        self.tx = np.where(send_conn >= 0, sp.count / (rate[np.maximum(send_conn, 0)] if len(rate) else 1.0), 0.0)
-        if sp.switch_load is not None:
-            self._switch_costs(sp, view)
+        flow = self.flow_conn
+        self.tx = np.where(flow >= 0, sp.count / (rate[np.maximum(flow, 0)] if len(rate) else 1.0), 0.0)
+        if sp.switch_op is not None:
+            self._switch_latencies(sp, view)
         self._watch_setup()
         self._layers = None
         self._events = None
 
-    def _switch_costs(self, sp, view) -> None:
-        """Switch ops (NVLS) take their time in the issuing threadblock:
-        the port load (msc.sim.sim_plan._switch_steps) at the switch's rate,
-        or the threadblock's own rate if slower, plus the switch latency;
-        a barrier costs the topology's barrier latency."""
+    def _switch_flows(self, sp, view) -> None:
+        """Switch ops (NVLS) transmit as flows of their own over the group's
+        ports on the switch (Topology.switch_ports: the NVLink ports, which
+        transfers inside the node share). Per byte of its chunk a
+        reduce-load takes one out of every member's port and brings one into
+        the issuing rank's; a store takes one out of the issuing rank's port
+        and brings one into every member's; the fused op does both (two on
+        the issuing rank's port each way). Through the switch a port moves
+        view.nvls_bandwidth per direction, so a switch byte weighs
+        capacity / nvls_bandwidth on its link. One flow per threadblock and
+        kind of op (a threadblock runs one op at a time), capped at the
+        threadblock's rate. Together, n members' fused ops load each port
+        with n + 1 bytes each way per byte, and n members' reduce-loads
+        beside n members' stores of other chunks do too. Switch plans run
+        with the Simple protocol only (as lowering makes them): another
+        protocol is refused, which msc.sim.cut_bound relies on."""
+        from msc.lower.switch import SWITCH_PROTOCOLS
+
+        if view.protocol_name not in SWITCH_PROTOCOLS:
+            raise UsageError(f"plan {self.plan.name!r} has switch ops (NVLS), which run with the "
+                             f"{' or '.join(SWITCH_PROTOCOLS)} protocol only, not {view.protocol_name}")
         if not view.nvls_bandwidth:
             raise UsageError(f"plan {self.plan.name!r} reduces and stores through the switch (NVLS), and topology "
                              f"{view.name!r} has no switch that does (presets with NVLS: dgx-h100[:NODES], nvswitch, ib:NODES)")
@@ -117,16 +143,30 @@ class Simulator:
                     raise UsageError(f"plan {self.plan.name!r}: rank {rp.rank} threadblock {tb.id}'s switch group "
                                      f"{','.join(map(str, tb.group))} spans more than one NVSwitch domain of "
                                      f"{view.name!r}")
-        switch = sp.switch_load > 0
-        per_byte = np.maximum(sp.switch_load / view.nvls_bandwidth, 1.0 / view.threadblock_bandwidth)
-        self.comp = np.where(switch, sp.count * per_byte, self.comp)
-        # a switch threadblock's first and last barriers bound the call: once per call, not per tile (msc.ir.StepOp)
+        flow_conn = self.send_conn.copy()
+        flows: dict[tuple[int, int], int] = {}
+        for g in np.flatnonzero(sp.switch_op).tolist():
+            t, kind = int(sp.step_tb[g]), int(sp.switch_op[g])
+            if (t, kind) not in flows:
+                flows[(t, kind)] = len(self.res)
+                links = _switch_links(view, int(sp.tb_rank[t]), sp.tb_group[t], kind)
+                self.res.append(tuple(links))
+                self.wts.append(tuple(k * view.capacity[r] / view.nvls_bandwidth for r, k in links.items()))
+                self.cap.append(view.threadblock_bandwidth)
+            flow_conn[g] = flows[(t, kind)]
+        self.flow_conn = flow_conn
+
+    def _switch_latencies(self, sp, view) -> None:
+        """A switch op pays the switch's latency before it transmits; a
+        barrier costs the topology's barrier latency, the first and last of
+        a threadblock once per call (in the launch), not per tile."""
         boundary = np.zeros(sp.num_steps, dtype=bool)
         starts, ends = sp.tb_start[:-1], sp.tb_start[1:]
         nonempty = ends > starts
         boundary[starts[nonempty]] = True
         boundary[ends[nonempty] - 1] = True
         boundary &= sp.barrier
+        switch = sp.switch_op > 0
         self.fixed = np.where(switch, view.nvls_alpha, np.where(sp.barrier & ~boundary, view.nvls_barrier, self.fixed))
         self.launch += 2 * view.nvls_barrier
 
@@ -134,19 +174,21 @@ class Simulator:
         """Shared links that more than one connection crosses, if together
         they could want more than the link has: only there can sharing slow a
         transfer (a threadblock transmits one message at a time)."""
-        users: dict[int, set] = {}
-        for c, res in enumerate(self.res):
-            for r in res:
-                users.setdefault(r, set()).add(c)
+        users: dict[int, dict] = {}           # link -> {flow: the link's bytes per byte of the flow}
+        for c, (res, wts) in enumerate(zip(self.res, self.wts)):
+            for r, w in _weighted(res, wts):
+                users.setdefault(r, {})[c] = w
         contested = {r for r, cs in users.items()
-                     if len(cs) > 1 and sum(self.rate[c] for c in cs) > self.capacity[r] * (1 + 1e-9)}
+                     if len(cs) > 1 and sum(self.rate[c] * w for c, w in cs.items()) > self.capacity[r] * (1 + 1e-9)}
         self.conn_watch = [tuple(r for r in res if r in contested) for res in self.res]
-        # the watched links of each connection, flat (for _contended's gathers)
+        # the watched links of each flow and their weights, flat (for _contended's gathers)
         self._watch_len = np.array([len(w) for w in self.conn_watch], dtype=np.int64)
         self._watch_ptr = np.concatenate([[0], np.cumsum(self._watch_len)]).astype(np.int64)
         self._watch_flat = np.array([r for w in self.conn_watch for r in w], dtype=np.int64)
+        self._watch_wt = np.array([w for c, ws in enumerate(self.conn_watch) for w in
+                                   (users[r][c] for r in ws)], dtype=np.float64)
         watched = np.array([bool(w) for w in self.conn_watch] + [False])
-        self.watch = watched[self.send_conn] if contested else None
+        self.watch = watched[self.flow_conn] if contested else None
 
     def retiled(self, tile: int) -> "Simulator":
         """This simulator with another tile (the plan's arrays and layers,
@@ -260,11 +302,12 @@ class Simulator:
         live = t1 > t0
         if np.count_nonzero(live) < 2:
             return False
-        conns = self.send_conn[g[live]]
+        conns = self.flow_conn[g[live]]
         nres = self._watch_len[conns]
         first = np.repeat(self._watch_ptr[conns] - (np.cumsum(nres) - nres), nres)
-        r = self._watch_flat[first + np.arange(int(nres.sum()))]     # each step's watched links, in order
-        rt = np.repeat(self.rate[conns], nres)
+        at = first + np.arange(int(nres.sum()))
+        r = self._watch_flat[at]                                     # each step's watched links, in order
+        rt = np.repeat(self.rate[conns], nres) * self._watch_wt[at]  # and its load on each
         when = np.concatenate([np.repeat(t0[live], nres), np.repeat(t1[live], nres)])
         step = np.concatenate([rt, -rt])
         link = np.concatenate([r, r])
@@ -290,11 +333,12 @@ class Simulator:
                 t = int(sp.step_tb[s])
                 deps[d].append((t, s - int(sp.tb_start[t])))
             rows = list(zip(range(sp.num_steps), self.comp.tolist(), sp.count.tolist(), self.send_conn.tolist(),
-                            rconn.tolist(), so.tolist(), ro.tolist(), deps, self.fixed.tolist()))
+                            rconn.tolist(), so.tolist(), ro.tolist(), deps, self.fixed.tolist(),
+                            self.flow_conn.tolist()))
             steps = [rows[a:b] for a, b in zip(sp.tb_start[:-1].tolist(), sp.tb_start[1:].tolist())]
             names = list(zip(sp.tb_rank.tolist(), sp.tb_local.tolist()))
             self._events = EventSim(steps, per_iter.tolist(), self.alpha.tolist(), self.cap, self.res,
-                                    self.capacity, self.slots, names)
+                                    self.capacity, self.slots, names, self.wts)
         return self._events
 
     def _events_time(self, q: float) -> float:
@@ -353,6 +397,29 @@ class Simulator:
                         "rounded": r.size != req, "iterations": r.iterations, "engine": r.engine,
                         "contended": r.contended, "topology": self.topology.name})
         return out
+
+
+def _weighted(res, wts):
+    """(link, bytes on it per byte of the flow) of a flow's shared links."""
+    return zip(res, wts) if wts is not None else ((r, 1) for r in res)
+
+
+def _switch_links(view: Topology, rank: int, group: tuple, kind: int) -> dict[int, int]:
+    """Per shared link, the bytes a switch op of ``kind`` (SimPlan.switch_op)
+    issued by ``rank`` on ``group`` moves across it per byte of its chunk."""
+    links: dict[int, int] = {}
+    out, into = view.switch_ports(rank)
+    for m in group:
+        m_out, m_in = view.switch_ports(m)
+        if kind & SWITCH_READS:              # every member's copy leaves its port; the sum enters the reader's
+            links[m_out] = links.get(m_out, 0) + 1
+        if kind & SWITCH_WRITES:             # the result enters every member's port
+            links[m_in] = links.get(m_in, 0) + 1
+    if kind & SWITCH_READS:
+        links[into] = links.get(into, 0) + 1
+    if kind & SWITCH_WRITES:                 # it leaves the writer's port once
+        links[out] = links.get(out, 0) + 1
+    return links
 
 
 def simulate(plan: Plan, topology: Topology, requested: list[int], **kw) -> list[dict]:

@@ -150,6 +150,12 @@ class Topology:
         g = self.gpus_per_node or self.num_ranks
         return len({r // g for r in ranks}) == 1
 
+    def switch_ports(self, rank: int) -> tuple[int, int]:
+        """The shared links (out, in) of ``rank``'s port on the switch that
+        reduces (NVLS): the links its transfers inside the node cross too,
+        so switch operations and NVLink transfers share them."""
+        raise UsageError(f"topology {self.name!r} has no switch that reduces (NVLS)")
+
 
 def _scaled(model: Protocol, kind: str, alpha: float, bandwidth: float) -> tuple[float, float]:
     """(alpha, bandwidth) of a link of ``kind`` under a protocol's ``model``."""
@@ -223,6 +229,11 @@ class Nodes(Topology):
             alpha += self.uplink_alpha
         res.append(self._resource(f"gpu{dst}.in", self.port))
         return Route(alpha, math.inf, tuple(res))
+
+    def switch_ports(self, rank):
+        if not self.nvls_bandwidth or self.switches != 1:
+            return super().switch_ports(rank)
+        return self._resource(f"gpu{rank}.out", self.port), self._resource(f"gpu{rank}.in", self.port)
 
     def _scale(self, model, protocol):
         self.port_alpha, self.port = _scaled(model, self.port_kind, self.port_alpha, self.port)

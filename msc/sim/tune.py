@@ -294,9 +294,7 @@ def _bounds(collective, topology, cands, winners, requested) -> list:
     if collective not in COLLECTIVES:
         return []
     at = [cands[w].sim.chunk_geometry(s)[0] for w, s in zip(winners, requested)]
-    bounds = [b.seconds for b in lower_bound(collective, topology, at, root=cands[0].plan.root)]
-    # msc bound has no switch cuts: it bounds the plans that use links only (none where a switch plan wins)
-    return [None if cands[w].plan.first_switch_step() is not None else b for w, b in zip(winners, bounds)]
+    return [b.seconds for b in lower_bound(collective, topology, at, root=cands[0].plan.root)]
 
 
 def _simulate(pool, cands, baseline, requested, exact: int = 2):
@@ -340,18 +338,22 @@ def _exact_walk(cands, j: int, size: int, count: int, baseline=None):
 
 def link_floor(sim, requested: list[int]) -> list[float]:
     """Per size, a lower bound on ``sim``'s time where transfers share
-    links: the launch, then every byte the plan sends over its busiest
-    shared link at that link's full rate (max-min sharing never gives a
+    links: the launch, then every byte the plan sends (or moves through the
+    switch, weighted) over its busiest shared link at that link's full rate (max-min sharing never gives a
     link more). The fast engine's time is a lower bound too; their maximum
     is tighter where many flows share a NIC."""
     import numpy as np
 
-    sends = sim.send_conn >= 0
-    per_conn = np.bincount(sim.send_conn[sends], weights=sim.sp.count[sends], minlength=len(sim.res))
+    flows = sim.flow_conn >= 0
+    per_flow = np.bincount(sim.flow_conn[flows], weights=sim.sp.count[flows], minlength=len(sim.res))
     load = np.zeros(len(sim.capacity))
-    for c, links in enumerate(sim.res):
-        for r in links:
-            load[r] += per_conn[c]
+    for c, (links, wts) in enumerate(zip(sim.res, sim.wts)):
+        if wts is None:
+            for r in links:
+                load[r] += per_flow[c]
+        else:                                   # a switch op's: its bytes on each port (Simulator._switch_flows)
+            for r, w in zip(links, wts):
+                load[r] += per_flow[c] * w
     busiest = float(np.max(load / np.asarray(sim.capacity))) if len(load) else 0.0
     return [sim.launch + busiest * sim.chunk_geometry(s)[2] for s in requested]
 
