@@ -29,10 +29,10 @@ each piece straight or through a relay instead.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 from msc.dsl.collectives import COLLECTIVES as SPECS, ROOTED
 from msc.errors import UsageError, did_you_mean
+from msc.synth.result import Synthesis
 
 COLLECTIVES = tuple(name for name, spec in SPECS.items() if spec.synthesizes)
 SUMS = tuple(name for name in COLLECTIVES if SPECS[name].reduces)      # the collectives whose programs sum up trees
@@ -40,25 +40,6 @@ PIECE_CHOICES = (1, 2, 4, 8)
 MORE_PIECES = 16           # tried where the packing at 8 pieces is more than PIECES_SLACK from it
 SPREADS = (1, 2, 4, 8, 16)
 PIECES_SLACK = 0.02        # fewer pieces are chosen while the busiest link carries at most 2% more
-
-
-@dataclass(frozen=True)
-class Synthesis:
-    """The program's text, its pieces and spread, and what it predicts:
-    ``bandwidth_s_per_byte``, the busiest link's time per byte of the
-    collective's size (nccl-tests size, msc.units) under the packing, and
-    which link that is."""
-
-    collective: str
-    text: str
-    pieces: int
-    spread: int
-    add_on_arrival: bool | None    # sum_up's choice (None: the collective sums nothing)
-    trees: int                     # alltoall: the pieces relayed
-    max_depth: int                 # hops from a root to the farthest rank (alltoall: of a piece's path)
-    bandwidth_s_per_byte: float
-    busiest: str
-    switch: bool = False           # reduces in the switch (msc.synth.switch): no packing, no spread
 
 
 def spread_choices(pieces: int) -> tuple[int, ...]:

@@ -15,7 +15,7 @@ reads and edits like the tree programs.
 """
 from __future__ import annotations
 
-from msc.synth import Synthesis
+from msc.synth.result import Synthesis
 
 TREES = 2          # trees across domains: tree 1 is tree 0 mirrored
 
