@@ -46,3 +46,18 @@ def rank_counts(alg: msc.Algorithm, preferred=(2, 3, 4, 5, 8)) -> list[int]:
 def uses_switch(alg: msc.Algorithm) -> bool:
     """Whether ``alg``'s program has switch ops (at its smallest preferred rank count)."""
     return msc.trace(alg, rank_counts(alg)[0]).has_switch
+
+
+def rotated(cases, ids, every: int = 3):
+    """pytest params of ``cases`` (tuples starting with the algorithm's key):
+    each algorithm's first case and every ``every``-th after it in the default
+    run, the rest marked slow; ``ids`` names a case. Library-wide sweeps use
+    it where another default test already checks every library plan (the plan
+    verifier's results, tests/test_lowering.py), so the default run keeps every
+    algorithm and, across them, every form, and -m slow the whole product."""
+    import pytest
+
+    seen: dict[str, int] = {}
+    for case in cases:
+        i = seen[case[0]] = seen.get(case[0], -1) + 1
+        yield pytest.param(*case, marks=() if i % every == 0 else pytest.mark.slow, id=ids(case))

@@ -432,9 +432,9 @@ def test_every_flag_of_every_subcommand_has_help():
     assert {"verify", "compile", "export", "import", "run", "bench", "simulate", "tune", "show", "list"} <= seen
 
 
-@pytest.fixture
-def ring_plan(tmp_path):
-    plan = tmp_path / "ring4.plan"
+@pytest.fixture(scope="module")
+def ring_plan(tmp_path_factory):          # read only by its tests: compiled once
+    plan = tmp_path_factory.mktemp("ring-plan") / "ring4.plan"
     assert cli("compile", "allreduce/ring", "-n", 4, "-o", plan).returncode == 0
     return plan
 

@@ -20,6 +20,7 @@ from msc.executor import (ExecutionError, Executor, chunk_bounds, load_inputs, p
                           run_collective, run_plan)
 from msc.ir import Plan, RankPlan, Slice, Step, StepOp, Threadblock
 from msc.lower.pipeline import LowerOptions, lower
+from library import rotated
 
 LIBRARY = Path(__file__).resolve().parent.parent / "algorithms"
 ALL_DTYPES = (np.float64, np.float32, np.float16, ml_dtypes.bfloat16, np.int32, np.int64, np.uint8)
@@ -60,8 +61,9 @@ CASES = [(key, n, inplace, inst, root)
          for root in ((0, n - 1) if alg.collective.has_root else (0,))]
 
 
-@pytest.mark.parametrize("key,n,inplace,instances,root", CASES,
-                         ids=[f"{c[0]}-n{c[1]}-{'in' if c[2] else 'out'}-i{c[3]}-r{c[4]}" for c in CASES])
+# every third case of each algorithm by default (tests/library.py rotated), the rest under -m slow
+@pytest.mark.parametrize("key,n,inplace,instances,root", list(rotated(
+    CASES, lambda c: f"{c[0]}-n{c[1]}-{'in' if c[2] else 'out'}-i{c[3]}-r{c[4]}")))
 def test_library_plan_matches_reference(key, n, inplace, instances, root):
     plan = plan_for(key, n, inplace, instances, root)
     k = plan.chunk_factor

@@ -22,6 +22,7 @@ dist = pytest.importorskip("torch.distributed")
 
 import torchdist  # noqa: E402  (tests/ helper: the worker pool and the cases it runs)
 from torchdist import COMBOS, algorithms, library_plan, np_dtype, to_numpy, to_torch  # noqa: E402
+from library import rotated  # noqa: E402
 
 import msc.torch as mt  # noqa: E402
 from msc.verification import reference  # noqa: E402
@@ -61,8 +62,9 @@ LOCAL = [(key, n, inplace, inst) for n in (2, 3, 4) for key in library_keys(n)
          for inplace in (True, False) for inst in (1, 2)]
 
 
-@pytest.mark.parametrize("key,n,inplace,instances", LOCAL,
-                         ids=[f"{k}-n{n}-{'in' if i else 'out'}-i{inst}" for k, n, i, inst in LOCAL])
+# every third case of each algorithm by default (tests/library.py rotated), the rest under -m slow
+@pytest.mark.parametrize("key,n,inplace,instances", list(rotated(
+    LOCAL, lambda c: f"{c[0]}-n{c[1]}-{'in' if c[2] else 'out'}-i{c[3]}")))
 def test_rounds_match_reference_executor_bit_for_bit(key, n, inplace, instances):
     """Every library plan, its whole physical buffers (not only the outputs),
     for counts no chunk factor divides, over both transports; and no

@@ -125,10 +125,15 @@ def same_outputs(a: Plan, b: Plan, seed: int = 0) -> None:
 
 
 # -- every library algorithm -------------------------------------------------------------
-@pytest.mark.parametrize("key", sorted(ALGORITHMS))
-def test_library_round_trip(key):
+@pytest.mark.parametrize("key, every", [(key, False) for key in sorted(ALGORITHMS)] +
+                         [pytest.param(key, True, marks=pytest.mark.slow) for key in sorted(ALGORITHMS)])
+def test_library_round_trip(key, every):
+    """Every algorithm at its first and last case by default (fewest ranks in place with 1 instance,
+    most ranks out of place with 2), all its cases under -m slow."""
     cases = library_cases(key)
     assert cases
+    if not every:
+        cases = sorted({cases[0], cases[-1]})
     for n, inplace, instances in cases:
         plan = library_plan(key, n, inplace, instances)
         if plan.slots > RUNTIMES["msccl"].connection_slots("Simple"):
