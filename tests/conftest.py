@@ -25,3 +25,15 @@ def cross_checks():
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(crosscheck, "ENABLED", True)
         yield
+
+
+@pytest.fixture(scope="module")
+def gloo2():
+    """Two torch.distributed (gloo) worker processes for a module's tests
+    (tests/torchdist.py); skipped without torch."""
+    pytest.importorskip("torch")
+    import torchdist
+
+    pool = torchdist.Pool(2, timeout=180)
+    yield pool
+    pool.close()

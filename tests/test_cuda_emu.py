@@ -521,16 +521,6 @@ def test_a_call_too_long_for_the_progress_counters_is_refused():
 
 
 # -- torchrun: one process per rank, memory files where CUDA IPC would be -------------------------------
-@pytest.fixture(scope="module")
-def gloo2():
-    pytest.importorskip("torch")
-    import torchdist
-
-    pool = torchdist.Pool(2, timeout=180)
-    yield pool
-    pool.close()
-
-
 @pytest.mark.parametrize("key, protocol", [("allreduce/ring:ring", "Simple"), ("allreduce/allpairs:allpairs", "LL"),
                                            ("allgather/ring:ring", "LL"), ("reducescatter/allpairs:allpairs", "Simple"),
                                            ("alltoall/allpairs:allpairs", "LL"), ("reduce/tree:tree", "Simple"),

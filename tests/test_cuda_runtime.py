@@ -331,16 +331,6 @@ def test_counters_are_read_from_an_arena_image():
 
 
 # -- the torchrun bootstrap between two processes (gloo, fake IPC) ---------------------------
-@pytest.fixture(scope="module")
-def gloo2():
-    pytest.importorskip("torch")
-    import torchdist
-
-    pool = torchdist.Pool(2, timeout=120)
-    yield pool
-    pool.close()
-
-
 def test_torchrun_bootstrap_exchanges_handles_and_builds_the_same_tables(gloo2):
     import cudaboot
 

@@ -260,16 +260,6 @@ def test_kernels_without_switch_ops_include_none_of_it():
 
 
 # -- the GPU path, with the driver and multicast faked ------------------------------------------------
-@pytest.fixture(scope="module")
-def gloo2():
-    pytest.importorskip("torch")
-    import torchdist
-
-    pool = torchdist.Pool(2, timeout=180)
-    yield pool
-    pool.close()
-
-
 def test_gpu_torchrun_binds_group_memory_stages_buffers_and_fills_the_switch_table(gloo2):
     """Each process opens its group memory through msc.cuda.multicast (member 0 creates the object,
     each binds its own memory), zeroes the barrier counters, points the kernel's buffers at its
