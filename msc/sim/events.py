@@ -41,6 +41,22 @@ def _uses(f):
     return zip(f.res, f.w) if f.w is not None else ((r, 1) for r in f.res)
 
 
+def linked_flows(members: dict, seeds) -> tuple[set, set]:
+    """The flows on the links ``seeds`` and, transitively, on every link
+    those flows cross (``members``: link -> its flows), and those links:
+    what one change of rates can reach."""
+    flows, seen, stack = set(), set(seeds), list(seeds)
+    while stack:
+        for f in members.get(stack.pop(), ()):
+            if f not in flows:
+                flows.add(f)
+                for r in f.res:
+                    if r not in seen:
+                        seen.add(r)
+                        stack.append(r)
+    return flows, seen
+
+
 def maxmin(flows, capacity, members) -> dict:
     """Max-min fair rates of ``flows`` (each with ``.cap``, ``.res`` and
     ``.w``, the bytes a byte of it puts on each link; a switch op's differ
@@ -194,16 +210,7 @@ class _Replay:
     def rebalance(self, seeds):
         """New max-min fair rates for the flows on the links ``seeds`` and,
         transitively, on every link those flows cross."""
-        members = self.members
-        flows, seen, stack = set(), set(seeds), list(seeds)
-        while stack:
-            for f in members.get(stack.pop(), ()):
-                if f not in flows:
-                    flows.add(f)
-                    for r in f.res:
-                        if r not in seen:
-                            seen.add(r)
-                            stack.append(r)
+        flows, seen = linked_flows(self.members, seeds)
         if not flows:
             return
         now = self.now
@@ -215,7 +222,7 @@ class _Replay:
         if per_conn is None:
             if len(self.rates) >= RATE_CACHE:
                 self.rates.clear()
-            per_conn = {f.conn: rate for f, rate in maxmin(flows, self.capacity, members).items()}
+            per_conn = {f.conn: rate for f, rate in maxmin(flows, self.capacity, self.members).items()}
             self.rates[key] = per_conn
         for f in flows:
             rate = per_conn[f.conn]

@@ -64,7 +64,7 @@ from dataclasses import dataclass
 from msc.errors import DeadlockError, PlanError, UsageError
 from msc.ir.onesided import (CONTROL_OPS, DATA_OPS, PACKET_OPS, PIPELINE, PORT_ONLY_OPS, SWITCH_OPS, OneSidedPlan,
                              Operand)
-from msc.sim.events import maxmin
+from msc.sim.events import linked_flows, maxmin
 from msc.sim.topology import Topology
 from msc.verification.onesided_run import UNIT, Layout, _program, _slice, packet_sources, scratch_of
 
@@ -588,16 +588,8 @@ class _Replay:
 
     def rebalance(self) -> None:
         """Max-min fair rates for the flows on the changed links and, transitively, those they share links with."""
-        flows, seen, stack = set(), set(self.dirty), list(self.dirty)
+        flows, seen = linked_flows(self.members, self.dirty)
         self.dirty.clear()
-        while stack:
-            for f in self.members.get(stack.pop(), ()):
-                if f not in flows:
-                    flows.add(f)
-                    for r in f.res:
-                        if r not in seen:
-                            seen.add(r)
-                            stack.append(r)
         if not flows:
             return
         now = self.now
