@@ -184,6 +184,16 @@ def test_nvls_ring_sends_each_nic_2_n_minus_1_over_n_of_its_shard_each_way(nodes
     assert sent == received == [2 * (nodes - 1) * rings] * (nodes * g)
 
 
+@pytest.mark.parametrize("n, g, instances", [(8, 4, 1), (8, 4, 2), (12, 4, 1)])
+def test_nvls_ring_runs_with_2_slots_per_connection(n, g, instances):
+    """Each ring on a channel of its own: with two nodes both rings join the same two ranks, and on one
+    connection their steps would need 4 slots; the plan runs with 2 (the msccl runtimes' Simple)."""
+    plan = _plan(NVLS_RING, n, instances=instances, gpus_per_node=g)
+    assert verify_plan(plan, slots=2)
+    ring_channels = {tb.channel for rp in plan.ranks for tb in rp.threadblocks if not tb.group}
+    assert len(ring_channels) == 2 * instances, ring_channels        # rings=2 per instance
+
+
 def test_nvls_ring_with_one_node_is_nvls_in_two_steps():
     """One node: no ring, the reduce-load and the multicast store on the two switch threadblocks."""
     plan = _plan(NVLS_RING, 4, gpus_per_node=4)

@@ -14,18 +14,20 @@ def ring_order(nodes: int, ring: int) -> list[int]:
     return order if ring % 2 == 0 else order[::-1]
 
 
-def ring_allreduce(p: msc.Program, ranks: list[int], first_chunk: int) -> None:
+def ring_allreduce(p: msc.Program, ranks: list[int], first_chunk: int, channel: int) -> None:
     """Allreduce ``output[first_chunk : first_chunk + len(ranks)]`` in place
     over the ring ``ranks`` (in visiting order): piece i is summed around
-    the ring from position i + 1 to position i, then passed on around it."""
+    the ring from position i + 1 to position i, then passed on around it.
+    Each ring has a channel of its own: with two nodes both rings join the
+    same two ranks, and on one connection they would need 4 slots, not 2."""
     m = len(ranks)
     for i in range(m):
         chunk = first_chunk + i
         acc = p.chunk(ranks[(i + 1) % m], "output", chunk)
         for step in range(2, m + 1):
-            acc = p.chunk(ranks[(i + step) % m], "output", chunk).reduce(acc)
+            acc = p.chunk(ranks[(i + step) % m], "output", chunk).reduce(acc, channel=channel)
         for step in range(1, m):
-            acc = acc.copy(ranks[(i + step) % m], "output", chunk)
+            acc = acc.copy(ranks[(i + step) % m], "output", chunk, channel=channel)
 
 
 @msc.algorithm("allreduce", chunk_factor=lambda n, gpus_per_node, rings: n * rings,
@@ -63,7 +65,7 @@ def nvls_ring(p: msc.Program, gpus_per_node=8, rings=2):
     if nodes > 1:
         for k in range(rings):
             for l in range(g):
-                ring_allreduce(p, [j * g + l for j in ring_order(nodes, k)], l * shard + k * nodes)
+                ring_allreduce(p, [j * g + l for j in ring_order(nodes, k)], l * shard + k * nodes, k)
     for j in range(nodes):
         for l in range(g):
             storing[j].store(p.chunk(j * g + l, "output", l * shard, shard))
