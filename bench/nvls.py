@@ -7,15 +7,17 @@ One node (dgx-h100, 8 GPUs): algorithms/allreduce/nvls.py with 16 instances
 (NCCL's 16 NVLS channels) beside Azure ND H100 v5's forced-NVLS busbw (NCCL
 2.18.5, tests/data/nccl_published.toml), and beside NCCL's ring as msc
 models it (msc simulate --nccl) and the library ring with 16 instances.
-Several nodes (dgx-h100:2, :4): algorithms/allreduce/nvls_tree.py (pipelined,
-two trees) with 4 and 16 instances against NCCL's own choice (ring or tree:
-msc does not model NVLSTree) as msc models it; no NVLSTree measurement on
-H100 nodes is in the data set, so those rows compare models only.
+Several nodes (dgx-h100:2, :4, :8 with --nodes): algorithms/allreduce/nvls_tree.py
+(pipelined, two trees) with 4 and 16 instances, and algorithms/allreduce/nvls_ring.py
+(NVLS in each node, two rings of nodes across) with 4 instances, against NCCL's
+own choice (ring or tree: msc does not model NVLSTree) as msc models it; no
+NVLSTree measurement on H100 nodes is in the data set, so those rows compare
+models only. nvls_tree x16 is left out from 8 nodes (minutes of simulation).
 
 No GPU: every "msc" number is msc's cost model (simulated); "published" is
 a measurement from the source named.
 
-    python bench/nvls.py [--out bench/results/nvls-model-DATE.md]
+    python bench/nvls.py [--nodes 2,4,8] [--out bench/results/nvls-model-DATE.md]
 """
 from __future__ import annotations
 
@@ -79,24 +81,34 @@ def one_node() -> list[str]:
     return lines
 
 
-def several_nodes() -> list[str]:
+def several_nodes(node_counts) -> list[str]:
     from msc.sim.nccl_sim import simulate_nccl
     from msc.sim.presets import get_topology
 
-    lines = ["", "## Several nodes: NVLS inside each node, a tree across (busbw GB/s)", "",
+    lines = ["", "## Several nodes: NVLS inside each node, a tree or rings across (busbw GB/s)", "",
              "| topology | size | msc nvls_tree x4 (simulated) | msc nvls_tree x16 (simulated) | "
-             "NCCL's choice (msc's model) | x4 / NCCL | x16 / NCCL | msc bound |",
-             "|---|---|---:|---:|---|---:|---:|---:|"]
-    for nodes in (2, 4):
+             "msc nvls_ring x4 (simulated) | NCCL's choice (msc's model) | tree x4 / NCCL | tree x16 / NCCL | "
+             "ring x4 / NCCL | ring x4 / tree x4 | msc bound |",
+             "|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
+    for nodes in node_counts:
         topo = get_topology(f"dgx-h100:{nodes}", 8 * nodes)
-        tree = {k: _busbw(_plan("allreduce/nvls_tree.py", 8 * nodes, k, gpus_per_node=8), topo, NODES) for k in (4, 16)}
+        tree = {k: _busbw(_plan("allreduce/nvls_tree.py", 8 * nodes, k, gpus_per_node=8), topo, NODES)
+                for k in ((4, 16) if nodes <= 4 else (4,))}
+        ring = _busbw(_plan("allreduce/nvls_ring.py", 8 * nodes, 4, gpus_per_node=8), topo, NODES)
         bound = _bound_busbw(topo, NODES)
         for rec in simulate_nccl("allreduce", topo, NODES):
             size, nccl = rec["size"], rec["busbw"]
-            lines.append(f"| dgx-h100:{nodes} | {_size(size)} | {tree[4][size]:.1f} | {tree[16][size]:.1f} | "
+            tree16 = tree.get(16, {}).get(size)
+            lines.append(f"| dgx-h100:{nodes} | {_size(size)} | {tree[4][size]:.1f} | "
+                         f"{_fmt(tree16, '.1f')} | {ring[size]:.1f} | "
                          f"{rec['algorithm']} {rec['protocol']} x{rec['channels']}: {nccl:.1f} | "
-                         f"{tree[4][size] / nccl:.2f} | {tree[16][size] / nccl:.2f} | {bound[size]:.1f} |")
+                         f"{tree[4][size] / nccl:.2f} | {_fmt(tree16 and tree16 / nccl, '.2f')} | "
+                         f"{ring[size] / nccl:.2f} | {ring[size] / tree[4][size]:.2f} | {bound[size]:.1f} |")
     return lines
+
+
+def _fmt(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
 
 
 def _size(size: int) -> str:
@@ -109,10 +121,11 @@ def _size(size: int) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", help="also write the tables (markdown) here")
+    ap.add_argument("--nodes", default="2,4", help="node counts of the several-nodes table (default 2,4)")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     lines = ["# NVLS in msc's cost model (simulated; published figures where named)", ""]
-    lines += one_node() + several_nodes()
+    lines += one_node() + several_nodes([int(k) for k in args.nodes.split(",")])
     lines += ["", f"# {time.perf_counter() - t0:.1f} s"]
     text = "\n".join(lines)
     print(text)

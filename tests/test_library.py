@@ -155,6 +155,9 @@ def test_halving_doubling_chunk_factor_is_the_power_of_two_core():
     ("alltoall/hierarchical:hierarchical", 9, {"gpus_per_node": 2}),
     ("allreduce/torus2d:torus2d", 8, {"rows": 3}),
     ("allreduce/torus2d:torus2d", 8, {"rows": 0}),
+    ("allreduce/nvls_ring:nvls_ring", 12, {}),
+    ("allreduce/nvls_ring:nvls_ring", 8, {"gpus_per_node": 1}),
+    ("allreduce/nvls_ring:nvls_ring", 8, {"rings": 0}),
 ])
 def test_unsupported_rank_counts_are_rejected(key, n, params):
     alg = ALGORITHMS[key]

@@ -27,12 +27,16 @@ from msc.lower.pipeline import LowerOptions, lower
 from msc.verification.plan import verify_plan
 from library import algorithms
 
-SWITCH = {key: alg for key, alg in algorithms().items() if key.startswith(("allreduce/nvls:", "allreduce/nvls_tree:"))}
+SWITCH = {key: alg for key, alg in algorithms().items() if key.startswith(("allreduce/nvls:", "allreduce/nvls_tree:",
+                                                                                  "allreduce/nvls_ring:"))}
 # (algorithm, ranks, parameters, instances): NVLS at 4 and 8 ranks; NVLS-tree as one node of 8 and as nodes
-# of 4 and 2 GPUs (a tree across nodes: memory channels and switch channels in one plan).
+# of 4 and 2 GPUs (a tree across nodes: memory channels and switch channels in one plan); NVLS-ring as 2 and
+# 3 nodes of 2 GPUs (rings of nodes across).
 CASES = [("allreduce/nvls:nvls", 4, {}, 1), ("allreduce/nvls:nvls", 8, {}, 1), ("allreduce/nvls:nvls", 8, {}, 4),
          ("allreduce/nvls_tree:nvls_tree", 8, {}, 1), ("allreduce/nvls_tree:nvls_tree", 8, {"gpus_per_node": 4}, 1),
-         ("allreduce/nvls_tree:nvls_tree", 4, {"gpus_per_node": 2}, 1)]
+         ("allreduce/nvls_tree:nvls_tree", 4, {"gpus_per_node": 2}, 1),
+         ("allreduce/nvls_ring:nvls_ring", 4, {"gpus_per_node": 2}, 1),
+         ("allreduce/nvls_ring:nvls_ring", 6, {"gpus_per_node": 2}, 2)]
 
 
 @functools.lru_cache(maxsize=None)
@@ -47,8 +51,9 @@ def plan_of(case, inplace=True):
     return switch_plan(key, n, tuple(sorted(params.items())), instances, inplace)
 
 
-def test_the_cases_cover_both_switch_algorithms():
-    assert {key for key, *_ in CASES} == set(SWITCH) == {"allreduce/nvls:nvls", "allreduce/nvls_tree:nvls_tree"}
+def test_the_cases_cover_every_switch_algorithm():
+    assert {key for key, *_ in CASES} == set(SWITCH) == {"allreduce/nvls:nvls", "allreduce/nvls_tree:nvls_tree",
+                                                         "allreduce/nvls_ring:nvls_ring"}
     tree = plan_of(CASES[4])
     assert any(tb.send is not None for rp in tree.ranks for tb in rp.threadblocks)     # the tree across nodes
     assert len({tb.group for rp in tree.ranks for tb in rp.threadblocks if tb.group}) == 2

@@ -22,6 +22,7 @@ from library import algorithms
 
 NVLS = algorithms()["allreduce/nvls:nvls"]
 NVLS_TREE = algorithms()["allreduce/nvls_tree:nvls_tree"]
+NVLS_RING = algorithms()["allreduce/nvls_ring:nvls_ring"]
 
 
 def _plan(alg, n, inplace=False, instances=1, **params):
@@ -146,6 +147,60 @@ def test_nvls_tree_matches_the_sum(n, g, inplace, instances):
     inputs = [rng.standard_normal(plan.chunk_factor * 3 + 1) for _ in range(n)]
     for out in run_collective(plan, inputs, "sum"):
         np.testing.assert_allclose(out, np.sum(inputs, axis=0), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("n, g, rings, inplace, instances",
+                         [(4, 2, 2, False, 1), (8, 4, 2, True, 2), (12, 4, 1, False, 1), (16, 4, 3, True, 1)])
+def test_nvls_ring_is_bit_exact_on_integers_and_sums_floats(n, g, rings, inplace, instances):
+    """Integers: the exact sum, whatever order the rings add in; floats: the sum, to rounding."""
+    plan = _plan(NVLS_RING, n, inplace=inplace, instances=instances, gpus_per_node=g, rings=rings)
+    verify_plan(plan)
+    rng = np.random.default_rng(n + rings)
+    count = plan.chunk_factor * 3 + 1
+    ints = [rng.integers(-1000, 1000, count).astype(np.int32) for _ in range(n)]
+    want = np.sum(ints, axis=0, dtype=np.int32)
+    for out in run_collective(plan, ints, "sum"):
+        assert out.tobytes() == want.tobytes()
+    floats = [rng.standard_normal(count) for _ in range(n)]
+    for out in run_collective(plan, floats, "sum"):
+        np.testing.assert_allclose(out, np.sum(floats, axis=0), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("nodes, rings", [(2, 2), (3, 2), (4, 2), (4, 1), (5, 3)])
+def test_nvls_ring_sends_each_nic_2_n_minus_1_over_n_of_its_shard_each_way(nodes, rings):
+    """Across nodes only rank l of each node moves shard l (its NIC), and it
+    sends and receives 2(N-1) of the shard's N * rings pieces per ring:
+    2(N-1)/N of the shard each way, where a binary tree's inner node moves
+    it three times; inside a node only the switch moves data."""
+    g = 4
+    program = msc.trace(NVLS_RING, nodes * g, gpus_per_node=g, rings=rings)
+    sent, received = [0] * (nodes * g), [0] * (nodes * g)
+    for op in program.ops:
+        if op.kind in (msc.ir.OpKind.COPY, msc.ir.OpKind.REDUCE) and op.src_rank != op.dst_rank:
+            assert op.src_rank // g != op.dst_rank // g and op.src_rank % g == op.dst_rank % g, op
+            assert op.src_index // (rings * nodes) == op.src_rank % g, op       # shard l stays on local index l
+            sent[op.src_rank] += op.size
+            received[op.dst_rank] += op.size
+    assert sent == received == [2 * (nodes - 1) * rings] * (nodes * g)
+
+
+@pytest.mark.parametrize("n, g, instances", [(8, 4, 1), (8, 4, 2), (12, 4, 1)])
+def test_nvls_ring_runs_with_2_slots_per_connection(n, g, instances):
+    """Each ring on a channel of its own: with two nodes both rings join the same two ranks, and on one
+    connection their steps would need 4 slots; the plan runs with 2 (the msccl runtimes' Simple)."""
+    plan = _plan(NVLS_RING, n, instances=instances, gpus_per_node=g)
+    assert verify_plan(plan, slots=2)
+    ring_channels = {tb.channel for rp in plan.ranks for tb in rp.threadblocks if not tb.group}
+    assert len(ring_channels) == 2 * instances, ring_channels        # rings=2 per instance
+
+
+def test_nvls_ring_with_one_node_is_nvls_in_two_steps():
+    """One node: no ring, the reduce-load and the multicast store on the two switch threadblocks."""
+    plan = _plan(NVLS_RING, 4, gpus_per_node=4)
+    verify_plan(plan)
+    for rp in plan.ranks:
+        assert [[s.op for s in tb.steps] for tb in rp.threadblocks] == [
+            [StepOp.BARRIER, StepOp.SWRED, StepOp.BARRIER], [StepOp.BARRIER, StepOp.SWST, StepOp.BARRIER]]
 
 
 TWO_GROUPS_BODY = """
@@ -281,7 +336,9 @@ def test_backends_without_switch_ops_refuse_by_name(tmp_path):
 @pytest.mark.parametrize("key, n, params, inplace, instances", [
     ("allreduce/nvls:nvls", 2, {}, True, 1), ("allreduce/nvls:nvls", 4, {}, False, 2),
     ("allreduce/nvls:nvls", 8, {}, True, 1), ("allreduce/nvls_tree:nvls_tree", 8, {"gpus_per_node": 4}, True, 2),
-    ("allreduce/nvls_tree:nvls_tree", 12, {"gpus_per_node": 4}, False, 1)])
+    ("allreduce/nvls_tree:nvls_tree", 12, {"gpus_per_node": 4}, False, 1),
+    ("allreduce/nvls_ring:nvls_ring", 8, {"gpus_per_node": 4}, True, 2),
+    ("allreduce/nvls_ring:nvls_ring", 12, {"gpus_per_node": 4, "rings": 1}, False, 1)])
 def test_switch_ops_as_messages_verify_and_compute_the_same_bits(key, n, params, inplace, instances):
     """The expansion the torch executor runs (msc.lower.switch_expand):
     no switch left, verified (races, deadlock at 1 slot, results), and the

@@ -29,8 +29,9 @@ from msc.errors import UsageError
 from msc.ir.ops import REDUCE_OPS
 from msc.lower.pipeline import LowerOptions, lower
 
-# The library's switch algorithms and the rank counts they run at here (nvls_tree: nodes of 2 GPUs).
-SWITCH_KEYS = {"allreduce/nvls:nvls": (2, 3, 5), "allreduce/nvls_tree:nvls_tree": (4, 8)}
+# The library's switch algorithms and the rank counts they run at here (nvls_tree, nvls_ring: nodes of 2 GPUs).
+SWITCH_KEYS = {"allreduce/nvls:nvls": (2, 3, 5), "allreduce/nvls_tree:nvls_tree": (4, 8),
+               "allreduce/nvls_ring:nvls_ring": (4, 6)}
 TREE_NODE = {"gpus_per_node": 2}
 # What the switch reduces (avg: the switch's sum, then the runtime's division pass).
 SWITCH_PAIRS = supported_pairs()
@@ -39,7 +40,7 @@ SWITCH_PAIRS = supported_pairs()
 @lru_cache(maxsize=None)
 def switch_plan(key: str, n: int, inplace: bool = True, instances: int = 1):
     alg = algorithms()[key]
-    if "nvls_tree" in key:
+    if "nvls_tree" in key or "nvls_ring" in key:
         alg = dataclasses.replace(alg, params={**alg.params, **TREE_NODE})
     return lower(msc.trace(alg, n, inplace=inplace), LowerOptions(instances=instances, tile=4096))
 
@@ -62,7 +63,8 @@ def _pairs_count(k: int, chunk: int) -> int:
 # One case per (dtype, op) the switch reduces, rotating algorithm, ranks, in place, instances and form.
 CASES = [("allreduce/nvls:nvls", 4, True, 1, "table"), ("allreduce/nvls:nvls", 3, False, 2, "straight"),
          ("allreduce/nvls_tree:nvls_tree", 4, True, 2, "table"), ("allreduce/nvls:nvls", 5, False, 1, "table"),
-         ("allreduce/nvls_tree:nvls_tree", 8, False, 1, "straight"), ("allreduce/nvls:nvls", 2, True, 2, "straight")]
+         ("allreduce/nvls_tree:nvls_tree", 8, False, 1, "straight"), ("allreduce/nvls:nvls", 2, True, 2, "straight"),
+         ("allreduce/nvls_ring:nvls_ring", 6, False, 2, "table"), ("allreduce/nvls_ring:nvls_ring", 4, True, 1, "straight")]
 DEFAULT = [CASES[i % len(CASES)] + pair for i, pair in enumerate(SWITCH_PAIRS)]
 
 
