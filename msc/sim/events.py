@@ -57,6 +57,14 @@ def linked_flows(members: dict, seeds) -> tuple[set, set]:
     return flows, seen
 
 
+def settle(flows, now: float) -> None:
+    """Bring each flow's remaining bytes to ``now`` at the rate it had since
+    its last change, before its rate changes."""
+    for f in flows:
+        f.rem = max(f.rem - f.rate * (now - f.last), 0.0)
+        f.last = now
+
+
 def maxmin(flows, capacity, members) -> dict:
     """Max-min fair rates of ``flows`` (each with ``.cap``, ``.res`` and
     ``.w``, the bytes a byte of it puts on each link; a switch op's differ
@@ -210,13 +218,11 @@ class _Replay:
     def rebalance(self, seeds):
         """New max-min fair rates for the flows on the links ``seeds`` and,
         transitively, on every link those flows cross."""
-        flows, seen = linked_flows(self.members, seeds)
+        flows, _ = linked_flows(self.members, seeds)
         if not flows:
             return
         now = self.now
-        for f in flows:
-            f.rem = max(f.rem - f.rate * (now - f.last), 0.0)
-            f.last = now
+        settle(flows, now)
         key = tuple(sorted(f.conn for f in flows))
         per_conn = self.rates.get(key)
         if per_conn is None:

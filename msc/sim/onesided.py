@@ -64,7 +64,7 @@ from dataclasses import dataclass
 from msc.errors import DeadlockError, PlanError, UsageError
 from msc.ir.onesided import (CONTROL_OPS, DATA_OPS, PACKET_OPS, PIPELINE, PORT_ONLY_OPS, SWITCH_OPS, OneSidedPlan,
                              Operand)
-from msc.sim.events import linked_flows, maxmin
+from msc.sim.events import linked_flows, maxmin, settle
 from msc.sim.topology import Topology
 from msc.verification.onesided_run import UNIT, Layout, _program, _slice, packet_sources, scratch_of
 
@@ -593,9 +593,7 @@ class _Replay:
         if not flows:
             return
         now = self.now
-        for f in flows:
-            f.rem = max(f.rem - f.rate * (now - f.last), 0.0)
-            f.last = now
+        settle(flows, now)
         capacity = {r: self.sim.capacity(r) for r in seen}
         for f, rate in maxmin(flows, capacity, self.members).items():
             if rate != f.rate:
