@@ -118,8 +118,13 @@ def lower_switch(ops: list[Op], scratch: list[int], n: int, options, fields: dic
     rank_tbs: list[list[Threadblock]] = [[] for _ in range(n)]       # the epochs' threadblocks, renumbered later
     channel_base = 1 + max((c for _, c in groups), default=-1)
     done: list[list[tuple[int, int]]] = [[] for _ in range(n)]      # per rank: (tb index, last step) of past epochs
+    by_rank: dict[int, list] = {}                                     # rank -> its switch threadblocks' keys, in order
+    for key in switch:
+        by_rank.setdefault(key[0], []).append(key)
+    # a rank in groups of different members (pairs, then cross pairs) orders them through both: see _open_epoch
+    mixed = any(len({key[1] for key in keys}) > 1 for keys in by_rank.values())
     for e, (part, barrier) in enumerate(zip(parts, barriers_needed(parts))):
-        _open_epoch(switch, done, barrier, first=e == 0)
+        _open_epoch(switch, by_rank, done, barrier, rounds=2 if mixed and e > 0 else 1)
         # (a threadblock past its first barrier only: that barrier is passed once per call, and waiting
         # for it would wait, tile by tile, for the threadblock's previous tile)
         gates = {key: ("switch", key, len(tb.steps) - 1) for key, tb in switch.items() if len(tb.steps) > 1}
@@ -138,7 +143,7 @@ def lower_switch(ops: list[Op], scratch: list[int], n: int, options, fields: dic
     return _assemble(fields, scratch, n, groups, {key: tb.steps for key, tb in switch.items()}, rank_tbs)
 
 
-def _open_epoch(switch: dict, done, barrier: bool, first: bool) -> None:
+def _open_epoch(switch: dict, by_rank: dict, done, barrier: bool, rounds: int) -> None:
     """Start an epoch on every switch threadblock. With a barrier, a rank
     arrives at its groups' barriers once all its earlier steps are done (its
     other threadblocks' too). Where a rank is in groups of different members,
@@ -152,9 +157,7 @@ def _open_epoch(switch: dict, done, barrier: bool, first: bool) -> None:
     # is ordered by a -> F's barrier -> m -> G's barrier -> b: m must pass F's barrier before arriving
     # at G's. One round in a fixed order gives that only where F comes first, a second round always.
     # (Before the first epoch nothing is ordered: the barrier only says every member has started its call.)
-    rounds = 2 if not first and any(len({key[1] for key in switch if key[0] == r}) > 1 for r, _, _ in switch) else 1
-    for rank in sorted({key[0] for key in switch}):
-        keys = [key for key in switch if key[0] == rank]
+    for rank, keys in sorted(by_rank.items()):
         past = tuple(("epoch", t, s) for t, s in done[rank])
         last = {key: ("switch", key, len(switch[key].steps) - 1) for key in keys if len(switch[key].steps) > 1}
         if barrier:
