@@ -184,7 +184,7 @@ class Stage:
 
     def __init__(self, record: Record, alarm: Alarm, name: str, cap_s: float):
         self.record, self.alarm, self.name, self.cap = record, alarm, name, cap_s
-        self.t0 = time.monotonic()
+        self.t0, self.started = time.monotonic(), time.time()
         self.cases: list[dict] = []
         self.status, self.error = "pass", None
 
@@ -226,7 +226,8 @@ class Stage:
 
     def summary(self) -> dict:
         counted = [c for c in self.cases if c["case"] != "log"]
-        return {"status": self.status, "seconds": round(time.monotonic() - self.t0, 1), "cap_s": round(self.cap, 1),
+        return {"status": self.status, "started": round(self.started, 3),
+                "seconds": round(time.monotonic() - self.t0, 1), "cap_s": round(self.cap, 1),
                 "error": self.error, "passed": sum(1 for c in counted if c["ok"]),
                 "failed": sum(1 for c in counted if c["ok"] is False),
                 "skipped": sum(1 for c in counted if c["ok"] is None and "cut" not in c),

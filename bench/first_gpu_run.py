@@ -89,6 +89,7 @@ CORE_KINDS = (("float32", "sum"), ("bfloat16", "max"), ("float16", "avg"))
 OTHERS = ("allgather/ring:ring", "reducescatter/ring:ring", "alltoall/allpairs:allpairs", "broadcast/chain:chain",
           "reduce/tree:tree")
 CHILD = Path(__file__).resolve().parent / "first_gpu_child.py"
+DEADLOCK = "cudaboot:deadlock_plan"      # the behaviour stage's deadlocking plan (not a library algorithm)
 SANITIZER_TOOLS = ("memcheck", "synccheck")
 CHILD_TIMEOUT_S = 60.0           # a child kernel's spin-wait budget (a sanitizer slows kernels many times)
 
@@ -155,11 +156,11 @@ def environment_stage(run: Run, stage) -> dict:
     stage.case("versions", _versions, run, env)
     if run.gpu:
         stage.case("the GPU", lambda: env.update(_gpu_environment()) or env.get("gpu"))
-    for name, argv in (("nvidia-smi -q", ["nvidia-smi", "-q"]), ("nvidia-smi topo -m", ["nvidia-smi", "topo", "-m"])):
+    for argv, file in ((["nvidia-smi", "-q"], "nvidia-smi-q.txt"), (["nvidia-smi", "topo", "-m"], "nvidia-smi-topo.txt")):
         if shutil.which("nvidia-smi") is None:
-            stage.skip(name, "nvidia-smi is not on PATH")
+            stage.skip(" ".join(argv), "nvidia-smi is not on PATH")
         else:
-            stage.case(name, _save_output, run, argv, env)
+            stage.case(" ".join(argv), _save_output, run, argv, file, env)
 
 
 def _versions(run: Run, env: dict) -> str:
@@ -201,9 +202,8 @@ def _gpu_environment() -> dict:
     return env
 
 
-def _save_output(run: Run, argv: list[str], env: dict) -> str:
+def _save_output(run: Run, argv: list[str], name: str, env: dict) -> str:
     done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
-    name = "-".join(argv).replace(" ", "") + ".txt"
     (run.out / name).write_text(done.stdout + done.stderr)
     env[" ".join(argv)] = name
     if done.returncode:
@@ -240,7 +240,8 @@ def compile_jobs(run: Run) -> list[tuple]:
     for job in (("allreduce/allpairs:allpairs", run.ranks, "LL", 0, 1, None, "float32", "sum"),     # behaviour
                 ("allreduce/allpairs:allpairs", run.ranks, "Simple", 0, 1, "table", "float32", "sum"),
                 ("alltoall/hierarchical:hierarchical", run.ranks, "LL", 0, 1, None, "float32", "sum"),
-                (RING, 4, "Simple", 0, 1, None, "float32", "sum")):
+                (RING, 4, "Simple", 0, 1, None, "float32", "sum"),
+                (DEADLOCK, 2, "Simple", 0, 1, None, "float32", "sum")):
         add(job)
     if run.gpu:                                   # the NVLS stage's kernels (it loads them from this cache)
         for dtype, op, form in NVLS_KERNELS:
@@ -266,11 +267,16 @@ def compile_one(job: tuple, device: str, arch: str, cache: str) -> str:
     from msc.cuda.runtime import runtime_plan
 
     key, n, protocol, tile, inst, form, dtype, op = job
-    plan = runtime_plan(plan_of(key, n, protocol, tile, inst))
-    if device == "emu":
-        hit = compile_host(plan, dtype=dtype, op=op, form=form, cache=Path(cache)).cache_hit
+    if key == DEADLOCK:
+        from cudaboot import deadlock_plan
+
+        plan, kw = runtime_plan(deadlock_plan()), {"allow_deadlock": True}
     else:
-        hit = compile_cuda(plan, dtype=dtype, op=op, arch=arch, form=form, cache=Path(cache)).cache_hit
+        plan, kw = runtime_plan(plan_of(key, n, protocol, tile, inst)), {}
+    if device == "emu":
+        hit = compile_host(plan, dtype=dtype, op=op, form=form, cache=Path(cache), **kw).cache_hit
+    else:
+        hit = compile_cuda(plan, dtype=dtype, op=op, arch=arch, form=form, cache=Path(cache), **kw).cache_hit
     return "cached" if hit else "built"
 
 
@@ -290,18 +296,24 @@ class KernelCache:
     def snapshot(self) -> None:
         self.after_compile = self.binaries()
 
-    def stage(self, stage, compiled: dict) -> None:
+    def stage(self, stage) -> None:
         """Fails where the compile stage finished and a later stage or child still built a kernel."""
-        stage.case("kernels built after the compile stage", self._check, compiled)
+        stage.case("kernels built after the compile stage", self._check, stage.record.stages)
 
-    def _check(self, compiled: dict) -> str:
+    def _check(self, stages: dict) -> str:
         if self.after_compile is None:
             return "the compile stage did not finish: later stages built what they needed"
         late = sorted(self.binaries() - self.after_compile)
-        if late and compiled.get("status") == "pass":
+        if late and stages.get("compile", {}).get("status") == "pass":
             raise AssertionError(f"{len(late)} kernels built after a complete compile stage (its job list misses "
-                                 f"them): {', '.join(late[:8])}")
+                                 f"them): " + ", ".join(f"{p} (in {self._built_in(p, stages)})" for p in late[:8]))
         return f"{len(self.after_compile)} binaries from the compile stage, {len(late)} built later"
+
+    def _built_in(self, binary: str, stages: dict) -> str:
+        """The stage under way when ``binary`` was written (its mtime against the stages' starts)."""
+        when = (self.run.cache / binary).stat().st_mtime
+        started = [(st["started"], name) for name, st in stages.items() if "started" in st and st["started"] <= when]
+        return max(started)[1] if started else "?"
 
 
 def compile_stage(run: Run, stage, kernels: KernelCache) -> dict:
@@ -690,7 +702,7 @@ def stages(run: Run) -> list[StageSpec]:
             StageSpec("headline", lambda s: headline.stage(run, s, core=False), 30, 120),
             StageSpec("sanitizer", lambda s: sanitizer_stage(run, s), 20, 90),
             StageSpec("torchrun", lambda s: torchrun_stage(run, s), 15, 60),
-            StageSpec("kernel-cache", lambda s: kernels.stage(s, s.record.stages.get("compile", {})), 1, 10)]
+            StageSpec("kernel-cache", kernels.stage, 1, 10)]
 
 
 def summary_text(data: dict) -> str:
