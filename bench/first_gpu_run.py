@@ -156,7 +156,8 @@ def environment_stage(run: Run, stage) -> dict:
     stage.case("versions", _versions, run, env)
     if run.gpu:
         stage.case("the GPU", lambda: env.update(_gpu_environment()) or env.get("gpu"))
-    for argv, file in ((["nvidia-smi", "-q"], "nvidia-smi-q.txt"), (["nvidia-smi", "topo", "-m"], "nvidia-smi-topo.txt")):
+    for argv, file in ((["nvidia-smi", "-q"], "nvidia-smi-q.txt"),
+                       (["nvidia-smi", "topo", "-m"], "nvidia-smi-topo.txt")):
         if shutil.which("nvidia-smi") is None:
             stage.skip(" ".join(argv), "nvidia-smi is not on PATH")
         else:
@@ -174,9 +175,27 @@ def _versions(run: Run, env: dict) -> str:
             env[pkg] = version(pkg)
         except PackageNotFoundError:
             env[pkg] = "missing"
-    import cuda.core  # noqa: F401  msc needs cuda-core >= 1.2 (top-level imports): fail here, by name
+    if env["msc"] == "missing":                   # imported from this checkout (the GPU image cannot install it)
+        env["msc"] = f"checkout {ROOT}" + _commit()
+    from carry import needed
+
+    stale = needed({k: None if env[k] == "missing" else env[k] for k in ("lark", "cuda-core", "cuda-bindings",
+                                                                         "cuda-pathfinder")})
+    if stale:
+        raise RuntimeError("older or missing than msc needs: " + "; ".join(sorted({why for _, why in stale}))
+                           + " (bench/README.md, 'Carrying msc to the GPU machine')")
+    from cuda.core import LaunchConfig, Program, ProgramOptions  # noqa: F401  what msc's runtime imports
 
     return ", ".join(f"{k} {env[k]}" for k in ("python", "torch", "cuda-core", "cuda-bindings", "lark"))
+
+
+def _commit() -> str:
+    try:
+        done = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return f" at {done.stdout.strip()}" if done.returncode == 0 else ""
 
 
 def _templates_digest() -> str:
@@ -550,10 +569,13 @@ class Headline:
         import cuda_goals as goals
         from library import algorithms
 
-        # The goals' sizes on a GPU; on the emulated device, sizes that check the script (1 GB per rank of
-        # host threads would take the whole budget and prove nothing a megabyte does not).
-        sizes = ("64K",) if run.quick else goals.LARGE if run.gpu else ("1M", "4M")
-        iters, warmup = (3, 1) if run.quick else (20, 5) if core else (10, 2)    # the rest: 21 schedules
+        # The goals' sizes on a GPU (the rest, 21 schedules, with fewer calls timed); on the emulated
+        # device, what checks the script: 1 GB per rank of host threads would take the whole budget
+        # and prove nothing a megabyte does not.
+        if run.gpu and not run.quick:
+            sizes, (iters, warmup) = goals.LARGE, (20, 5) if core else (10, 2)
+        else:
+            sizes, (iters, warmup) = ("64K",) if run.quick else ("1M",), (3, 1)
         library = algorithms()
         for key, protocol, inst, *_ in headline_plans(run, core):
             args = GoalArgs(run.ranks, iters, warmup, [inst], 30.0)
