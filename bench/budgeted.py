@@ -201,10 +201,13 @@ class Stage:
         try:
             detail, ok = fn(*args, **kw), True
         except (Capped, Interrupted) as exc:
-            self._add({"case": name, "ok": None, "cut": type(exc).__name__, "seconds": _since(t0),
-                       "detail": f"cut off: {exc}"})
+            self._cut(name, exc, t0)
             raise
         except Exception as exc:        # a wrong result, a device error: the record says which
+            cut = _cause(exc, (Capped, Interrupted))
+            if cut is not None:         # wrapped on the way (msc's tracer makes user code's errors its own)
+                self._cut(name, cut, t0)
+                raise cut from None
             ok, detail = False, f"{type(exc).__name__}: {exc}"[:2000]
         finally:
             self.record.current = None
@@ -212,6 +215,10 @@ class Stage:
         if not ok:
             self.status = "fail"
         return ok
+
+    def _cut(self, name: str, exc: BaseException, t0: float) -> None:
+        self._add({"case": name, "ok": None, "cut": type(exc).__name__, "seconds": _since(t0),
+                   "detail": f"cut off: {exc}"})
 
     def skip(self, name: str, why: str) -> None:
         self._add({"case": name, "ok": None, "seconds": 0.0, "detail": f"skipped: {why}"})
@@ -233,6 +240,17 @@ class Stage:
                 "skipped": sum(1 for c in counted if c["ok"] is None and "cut" not in c),
                 "cut": sum(1 for c in counted if "cut" in c),
                 "failures": [f"{c['case']}: {c['detail']}" for c in counted if c["ok"] is False][:10]}
+
+
+def _cause(exc: BaseException, kinds: tuple) -> BaseException | None:
+    """The first of ``kinds`` in ``exc``'s chain of causes and contexts, if any."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, kinds):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def _since(t0: float) -> float:

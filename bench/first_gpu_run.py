@@ -154,6 +154,7 @@ def environment_stage(run: Run, stage) -> dict:
     env: dict = {}
     stage.record.extra["environment"] = env           # in every summary from now on, as it fills
     stage.case("versions", _versions, run, env)
+    stage.case("imports", _imports)
     if run.gpu:
         stage.case("the GPU", lambda: env.update(_gpu_environment()) or env.get("gpu"))
     for argv, file in ((["nvidia-smi", "-q"], "nvidia-smi-q.txt"),
@@ -196,6 +197,23 @@ def _commit() -> str:
     except (OSError, subprocess.TimeoutExpired):
         return ""
     return f" at {done.stdout.strip()}" if done.returncode == 0 else ""
+
+
+def _imports() -> str:
+    """What the stages import, here at once: an alarm waits for an import to finish (budgeted.py), so
+    a first import inside a later stage (torch takes seconds) would run past that stage's cap."""
+    t0 = time.monotonic()
+    import cuda_goals  # noqa: F401
+    import cudaboot  # noqa: F401
+    import numpy  # noqa: F401
+    import torch  # noqa: F401
+    from library import algorithms
+
+    import msc.cuda.bench  # noqa: F401
+    import msc.cuda.runtime  # noqa: F401
+    import msc.executor  # noqa: F401
+
+    return f"torch, numpy, msc's runtime and {len(algorithms())} library algorithms in {time.monotonic() - t0:.1f} s"
 
 
 def _templates_digest() -> str:

@@ -47,6 +47,15 @@ DRIVER = textwrap.dedent('''
                     pass
         stage.case("spins, swallowing every Exception", spin)
 
+    def wraps_the_alarm(stage):
+        def spin():
+            try:
+                while True:
+                    time.sleep(0.02)
+            except BaseException as exc:     # as msc's tracer does with what user code raises
+                raise RuntimeError("wrapped") from exc
+        stage.case("turns the alarm into an Exception", spin)
+
     def sleeps(stage):
         print("sleeping", flush=True)
         stage.case("sleeps", time.sleep, 120)
@@ -61,7 +70,7 @@ DRIVER = textwrap.dedent('''
         stage.case("swallows even the alarm", spin)
 
     bodies = {"budget": [("first", quick, 0.5, 1.0), ("greedy", swallows_exceptions, 1.0, 1.5),
-                         ("after", quick, 0.5, 1.0)],
+                         ("wrapper", wraps_the_alarm, 0.5, 1.0), ("after", quick, 0.5, 1.0)],
               "signal": [("first", quick, 0.5, 1.0), ("sleeper", sleeps, 1.0, 60.0), ("never", quick, 0.5, 1.0)],
               "hang": [("hostile", swallows_everything, 1.0, 60.0), ("never", quick, 0.5, 1.0)]}[mode]
     record = Record(out, {"mode": mode}, lambda data: json.dumps(data["stages"]))
@@ -103,14 +112,16 @@ def test_stage_caps_give_each_stage_its_most_while_later_stages_keep_their_least
 
 
 def test_a_stage_that_swallows_exceptions_is_cut_off_and_the_run_ends_in_its_budget(tmp_path):
-    code, summary, cases, log = drive(tmp_path, "budget", 3.0)
+    code, summary, cases, log = drive(tmp_path, "budget", 4.0)
     assert code == 1, log
     stages = summary["stages"]
-    assert [stages[s]["status"] for s in ("first", "greedy", "after")] == ["pass", "capped", "pass"], stages
+    assert [stages[s]["status"] for s in ("first", "greedy", "wrapper", "after")] == \
+        ["pass", "capped", "capped", "pass"], stages
     assert summary["ended"] == "finished" and summary["complete"] and not summary["passed"]
-    assert summary["seconds"] <= 3.0 + 2.0, summary               # the run's own clock against its budget
-    cut = [c for c in cases if c["stage"] == "greedy"]
-    assert len(cut) == 1 and cut[0]["cut"] == "Capped" and cut[0]["ok"] is None
+    assert summary["seconds"] <= 4.0 + 2.0, summary               # the run's own clock against its budget
+    for name in ("greedy", "wrapper"):                            # cut off, not failed, even when wrapped
+        cut = [c for c in cases if c["stage"] == name]
+        assert len(cut) == 1 and cut[0]["cut"] == "Capped" and cut[0]["ok"] is None, cut
     assert [c["case"] for c in cases if c["stage"] == "after"] == ["quick"]
 
 
