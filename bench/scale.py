@@ -130,14 +130,13 @@ def fingerprint(name: str, row: dict, out: Path, n: int, code: Path) -> str | No
 
 
 def exponent(rows: list[dict]) -> float | None:
-    """The growth exponent k of CPU ~ N^k, least squares in log-log over the
-    sizes that took at least 1 s (below, the interpreter's start dominates)."""
-    pts = [(math.log(r["ranks"]), math.log(r["cpu"])) for r in rows if r.get("cpu") and r["cpu"] >= 1.0]
-    if len(pts) < 2:
+    """The growth exponent k of CPU ~ N^k between the two largest rank counts
+    that finished (at the small ones the interpreter's start dominates)."""
+    done = [r for r in rows if r["status"] == "ok" and r.get("cpu")]
+    if len(done) < 2:
         return None
-    mx, my = sum(x for x, _ in pts) / len(pts), sum(y for _, y in pts) / len(pts)
-    sxx = sum((x - mx) ** 2 for x, _ in pts)
-    return round(sum((x - mx) * (y - my) for x, y in pts) / sxx, 2) if sxx else None
+    (n0, c0), (n1, c1) = [(r["ranks"], r["cpu"]) for r in sorted(done, key=lambda r: r["ranks"])[-2:]]
+    return round(math.log(c1 / c0) / math.log(n1 / n0), 2)
 
 
 def measure(sides: dict[str, Path], names: list[str], max_ranks: int, timeout: float, log) -> dict:
@@ -184,13 +183,15 @@ def _cell(row: dict | None) -> str:
         return f"{row['cpu']:.2f} / {row['peak_mb']:.0f}"
     if row["status"] == "timeout":
         return f"> {row['wall']:.0f} s"
+    if "over msc's limit" in row.get("error", ""):
+        return "refused: a limit"           # msc.ir.limits (the message is in the JSON)
     return row["status"].split(":")[0]
 
 
 def render(data: dict, timeout: float) -> str:
     sides = list(data["results"])
     lines = [f"CPU seconds / peak MB per command and rank count ({', '.join(sides)}); "
-             f"k: fitted growth exponent of CPU; timeout {timeout:g} s", ""]
+             f"k: growth exponent of CPU between the two largest rank counts that finished; timeout {timeout:g} s", ""]
     for name, (counts, argv, goal) in COMMANDS.items():
         if name not in data["results"][sides[0]]:
             continue
