@@ -250,6 +250,39 @@ def test_pool_raises_a_workers_error_here_and_stops():
     assert multiprocessing.active_children() == []
 
 
+def test_drive_waits_without_spinning(monkeypatch):
+    """A walk with one job done and one still running waits for the other
+    (msc.sim.parallel.drive once returned from wait() at once, again and
+    again, on the job already done: a busy loop beside the workers)."""
+    import threading
+    from concurrent.futures import Future
+
+    from msc.sim import parallel
+
+    class Late:
+        """A pool whose job "late" finishes 0.2 s after it is submitted, from another thread."""
+
+        def submit(self, fn, item, *args):
+            future = Future()
+            if item == "late":
+                threading.Timer(0.2, future.set_result, ("late done",)).start()
+            else:
+                future.set_result(fn(item))
+            return future
+
+        result = staticmethod(Future.result)
+
+    def walk():
+        results = yield [(str.upper, "soon"), (str.upper, "late")]
+        return results
+
+    calls = []
+    real_wait = parallel.wait
+    monkeypatch.setattr(parallel, "wait", lambda fs, **kw: calls.append(len(fs)) or real_wait(fs, **kw))
+    assert list(parallel.drive(Late(), [walk()])) == [(0, ["SOON", "late done"])]
+    assert calls == [1]              # once, on the job still running
+
+
 def test_workers_must_be_positive():
     with pytest.raises(UsageError, match="workers"):
         tune(["allreduce/ring"], 8, Uniform(8, 2.0, 100.0), [1 << 20], workers=0)
