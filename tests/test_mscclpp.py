@@ -159,6 +159,67 @@ def test_unbalanced_signals_are_reported_for_the_next_call():
         check(doc)
 
 
+def _last_credit_nop(ops: list) -> int:
+    """The nop between a threadblock's last copy out of a scratch slot and the signal after it (the slot's credit)."""
+    return max(i for i in range(1, len(ops) - 1) if ops[i]["name"] == "nop" and ops[i + 1]["name"] == "signal"
+               and any(b.get("type") == "s" for b in ops[i - 1].get("src_buff", [])))
+
+
+@pytest.mark.parametrize("plan", ["ring", "pair_sum"])
+def test_a_last_credit_returned_before_the_slot_is_read_races_with_the_next_call(plan):
+    """The credit that guards the next call's first writes into a slot: the
+    next call runs in the model too, so thread 0 signalling it before the
+    other threads finished reading the slot is a race with that call."""
+    base = plan_to_mscclpp(library_plan("allreduce/ring:ring", 4, False, "Simple") if plan == "ring"
+                           else lower(msc.trace(neighbours, 4), LowerOptions()))
+    check(base)
+    for r in range(4):
+        doc = copy.deepcopy(base)
+        tb = next(t for t in doc["gpus"][r]["threadblocks"] if any(b.get("type") == "s" for op in t["ops"]
+                                                                      for b in op.get("src_buff", [])))
+        i = _last_credit_nop(tb["ops"])
+        del tb["ops"][i]
+        with pytest.raises(RaceError, match=rf"race on rank {r}'s scratch .* of call 2 writes it and rank {r} "
+                                            rf"threadblock \d+ operation {i - 1} \((copy|re|res)\) reads it"):
+            check(doc)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key", ["allreduce/ring:ring", "pair_sum", "broadcast/chain:chain", "sendrecv/ring:ring",
+                                 "reduce/tree:tree"])
+def test_every_single_nop_dropped_from_these_exports_is_refused(key):
+    """Simple exports where every nop guards something (elsewhere a nop can
+    be redundant: a semaphore released with one acquired before it)."""
+    from msc.errors import MscError
+
+    traced = msc.trace(neighbours, 4) if key == "pair_sum" else msc.trace(ALGORITHMS[key], 4, inplace=False)
+    base = plan_to_mscclpp(lower(traced, LowerOptions()))
+    drops = [(r, t, i) for r, gpu in enumerate(base["gpus"]) for t, tb in enumerate(gpu["threadblocks"])
+             for i, op in enumerate(tb["ops"]) if op["name"] == "nop"]
+    assert drops
+    for r, t, i in drops:
+        doc = copy.deepcopy(base)
+        del doc["gpus"][r]["threadblocks"][t]["ops"][i]
+        with pytest.raises(MscError):
+            check(doc)
+
+
+def test_an_ll_sender_that_hears_nothing_back_would_overwrite_packets_two_calls_on():
+    """LL: calls alternate the halves of the double scratch buffer, so the
+    call after next writes where this one's packets are; a broadcast's root
+    hears nothing from its receivers unless they signal it (the export's
+    credit: each receiving threadblock signals first, each sender waits last)."""
+    doc = plan_to_mscclpp(library_plan("broadcast/chain:chain", 4, False, "LL"))
+    check(doc)
+    for gpu in doc["gpus"]:
+        for tb in gpu["threadblocks"]:
+            assert tb["ops"][-1]["name"] == "wait" or tb["ops"][0]["name"] == "signal"
+            tb["ops"] = [op for op in tb["ops"] if op["name"] not in ("signal", "wait")]
+    with pytest.raises(RaceError, match=r"race on rank 1's scratch .* rank 0 threadblock 0 operation \d \(ppkt\) of "
+                                        r"call 3 writes it"):
+        check(doc)
+
+
 def test_a_peer_access_nothing_waits_for_is_reported():
     doc = allgather_2()
     for r in (0, 1):
