@@ -54,7 +54,8 @@ import numpy as np
 
 from msc.errors import ExecutionError, RaceError
 from msc.ir.onesided import OneSidedPlan, Operand
-from msc.verification.onesided_run import ELEMENT, Access, Layout, Machine, Run, calls_for, chunk_bytes_for
+from msc.verification.onesided_run import (ELEMENT, Access, Layout, Machine, Run, calls_for, check_inputs_fit,
+                                           chunk_bytes_for)
 
 
 @dataclass(frozen=True)
@@ -236,6 +237,7 @@ def verify_onesided(plan: OneSidedPlan, *, collective=None, root: int | None = N
     start = time.perf_counter()
     layout = Layout(plan, collective, root)
     chunk = chunk or chunk_bytes_for(plan)
+    check_inputs_fit(plan, chunk, calls_for(plan))
     length = plan.gpus[0].input_chunks * chunk // ELEMENT.itemsize
     inputs = random_inputs(np.random.default_rng(seed), ELEMENT, "sum", layout.n, length)
     _, run, machine = execute_onesided(plan, layout, chunk, inputs, calls_for(plan))

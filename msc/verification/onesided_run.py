@@ -110,6 +110,18 @@ def chunk_bytes_for(plan: OneSidedPlan) -> int:
     return size
 
 
+def check_model_bytes(total: int, chunk: int, calls: int) -> None:
+    if total > MAX_MODEL_BYTES:
+        raise PlanError(f"the plan's buffers take {total} bytes at {chunk}-byte chunks over {calls} call(s), over "
+                        f"the {MAX_MODEL_BYTES} msc's model of the executor runs it with")
+
+
+def check_inputs_fit(plan: OneSidedPlan, chunk: int, calls: int = 1) -> None:
+    """Before the inputs are made: every call's inputs fit in the model (its
+    buffers hold at least them; the Machine counts the rest)."""
+    check_model_bytes(sum(g.input_chunks for g in plan.gpus) * chunk * calls, chunk, calls)
+
+
 def poison(dtype: np.dtype):
     """What unwritten output and scratch hold: NaN for floats, a value far from any input for integers."""
     if dtype.kind == "f" or dtype.name == "bfloat16":
@@ -141,10 +153,7 @@ class Machine:
         self.state = State()
         sizes = [{self.key(buffer, c): chunks for c in range(calls) for buffer, chunks in self.physical(gpu).items()}
                  for gpu in plan.gpus]
-        total = sum(sum(s.values()) for s in sizes) * chunk
-        if total > MAX_MODEL_BYTES:
-            raise PlanError(f"the plan's buffers take {total} bytes at {chunk}-byte chunks over {calls} call(s), over "
-                            f"the {MAX_MODEL_BYTES} msc's model of the executor runs it with")
+        check_model_bytes(sum(sum(s.values()) for s in sizes) * chunk, chunk, calls)
         for gpu, physical in zip(plan.gpus, sizes):
             for key, chunks in physical.items():
                 self.mem[(gpu.rank, key)] = np.full(chunks * chunk // self.dtype.itemsize, self.poison, self.dtype)
@@ -232,11 +241,14 @@ class Layout:
         self.k = self._chunk_factor(gpu.input_chunks, gpu.output_chunks)
 
     def _chunk_factor(self, inputs: int, outputs: int) -> int | None:
+        """The chunk factor at which the collective has these buffer sizes
+        (the sizes grow with it: no larger one than the sizes, nor msc's limit)."""
         from msc.errors import MscError
+        from msc.ir.limits import MAX_CHUNK_FACTOR
 
         if self.collective is None:
             return None
-        for k in range(1, max(inputs, outputs, 1) + 1):
+        for k in range(1, min(max(inputs, outputs, 1), MAX_CHUNK_FACTOR) + 1):
             try:
                 sizes = (self.collective.input_chunks(self.n, k), self.collective.output_chunks(self.n, k))
             except MscError:             # a collective known at one chunk factor only (read from a plan)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 
 from msc.errors import PlanError
+from msc.ir.limits import MAX_BUFFER_CHUNKS
 from msc.ir.onesided import KNOWN_OPS, PIPELINE, SWITCH_OPS, UNSUPPORTED_OPS, Gpu, OneSidedPlan, Operand, Operation
 
 BUFFERS = {"i": "input", "o": "output", "s": "scratch"}
@@ -166,10 +167,16 @@ class _Reader:
             tb_channels.append(max(len(chans["memory"]), len(chans["port"]), len(tb_switches)))   # MAX_CHANNEL each
             tb_buffers.append(max(len(bufs["memory"]), len(bufs["port"])))
             tb_meta.append(_meta(tb))
-        return Gpu(r, self.field(gpu, "input_chunks", int, "gpu", rank=r),
-                   self.field(gpu, "output_chunks", int, "gpu", rank=r),
-                   self.field(gpu, "scratch_chunks", int, "gpu", rank=r), peers, sems, tuple(tbs),
+        return Gpu(r, self.chunks(gpu, "input_chunks", r), self.chunks(gpu, "output_chunks", r),
+                   self.chunks(gpu, "scratch_chunks", r), peers, sems, tuple(tbs),
                    tuple(tb_channels), tuple(tb_buffers), tuple(tb_meta), _meta(gpu), switches, ports)
+
+    def chunks(self, gpu, key: str, r: int) -> int:
+        """A buffer's size in chunks, within msc's limit (every loop over chunks is bounded by it)."""
+        value = self.field(gpu, key, int, "gpu", rank=r)
+        if value > MAX_BUFFER_CHUNKS:
+            raise self.error(f"{key} is {value}, over msc's limit of {MAX_BUFFER_CHUNKS} chunks a buffer", rank=r)
+        return value
 
     def tb_channels(self, tb, r, t, peers: dict, switches) -> tuple[dict, list]:
         """The threadblock's memory and port channels ({kind: the rank's indices})
