@@ -333,6 +333,80 @@ def test_mutated_plans_are_refused_with_msc_errors_only():
     assert refused > 150
 
 
+@pytest.mark.parametrize("field,make", [
+    ("ops", lambda text, n: text.replace('"ops": [', '"ops": [' + ",".join(['{"name": "nop"}'] * n) + ",", 1)),
+    ("channel_ids", lambda text, n: text.replace('"channel_ids": [0]', '"channel_ids": [' + ",".join("0" * n) + "]",
+                                                 1)),
+    ("msc_slots", lambda text, n: text[:-1] + ', "msc_slots": [' + ",".join("1" * n) + "]}"),
+])
+def test_a_plan_over_a_limit_is_refused_before_its_values_become_objects(field, make):
+    """Six million nops in one threadblock (96 MB, under the 1 GiB file
+    limit) took 67 s and 2.7 GB in json.loads before the 64-operation limit
+    was checked; the shape is measured first, at a few bytes a byte."""
+    import time
+    import tracemalloc
+
+    from msc.formats.json_shape import BLOCK
+
+    text = make(json.dumps(allgather_2()), 1_000_000)
+    tracemalloc.start()
+    start = time.process_time()
+    try:
+        with pytest.raises(PlanError, match=f"'{field}' at line 1: over 65536 items, more than any execution plan"):
+            parse_mscclpp(text)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert time.process_time() - start < 5
+    assert peak < 3 * len(text) + 64 * BLOCK          # the text as bytes, a block's measures (json.loads: 17x the nops)
+
+
+def test_the_shape_pass_measures_what_json_reads():
+    """Longest container, how many, how deep, against json's own reading, on
+    random documents full of quotes, backslashes and brackets in strings,
+    measured in blocks of 5 and 64 bytes (a block boundary anywhere)."""
+    import random
+
+    import msc.formats.json_shape as shape
+
+    def truth(doc, depth=1):
+        if not isinstance(doc, (list, dict)):
+            return 0, 0, 0
+        inner = [truth(v, depth + 1) for v in (doc if isinstance(doc, list) else doc.values())]
+        return (max([len(doc)] + [i[0] for i in inner]), 1 + sum(i[1] for i in inner),
+                max([depth] + [i[2] for i in inner]))
+
+    def passes(data, key, limit):
+        try:
+            shape.check_shape(data, **{"max_items": 1 << 30, "max_containers": 1 << 30, "max_depth": 1 << 30,
+                                       key: limit})
+            return True
+        except shape.ShapeError:
+            return False
+
+    rng = random.Random(5)
+    leaves = [1, 'a\\"b[', "x\\", "]},", True, None, 2.5, "", '\\\\\\"{', "\\"]
+
+    def doc(depth=0):
+        r = rng.random()
+        if depth > 4 or r < 0.3:
+            return rng.choice(leaves)
+        if r < 0.65:
+            return [doc(depth + 1) for _ in range(rng.randrange(6))]
+        return {f'k{i}"[': doc(depth + 1) for i in range(rng.randrange(6))}
+
+    block = shape.BLOCK
+    try:
+        for _ in range(8):
+            d = [doc(1) for _ in range(3)]
+            data = json.dumps(d, indent=rng.choice([None, 1])).encode()
+            for shape.BLOCK in (5, 64):
+                for key, value in zip(("max_items", "max_containers", "max_depth"), truth(d)):
+                    assert passes(data, key, value) and not passes(data, key, value - 1), (key, value, data)
+    finally:
+        shape.BLOCK = block
+
+
 # -- a custom collective travels with the plan -------------------------------------------------
 PAIR_SUM = msc.CustomCollective("pair_sum", input_chunks=1, output_chunks=1,
                                 postcondition=lambda r, i, n, k: [(r, 0), ((r + 1) % n, 0)])

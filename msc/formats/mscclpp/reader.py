@@ -29,8 +29,25 @@ BUFFERS = {"i": "input", "o": "output", "s": "scratch"}
 PROTOCOLS = ("Simple", "LL")
 
 
+# No array or object of a plan within msc's limits is longer (gpus, peers and contract rows are per rank, a
+# threadblock has 64 operations), nor has a plan more of them (a 256-rank ring allreduce exported: 2.2 million).
+MAX_ITEMS = 1 << 16
+MAX_CONTAINERS = 1 << 24
+MAX_DEPTH = 32                             # a plan nests 8 deep (gpus, threadblocks, ops, a pipeline's ops, operands)
+
+
 def parse_mscclpp(data: bytes | str, *, path: str | None = None) -> OneSidedPlan:
-    """The one-sided plan of an MSCCL++ JSON text (not checked: see msc.verification.onesided)."""
+    """The one-sided plan of an MSCCL++ JSON text (not checked: see msc.verification.onesided).
+    Its shape is measured first, so a plan over a limit is refused before
+    json.loads makes an object of every value."""
+    from msc.formats.json_shape import ShapeError, check_shape, where
+
+    raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
+    try:
+        check_shape(raw, max_items=MAX_ITEMS, max_containers=MAX_CONTAINERS, max_depth=MAX_DEPTH)
+    except ShapeError as exc:
+        raise PlanError(f"{where(raw, exc.offset)}: {exc.what}, more than any execution plan within msc's limits "
+                        f"has", path=path) from None
     try:
         doc = json.loads(data)
     except (ValueError, RecursionError) as exc:
