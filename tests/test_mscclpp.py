@@ -333,6 +333,38 @@ def test_mutated_plans_are_refused_with_msc_errors_only():
     assert refused > 150
 
 
+def _tb0(d, **fields):
+    d["gpus"][0]["threadblocks"][0].update(fields)
+
+
+@pytest.mark.parametrize("change,field", [
+    (lambda d: d.update(msc_root=None), "msc_root"),
+    (lambda d: d.update(msc_root=[0]), "msc_root"),
+    (lambda d: d.update(msc_contract=0), "msc_contract"),
+    (lambda d: _tb0(d, msc_channel=[1]), "msc_channel"),
+    (lambda d: _tb0(d, msc_tb={"a": 1}), "msc_tb"),
+    (lambda d: _tb0(d, msc_group=["x"]), "msc_group"),
+    (lambda d: d["gpus"][1].update(msc_scratch="s"), "msc_scratch"),
+    (lambda d: d["gpus"][1].update(msc_barrier_channels=[99]), "msc_barrier_channels"),
+    (lambda d: d.update(msc_slots="junk"), "msc_slots"),
+    (lambda d: d.update(buffer_alignment=float("nan")), "NaN"),
+    (lambda d: d.update(buffer_alignment=32), "buffer_alignment"),
+])
+def test_mistyped_fields_are_one_line_errors_naming_them(change, field, tmp_path, capsys):
+    """Each was a Python traceback (msc_root, msc_contract, msc_channel,
+    msc_tb, msc_scratch: 7 sites in the model and the lift) or was taken
+    as it stood (junk msc_slots, buffer_alignment NaN)."""
+    from msc.cli.main import main
+
+    doc = plan_to_mscclpp(library_plan("allreduce/ring:ring", 4, True, "Simple"))
+    change(doc)
+    (tmp_path / "x.json").write_text(json.dumps(doc))
+    for argv in (["verify", "x.json"], ["import", "x.json", "-o", "x.plan"], ["simulate", "x.json", "-t", "ring:4"]):
+        assert main([a if not a.startswith("x.") else str(tmp_path / a) for a in argv]) == 2, argv
+        err = capsys.readouterr().err
+        assert field in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+
+
 @pytest.mark.parametrize("field,make", [
     ("ops", lambda text, n: text.replace('"ops": [', '"ops": [' + ",".join(['{"name": "nop"}'] * n) + ",", 1)),
     ("channel_ids", lambda text, n: text.replace('"channel_ids": [0]', '"channel_ids": [' + ",".join("0" * n) + "]",
@@ -405,6 +437,50 @@ def test_the_shape_pass_measures_what_json_reads():
                     assert passes(data, key, value) and not passes(data, key, value - 1), (key, value, data)
     finally:
         shape.BLOCK = block
+
+
+@pytest.mark.slow
+def test_every_msc_field_of_every_wrong_type_is_an_msc_error():
+    """The executor's settings and every msc_* field of four exports (ring
+    Simple and LL, pair-sum, NVLS), each set to 14 wrong values: an MscError
+    or a plan that reads, verifies, lifts (or is refused by name) and
+    simulates, never another exception."""
+    from msc.errors import MscError
+    from msc.sim.onesided import OneSidedSimulator
+    from msc.sim.presets import get_topology
+
+    bases = [plan_to_mscclpp(library_plan("allreduce/ring:ring", 4, False, p)) for p in ("Simple", "LL")]
+    bases += [plan_to_mscclpp(lower(msc.trace(neighbours, 4), LowerOptions())),
+              plan_to_mscclpp(lower(msc.trace(algorithms()["allreduce/nvls:nvls"], 4), LowerOptions()))]
+    values = [None, -1, 0, 1.5, "x", "", [], [1], [[0]], {}, {"a": 1}, True, 2**70, float("nan")]
+    top = ["buffer_alignment", "num_threads_per_block", "min_message_size", "max_message_size", "reuse_resources",
+           "msc_slots", "msc_root", "msc_chunk_factor", "msc_tile", "msc_instances", "msc_contract"]
+
+    def holders(doc):
+        yield from ((doc, k) for k in top)
+        yield from ((doc["gpus"][1], k) for k in ("msc_scratch", "msc_barrier_channels"))
+        for tb in doc["gpus"][1]["threadblocks"][:2]:
+            yield from ((tb, k) for k in ("msc_tb", "msc_channel", "msc_part", "msc_group"))
+
+    tried = 0
+    for base in bases:
+        for i in range(sum(1 for _ in holders(base))):
+            for value in values:
+                doc = copy.deepcopy(base)
+                holder, key = list(holders(doc))[i]
+                holder[key] = value
+                tried += 1
+                try:
+                    osp = parse_mscclpp(json.dumps(doc))
+                    verify_mscclpp(osp)
+                    try:
+                        lift_plan(osp)
+                    except PlanError:
+                        pass
+                    OneSidedSimulator(osp, get_topology("ring:4", 4)).run([1 << 16])
+                except MscError:
+                    pass
+    assert tried > 1000
 
 
 # -- a custom collective travels with the plan -------------------------------------------------
