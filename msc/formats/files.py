@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import stat
-from contextlib import suppress
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -60,6 +60,32 @@ def write_output(path: str | Path, data: str | bytes) -> Path:
             raise
         raise type(exc)(exc.errno, exc.strerror, os.fspath(path)) from None
     return path
+
+
+@contextmanager
+def folder_lock(folder: str | Path):
+    """An exclusive lock on ``folder`` for a read-merge-write of files in it
+    (plans.json: two writers would each keep only what they read), held until
+    the block ends or the process dies: fcntl.flock on the folder itself, so
+    nothing is left in it; on a file system that does not lock folders, on a
+    ``.msc.lock`` file in it. None without fcntl (Windows)."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            os.close(fd)
+            fd = os.open(os.path.join(folder, ".msc.lock"), os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+                         | getattr(os, "O_CLOEXEC", 0), 0o600)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)                   # releases the lock
 
 
 def same_file(a: str | Path, b: str | Path) -> bool:
