@@ -88,6 +88,25 @@ def folder_lock(folder: str | Path):
         os.close(fd)                   # releases the lock
 
 
+def others_can_change(path: str | Path) -> str | None:
+    """Why a user other than this one (or root) can change the file or
+    folder ``path`` names, links followed, or None: it is writable by its
+    group or by others, or another user owns it (the kernel cache's rule
+    for its own folders, msc.cuda.hostbuild._private). None where the
+    platform has no users (no os.getuid) or it cannot be read."""
+    if not hasattr(os, "getuid"):
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    if st.st_mode & 0o022:
+        return f"writable by {'others' if st.st_mode & 0o002 else 'its group'} (mode {stat.S_IMODE(st.st_mode):o})"
+    if st.st_uid not in (os.getuid(), 0):
+        return f"owned by user {st.st_uid}"
+    return None
+
+
 def same_file(a: str | Path, b: str | Path) -> bool:
     """Whether ``b`` names the file ``a`` (the same path, or a symbolic or
     hard link to it): writing ``b`` would overwrite ``a``."""
