@@ -200,8 +200,9 @@ def _check_trust(path: Path) -> None:
 def _load(path: Path, verify: bool) -> Plan:
     from msc.formats.load import load_plan
 
-    _check_trust(path)
-    return load_plan(path, verify=verify)
+    plan = load_plan(path, verify=verify)
+    _check_trust(path)                    # of what was read (a device or a FIFO is refused by the reader)
+    return plan
 
 
 class PlanRegistry:
@@ -350,9 +351,10 @@ class PlanRegistry:
 
 
 def _read_json(path: Path):
-    _check_trust(path)
     try:
-        return json.loads(read_input(path, MAX_TEXT_FILE_BYTES, what="plans.json").decode())
+        data = json.loads(read_input(path, MAX_TEXT_FILE_BYTES, what="plans.json").decode())
+        _check_trust(path)
+        return data
     except json.JSONDecodeError as exc:
         raise UsageError(f"{path}:{exc.lineno}:{exc.colno}: not JSON: {exc.msg}") from None
     except UnicodeDecodeError as exc:
