@@ -317,14 +317,15 @@ class Run:
         self.blocks = []
         for gpu in plan.gpus:
             for t, ops in enumerate(gpu.threadblocks):
-                program = _program(ops, machine.chunk, gpu)
-                for c in range(1, self.calls):
-                    program += [Instance(END_OF_CALL, -1, label=f"the end of call {c}", call=c)]
-                    program += _program(ops, machine.chunk, gpu, c)
-                self.blocks.append(Block(gpu.rank, t, len(self.blocks), program, None, None))
-        if sum(len(b.program) for b in self.blocks) > MAX_INSTANCES * self.calls:
+                self.blocks.append(Block(gpu.rank, t, len(self.blocks), _program(ops, machine.chunk, gpu), None, None))
+        if sum(len(b.program) for b in self.blocks) > MAX_INSTANCES:      # one call's, before the next are made
             raise PlanError(f"the plan runs over {MAX_INSTANCES} operations (pipelines' slices counted), more than "
                             f"msc's model of the executor runs")
+        for b in self.blocks:
+            ops = plan.gpus[b.rank].threadblocks[b.tb]
+            for c in range(1, self.calls):
+                b.program += [Instance(END_OF_CALL, -1, label=f"the end of call {c}", call=c)]
+                b.program += _program(ops, machine.chunk, plan.gpus[b.rank], c)
         self.threadblocks = {gpu.rank: len(gpu.threadblocks) for gpu in plan.gpus}
         self.agents = {}                  # (g, port channel) -> the proxy Block doing that threadblock's transfers
         for b in list(self.blocks):
