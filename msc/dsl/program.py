@@ -15,6 +15,7 @@ becomes an ``AlgorithmError`` at the user's line; ``KeyboardInterrupt`` and
 from __future__ import annotations
 
 import inspect
+import itertools
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any, Callable, Iterable
@@ -22,7 +23,7 @@ from typing import Any, Callable, Iterable
 from msc.dsl.collectives import Collective, Layout, get_collective
 from msc.errors import AlgorithmError, MscError, OperationError, SourceLine, UsageError
 from msc.ir import Op, OpKind
-from msc.ir.limits import MAX_BUFFER_CHUNKS, MAX_CHUNK_MOVES, MAX_TOTAL_CHUNKS
+from msc.ir.limits import MAX_BUFFER_CHUNKS, MAX_CHUNK_MOVES, MAX_RANKS, MAX_TOTAL_CHUNKS
 from msc.perf import pause_gc
 from msc.dsl.source_lines import (_LIBRARY_DIR, _PACKAGE_DIR, _display_path, _integer, _internal,  # noqa: F401
                                    _lines, _not_int, user_line)
@@ -534,8 +535,8 @@ def _rank_counts(ranks) -> Callable | frozenset | range | None:
     (a range, or a frozenset of ints >= 1); raises ValueError saying why not."""
     if ranks is None or callable(ranks):
         return ranks
-    if isinstance(ranks, range):
-        if len(ranks) == 0 or min(ranks) < 1:
+    if isinstance(ranks, range):          # arithmetic: min() and len() would walk or overflow a long one
+        if not ranks or (ranks[0] if ranks.step > 0 else ranks[-1]) < 1:
             raise ValueError(f"ranks={ranks!r} must hold rank counts >= 1 (and at least one)")
         return ranks
     if isinstance(ranks, (str, bytes, dict)):
@@ -546,11 +547,14 @@ def _rank_counts(ranks) -> Callable | frozenset | range | None:
         values = [one]
     else:
         try:
-            values = list(ranks)
+            values = list(itertools.islice(ranks, MAX_RANKS + 1))    # an endless iterator stops here
         except TypeError:
             raise ValueError(f"ranks= must be a predicate of the rank count (lambda n: ...), the rank counts "
                              f"(a list, tuple, set or range of ints) or one int; got {_safe_repr(ranks)} "
                              f"(a {type(ranks).__name__})") from None
+    if len(values) > MAX_RANKS:
+        raise ValueError(f"ranks= lists over {MAX_RANKS} rank counts (msc's limit of ranks; a range or a predicate "
+                         f"can say more)")
     counts = [_integer(v) for v in values]
     for value, count in zip(values, counts):
         if type(count) is not int or count < 1:
@@ -709,7 +713,7 @@ def _supported(alg: Algorithm, params: dict[str, Any]) -> str:
     where ``ranks=`` lists them, else those from 1 to 64."""
     allowed = alg.ranks
     if allowed is not None and not callable(allowed):
-        if isinstance(allowed, range) and len(allowed) > 4096:
+        if isinstance(allowed, range) and allowed[4096:]:
             return f"supported rank counts: {allowed.start} to {allowed[-1]} in steps of {allowed.step}"
         return f"supported rank counts: {_counts(sorted(allowed))}"
     sample = [n for n in range(1, 65) if _quiet(lambda n=n: alg.supports(n, **params))]
