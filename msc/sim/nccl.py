@@ -65,6 +65,13 @@ THREAD_THRESHOLD = {"LL": 8, "LL128": 8, "Simple": 64}              # [4.5] byte
 # [5] per connection: slots in flight (NCCL_STEPS = 8; a Simple slice is 2 steps) and a slice's bytes
 SLOTS = {"LL": 8, "LL128": 8, "Simple": 4}
 SLICE = {"LL": 32 * KIB, "LL128": 576_000, "Simple": MIB}
+STEP = {"LL": 32 * KIB, "LL128": 576_000, "Simple": 512 * KIB}     # one buffer step's data (a tree's chunk)
+LL128_GRAIN = 1920                                                 # device.h ncclProtoGrainSize@2.30
+# [5] LL and LL128 hand data on a line at a time: each thread (LL: 16-byte lines of 8 data bytes) or
+# warp (LL128: 2 KiB of lines, 1,920 data bytes) waits for its own lines' flags and stores them on at
+# once (src/device/prims_ll.h, prims_ll128.h GenericOp), so a hop holds data back by one pass of the
+# threadblock over its lines, not by a step: 512 threads x 8 B, 20 warps x 1,920 B.
+PASS = {"LL": MAX_THREADS["LL"] * 8, "LL128": MAX_THREADS["LL128"] // 32 * LL128_GRAIN}
 # NVLS [2.2, 3.1, 3.5, 4.3, 4.4] @2.21: latency 25 us on NVLink (replacing the base latency), one channel
 # per GPU in the model at the search's intra speed (SM90 array: the first whose (GPUs + 1) x speed fits
 # the 370.8 GB/s of a GPU's links) capped by the inter speed 60, algBw = busBw x 5/6; at run time
@@ -281,21 +288,73 @@ def _p2p_choice(s: System, nbytes: int) -> Choice:
     return Choice("p2p", "LL" if per_peer < 16 * KIB else "Simple", 1, MAX_THREADS["Simple"], float("nan"))
 
 
-def tile(s: System, choice: Choice, chunk_bytes: float) -> int:
+def tile(s: System, choice: Choice, chunk_bytes: float, nbytes: int | None = None) -> int:
     """Bytes per chunk and iteration of the msc plan that runs like NCCL's
     ``choice``, whose chunks are NCCL's slices (``chunk_bytes`` each) [5]:
     NCCL moves a Simple ring's 2 MiB chunk in two slices of up to 1 MiB
     (msc's plan holds the two as chunks of their own, sent one after the
     other at every step), LL 32 KiB of data per step, LL128 576,000 bytes;
-    send/receive uses NCCL_P2P_NVL_CHUNKSIZE (512 KiB) or, across nodes,
-    NCCL_P2P_NET_CHUNKSIZE (128 KiB)."""
+    a tree one step per chunk (Simple 512 KiB), LL128's cut for the call's
+    ``nbytes`` (tree_chunk); send/receive uses NCCL_P2P_NVL_CHUNKSIZE
+    (512 KiB) or, across nodes, NCCL_P2P_NET_CHUNKSIZE (128 KiB)."""
     if choice.algorithm == "p2p" and choice.protocol == "Simple":
         most = 512 * KIB if s.nodes == 1 else 128 * KIB
     elif choice.algorithm == "nvls":
         most = NVLS_CHUNK
+    elif choice.algorithm == "tree":
+        most = tree_chunk(s, choice.protocol, nbytes if nbytes is not None else int(chunk_bytes), choice.channels)
     else:
         most = SLICE[choice.protocol]
     return max(1, int(min(most, math.ceil(chunk_bytes))))
+
+
+def tree_chunk(s: System, protocol: str, nbytes: int, channels: int) -> int:
+    """NCCL's tree chunk [5] (enqueue.cc calcCollChunking@2.30): one step of
+    the protocol's buffer (Simple 512 KiB, LL 32 KiB of data, LL128
+    576,000 bytes); LL128's halved while a channel's share of ``nbytes``
+    is under (1 + log2 nodes + ppn / 10) x 64 / ppn chunks (down to 128
+    KiB), then under a quarter of that (down to 32 KiB), in LL128's
+    1,920-byte grains: so a tree pipelines a few dozen chunks up and
+    down at medium sizes."""
+    if protocol != "LL128":
+        return STEP[protocol]
+    chunk, ppn = SLICE["LL128"], s.ppn
+    steps = 1 + int(math.log2(s.nodes)) + 0.1 * ppn
+    per_channel = nbytes // max(channels, 1)
+    while per_channel // chunk < steps * 64 / ppn and chunk > 128 * KIB:
+        chunk //= 2
+    while per_channel // chunk < steps * 16 / ppn and chunk > 32 * KIB:
+        chunk //= 2
+    return max(LL128_GRAIN, chunk // LL128_GRAIN * LL128_GRAIN)
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """How msc's plan of NCCL's choice is simulated: bytes per chunk and
+    tile iteration, messages in flight per connection, and what a message
+    costs its threadblocks (us)."""
+
+    tile: int
+    slots: int
+    step_us: float | None           # None: the protocol's (msc.sim.machines STEP_US)
+
+
+def pipeline(s: System, collective: str, choice: Choice, chunk_bytes: float, nbytes: int,
+             step_us: float) -> Pipeline:
+    """The tile, slots and per-message cost for ``choice`` (``step_us``: the
+    protocol's per-message cost). NCCL's steps are the tiles (``tile``),
+    as many in flight as its buffers hold; except where LL or LL128 data
+    goes down a chain (a tree, a broadcast or a reduce), which a rank hands
+    on a line at a time [5, PASS]: there the tile is one pass of the
+    threadblock over its lines, as many in flight as the steps hold, each
+    paying its share of the step's cost. (In a ring each rank's chunk of a
+    step is its own, so only the chain's depth makes the difference.)"""
+    step = tile(s, choice, chunk_bytes, nbytes)
+    chain = choice.algorithm == "tree" or collective in ROOTED
+    wave = PASS.get(choice.protocol)
+    if not chain or wave is None or step <= wave:
+        return Pipeline(step, SLOTS[choice.protocol], None)
+    return Pipeline(wave, SLOTS[choice.protocol] * math.ceil(step / wave), step_us * wave / step)
 
 
 def slices(choice: Choice) -> int:

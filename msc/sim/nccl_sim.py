@@ -72,9 +72,16 @@ def simulate_nccl(collective: str, topology: Topology, sizes: list[int], *, dtyp
         key = (choice.algorithm, choice.protocol, choice.channels)
         if key not in sims:
             sims[key] = Simulator(plan, topology, slots=nccl.SLOTS[choice.protocol], dtype=dtype)
-        tile = nccl.tile(s, choice, sims[key].chunk_geometry(size)[2])
-        [record] = sims[key].retiled(tile).records([size])
+        sim = sims[key]
+        how = nccl.pipeline(s, collective, choice, sim.chunk_geometry(size)[2], max(size, 1),
+                            sim.view.step_overhead * 1e6)
+        if how.slots != sim.slots or how.step_us is not None:
+            key = key + (how.slots, how.step_us)
+            if key not in sims:
+                sims[key] = Simulator(sim.sp, topology, slots=how.slots, dtype=dtype, step_us=how.step_us)
+            sim = sims[key]
+        [record] = sim.retiled(how.tile).records([size])
         record.update(plan=f"nccl {choice.algorithm}", algorithm=choice.algorithm, protocol=choice.protocol,
-                      channels=choice.channels, nccl_us=choice.nccl_us, tile=tile)
+                      channels=choice.channels, nccl_us=choice.nccl_us, tile=how.tile)
         out.append(record)
     return out

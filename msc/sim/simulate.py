@@ -64,11 +64,13 @@ class Simulator:
     protocol's); ``slots``: messages in flight per connection (default: what
     msc's own runtime gives the plan, max(plan.slots, 8): plan.slots is only
     the fewest it was verified with; pass plan.slots for a plan that will run
-    where connections hold just that, e.g. MSCCL XML). The plan's arrays and
-    layers are built once and reused."""
+    where connections hold just that, e.g. MSCCL XML); ``step_us``: what a
+    message costs its threadblocks per tile iteration (default: the
+    protocol's, Protocol.step_us). The plan's arrays and layers are built
+    once and reused."""
 
     def __init__(self, plan: Plan | SimPlan, topology: Topology, *, tile: int | None = None,
-                 slots: int | None = None, dtype: str = "float"):
+                 slots: int | None = None, dtype: str = "float", step_us: float | None = None):
         sp = plan if isinstance(plan, SimPlan) else compile_plan(plan)
         plan = sp.plan
         if topology.num_ranks != plan.num_ranks:
@@ -104,7 +106,8 @@ class Simulator:
             raise UsageError(f"topology {topology.name!r} gives a connection no bandwidth")
         self.comp = sp.count * (topology.gamma * sp.nred + topology.delta * sp.ncopy)
         # a threadblock's own time per message and iteration: the protocol's synchronization
-        self.fixed = np.where((sp.sends | sp.recvs).astype(bool), view.step_overhead, 0.0)
+        step = view.step_overhead if step_us is None else step_us * 1e-6
+        self.fixed = np.where((sp.sends | sp.recvs).astype(bool), step, 0.0)
         flow = self.flow_conn
         self.tx = np.where(flow >= 0, sp.count / (rate[np.maximum(flow, 0)] if len(rate) else 1.0), 0.0)
         if sp.switch_op is not None:
