@@ -47,43 +47,56 @@ def test_protocol_switches_on_eight_h100_without_nvls():
 
 
 def test_channels_drop_for_small_messages():
-    """enqueue.cc: a channel is dropped while the message is below channels x threads x threshold
-    (ring LL: 4096 bytes x ranks per channel; Simple: 32 KiB)."""
+    """enqueue.cc@2.30: a channel is dropped while the message is below channels x threads x threshold
+    (ring LL: 4096 bytes x ranks per channel; Simple: 32 KiB); the work is then spread by traffic in
+    cells of 32 KiB (8 KiB for LL), a channel taking at least its share."""
     s = nccl.system(get_topology("dgx-h100", None))
     assert nccl.choose(s, "allgather", 1024).channels == 1
     assert nccl.choose(s, "allgather", 64 << 10).channels == 2                     # 64K / (4096 x 8)
     assert nccl.choose(s, "allgather", 64 << 20).channels == 24
-    assert nccl.choose(s, "allreduce", 1 << 20, algorithms=["ring", "tree"],
-                       protocols=["Simple"]).channels == 24                          # 1M >= 24 x 32K
+    # 1M >= 24 x 32K keeps 24; 2 MB of traffic in cells of 32 KiB, 3 cells a channel: 22 channels
+    assert nccl.choose(s, "allreduce", 1 << 20, algorithms=["ring", "tree"], protocols=["Simple"]).channels == 22
+    assert nccl._channels(s, "allreduce", "ring", "Simple", 1 << 20)[0] == 22
+    assert nccl.traffic_channels(s, "allreduce", "Simple", 1 << 20, 24) == 22
+    assert nccl.traffic_channels(s, "allreduce", "Simple", 64 << 20, 24) == 24
 
 
 def test_multi_node_picks_and_latency():
     s = nccl.system(get_topology("dgx-a100:2", None))
     assert (s.graph.channels, s.graph.bw, s.graph.runtime, s.cpu) == (8, 24.0, 16, "amd")
-    # NCCL's ring LL allreduce on 2 nodes of 8: 6.6 + 26 intra hops at the AMD proxy's 2.0 + 4 NET hops of 2.7
-    assert nccl.latency(s, "allreduce", "ring", "LL") == pytest.approx(69.4)
-    assert nccl.bus_bandwidth(s, "ring", "Simple") == pytest.approx(192.0)           # "192GB/s", nccl issue 812
+    # NCCL 2.30's ring LL allreduce on 2 nodes of 8: 6.6 + 28 intra hops at the AMD proxy's 2.0 + 2 NET
+    # hops of 2.7 (2.21 counted 2 x nodes = 4 NET hops: 69.4; nccl_model.md 2.3)
+    assert nccl.latency(s, "allreduce", "ring", "LL") == pytest.approx(68.0)
+    assert nccl.bus_bandwidth(s, "allreduce", "ring", "Simple") == pytest.approx(192.0)   # "192GB/s", nccl issue 812
     assert nccl.choose(s, "allreduce", 1024).algorithm == "tree"
 
 
 def test_unsupported_topologies_and_choices_say_why():
     with pytest.raises(UsageError, match="nodes of H100 or A100"):
         nccl.system(get_topology("ring:8", None))
-    with pytest.raises(UsageError, match="NVLS for allreduce on one H100 node, not allgather on 1 node"):
-        nccl.choose(nccl.system(get_topology("dgx-h100", None)), "allgather", 64, algorithms=["nvls"])
-    with pytest.raises(UsageError, match="not allreduce on 1 node\\(s\\) of a100"):
+    with pytest.raises(UsageError, match="the library has no NVLS allgather"):
+        simulate_nccl("allgather", get_topology("dgx-h100", None), [64], algorithms=["nvls"])
+    with pytest.raises(UsageError, match="not allreduce on 1 node\\(s\\) of 8 a100"):
         nccl.choose(nccl.system(get_topology("dgx-a100", None)), "allreduce", 64, algorithms=["nvls"])
-    with pytest.raises(UsageError, match="not allreduce on 2 node"):
+    with pytest.raises(UsageError, match="needs CollNet\\), not allreduce on 2 node"):
         nccl.choose(nccl.system(get_topology("dgx-h100:2", None)), "allreduce", 64, algorithms=["nvls"])
+    with pytest.raises(UsageError, match="NVLSTree for allreduce on several nodes of H100 on NVSwitch, not allreduce "
+                                         "on 1 node"):
+        nccl.choose(nccl.system(get_topology("dgx-h100", None)), "allreduce", 64, algorithms=["nvlstree"])
+    with pytest.raises(UsageError, match="PAT for allgather and reducescatter with one GPU per node, not allgather "
+                                         "on 2 node\\(s\\) of 8"):
+        nccl.choose(nccl.system(get_topology("dgx-h100:2", None)), "allgather", 64, algorithms=["pat"])
 
 
-def test_forced_nvls_is_nccls_2_21_model_on_its_16_channels():
-    """[2.2, 3.1, 3.5, 4.4]: 25 us, 8 x min(40, 60) x 5/6 = 266.7 GB/s algBw on 8 H100, Simple only."""
+def test_forced_nvls_is_nccls_2_30_model_on_its_16_channels():
+    """[2.2, 3.1, 3.5, 4.4]: 25 us; 8 channels x min(40 x 0.85 x 7/8 x 2, 60) = 476 GB/s busBw, x 8/14 =
+    272 GB/s algBw on 8 H100 (2.21 had 8 x min(40, 60) x 5/6 = 266.7), Simple only, on 16 channels."""
     s = nccl.system(get_topology("dgx-h100", None))
     choice = nccl.choose(s, "allreduce", 1 << 30, algorithms=["nvls"])
     assert (choice.algorithm, choice.protocol, choice.channels) == ("nvls", "Simple", 16)
-    assert nccl.algorithm_bandwidth(s, "allreduce", "nvls", "Simple") == pytest.approx(266.67, rel=1e-3)
-    assert choice.nccl_us == pytest.approx(25.0 + (1 << 30) / (1000 * 266.667), rel=1e-4)
+    assert nccl.bus_bandwidth(s, "allreduce", "nvls", "Simple") == pytest.approx(476.0)
+    assert nccl.algorithm_bandwidth(s, "allreduce", "nvls", "Simple") == pytest.approx(272.0)
+    assert choice.nccl_us == pytest.approx(25.0 + (1 << 30) / (1000 * 272.0), rel=1e-6)
 
 
 def test_nccl_s_own_choice_takes_nvls_on_one_h100_node_from_2_mb():

@@ -30,11 +30,21 @@ class Machine:
     protocols: dict
     nvlink_gbps: float          # per GPU and direction, through the NVSwitch
     nvlink_alpha_us: float      # Simple's latency of an NVLink hop
-    proxy_us: float             # NCCL's network post overhead on the host (x3 for Simple): on several
-    description: str            # nodes no hop inside a node is faster (tuning.cc netOverhead)
+    proxy_us: float             # NCCL's network post overhead on the host (tuning.cc netOverhead)
+    description: str
     nvls_gbps: float = 0.0      # NVLS: per GPU port and direction when the switch reduces; 0: no NVLS
     nvls_alpha_us: float = 0.0  # NVLS: latency of a switch reduce or store
     nvls_barrier_us: float = 0.0    # NVLS: latency of a barrier of a switch group
+
+    @property
+    def message_us(self) -> float:
+        """The least time a message across nodes holds its NICs (msc.sim.topology.Nodes): half of NCCL's
+        post overhead. NCCL's model charges a multi-node ring's every step that overhead (tuning.cc: "inter-
+        node rings still have to launch nsteps * net overhead"), and on these nodes NCCL runs two channels
+        through each NIC (16 channels, 8 NICs: nccl_model.md 4.3), whose messages one host proxy posts per
+        step: a message takes half. (The NIC itself is not the limit: no citable ConnectX-7 message rate
+        was found here, and NCCL's own constant is the host's.)"""
+        return self.proxy_us
 
 
 def _protocol(launch_us: float, threadblock_gbps: float, tile: int, step_us: float = 0.0,

@@ -3,7 +3,9 @@
 
 Per size: NCCL's algorithm, protocol and channels; the plan that does the
 same (one library ring or tree per channel: algorithms/*/nccl_rings.py'
-rail_rings, algorithms/allreduce/nccl_tree.py, alltoall/allpairs); and
+rail_rings, algorithms/allreduce/nccl_tree.py; the switch plans allreduce/
+nvls.py and nvls_tree.py and PAT's algorithms/*/pat.py on as many channels
+as NCCL runs; alltoall/allpairs); and
 msc's simulation of it with NCCL's slices as tiles and its buffers' slots.
 Plans are lowered once per (algorithm, protocol, channels).
 """
@@ -41,21 +43,29 @@ def _lower(topology: Topology, collective: str, choice: nccl.Choice):
     from msc.lower.pipeline import LowerOptions, lower
 
     g = topology.gpus_per_node
+    instances = 1
     if choice.algorithm == "tree":
         # channel c and c + channels are the two trees' [nccl_model.md 4.4]: half the channels each
         alg, params = _library("allreduce/nccl_tree:nccl_tree"), dict(gpus_per_node=g, channels=max(1, choice.channels // 2),
                                                                        chunks=1)
     elif choice.algorithm == "p2p":
         alg, params = _library("alltoall/allpairs:allpairs"), {}
-    elif choice.algorithm == "nvls":           # one switch threadblock per NVLS channel: instances
-        program = msc.trace(_library("allreduce/nvls:nvls"), topology.num_ranks, inplace=False)
-        return lower(program, LowerOptions(protocol=choice.protocol, instances=choice.channels))
+    elif choice.algorithm in ("nvls", "nvlstree", "pat"):
+        # a switch threadblock per NVLS channel, and PAT's steps on every channel: instances
+        if collective != "allreduce" and choice.algorithm != "pat":
+            raise UsageError(f"the library has no NVLS {collective} to run NCCL's choice with (NCCL's model never "
+                             f"prefers it to the ring on these machines)")
+        name = {"nvls": "allreduce/nvls:nvls", "nvlstree": "allreduce/nvls_tree:nvls_tree",
+                "pat": f"{collective}/pat:pat"}[choice.algorithm]
+        alg, params, instances = _library(name), {}, choice.channels
+        if choice.algorithm == "nvlstree":
+            params = dict(gpus_per_node=g)
     else:
         alg, params = _library(f"{collective}/nccl_rings:rail_rings"), dict(rings=choice.channels, gpus_per_node=g)
         if "slices" in alg.params:
             params["slices"] = nccl.slices(choice)
     program = msc.trace(alg, topology.num_ranks, inplace=False, **params)    # NCCL needs no staging copies
-    return lower(program, LowerOptions(protocol=choice.protocol, instances=1))
+    return lower(program, LowerOptions(protocol=choice.protocol, instances=instances))
 
 
 def simulate_nccl(collective: str, topology: Topology, sizes: list[int], *, dtype: str = "float",

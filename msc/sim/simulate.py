@@ -93,6 +93,7 @@ class Simulator:
         self.cap = [min(r.bandwidth, view.threadblock_bandwidth) for r in routes]
         self.res = [r.resources for r in routes]
         self.wts: list = [None] * len(routes)
+        self.message = [r.message for r in routes]        # per flow: the least time a message holds its links
         send_conn = np.full(sp.num_steps, -1, dtype=np.int64)
         send_conn[sp.msg_send] = np.repeat(np.arange(len(routes)), np.diff(sp.conn_ptr))
         self.send_conn = self.flow_conn = send_conn     # flow_conn: per step, the flow it transmits on
@@ -110,6 +111,9 @@ class Simulator:
         self.fixed = np.where((sp.sends | sp.recvs).astype(bool), step, 0.0)
         flow = self.flow_conn
         self.tx = np.where(flow >= 0, sp.count / (rate[np.maximum(flow, 0)] if len(rate) else 1.0), 0.0)
+        # a message shorter than its route's per-message time still holds the links that long (Route.message)
+        message = np.asarray(self.message + [0.0])
+        self.tx_floor = message[flow] if message.any() else None
         if sp.switch_op is not None:
             self._switch_latencies(sp, view)
         self._watch_setup()
@@ -156,6 +160,7 @@ class Simulator:
                 self.res.append(tuple(links))
                 self.wts.append(tuple(k * view.capacity[r] / view.nvls_bandwidth for r, k in links.items()))
                 self.cap.append(view.threadblock_bandwidth)
+                self.message.append(0.0)
             flow_conn[g] = flows[(t, kind)]
         self.flow_conn = flow_conn
 
@@ -235,7 +240,7 @@ class Simulator:
             return self._launched(out)
         if self._layers is None:
             self._layers = layers(self.sp, self.slots)
-            self._levels = prepare(self._layers, self.alpha, self.comp, self.tx, self.watch, self.fixed)
+            self._levels = prepare(self._layers, self.alpha, self.comp, self.tx, self.watch, self.fixed, self.tx_floor)
         contended = []                # sizes whose transfers shared a link: the event engine's
         for batch in self._batches(todo, iters):
             imax = max(iters[i] for i in batch)
@@ -340,8 +345,10 @@ class Simulator:
                             self.flow_conn.tolist()))
             steps = [rows[a:b] for a, b in zip(sp.tb_start[:-1].tolist(), sp.tb_start[1:].tolist())]
             names = list(zip(sp.tb_rank.tolist(), sp.tb_local.tolist()))
+            # a message's least time on its links as bytes at the flow's own rate (Route.message)
+            floors = [m * r for m, r in zip(self.message, self.rate.tolist())]
             self._events = EventSim(steps, per_iter.tolist(), self.alpha.tolist(), self.cap, self.res,
-                                    self.capacity, self.slots, names, self.wts)
+                                    self.capacity, self.slots, names, self.wts, floors)
         return self._events
 
     def _events_time(self, q: float) -> float:
