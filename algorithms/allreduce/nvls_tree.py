@@ -5,6 +5,10 @@ import msc
 # across tiles the switch reduces tile t + 1 while the network carries tile t and the store of
 # tile t - 1 runs (the tree's copies get threadblocks of their own when lowered).
 REDUCE_CHANNEL, STORE_CHANNEL = 0, 1
+# Tree k's transfers on a channel of its own: where a rank is the root of one tree and a leaf of the
+# other beside the same peer (two nodes), one threadblock would otherwise carry both trees' steps and
+# wait out a round trip per tile (NCCL runs each tree on channels of its own, src/graph/connect.cc).
+TREE_CHANNEL = 2
 
 
 def tree_parent(position: int) -> int:
@@ -57,10 +61,10 @@ def nvls_tree(p: msc.Program, gpus_per_node=8, trees=2):
             chunk = l * trees + k
             for pos in reversed(range(1, nodes)):      # leaves first: a child is complete before it is sent
                 child, parent = order[pos] * g + l, order[tree_parent(pos)] * g + l
-                p.chunk(parent, "output", chunk).reduce(p.chunk(child, "output", chunk))
+                p.chunk(parent, "output", chunk).reduce(p.chunk(child, "output", chunk), channel=TREE_CHANNEL + k)
             for pos in range(1, nodes):                # root first: a parent is final before it is sent
                 child, parent = order[pos] * g + l, order[tree_parent(pos)] * g + l
-                p.chunk(parent, "output", chunk).copy(child, "output", chunk)
+                p.chunk(parent, "output", chunk).copy(child, "output", chunk, channel=TREE_CHANNEL + k)
     for j in range(nodes):
         for l in range(g):
             storing[j].store(p.chunk(j * g + l, "output", l * trees, trees))

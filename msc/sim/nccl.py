@@ -85,6 +85,11 @@ LL128_GRAIN = 1920                                                 # device.h nc
 # once (src/device/prims_ll.h, prims_ll128.h GenericOp), so a hop holds data back by one pass of the
 # threadblock over its lines, not by a step: 512 threads x 8 B, 20 warps x 1,920 B.
 PASS = {"LL": MAX_THREADS["LL"] * 8, "LL128": MAX_THREADS["LL128"] // 32 * LL128_GRAIN}
+# NCCL's tree splits a channel's threads (src/device/all_reduce.h runTreeSplit@2.30, 640 threads): Simple
+# gives the reduction up half plus 64 (384 of 640), LL and LL128 70% ("receiving from up to 3 sources is
+# more compute intensive than sending to 3 dests"): 448; the broadcast down the rest. The root's one op
+# (receive, reduce, send back down) has them all.
+TREE_UP_SHARE = {"Simple": 384 / 640, "LL": 448 / 640, "LL128": 448 / 640}
 # NVLS at run time [4.4, 5]: NCCL_NVLS_NCHANNELS 16 on SM90 (nvls.cc:155@2.30), moving NCCL_NVLS_CHUNKSIZE
 # bytes per step (128 KiB, nvls.cc:160), NVLSTree at most 64 KiB from 4 nodes on (treeMaxChunkSize, nvls.cc:228).
 NVLS_CHANNELS = 16
@@ -490,16 +495,19 @@ def pipeline(s: System, collective: str, choice: Choice, chunk_bytes: float, nby
     protocol's per-message cost). NCCL's steps are the tiles (``tile``),
     as many in flight as its buffers hold; except where LL or LL128 data
     goes down a chain (a tree, a broadcast or a reduce), which a rank hands
-    on a line at a time [5, PASS]: there the tile is one pass of the
-    threadblock over its lines, as many in flight as the steps hold, each
-    paying its share of the step's cost. (In a ring each rank's chunk of a
-    step is its own, so only the chain's depth makes the difference.)"""
+    on a line at a time [5, PASS]: there the tile is at most one pass of
+    the threadblock over its lines, as many in flight as the steps hold,
+    and a step's synchronization (a barrier and a flag once its lines are
+    out) is off the data's way down the chain: each tile pays its share of
+    a full step's cost by its bytes. (In a ring each rank's chunk of a step
+    is its own, so only the chain's depth makes the difference.)"""
     step = tile(s, choice, chunk_bytes, nbytes, collective)
     chain = choice.algorithm == "tree" or collective in ROOTED
     wave = PASS.get(choice.protocol)
-    if not chain or wave is None or step <= wave:
+    if not chain or wave is None:
         return Pipeline(step, SLOTS[choice.protocol], None)
-    return Pipeline(wave, SLOTS[choice.protocol] * math.ceil(step / wave), step_us * wave / step)
+    piece = min(step, wave)
+    return Pipeline(piece, SLOTS[choice.protocol] * math.ceil(step / piece), step_us * piece / SLICE[choice.protocol])
 
 
 def slices(choice: Choice) -> int:

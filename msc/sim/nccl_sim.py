@@ -58,8 +58,8 @@ def _lower(topology: Topology, collective: str, choice: nccl.Choice):
         name = {"nvls": "allreduce/nvls:nvls", "nvlstree": "allreduce/nvls_tree:nvls_tree",
                 "pat": f"{collective}/pat:pat"}[choice.algorithm]
         alg, params, instances = _library(name), {}, choice.channels
-        if choice.algorithm == "nvlstree":
-            params = dict(gpus_per_node=g)
+        if choice.algorithm == "nvlstree":       # an instance carries both trees, NCCL a tree per channel
+            params, instances = dict(gpus_per_node=g, trees=2), max(1, choice.channels // 2)
     else:
         alg, params = _library(f"{collective}/nccl_rings:rail_rings"), dict(rings=choice.channels, gpus_per_node=g)
         if "slices" in alg.params:
@@ -68,28 +68,59 @@ def _lower(topology: Topology, collective: str, choice: nccl.Choice):
     return lower(program, LowerOptions(protocol=choice.protocol, instances=instances))
 
 
+def tree_shares(plan, topology: Topology, choice: nccl.Choice) -> list[float]:
+    """Per connection of ``plan`` (NCCL's tree, lowered by _lower): the share
+    of a channel's threads its sender has in NCCL's tree kernel
+    (nccl.TREE_UP_SHARE): toward the root the reduction's, away from it the
+    broadcast's, except the root's sends (its one op has every thread)."""
+    from msc.dsl import nccl_orders
+    from msc.sim.sim_plan import compile_plan
+
+    sp = compile_plan(plan)
+    n, g = topology.num_ranks, topology.gpus_per_node
+    per_tree = max(1, choice.channels // 2)
+    up = nccl.TREE_UP_SHARE[choice.protocol]
+    parents: dict = {}
+    for channel in range(2 * per_tree):
+        tree, c = divmod(channel, per_tree)
+        parents[channel] = dict(nccl_orders.node_tree(n, g, c % g, tree))
+    shares = []
+    for src, dst, ch in zip(sp.conn_src.tolist(), sp.conn_dst.tolist(), sp.conn_ch.tolist()):
+        tree_of = parents[ch % (2 * per_tree)]
+        if tree_of.get(src) == dst:
+            shares.append(up)                       # a child sends its partial sum up
+        elif src not in tree_of:
+            shares.append(1.0)                      # the root sends back down with all its threads
+        else:
+            shares.append(1.0 - up)
+    return shares
+
+
 def simulate_nccl(collective: str, topology: Topology, sizes: list[int], *, dtype: str = "float",
                   algorithms=None, protocols=None) -> list[dict]:
     """Records as msc.sim.simulate.Simulator.records gives them, one per
     size, plus NCCL's ``algorithm``, ``protocol``, ``channels`` and its own
     model's time ``nccl_us``."""
     s = nccl.system(topology)
-    sims: dict = {}
+    shares: dict = {}           # (algorithm, protocol, channels) -> per connection, a threadblock's share
+    sims: dict = {}             # that + (slots, per-message us) -> Simulator
     out = []
     for size in sizes:
         choice = nccl.choose(s, collective, max(size, 1), algorithms=algorithms, protocols=protocols)
         plan = plan_for(topology, collective, choice)
         key = (choice.algorithm, choice.protocol, choice.channels)
-        if key not in sims:
-            sims[key] = Simulator(plan, topology, slots=nccl.SLOTS[choice.protocol], dtype=dtype)
+        if key not in shares:
+            shares[key] = tree_shares(plan, topology, choice) if choice.algorithm == "tree" else None
+            sims[key] = Simulator(plan, topology, slots=nccl.SLOTS[choice.protocol], dtype=dtype, shares=shares[key])
         sim = sims[key]
         how = nccl.pipeline(s, collective, choice, sim.chunk_geometry(size)[2], max(size, 1),
                             sim.view.step_overhead * 1e6)
         if how.slots != sim.slots or how.step_us is not None:
-            key = key + (how.slots, how.step_us)
-            if key not in sims:
-                sims[key] = Simulator(sim.sp, topology, slots=how.slots, dtype=dtype, step_us=how.step_us)
-            sim = sims[key]
+            variant = key + (how.slots, how.step_us)
+            if variant not in sims:
+                sims[variant] = Simulator(sim.sp, topology, slots=how.slots, dtype=dtype, step_us=how.step_us,
+                                          shares=shares[key])
+            sim = sims[variant]
         [record] = sim.retiled(how.tile).records([size])
         record.update(plan=f"nccl {choice.algorithm}", algorithm=choice.algorithm, protocol=choice.protocol,
                       channels=choice.channels, nccl_us=choice.nccl_us, tile=how.tile)

@@ -66,11 +66,15 @@ class Simulator:
     the fewest it was verified with; pass plan.slots for a plan that will run
     where connections hold just that, e.g. MSCCL XML); ``step_us``: what a
     message costs its threadblocks per tile iteration (default: the
-    protocol's, Protocol.step_us). The plan's arrays and layers are built
-    once and reused."""
+    protocol's, Protocol.step_us); ``shares``: per connection (SimPlan's
+    order), the share of a threadblock's rate its sender has (default 1: a
+    threadblock per connection; less where a plan's threadblocks stand for
+    parts of one, as NCCL's tree splits a channel's threads between its
+    reduction up and its broadcast down). The plan's arrays and layers are
+    built once and reused."""
 
     def __init__(self, plan: Plan | SimPlan, topology: Topology, *, tile: int | None = None,
-                 slots: int | None = None, dtype: str = "float", step_us: float | None = None):
+                 slots: int | None = None, dtype: str = "float", step_us: float | None = None, shares=None):
         sp = plan if isinstance(plan, SimPlan) else compile_plan(plan)
         plan = sp.plan
         if topology.num_ranks != plan.num_ranks:
@@ -90,7 +94,10 @@ class Simulator:
         self.alpha = np.array([r.alpha for r in routes])
         # per flow (a connection's transmissions; past them, a switch threadblock's ops of one kind):
         # its private rate cap, shared links and the weight of a byte on each (None: 1 on every one)
-        self.cap = [min(r.bandwidth, view.threadblock_bandwidth) for r in routes]
+        shares = [1.0] * len(routes) if shares is None else list(shares)
+        if len(shares) != len(routes) or not all(0 < x <= 1 for x in shares):
+            raise UsageError(f"shares: one in (0, 1] per connection ({len(routes)}), got {len(shares)}")
+        self.cap = [min(r.bandwidth, view.threadblock_bandwidth * x) for r, x in zip(routes, shares)]
         self.res = [r.resources for r in routes]
         self.wts: list = [None] * len(routes)
         self.message = [r.message for r in routes]        # per flow: the least time a message holds its links
