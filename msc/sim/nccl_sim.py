@@ -59,7 +59,7 @@ def _lower(topology: Topology, collective: str, choice: nccl.Choice):
                 "pat": f"{collective}/pat:pat"}[choice.algorithm]
         alg, params, instances = _library(name), {}, choice.channels
         if choice.algorithm == "nvlstree":       # an instance carries both trees, NCCL a tree per channel
-            params, instances = dict(gpus_per_node=g, trees=2), max(1, choice.channels // 2)
+            params, instances = dict(gpus_per_node=g, trees=2, btree=True), max(1, choice.channels // 2)
     else:
         alg, params = _library(f"{collective}/nccl_rings:rail_rings"), dict(rings=choice.channels, gpus_per_node=g)
         if "slices" in alg.params:
