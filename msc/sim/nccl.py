@@ -504,6 +504,9 @@ def pipeline(s: System, collective: str, choice: Choice, chunk_bytes: float, nby
     step = tile(s, choice, chunk_bytes, nbytes, collective)
     chain = choice.algorithm == "tree" or collective in ROOTED
     wave = PASS.get(choice.protocol)
+    if choice.algorithm == "tree" and wave is not None:       # the broadcast down's warps make its pass
+        wave = max(LL128_GRAIN if choice.protocol == "LL128" else 8 * 32,
+                   int(wave * (1 - TREE_UP_SHARE[choice.protocol])))
     if not chain or wave is None:
         return Pipeline(step, SLOTS[choice.protocol], None)
     piece = min(step, wave)
