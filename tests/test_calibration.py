@@ -108,6 +108,7 @@ def test_nvls_is_simulated_on_the_switch_and_held_from_1_gib():
             assert abs(c.ratio - 1) <= 0.05, (row.label, c.ratio)
 
 
+@pytest.mark.slow
 def test_nccl_s_choice_with_nvls_on_several_h100_nodes_is_nvlstree():
     """nccl issue 1221's 8 GiB allreduce with NVLS enabled: on 4 nodes NVLSTree simulated within the bar
     (NCCL 2.30's model picks it; its NVLSTree busBw is 364 GB/s from 3 nodes)."""
