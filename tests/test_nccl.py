@@ -100,10 +100,10 @@ def test_forced_nvls_is_nccls_2_30_model_on_its_16_channels():
 
 
 def test_nccl_s_own_choice_takes_nvls_on_one_h100_node_from_2_mb():
-    """NCCL 2.21 weighs NVLS by default (tuning.cc): on 8 H100 its model picks ring LL up to 1 MB and
+    """NCCL 2.30 weighs NVLS by default (tuning.cc): on 8 H100 its model picks ring LL up to 1 MB and
     NVLS from 2 MB, as NCCL printed on such a machine (nccl-tests issue 309: '8B~1MB: uses Algo RING
-    proto LL ... 2MB~16GB uses Algo NVLS proto SIMPLE'). Across nodes NVLS is off (no CollNet) and
-    NVLSTree is not modelled: ring or tree."""
+    proto LL ... 2MB~16GB uses Algo NVLS proto SIMPLE'). Across nodes NVLS is off (no CollNet): there
+    NVLSTree (test_nccl_s_choice_across_nodes), and on A100 no NVLS at all."""
     s = nccl.system(get_topology("dgx-h100", None))
     picks = {size: (c.algorithm, c.protocol) for size in (1 << 20, 2 << 20, 1 << 30, 16 << 30)
              for c in [nccl.choose(s, "allreduce", size)]}
