@@ -43,13 +43,10 @@ def pat(p: msc.Program, gpus_per_node=1):
             base = local * span
             for pos, length in pat_ranks.runs(offsets, D):
                 p.chunk(r, "scratch", base + pos, length).copy(dst, "scratch", base + pos + shift)
-    for r in range(n):
-        node, local = divmod(r, g)
-        for other in range(g):
-            if other != local:
-                peer = node * g + other
-                for pos, length in pat_ranks.runs(list(range(nodes)), D):
-                    p.chunk(r, "scratch", local * span + pos, length).copy(peer, "scratch", local * span + pos)
+    for r, peer, _ in pat_ranks.node_peers(n, g):    # a rail's blocks to the node's other GPUs
+        base = r % g * span
+        for pos, length in pat_ranks.region(nodes):
+            p.chunk(r, "scratch", base + pos, length).copy(peer, "scratch", base + pos)
     for r in range(n):
         node = r // g
         p.chunk(r, "input", 0).copy(r, "output", r)         # a no-op in place

@@ -33,25 +33,17 @@ def pat(p: msc.Program, gpus_per_node=1):
     nodes = n // g
     D = pat_ranks.dimensions(nodes)
     span = 1 << D
-    mine = {}                   # rank -> {position: its partial sum there}
     for r in range(n):
         node, local = divmod(r, g)
         for other in range(g):
             region = local if other == local else g + other       # staging for another local index
             for s in range(nodes):
                 block = ((node + s) % nodes) * g + other
-                pos = region * span + pat_ranks.bit_reversed(s, D)
-                ref = p.chunk(r, "input", block).copy(r, "scratch", pos)
-                if other == local:
-                    mine.setdefault(r, {})[pos] = ref
-    for r in range(n):
-        node, local = divmod(r, g)
-        for other in range(g):
-            if other != local:
-                peer = node * g + other
-                for pos, length in pat_ranks.runs(list(range(nodes)), D):
-                    p.chunk(peer, "scratch", other * span + pos, length).reduce(
-                        p.chunk(r, "scratch", (g + other) * span + pos, length))
+                p.chunk(r, "input", block).copy(r, "scratch", region * span + pat_ranks.bit_reversed(s, D))
+    for r, peer, other in pat_ranks.node_peers(n, g):  # another local index's blocks to their GPU
+        for pos, length in pat_ranks.region(nodes):
+            p.chunk(peer, "scratch", other * span + pos, length).reduce(
+                p.chunk(r, "scratch", (g + other) * span + pos, length))
     for d in range(D):
         offsets, shift = pat_ranks.reduce_step(nodes, d)
         for r in range(n):

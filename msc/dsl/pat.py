@@ -58,3 +58,17 @@ def reduce_step(n: int, d: int) -> tuple[list[int], int]:
     s - 2^d, and that shift in positions (2^(D-1-d))."""
     D = dimensions(n)
     return [s for s in range(1 << d, n, 2 << d)], 1 << (D - 1 - d)
+
+
+def node_peers(n: int, g: int):
+    """(rank, its node peer, the peer's local index) for every rank of nodes of ``g`` GPUs (rank = node * g + local)."""
+    for r in range(n):
+        node, local = divmod(r, g)
+        for other in range(g):
+            if other != local:
+                yield r, node * g + other, other
+
+
+def region(nodes: int) -> list[tuple[int, int]]:
+    """The runs of positions a node's ``nodes`` blocks take in a staging region."""
+    return runs(list(range(nodes)), dimensions(nodes))
