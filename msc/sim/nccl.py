@@ -88,8 +88,12 @@ PASS = {"LL": MAX_THREADS["LL"] * 8, "LL128": MAX_THREADS["LL128"] // 32 * LL128
 # NCCL's tree splits a channel's threads (src/device/all_reduce.h runTreeSplit@2.30, 640 threads): Simple
 # gives the reduction up half plus 64 (384 of 640), LL and LL128 70% ("receiving from up to 3 sources is
 # more compute intensive than sending to 3 dests"): 448; the broadcast down the rest. The root's one op
-# (receive, reduce, send back down) has them all.
-TREE_UP_SHARE = {"Simple": 384 / 640, "LL": 448 / 640, "LL128": 448 / 640}
+# (receive, reduce, send back down) has them all. NCCL sizes the split by the work a byte takes each way,
+# so that the two keep pace: each direction moves half of what the channel's threadblock moves alone
+# (TREE_RATE_SHARE); the broadcast's warps make its pass of lines (TREE_DOWN_THREADS).
+TREE_UP_THREADS = {"Simple": 384 / 640, "LL": 448 / 640, "LL128": 448 / 640}
+TREE_DOWN_THREADS = {p: 1 - x for p, x in TREE_UP_THREADS.items()}
+TREE_RATE_SHARE = 0.5
 # NVLS at run time [4.4, 5]: NCCL_NVLS_NCHANNELS 16 on SM90 (nvls.cc:155@2.30), moving NCCL_NVLS_CHUNKSIZE
 # bytes per step (128 KiB, nvls.cc:160), NVLSTree at most 64 KiB from 4 nodes on (treeMaxChunkSize, nvls.cc:228).
 NVLS_CHANNELS = 16
@@ -487,6 +491,7 @@ class Pipeline:
     tile: int
     slots: int
     step_us: float | None           # None: the protocol's (msc.sim.machines STEP_US)
+    network_step: int | None = None  # the bytes of the network message a tile is a piece of (None: the tile)
 
 
 def pipeline(s: System, collective: str, choice: Choice, chunk_bytes: float, nbytes: int,
@@ -499,18 +504,20 @@ def pipeline(s: System, collective: str, choice: Choice, chunk_bytes: float, nby
     the threadblock over its lines, as many in flight as the steps hold,
     and a step's synchronization (a barrier and a flag once its lines are
     out) is off the data's way down the chain: each tile pays its share of
-    a full step's cost by its bytes. (In a ring each rank's chunk of a step
-    is its own, so only the chain's depth makes the difference.)"""
+    a full step's cost by its bytes. Across nodes the proxy posts a step
+    once it is whole (``network_step``). (In a ring each rank's chunk of a
+    step is its own, so only the chain's depth makes the difference.)"""
     step = tile(s, choice, chunk_bytes, nbytes, collective)
     chain = choice.algorithm == "tree" or collective in ROOTED
     wave = PASS.get(choice.protocol)
     if choice.algorithm == "tree" and wave is not None:       # the broadcast down's warps make its pass
         wave = max(LL128_GRAIN if choice.protocol == "LL128" else 8 * 32,
-                   int(wave * (1 - TREE_UP_SHARE[choice.protocol])))
+                   int(wave * TREE_DOWN_THREADS[choice.protocol]))
     if not chain or wave is None:
         return Pipeline(step, SLOTS[choice.protocol], None)
-    piece = min(step, wave)
-    return Pipeline(piece, SLOTS[choice.protocol] * math.ceil(step / piece), step_us * piece / SLICE[choice.protocol])
+    piece = -(-step // -(-step // wave))            # the step in equal passes of at most a wave
+    return Pipeline(piece, SLOTS[choice.protocol] * math.ceil(step / piece), step_us * piece / SLICE[choice.protocol],
+                    step if step > piece else None)
 
 
 def slices(choice: Choice) -> int:

@@ -70,29 +70,24 @@ def _lower(topology: Topology, collective: str, choice: nccl.Choice):
 
 def tree_shares(plan, topology: Topology, choice: nccl.Choice) -> list[float]:
     """Per connection of ``plan`` (NCCL's tree, lowered by _lower): the share
-    of a channel's threads its sender has in NCCL's tree kernel
-    (nccl.TREE_UP_SHARE): toward the root the reduction's, away from it the
-    broadcast's, except the root's sends (its one op has every thread)."""
+    of a channel's threadblock rate its sender has in NCCL's tree kernel,
+    whose threads are split between the reduction up and the broadcast down
+    (nccl.TREE_RATE_SHARE each way), except the root's sends (its one op has
+    every thread)."""
     from msc.dsl import nccl_orders
     from msc.sim.sim_plan import compile_plan
 
     sp = compile_plan(plan)
     n, g = topology.num_ranks, topology.gpus_per_node
     per_tree = max(1, choice.channels // 2)
-    up = nccl.TREE_UP_SHARE[choice.protocol]
     parents: dict = {}
     for channel in range(2 * per_tree):
         tree, c = divmod(channel, per_tree)
         parents[channel] = dict(nccl_orders.node_tree(n, g, c % g, tree))
     shares = []
-    for src, dst, ch in zip(sp.conn_src.tolist(), sp.conn_dst.tolist(), sp.conn_ch.tolist()):
-        tree_of = parents[ch % (2 * per_tree)]
-        if tree_of.get(src) == dst:
-            shares.append(up)                       # a child sends its partial sum up
-        elif src not in tree_of:
-            shares.append(1.0)                      # the root sends back down with all its threads
-        else:
-            shares.append(1.0 - up)
+    for src, ch in zip(sp.conn_src.tolist(), sp.conn_ch.tolist()):
+        rooted = src not in parents[ch % (2 * per_tree)]             # the root has no parent
+        shares.append(1.0 if rooted else nccl.TREE_RATE_SHARE)
     return shares
 
 
@@ -116,10 +111,10 @@ def simulate_nccl(collective: str, topology: Topology, sizes: list[int], *, dtyp
         how = nccl.pipeline(s, collective, choice, sim.chunk_geometry(size)[2], max(size, 1),
                             sim.view.step_overhead * 1e6)
         if how.slots != sim.slots or how.step_us is not None:
-            variant = key + (how.slots, how.step_us)
+            variant = key + (how.slots, how.step_us, how.tile, how.network_step)
             if variant not in sims:
-                sims[variant] = Simulator(sim.sp, topology, slots=how.slots, dtype=dtype, step_us=how.step_us,
-                                          shares=shares[key])
+                sims[variant] = Simulator(sim.sp, topology, tile=how.tile, slots=how.slots, dtype=dtype,
+                                          step_us=how.step_us, shares=shares[key], network_step=how.network_step)
             sim = sims[variant]
         [record] = sim.retiled(how.tile).records([size])
         record.update(plan=f"nccl {choice.algorithm}", algorithm=choice.algorithm, protocol=choice.protocol,

@@ -70,11 +70,16 @@ class Simulator:
     order), the share of a threadblock's rate its sender has (default 1: a
     threadblock per connection; less where a plan's threadblocks stand for
     parts of one, as NCCL's tree splits a channel's threads between its
-    reduction up and its broadcast down). The plan's arrays and layers are
-    built once and reused."""
+    reduction up and its broadcast down); ``network_step``: where a plan's
+    messages are pieces of larger network messages (NCCL's steps, whose
+    proxy posts a step once it is whole), the bytes of one: a piece across
+    nodes pays its share of the route's per-message time (Route.message)
+    and arrives when its whole step would have. The plan's
+    arrays and layers are built once and reused."""
 
     def __init__(self, plan: Plan | SimPlan, topology: Topology, *, tile: int | None = None,
-                 slots: int | None = None, dtype: str = "float", step_us: float | None = None, shares=None):
+                 slots: int | None = None, dtype: str = "float", step_us: float | None = None, shares=None,
+                 network_step: int | None = None):
         sp = plan if isinstance(plan, SimPlan) else compile_plan(plan)
         plan = sp.plan
         if topology.num_ranks != plan.num_ranks:
@@ -86,6 +91,8 @@ class Simulator:
         view = topology.view(plan.protocol)          # latencies and rates as the plan's protocol sees them
         self.sp, self.plan, self.topology, self.view = sp, plan, topology, view
         self.tile = tile or plan.tile or view.tile
+        if network_step is not None and (type(network_step) is not int or network_step < self.tile):
+            raise UsageError(f"network_step must be an int >= the tile ({self.tile}), got {network_step!r}")
         self.slots = slots or runtime_slots(plan)
         self.launch = view.launch
         self.type_name, dt = parse_dtype(dtype)
@@ -112,6 +119,13 @@ class Simulator:
                                      for c, res, wts in zip(self.cap, self.res, self.wts)])
         if len(rate) and not (rate > 0).all():
             raise UsageError(f"topology {topology.name!r} gives a connection no bandwidth")
+        if network_step is not None:             # pieces of a network step: its wait and its share of the post
+            piece = self.tile / network_step
+            netted = [i for i, m in enumerate(self.message[:len(routes)]) if m > 0]
+            for i in netted:                     # the piece arrives when its whole step would have, alone
+                whole = max(network_step / rate[i], self.message[i])
+                self.message[i] *= piece
+                self.alpha[i] += whole - max(self.tile / rate[i], self.message[i])
         self.comp = sp.count * (topology.gamma * sp.nred + topology.delta * sp.ncopy)
         # a threadblock's own time per message and iteration: the protocol's synchronization
         step = view.step_overhead if step_us is None else step_us * 1e-6
