@@ -76,8 +76,8 @@ def marker(tmp_path, monkeypatch):
     return path
 
 
-def test_a_planted_library_is_never_loaded(tmp_path, marker):
-    cache = tmp_path / "cache"
+def test_a_planted_library_is_never_loaded(tmp_path, marker, cold_cache):
+    cache = cold_cache
     p = plan()
     first = compile_host(p, cache=cache)
     assert not first.cache_hit and first.library.is_file()
@@ -91,9 +91,9 @@ def test_a_planted_library_is_never_loaded(tmp_path, marker):
     assert compile_host(p, cache=cache).cache_hit              # and the rebuilt entry is the user's again
 
 
-def test_a_library_is_loaded_from_the_bytes_that_were_checked(tmp_path, marker):
+def test_a_library_is_loaded_from_the_bytes_that_were_checked(tmp_path, marker, cold_cache):
     """Swapping the cache's file after the check changes nothing: the private copy is loaded."""
-    cache = tmp_path / "cache"
+    cache = cold_cache
     p = plan()
     compile_host(p, cache=cache)
     hit = compile_host(p, cache=cache)
@@ -198,13 +198,13 @@ def test_a_library_without_msc_entry_points_is_named_not_a_traceback(tmp_path):
         emu.load(lib, None, "float32", "sum", True, hit_args_size(), b"not an ELF file")
 
 
-def test_a_full_kernel_cache_costs_the_cache_not_the_run(tmp_path, monkeypatch, capsys):
+def test_a_full_kernel_cache_costs_the_cache_not_the_run(tmp_path, monkeypatch, capsys, cold_cache):
     """Every write into the cache fails with ENOSPC: msc run --backend emu builds in a
-    temporary folder, runs, and warns once, naming the cache."""
+    temporary folder, runs, and warns once, naming the cache (which held the headers before it filled)."""
     from msc.cli.main import main
     from msc.formats.plan_text import save_plan
 
-    cache = tmp_path / "cache"
+    cache = cold_cache
     monkeypatch.setenv("MSC_CACHE_DIR", str(cache))
     save_plan(plan("allreduce/ring:ring", 2, "Simple"), tmp_path / "ring.plan")
     real = kcache.write_atomic

@@ -38,8 +38,8 @@ THREADS = 4
 
 
 @pytest.fixture(scope="module")
-def libs(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("switch-cache")
+def libs(kernel_cache):
+    cache = kernel_cache
     built = {}
 
     def get(dtype, op):
