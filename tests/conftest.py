@@ -44,6 +44,15 @@ def gloo2():
     pool.close()
 
 
+def pytest_sessionfinish(session):
+    """The forkserver torchdist's pools fork from is stopped and waited for (its workers, and the CPU
+    time they used, are this test process's, not orphans')."""
+    import sys
+
+    if "torchdist" in sys.modules:
+        sys.modules["torchdist"].stop_forkserver()
+
+
 @pytest.fixture(scope="session")
 def kernel_cache() -> Path:
     """The session's kernel cache (SESSION_CACHE): for tests that only read and add entries."""
