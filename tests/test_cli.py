@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import clirun
 import msc
 
 from algfile import write
@@ -18,9 +19,9 @@ REPO = Path(__file__).resolve().parent.parent
 RING = REPO / "algorithms" / "allreduce" / "ring.py"
 
 
+# in this process (tests/clirun.py); tests/test_cli_processes.py runs each command as a process
 def cli(*args, cwd=REPO) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "msc.cli", *map(str, args)], cwd=cwd,
-                          capture_output=True, text=True, timeout=120)
+    return clirun.msc(*args, cwd=cwd)
 
 
 def same_file(shown: str, path: Path) -> bool:

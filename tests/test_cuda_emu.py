@@ -546,15 +546,12 @@ def test_torchrun_peers_on_another_machine_are_named(gloo2):
 
 # -- msc run --backend emu ----------------------------------------------------------------------------
 def test_msc_run_on_the_emulated_device(tmp_path):
-    import subprocess
-    import sys
-
+    from clirun import msc as run_msc          # in this process (tests/test_cli_processes.py: as a process)
     from msc.formats.plan_text import save_plan
 
     save_plan(plan_for("reducescatter/allpairs:allpairs", 4, "LL"), tmp_path / "rs.plan")
-    done = subprocess.run([sys.executable, "-m", "msc.cli", "run", str(tmp_path / "rs.plan"), "--backend", "emu",
-                           "-b", "64", "-e", "64K", "-f", "32", "-d", "bf16", "-o", "max"],
-                          capture_output=True, text=True, timeout=300)
+    done = run_msc("run", tmp_path / "rs.plan", "--backend", "emu", "-b", "64", "-e", "64K", "-f", "32", "-d", "bf16",
+                   "-o", "max")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert "backend emu (the plan's CUDA kernel on the emulated device" in lines[0]
@@ -563,8 +560,7 @@ def test_msc_run_on_the_emulated_device(tmp_path):
     rows = [x.split() for x in lines if not x.startswith("#")]
     assert [r[0] for r in rows] == ["64", "2048", "65536"] and all(r[-1] == "0" for r in rows)
     assert "Out of bounds values : 0 OK" in done.stdout and "no bandwidth" in done.stdout
-    bad = subprocess.run([sys.executable, "-m", "msc.cli", "run", str(tmp_path / "rs.plan"), "--backend", "emu",
-                          "-d", "int64"], capture_output=True, text=True, timeout=300)
+    bad = run_msc("run", tmp_path / "rs.plan", "--backend", "emu", "-d", "int64")
     assert bad.returncode == 2 and "no data type 'int64'" in bad.stderr and "Traceback" not in bad.stderr
 
 

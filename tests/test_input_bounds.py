@@ -8,12 +8,11 @@ from __future__ import annotations
 import json
 import os
 import random
-import subprocess
-import sys
 import time
 
 import pytest
 
+import clirun
 import msc
 from msc.errors import AlgorithmError, PlanError, UsageError
 from msc.formats.inputs import read_input
@@ -34,9 +33,9 @@ HEADER = ("msc-plan 1\nname \"x\" collective allgather ranks {n} chunk_factor {k
           "input_chunks {k} output_chunks {out} inplace false root 0\nprotocol Simple instances 1 slots 2 tile 0\n\n")
 
 
+# in this process (tests/clirun.py); tests/test_cli_processes.py runs each command as a process
 def _msc(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "msc.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=60)
+    return clirun.msc(*args, cwd=cwd)
 
 
 def _header(n: int, k: int = 1) -> str:

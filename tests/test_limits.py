@@ -3,12 +3,11 @@ value is a one-line error naming the value and the limit, raised where it
 enters msc, never a hang, a MemoryError traceback or an overflow later."""
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 
 import pytest
 
+import clirun
 import msc
 from msc.errors import PlanError, UsageError
 from msc.ir.limits import MAX_BYTES, MAX_INSTANCES, MAX_RANKS, MAX_SLOTS, MAX_TILE_BYTES
@@ -62,9 +61,9 @@ def test_sizes_are_bounded_where_they_are_parsed():
         parse_size("9" * 10 ** 6)                       # a huge token is not echoed whole
 
 
+# in this process (tests/clirun.py); tests/test_cli_processes.py runs each command as a process
 def _msc(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "msc.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=120)
+    return clirun.msc(*args, cwd=cwd)
 
 
 def test_msc_run_estimates_memory_before_allocating(tmp_path):
