@@ -186,6 +186,14 @@ def test_the_command_writes_a_program_msc_compiles(tmp_path):
     assert given.returncode == 0 and "pieces as given" in given.stdout, given.stderr
 
 
+def test_the_regenerate_line_is_the_command_main_was_given(tmp_path):
+    """The words main() parsed, not sys.argv (pytest's here), and --debug left out."""
+    done = msc_cli("--debug", "synthesize", "broadcast", "-t", "pcie", "--root", "5", "--pieces", "2", "-o", "b.py",
+                   cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "\nRegenerate: msc synthesize broadcast -t pcie --root 5 --pieces 2 -o b.py\n" in (tmp_path / "b.py").read_text()
+
+
 def test_add_on_arrival_moves_the_additions_onto_the_receiving_threadblocks(tmp_path):
     """Both places to add several children's parts verify; on arrival, the
     additions spread over the threadblocks that received the parts, else
