@@ -273,6 +273,19 @@ def test_cli_imports_no_numpy_torch_or_cuda():
         assert done.stdout.splitlines()[-1] == "[]", done.stdout
 
 
+def test_only_bfloat16_work_imports_ml_dtypes(tmp_path):
+    """ml_dtypes (numpy's bfloat16; 0.7 CPU-s to import) is imported by a command that works in
+    bfloat16, not by every command that runs or simulates a plan."""
+    calls = [["compile", "allreduce/ring", "-n", "4", "-o", "r.plan"], ["run", "r.plan", "-b", "1K", "-e", "4K"],
+             ["simulate", "r.plan", "-t", "ring:4"], ["bound", "allreduce", "-t", "ring:4"], None,
+             ["run", "r.plan", "-b", "1K", "-e", "1K", "-d", "bf16"], None]
+    code = "import sys, msc.cli.main\n" + "".join(
+        "print('ml_dtypes' in sys.modules)\n" if c is None else f"assert msc.cli.main.main({c!r}) == 0\n" for c in calls)
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert [line for line in done.stdout.splitlines() if line in ("True", "False")] == ["False", "True"], done.stdout
+
+
 def test_import_names_the_size_range_a_plan_file_does_not_keep(tmp_path):
     plan = tmp_path / "ring.plan"
     assert cli("compile", "algorithms/allreduce/ring.py", "--ranks", "4", "-o", plan).returncode == 0
