@@ -25,6 +25,7 @@ import pytest
 import msc
 from cudaboot import check_run
 from library import algorithms
+from patience import join
 from msc.cuda import Communicator, emu, hostbuild, kcache
 from msc.cuda.compiler import compile_host, rendered
 from msc.cuda.runtime import runtime_plan
@@ -182,7 +183,7 @@ def test_a_fifo_planted_as_an_entry_is_a_miss_not_a_hang(tmp_path):
     got = []
     worker = threading.Thread(target=lambda: got.append(rendered(p, cache=cache)), daemon=True)
     worker.start()
-    worker.join(20)
+    join(worker, 20)
     assert got and not got[0].cache_hit and got[0].source == first.source
 
 

@@ -24,6 +24,7 @@ dist = pytest.importorskip("torch.distributed")
 import backendcases  # noqa: E402
 import torchdist  # noqa: E402
 from emu_skip import needs_emu  # noqa: E402
+from patience import join, patience  # noqa: E402
 from torchdist import library_plan  # noqa: E402
 
 from msc.dsl.collectives import COLLECTIVES  # noqa: E402
@@ -275,7 +276,7 @@ def test_ranks_with_different_plans_are_refused_when_the_group_is_made(tmp_path)
 
         def rank(r):
             try:
-                process_group._same_plans_everywhere(store, r, 2, timedelta(seconds=20),
+                process_group._same_plans_everywhere(store, r, 2, timedelta(seconds=patience(20)),
                                                      PlanRegistry.from_dir(dirs[r]), str(dirs[r]))
             except UsageError as exc:
                 errors[r] = str(exc)
@@ -283,7 +284,7 @@ def test_ranks_with_different_plans_are_refused_when_the_group_is_made(tmp_path)
         for t in threads:
             t.start()
         for t in threads:
-            t.join(30)
+            join(t, 30)
         if not refused:
             assert errors == {}
             continue

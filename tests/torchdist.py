@@ -4,9 +4,10 @@ Starting processes and importing torch costs seconds, so a pool starts
 ``n`` workers once and runs many cases on them: ``pool.run(fn, *args)``
 calls the module-level ``fn(rank, n, *args)`` in every worker and returns
 the per-rank results, or raises with the workers' tracebacks. A case that
-hangs fails after ``timeout`` seconds (of CPU-time-scaled wall time, see
-``patience``), naming the case, and the pool is torn down (a deadlock must
-not hang the test run).
+hangs fails after ``timeout`` seconds of a quiet machine (wall time divided
+by the load per core as it passes: tests/patience.py), naming the case and
+the ranks that did not answer, and the pool is torn down (a deadlock must
+not hang the test run, and a loaded machine must not fail it).
 
 Workers are forked from a forkserver that imported torch once for the test
 process (torch.multiprocessing, forkserver with torch preloaded): a new
@@ -100,14 +101,22 @@ class Pool:
             raise RuntimeError(f"the pool is broken: {self.broken}")
         for q in self.jobs:
             q.put((fn, args))
-        out, errors = [None] * self.n, []
-        for _ in range(self.n):
+        from patience import Waiter
+
+        out, errors, waiting = [None] * self.n, [], set(range(self.n))
+        waiter = Waiter(self.timeout)
+        while waiting:
             try:
-                rank, ok, value = self.results.get(timeout=self.timeout)
+                rank, ok, value = self.results.get(timeout=waiter.slice())
             except queue.Empty:
-                self.broken = f"{fn.__name__}{args!r} did not finish in {self.timeout} s (deadlock?)"
-                self.close()
+                if not waiter.expired:
+                    continue
+                ranks = ", ".join(map(str, sorted(waiting)))
+                self.broken = (f"{fn.__name__}{args!r} did not finish in {self.timeout} s of a quiet machine "
+                               f"(load-scaled): rank(s) {ranks} of {self.n} never answered (deadlock?)")
+                self.close(patience_s=2)        # the workers are stuck in the case: no long goodbye
                 raise TimeoutError(self.broken) from None
+            waiting.discard(rank)
             if ok:
                 out[rank] = value
             else:
@@ -116,17 +125,24 @@ class Pool:
             raise AssertionError("\n".join(errors))
         return out
 
-    def close(self) -> None:
+    def close(self, patience_s: float = 30.0) -> None:
+        """Ask every worker to leave (it destroys its group and exits), wait ``patience_s`` seconds of a
+        quiet machine for each, then kill what is left; ``self.unclean`` says which ranks were killed."""
+        from patience import join
+
         for q, p in zip(self.jobs, self.procs):
             if p.is_alive():
                 try:
                     q.put(None)
                 except (OSError, ValueError):
                     pass
-        for p in self.procs:
-            p.join(timeout=5)
-            if p.is_alive():
+        self.unclean = []
+        for rank, p in enumerate(self.procs):
+            if not join(p, patience_s):
+                self.unclean.append(f"rank {rank} (pid {p.pid}) did not exit within {patience_s} s of a quiet "
+                                    f"machine after the pool closed: killed")
                 p.kill()
+                p.join()
         if self._init_file is not None:
             try:
                 os.unlink(self._init_file)
