@@ -86,9 +86,12 @@ def msc(*args, cwd: str | Path | None = None, env: dict | None = None) -> subpro
 
 def msc_process(*args, cwd: str | Path | None = None, env: dict | None = None, timeout: float = 300,
                 **kw) -> subprocess.CompletedProcess:
-    """``python -m msc.cli ARGS`` in a process of its own (this Python, this checkout's msc)."""
+    """``python -m msc.cli ARGS`` in a process of its own (this Python, this checkout's msc), given up
+    after ``timeout`` seconds of a quiet machine (tests/patience.py)."""
+    from patience import patience
+
     environ = {**os.environ, **{k: str(v) for k, v in (env or {}).items() if v is not None}}
     for name in [k for k, v in (env or {}).items() if v is None]:
         environ.pop(name, None)
     return subprocess.run([sys.executable, "-m", "msc.cli", *map(str, args)], cwd=cwd, env=environ,
-                          capture_output=True, text=True, timeout=timeout, **kw)
+                          capture_output=True, text=True, timeout=patience(timeout), **kw)

@@ -14,6 +14,7 @@ import clirun
 import msc
 
 from algfile import write
+from patience import patience
 
 REPO = Path(__file__).resolve().parent.parent
 RING = REPO / "algorithms" / "allreduce" / "ring.py"
@@ -268,7 +269,7 @@ def test_cli_imports_no_numpy_torch_or_cuda():
     for code in ("import sys, msc.cli.main",
                  f"import sys, msc.cli.main; msc.cli.main.main(['verify', {str(RING)!r}, '-n', '4'])"):
         done = subprocess.run([sys.executable, "-c", f"{code}; print({HEAVY})"], cwd=REPO,
-                              capture_output=True, text=True, timeout=60)
+                              capture_output=True, text=True, timeout=patience(60))
         assert done.returncode == 0, done.stderr
         assert done.stdout.splitlines()[-1] == "[]", done.stdout
 
@@ -281,7 +282,7 @@ def test_only_bfloat16_work_imports_ml_dtypes(tmp_path):
              ["run", "r.plan", "-b", "1K", "-e", "1K", "-d", "bf16"], None]
     code = "import sys, msc.cli.main\n" + "".join(
         "print('ml_dtypes' in sys.modules)\n" if c is None else f"assert msc.cli.main.main({c!r}) == 0\n" for c in calls)
-    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=patience(120))
     assert done.returncode == 0, done.stderr
     assert [line for line in done.stdout.splitlines() if line in ("True", "False")] == ["False", "True"], done.stdout
 

@@ -49,6 +49,7 @@ import pytest
 import msc
 from cudaboot import check_run, deadlock_plan, np_dtype, queued_allreduces_are_right
 from library import algorithms
+from patience import patience
 from msc.cuda import Communicator, DeviceTimeoutError
 from msc.cuda.compiler import compile_host
 from msc.cuda.diagnose import BrokenCommunicatorError
@@ -431,7 +432,7 @@ def test_a_constructor_starts_no_thread(cache):
         "Communicator(plan, 'virtual', device='emu', form='table', cache=Path({cache!r})).close()\n"
         "print(before, threading.active_count())\n"
     ).format(tests=str(Path(__file__).parent), cache=str(cache))
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=patience(300))
     assert done.returncode == 0, done.stderr[-2000:]
     before, after = map(int, done.stdout.split())
     assert after == before

@@ -25,7 +25,7 @@ import pytest
 import msc
 from cudaboot import check_run
 from library import algorithms
-from patience import join
+from patience import join, patience
 from msc.cuda import Communicator, emu, hostbuild, kcache
 from msc.cuda.compiler import compile_host, rendered
 from msc.cuda.runtime import runtime_plan
@@ -238,7 +238,7 @@ def test_a_cache_whose_folders_cannot_be_made_still_runs(tmp_path):
     save_plan(plan("allreduce/ring:ring", 2, "Simple"), tmp_path / "ring.plan")
     env = {**os.environ, "MSC_CACHE_DIR": str(cache)}
     done = subprocess.run([sys.executable, "-m", "msc.cli", "run", str(tmp_path / "ring.plan"), "--backend", "emu",
-                           "-b", "64", "-e", "64", "-f", "2"], capture_output=True, text=True, timeout=300, env=env)
+                           "-b", "64", "-e", "64", "-f", "2"], capture_output=True, text=True, timeout=patience(300), env=env)
     assert done.returncode == 0, done.stderr
     assert f"the kernel cache {cache} cannot be written" in done.stderr and "Traceback" not in done.stderr
     assert done.stderr.count("msc: the kernel cache") == 1

@@ -23,6 +23,7 @@ dist = pytest.importorskip("torch.distributed")
 import torchdist  # noqa: E402  (tests/ helper: the worker pool and the cases it runs)
 from torchdist import COMBOS, algorithms, library_plan, np_dtype, to_numpy, to_torch  # noqa: E402
 from library import rotated  # noqa: E402
+from patience import patience  # noqa: E402
 
 import msc  # noqa: E402
 import msc.torch as mt  # noqa: E402
@@ -266,7 +267,7 @@ def test_train_ddp_example_under_torchrun(tmp_path):
          str(ROOT / "examples" / "train_ddp.py"), "--plans", str(tmp_path), "--backend", "torch", "--steps", "3",
          "--check-stock",
          "--losses", str(out), "--quiet"],
-        capture_output=True, text=True, timeout=240, env=env)
+        capture_output=True, text=True, timeout=patience(240), env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["world"] == 2 and len(result["losses"]) == 3
