@@ -16,7 +16,7 @@ check means nothing and the script stops). The copy's tests use the copy's
 msc (PYTHONPATH), their own kernel cache (tests/conftest.py makes one per
 session), and one process (-n 0), so times add up.
 
-    python bench/mutation_check.py                      # all; writes results/mutation-check.{txt,json}
+    python bench/mutation_check.py                      # all; writes results/mutation-check-DATE.{txt,json}
     python bench/mutation_check.py --only fusion-operand,nccl-ring-latency
     python bench/mutation_check.py --list
 
@@ -166,7 +166,7 @@ def run_tests(copy: Path, tests: tuple, *, stop_first: bool, timeout: float) -> 
     except subprocess.TimeoutExpired as exc:
         code, out = "timeout", (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) \
             else (exc.stdout or "")
-    failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", out, flags=re.M)
+    failed = re.findall(r"^(?:FAILED|ERROR) (.+?)(?: - .*)?$", out, flags=re.M)
     summary = next((line for line in reversed(out.splitlines()) if re.search(r"\d+ (passed|failed|error)", line)), "")
     return {"code": code, "wall_s": round(time.perf_counter() - start, 1), "cpu_s": round(children_cpu() - cpu, 1),
             "first_failure": failed[0] if failed else None, "summary": summary.strip("= "), "tail": out[-3000:]}
@@ -198,7 +198,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", help="comma-separated mutation ids")
     parser.add_argument("--list", action="store_true", help="list the mutations and exit")
-    parser.add_argument("--out", type=Path, default=RESULTS, help="folder for mutation-check.{txt,json}")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="folder for mutation-check-DATE.{txt,json}")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per test run")
     args = parser.parse_args(argv)
     chosen = list(MUTATIONS)
@@ -244,10 +244,11 @@ def main(argv=None) -> int:
                 f"device; times: wall and CPU seconds of pytest -n 0 -x to the first failure, on a shared machine\n"
                 f"# baseline (unmutated copy, all covering tests): {base['summary']} in {base['wall_s']} s "
                 f"({base['cpu_s']} CPU-s)\n")
-        (args.out / "mutation-check.txt").write_text(head + report + "\n")
-        (args.out / "mutation-check.json").write_text(json.dumps({"baseline": {k: base[k] for k in (
+        stem = args.out / f"mutation-check-{time.strftime('%Y-%m-%d')}"
+        stem.with_suffix(".txt").write_text(head + report + "\n")
+        stem.with_suffix(".json").write_text(json.dumps({"baseline": {k: base[k] for k in (
             "summary", "wall_s", "cpu_s")}, "mutations": rows}, indent=1) + "\n")
-        print(f"wrote {args.out / 'mutation-check.txt'} and .json")
+        print(f"wrote {stem}.txt and .json")
     return 0
 
 

@@ -353,20 +353,24 @@ def test_the_vector_path_serves_misaligned_chunks(key, share, cache):
 
 
 def test_ll_flags_wrap_around_2_to_the_32(cache):
-    """LL's flag is the low 32 bits of a message's sequence number + 1.
-    After a first call fills every slot, shift every connection's counters
-    and every packet's flag by 2^32 - 5, as if 2^32 - 5 messages had passed:
-    the next calls cross the wrap and must still be right."""
+    """LL's flag is the low 32 bits of a message's sequence number + 1, and
+    a message's slot its sequence number modulo the slots. After a first
+    call fills every slot, shift every connection's counters and every
+    packet's flag as if messages had passed until the counters stand 5 below
+    2^32: the next call crosses the wrap (the flags' and the slot index's,
+    whose 64-bit remainder the kernel computes in 32-bit halves) and every
+    call must still be right."""
     plan = plan_for("allreduce/ring:ring", 4, "LL", 256)          # 64 floats a tile: many messages a call
     comm = Communicator(plan, "virtual", device="emu", cache=cache, timeout_s=30)
     check_run(comm, 4099, "float32", "sum", seed=0)
     comm.synchronize()
-    shift = (1 << 32) - 5
     be, arenas, bases = comm.backend, comm._arenas, comm._bases
     for c in comm.layout.connections:
-        for where in (bases[c.receiver] + arenas[c.receiver].tail[c.id], bases[c.sender] + arenas[c.sender].head[c.id]):
-            (v,) = struct.unpack("<Q", be.read(0, where, 8))
-            assert v >= comm.slots                              # every slot holds a packet of a message
+        ends = (bases[c.receiver] + arenas[c.receiver].tail[c.id], bases[c.sender] + arenas[c.sender].head[c.id])
+        (v,), (w,) = (struct.unpack("<Q", be.read(0, where, 8)) for where in ends)
+        assert v == w >= comm.slots                             # every message read, every slot holds one's packet
+        shift = (1 << 32) - 5 - v
+        for where in ends:
             be.write(0, where, struct.pack("<Q", v + shift))
         start = bases[c.receiver] + arenas[c.receiver].slots[c.id]
         size = comm._capacity.slots[c.id]

@@ -169,6 +169,28 @@ def test_op_names():
         op_name(dist.ReduceOp.BAND)
 
 
+def test_a_call_is_served_by_the_plan_of_its_nccl_tests_size(tmp_path, monkeypatch):
+    """The size a registry picks a plan by is nccl-tests': the larger buffer (an allgather's output, a
+    reducescatter's input), here an allgather of 4 x 4096 float32 elements: 64 KiB, its input 16 KiB
+    (bench/mutation_check.py's torch-bytes mutation picked by the input)."""
+    from msc.torch import calls
+
+    save_plan(library_plan("allgather/allpairs:allpairs", 4, False), tmp_path / "small.plan")
+    save_plan(library_plan("allgather/ring:ring", 4, False), tmp_path / "large.plan")
+    (tmp_path / "plans.json").write_text(json.dumps([{"file": "small.plan", "max_bytes": "64K"},
+                                                     {"file": "large.plan", "min_bytes": "64K"}]))
+    monkeypatch.setattr(calls, "_group_info", lambda group: (0, 4))       # rank 0 of 4, no process group
+    for count, name in ((4095, "allpairs"), (4096, "ring")):
+        got = calls.pick(str(tmp_path), "allgather", None, torch.ones(count), torch.empty(4 * count))
+        assert got.name == name, (count, got.name)
+    for collective, units_in, units_out in (("allreduce", 1, 1), ("reducescatter", 4, 1), ("alltoall", 4, 4),
+                                            ("broadcast", 1, 1)):
+        from msc.dsl.collectives import get_collective
+
+        call = calls._Call(get_collective(collective), 4, 1, 0, torch.ones(units_in * 10), torch.empty(units_out * 10))
+        assert call.nbytes() == max(units_in, units_out) * 10 * 4, collective
+
+
 # -- gloo processes -------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
