@@ -1,52 +1,64 @@
-"""Everything a first run of msc's CUDA runtime on a GPU must establish, in at
-most 8 minutes on one H100, in stages with time caps:
+"""Everything a first run of msc's CUDA runtime on a GPU must establish, inside
+one budget (``--budget-s``, default 480 s: one 10-minute device command with
+the machine's start-up and the wrapper's margins left over), the decisive and
+cheap stages first, so that whatever cuts the run short the most is already
+proven and on disk:
 
 1. environment: Python, torch, cuda-core, cuda-bindings, NVRTC, the driver,
-   the GPU (name, arch, SMs, memory), whether MPS runs, and a digest of the
-   templates the kernels come from;
-2. compile: every kernel the later stages use, in parallel (NVRTC in worker
-   processes; g++ threads on the emulated device), into one kernel cache;
-3. correctness, on the virtual placement (every rank on this GPU), bit for
-   bit against msc.executor on random inputs (never zero) with poisoned
-   outputs (avg: to a few roundings): the ring allreduce at 8 ranks in both
-   protocols and both forms, for every kernel dtype and op; counts 1, 3,
-   1001 and one crossing 2.5 tiles per chunk (a 4 KiB tile), and 2.5 of the
-   default tiles checked on the device; the other collectives (allgather,
-   reducescatter, alltoall, broadcast, reduce) in the table form;
-4. behaviour only a device shows: back-to-back launches without a
+   the GPU (name, arch, SMs, memory), whether MPS runs, a digest of the
+   templates; ``nvidia-smi -q`` and ``nvidia-smi topo -m`` saved beside;
+2. compile: every kernel the later stages use, in the order they use them,
+   in parallel worker processes (NVRTC on a GPU, g++ on the emulated device;
+   a worker per core) into the run's one kernel cache, which every later
+   stage and child reads (``$MSC_CACHE_DIR``): nothing is compiled twice; a
+   capped compile kills its workers, and later stages build what is missing;
+3. correctness (core): the 8-rank ring allreduce on the virtual placement
+   (every rank on this GPU), bit for bit against msc.executor on random
+   inputs (never zero) with poisoned outputs (avg: to a few roundings), both
+   protocols, both forms, float32 sum, bfloat16 max, float16 avg, counts 1,
+   1001 and 2.5 tiles per chunk (4 KiB tiles), and 2.5 default tiles checked
+   on the device;
+4. headline (core): the ring's bfloat16 allreduce at 64 MB and 1 GB per rank
+   against the one-GPU bound of its kernel, and the 8 KB LL allreduce from a
+   CUDA graph (bench/cuda_goals.py's goals 1 and 3, baselines measured in the
+   same run);
+5. correctness (rest): every other (dtype, op) pair the kernels take, the
+   other collectives (allgather, reducescatter, alltoall, broadcast, reduce)
+   in the table form, and the ring with connection counters and packets at
+   ``.sys`` scope (what separate GPUs use) beside the virtual placement's
+   ``.gpu``;
+6. behaviour only a device shows: back-to-back launches without a
    synchronize, CUDA graph capture and replay, buffers growing between
    calls, a table-form launch on a side stream (ordered after the tables'
    copy), a deadlocking plan and a rank that never launches ending in
    DeviceTimeoutError (0.5 s timeouts);
-5. NVLS (the switch; ``nvls_stage``): the GPU's multicast attribute and the
-   driver version, as read (and what msc's capability check says of them);
-   the switch kernels (the library's nvls plan: float32 sum, bfloat16 avg
-   with its division pass, int32 min; and the switch probe) compiled for the
-   GPU's arch and loaded through the driver (cuModuleLoadData); where the GPU
-   has multicast, a multicast object over this one GPU (numDevices 1) made by
-   msc.cuda.multicast's own code path (create, add device, cuMemCreate, bind,
-   map), the probe's multimem.ld_reduce, multimem.st and the fused
-   reduce-and-store run on it and checked (one member: the reduce is the
-   value), a second multicast object bound to the same allocation (how a rank
-   in two switch groups is served) read through, then everything torn down.
-   Each outcome is recorded: supported, not supported (with the attribute
-   read), or failed (with the error); none stops the script. On the emulated
-   device: the nvls plan bit-exact against the executor instead;
-6. headline numbers (bench/cuda_goals.py's goals, baselines measured in the
-   same run): 8-rank bfloat16 allreduce at 64 MB and 1 GB per rank against
-   the one-GPU bound of each schedule's kernel, 8 KB LL allreduce from a
-   CUDA graph, and the devices placement against the NVLink line rate where
-   there is a GPU per rank.
+7. NVLS, the switch (bench/first_gpu_nvls.py): the multicast attribute, the
+   switch kernels loaded, multimem on a one-GPU multicast object;
+8. headline (rest): every other 8-rank allreduce of the library (switch plans
+   aside: stage 7 covers them) at 1 and 4 instances, and the devices
+   placement against the NVLink line rate where there is a GPU per rank;
+9. sanitizer: compute-sanitizer's memcheck and synccheck around the ring at
+   4 ranks, Simple and LL, small counts (bench/first_gpu_child.py);
+10. torchrun: two processes on this GPU through the torchrun placement's
+    bootstrap (CUDA IPC) and kernels (bench/first_gpu_child.py);
+11. kernel-cache: no stage or child built a kernel the compile stage had not
+    (where that stage finished), so nothing was compiled twice.
 
-Results go to DIR/first-gpu-run.json (every case) and DIR/summary.txt; the
-exit status is 0 when every stage passed, 1 when any failed or hit its cap,
-2 without a device. ``--device emu --quick`` runs the same stages on the
-emulated device (msc.cuda.emu) with smaller sets and sizes (no graphs or
-side streams there: those cases say so), so the script is known to work
-before a GPU sees it (CI runs it). bench/README.md says how to carry msc to a
-GPU machine without internet and run this.
+A stage takes at most its share of the time left (bench/budgeted.py: each
+may use up to its ``max_s`` while every later stage keeps its ``min_s``), an
+alarm that no ``except Exception`` can swallow cuts it off at its deadline,
+and the case it was running is recorded as cut off. Results, as they come:
+DIR/cases.jsonl (a line per case, synced), DIR/summary.json and
+DIR/summary.txt (after every stage, at the end, and on SIGTERM or SIGINT).
+A hang in a C call is ended by a watchdog; the run ends within budget + 30 s
+whatever happens. Exit status: 0 when every stage passed, 1 when any failed
+or was cut off, 2 without a device, 128 + the signal when interrupted, 124
+when the watchdog had to end it. ``--device emu`` runs the same stages on the
+emulated device (msc.cuda.emu; no graphs, side streams or sanitizer there:
+those cases say so), ``--quick`` with smaller sets and sizes (CI runs it).
+bench/README.md says how to carry msc to the GPU machine and run this there.
 
-    python bench/first_gpu_run.py --out DIR [--device cuda|emu] [--quick]
+    python bench/first_gpu_run.py --out DIR [--device cuda|emu] [--quick] [--budget-s S]
 """
 from __future__ import annotations
 
@@ -55,149 +67,153 @@ import hashlib
 import json
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
-import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))          # library plans and the executor check (tests/cudaboot.py)
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT))                    # this checkout's msc, installed or not (a GPU machine without pip)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from budgeted import Capped, Record, Runner, StageSpec       # noqa: E402
+from first_gpu_checks import (RING, ROOT, SMALL_TILE, Run, check_counts, check_large, communicator,  # noqa: E402
+                              plan_of, tile_count)
+from first_gpu_nvls import NVLS, NVLS_EMULATED, NVLS_KERNELS, nvls_stage                   # noqa: E402
 
-TOTAL_S = 480                    # the whole run: 8 minutes
-CAPS = {"environment": 20, "compile": 150, "correctness": 120, "behaviour": 50, "nvls": 30, "headline": 110}
-SMALL_TILE = 4096                # bytes: several tiles per chunk at small counts
-TIMEOUT_S = 20.0                 # a spin-wait's budget in the sweep (a hang ends quickly)
+BUDGET_S = 480                   # the default: one 10-minute command, start-up and margins left over
 KERNEL_DTYPES = ("float32", "float64", "float16", "bfloat16", "int32")
 KERNEL_OPS = ("sum", "prod", "max", "min", "avg")
+CORE_KINDS = (("float32", "sum"), ("bfloat16", "max"), ("float16", "avg"))
 OTHERS = ("allgather/ring:ring", "reducescatter/ring:ring", "alltoall/allpairs:allpairs", "broadcast/chain:chain",
           "reduce/tree:tree")
-RING = "allreduce/ring:ring"
-# The NVLS stage: the nvls plan's kernels it loads on a GPU (dtype, op, form), the pairs it runs on
-# the emulated device, the switch probes' pairs and sizes.
-NVLS = "allreduce/nvls:nvls"
-NVLS_KERNELS = (("float32", "sum", "straight"), ("bfloat16", "avg", "table"), ("int32", "min", "table"))
-NVLS_EMULATED = (("float32", "sum"), ("bfloat16", "avg"), ("int32", "min"))
-PROBE_PAIRS = (("float32", "sum"), ("bfloat16", "max"))
-PROBE_ELEMENTS = 4096            # per region of the multicast buffer
-PROBE_THREADS = 256
+CHILD = Path(__file__).resolve().parent / "first_gpu_child.py"
+DEADLOCK = "cudaboot:deadlock_plan"      # the behaviour stage's deadlocking plan (not a library algorithm)
+SANITIZER_TOOLS = ("memcheck", "synccheck")
+CHILD_TIMEOUT_S = 60.0           # a child kernel's spin-wait budget (a sanitizer slows kernels many times)
 
 
-@dataclass
-class Run:
-    """What the stages share: the device, the options, the cache, the clock and the record."""
-
-    device: str
-    quick: bool
-    out: Path
-    cache: Path
-    ranks: int = 8
-    start: float = field(default_factory=time.perf_counter)
-    stages: dict = field(default_factory=dict)
-
-    @property
-    def gpu(self) -> bool:
-        return self.device == "cuda"
-
-    def elapsed(self) -> float:
-        return time.perf_counter() - self.start
-
-
-class Capped(Exception):
-    """A stage ran out of its time."""
-
-
-class Stage:
-    """One stage's record: cases (name, ok, seconds, detail) under a time cap."""
-
-    def __init__(self, run: Run, name: str):
-        self.run, self.name, self.cap = run, name, CAPS[name]
-        self.t0 = time.perf_counter()
-        self.cases: list[dict] = []
-        self.status, self.error = "pass", None
-
-    def left(self) -> float:
-        return self.cap - (time.perf_counter() - self.t0)
-
-    def case(self, name: str, fn, *args, **kw):
-        """Run one case; a failure is recorded (and the stage fails), not raised."""
-        if self.left() <= 0:
-            raise Capped(f"{self.name}: cap of {self.cap} s reached before {name}")
-        t0 = time.perf_counter()
-        try:
-            detail = fn(*args, **kw)
-            ok = True
-        except Exception as exc:        # a wrong result, a device error: the record says which
-            ok, detail = False, f"{type(exc).__name__}: {exc}"[:2000]
-        self.cases.append({"case": name, "ok": ok, "seconds": round(time.perf_counter() - t0, 3), "detail": detail})
-        if not ok:
-            self.status = "fail"
-        return ok
-
-    def skip(self, name: str, why: str) -> None:
-        self.cases.append({"case": name, "ok": None, "seconds": 0.0, "detail": f"skipped: {why}"})
-
-    def record(self) -> dict:
-        return {"status": self.status, "seconds": round(time.perf_counter() - self.t0, 1), "cap_s": self.cap,
-                "error": self.error, "cases": self.cases}
-
-
-# -- plans --------------------------------------------------------------------------------------
-def plan_of(key: str, n: int, protocol: str, tile: int = 0, instances: int = 1):
-    import msc
-    from library import algorithms
-    from msc.lower.pipeline import LowerOptions, lower
-
-    return lower(msc.trace(algorithms()[key], n), LowerOptions(protocol=protocol, tile=tile, instances=instances))
-
-
-def kinds(quick: bool) -> list[tuple[str, str]]:
-    """(dtype, op) of the kernels the ring sweep checks: every pair the kernels take, or a sample."""
-    if quick:
-        return [("float32", "sum"), ("bfloat16", "max"), ("float16", "avg")]
-    return [(d, o) for d in KERNEL_DTYPES for o in KERNEL_OPS if not (o == "avg" and d == "int32")]
-
-
-def sweep(run: Run) -> list[tuple]:
-    """(key, protocol, form, dtype, op, tile) of the correctness stage's communicators."""
-    cases = [(RING, p, f, d, o, SMALL_TILE) for p in ("Simple", "LL") for f in ("straight", "table")
-             for d, o in kinds(run.quick)]
-    others = OTHERS[:2] if run.quick else OTHERS
-    cases += [(k, p, "table", d, "sum", SMALL_TILE) for k in others for p in ("Simple", "LL")
-              for d in (("float32",) if run.quick else ("float32", "bfloat16"))]
-    return cases
-
-
-def headline_plans(run: Run) -> list[tuple]:
-    """(key, protocol, instances, dtype, op) the headline stage times."""
-    from library import algorithms
-
-    keys = [k for k in sorted(algorithms()) if k.startswith("allreduce/") and algorithms()[k].supports(run.ranks)]
+# -- what the stages run --------------------------------------------------------------------------
+def kinds(run: Run, core: bool) -> list[tuple[str, str]]:
+    """(dtype, op) of the ring sweep: the core three, or every other pair the kernels take (none
+    more in the quick form)."""
+    if core:
+        return list(CORE_KINDS)
     if run.quick:
-        keys = [RING, "allreduce/allpairs:allpairs"]
-    large = [(k, "Simple", i, "bfloat16", "sum") for k in keys for i in ((1,) if run.quick else (1, 4))]
+        return []
+    return [(d, o) for d in KERNEL_DTYPES for o in KERNEL_OPS
+            if not (o == "avg" and d == "int32") and (d, o) not in CORE_KINDS]
+
+
+def sweep(run: Run, core: bool) -> list[tuple]:
+    """(key, protocol, form, dtype, op, tile, scope) of a correctness stage's communicators."""
+    cases = [(RING, p, f, d, o, SMALL_TILE, "gpu") for p in ("Simple", "LL") for f in ("straight", "table")
+             for d, o in kinds(run, core)]
+    if core:
+        return cases
+    others = OTHERS[:2] if run.quick else OTHERS
+    cases += [(k, p, "table", d, "sum", SMALL_TILE, "gpu") for k in others for p in ("Simple", "LL")
+              for d in (("float32",) if run.quick else ("float32", "bfloat16"))]
+    forms = ("straight",) if run.quick else ("straight", "table")
+    return cases + [(RING, p, f, "float32", "sum", SMALL_TILE, "sys") for p in ("Simple", "LL") for f in forms]
+
+
+def large_checks(run: Run, core: bool) -> list[tuple[str, str, float]]:
+    """(protocol, form, tiles) of the ring's bfloat16 runs of default-size tiles, checked on the device."""
+    tiles = 1.2 if run.quick else 2.5            # the emulated device moves megabytes slowly
+    forms = ("table",) if core else (() if run.quick else ("straight",))
+    return [(p, f, tiles) for f in forms for p in ("Simple", "LL")]
+
+
+def headline_keys(run: Run, core: bool) -> list[str]:
+    """The allreduce schedules the headline stages time: the ring first, the rest after (switch plans
+    aside: they run as one process per GPU, and the NVLS stage covers them)."""
+    from library import algorithms
+
+    if core:
+        return [RING]
+    if run.quick:
+        return ["allreduce/allpairs:allpairs"]
+    library = algorithms(switch=False)
+    return [k for k in sorted(library) if k.startswith("allreduce/") and k != RING and library[k].supports(run.ranks)]
+
+
+def headline_plans(run: Run, core: bool) -> list[tuple]:
+    """(key, protocol, instances, dtype, op) a headline stage times."""
+    keys = headline_keys(run, core)
+    instances = (1,) if core or run.quick else (1, 4)
+    large = [(k, "Simple", i, "bfloat16", "sum") for k in keys for i in instances]
+    if not core and not run.quick:
+        large.append((RING, "Simple", 4, "bfloat16", "sum"))
     return large + [(k, "LL", 1, "float32", "sum") for k in keys]
 
 
 # -- stage 1: environment -------------------------------------------------------------------------
-def environment(run: Run) -> dict:
+def environment_stage(run: Run, stage) -> dict:
+    env: dict = {}
+    stage.record.extra["environment"] = env           # in every summary from now on, as it fills
+    stage.case("versions", _versions, run, env)
+    stage.case("imports", _imports)
+    if run.gpu:
+        stage.case("the GPU", lambda: env.update(_gpu_environment()) or env.get("gpu"))
+    for argv, file in ((["nvidia-smi", "-q"], "nvidia-smi-q.txt"),
+                       (["nvidia-smi", "topo", "-m"], "nvidia-smi-topo.txt")):
+        if shutil.which("nvidia-smi") is None:
+            stage.skip(" ".join(argv), "nvidia-smi is not on PATH")
+        else:
+            stage.case(" ".join(argv), _save_output, run, argv, file, env)
+
+
+def _versions(run: Run, env: dict) -> str:
     from importlib.metadata import PackageNotFoundError, version
 
-    env = {"python": platform.python_version(), "machine": platform.platform(), "cpus": os.cpu_count(),
-           "device": run.device, "templates_sha256": _templates_digest()}
-    for pkg in ("torch", "cuda-core", "cuda-bindings", "nvidia-cuda-nvrtc", "numpy", "jinja2", "ml_dtypes", "lark",
-                "msc"):
+    env.update({"python": platform.python_version(), "machine": platform.platform(), "cpus": os.cpu_count(),
+                "device": run.device, "templates_sha256": _templates_digest()})
+    for pkg in ("torch", "cuda-core", "cuda-bindings", "cuda-pathfinder", "nvidia-cuda-nvrtc", "numpy", "jinja2",
+                "ml_dtypes", "lark", "tqdm", "msc"):
         try:
             env[pkg] = version(pkg)
         except PackageNotFoundError:
             env[pkg] = "missing"
-    if run.gpu:
-        env.update(_gpu_environment())
-    return env
+    if env["msc"] == "missing":                   # imported from this checkout (the GPU image cannot install it)
+        env["msc"] = f"checkout {ROOT}" + _commit()
+    from carry import needed
+
+    stale = needed({k: None if env[k] == "missing" else env[k] for k in ("lark", "cuda-core", "cuda-bindings",
+                                                                         "cuda-pathfinder")})
+    if stale:
+        raise RuntimeError("older or missing than msc needs: " + "; ".join(sorted({why for _, why in stale}))
+                           + " (bench/README.md, 'Carrying msc to the GPU machine')")
+    from cuda.core import LaunchConfig, Program, ProgramOptions  # noqa: F401  what msc's runtime imports
+
+    return ", ".join(f"{k} {env[k]}" for k in ("python", "torch", "cuda-core", "cuda-bindings", "lark"))
+
+
+def _commit() -> str:
+    try:
+        done = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return f" at {done.stdout.strip()}" if done.returncode == 0 else ""
+
+
+def _imports() -> str:
+    """What the stages import, here at once: an alarm waits for an import to finish (budgeted.py), so
+    a first import inside a later stage (torch takes seconds) would run past that stage's cap."""
+    t0 = time.monotonic()
+    import cuda_goals  # noqa: F401
+    import cudaboot  # noqa: F401
+    import numpy  # noqa: F401
+    import torch  # noqa: F401
+    from library import algorithms
+
+    import msc.cuda.bench  # noqa: F401
+    import msc.cuda.runtime  # noqa: F401
+    import msc.executor  # noqa: F401
+
+    return f"torch, numpy, msc's runtime and {len(algorithms())} library algorithms in {time.monotonic() - t0:.1f} s"
 
 
 def _templates_digest() -> str:
@@ -220,35 +236,66 @@ def _gpu_environment() -> dict:
     from cuda.bindings import driver
 
     env["driver_api"] = cu.call(driver.cuDriverGetVersion)
-    try:
-        env["nvidia_smi"] = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,clocks.max.sm,"
-                                            "clocks.max.mem,power.limit", "--format=csv,noheader"],
-                                           capture_output=True, text=True, timeout=20).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        env["nvidia_smi"] = f"unavailable: {exc}"
     return env
+
+
+def _save_output(run: Run, argv: list[str], name: str, env: dict) -> str:
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    (run.out / name).write_text(done.stdout + done.stderr)
+    env[" ".join(argv)] = name
+    if done.returncode:
+        raise RuntimeError(f"{' '.join(argv)} exited {done.returncode}: {done.stderr.strip()[:300]}")
+    return f"{len(done.stdout.splitlines())} lines in {name}"
 
 
 # -- stage 2: compile -----------------------------------------------------------------------------
 def compile_jobs(run: Run) -> list[tuple]:
-    """(key, n, protocol, tile, instances, form, dtype, kernel op) of every kernel the run uses."""
+    """(key, n, protocol, tile, instances, form, dtype, kernel op) of every kernel the run uses, once
+    each, in the order the stages use them."""
     from msc.cuda.validate import check_op
 
-    jobs = set()
-    for key, protocol, form, dtype, op, tile in sweep(run):
-        jobs.add((key, run.ranks, protocol, tile, 1, form, dtype, check_op(plan_of(key, run.ranks, protocol), op,
-                                                                            dtype)))
-    for key, protocol, inst, dtype, op in headline_plans(run):
-        jobs.add((key, run.ranks, protocol, 0, inst, None, dtype, op))
-    jobs |= {("allreduce/allpairs:allpairs", run.ranks, "LL", 0, 1, None, "float32", "sum"),     # behaviour
-             ("allreduce/allpairs:allpairs", run.ranks, "Simple", 0, 1, "table", "float32", "sum"),
-             ("alltoall/hierarchical:hierarchical", run.ranks, "LL", 0, 1, None, "float32", "sum"),
-             (RING, 4, "Simple", 0, 1, None, "float32", "sum")}
+    jobs: list[tuple] = []
+
+    def add(job):
+        if job not in jobs:
+            jobs.append(job)
+
+    def sweep_jobs(core):
+        for key, protocol, form, dtype, op, tile, _ in sweep(run, core):
+            add((key, run.ranks, protocol, tile, 1, form, dtype, check_op(plan_of(key, run.ranks, protocol), op,
+                                                                          dtype)))
+        for protocol, form, _ in large_checks(run, core):
+            add((RING, run.ranks, protocol, 0, 1, form, "bfloat16", "sum"))
+
+    def headline_jobs(core):
+        for key, protocol, inst, dtype, op in headline_plans(run, core):
+            add((key, run.ranks, protocol, 0, inst, None, dtype, op))
+
+    sweep_jobs(core=True)
+    headline_jobs(core=True)
+    sweep_jobs(core=False)
+    for job in (("allreduce/allpairs:allpairs", run.ranks, "LL", 0, 1, None, "float32", "sum"),     # behaviour
+                ("allreduce/allpairs:allpairs", run.ranks, "Simple", 0, 1, "table", "float32", "sum"),
+                ("alltoall/hierarchical:hierarchical", run.ranks, "LL", 0, 1, None, "float32", "sum"),
+                (RING, 4, "Simple", 0, 1, None, "float32", "sum"),
+                (DEADLOCK, 2, "Simple", 0, 1, None, "float32", "sum")):
+        add(job)
     if run.gpu:                                   # the NVLS stage's kernels (it loads them from this cache)
-        jobs |= {(NVLS, 8, "Simple", 0, 1, form, dtype, op) for dtype, op, form in NVLS_KERNELS}
+        for dtype, op, form in NVLS_KERNELS:
+            add((NVLS, 8, "Simple", 0, 1, form, dtype, op))
     else:                                         # the plan it runs on the emulated device
-        jobs |= {(NVLS, 4, "Simple", 0, 1, "table", dtype, op) for dtype, op in NVLS_EMULATED}
-    return sorted(jobs, key=str)
+        for dtype, op in NVLS_EMULATED:
+            add((NVLS, 4, "Simple", 0, 1, "table", dtype, op))
+    headline_jobs(core=False)
+    add((RING, 4, "LL", 0, 1, None, "float32", "sum"))                        # the sanitizer's child
+    for protocol in ("Simple", "LL"):                                        # the torchrun child
+        add((RING, 2, protocol, 0, 1, None, "float32", "sum"))
+    return jobs
+
+
+def describe(job: tuple) -> str:
+    key, n, protocol, tile, inst, form, dtype, op = job
+    return f"{key}@{n} {protocol} tile={tile} x{inst} {form or 'auto'} {dtype} {op}"
 
 
 def compile_one(job: tuple, device: str, arch: str, cache: str) -> str:
@@ -257,17 +304,58 @@ def compile_one(job: tuple, device: str, arch: str, cache: str) -> str:
     from msc.cuda.runtime import runtime_plan
 
     key, n, protocol, tile, inst, form, dtype, op = job
-    plan = runtime_plan(plan_of(key, n, protocol, tile, inst))
-    if device == "emu":
-        compile_host(plan, dtype=dtype, op=op, form=form, cache=Path(cache))
+    if key == DEADLOCK:
+        from cudaboot import deadlock_plan
+
+        plan, kw = runtime_plan(deadlock_plan()), {"allow_deadlock": True}
     else:
-        compile_cuda(plan, dtype=dtype, op=op, arch=arch, form=form, cache=Path(cache))
-    return f"{key}@{n} {protocol} tile={tile} x{inst} {form or 'auto'} {dtype} {op}"
+        plan, kw = runtime_plan(plan_of(key, n, protocol, tile, inst)), {}
+    if device == "emu":
+        hit = compile_host(plan, dtype=dtype, op=op, form=form, cache=Path(cache), **kw).cache_hit
+    else:
+        hit = compile_cuda(plan, dtype=dtype, op=op, arch=arch, form=form, cache=Path(cache), **kw).cache_hit
+    return "cached" if hit else "built"
 
 
-def compile_stage(run: Run, stage: Stage) -> None:
+class KernelCache:
+    """The run's kernel binaries (host libraries, cubins): which the compile stage left, and which
+    appeared after it (a kernel its job list missed, built again where a stage needed it)."""
+
+    PATTERNS = ("host/*/kernel.so", "kernels/*/*.cubin")
+
+    def __init__(self, run: Run):
+        self.run, self.after_compile = run, None
+
+    def binaries(self) -> set[str]:
+        root = self.run.cache
+        return {str(p.relative_to(root)) for pattern in self.PATTERNS for p in root.glob(pattern)}
+
+    def snapshot(self) -> None:
+        self.after_compile = self.binaries()
+
+    def stage(self, stage) -> None:
+        """Fails where the compile stage finished and a later stage or child still built a kernel."""
+        stage.case("kernels built after the compile stage", self._check, stage.record.stages)
+
+    def _check(self, stages: dict) -> str:
+        if self.after_compile is None:
+            return "the compile stage did not finish: later stages built what they needed"
+        late = sorted(self.binaries() - self.after_compile)
+        if late and stages.get("compile", {}).get("status") == "pass":
+            raise AssertionError(f"{len(late)} kernels built after a complete compile stage (its job list misses "
+                                 f"them): " + ", ".join(f"{p} (in {self._built_in(p, stages)})" for p in late[:8]))
+        return f"{len(self.after_compile)} binaries from the compile stage, {len(late)} built later"
+
+    def _built_in(self, binary: str, stages: dict) -> str:
+        """The stage under way when ``binary`` was written (its mtime against the stages' starts)."""
+        when = (self.run.cache / binary).stat().st_mtime
+        started = [(st["started"], name) for name, st in stages.items() if "started" in st and st["started"] <= when]
+        return max(started)[1] if started else "?"
+
+
+def compile_stage(run: Run, stage, kernels: KernelCache) -> dict:
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
     jobs = compile_jobs(run)
     arch = "host"
@@ -275,84 +363,53 @@ def compile_stage(run: Run, stage: Stage) -> None:
         from msc.cuda.device import arch as gpu_arch
 
         arch = gpu_arch(0)
-    if run.device == "emu":           # g++ runs outside the GIL; the first alone builds the precompiled headers
-        stage.case(f"build {len(jobs)} host kernels", _build_all, jobs, run)
-        return
     workers = max(1, min(len(jobs), os.cpu_count() or 1))
-    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = [pool.submit(compile_one, j, run.device, arch, str(run.cache)) for j in jobs]
-        for job, f in zip(jobs, futures):
-            stage.case(f"compile {job}", f.result, timeout=max(1.0, stage.left()))
-
-
-def _build_all(jobs, run: Run) -> str:
-    from concurrent.futures import ThreadPoolExecutor
-
-    compile_one(jobs[0], "emu", "host", str(run.cache))
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-        list(pool.map(lambda j: compile_one(j, "emu", "host", str(run.cache)), jobs[1:]))
-    return f"{len(jobs)} kernels"
-
-
-# -- stage 3: correctness -------------------------------------------------------------------------
-def tile_count(plan, dtype: str, tiles: float) -> int:
-    """A count whose chunks take ``tiles`` tiles of the plan's tile (the runtime's default where 0)."""
-    from msc.cuda.codegen import DTYPES
-    from msc.cuda.launch import DEFAULT_TILE_BYTES
-
-    per_tile = max(8, ((plan.tile or DEFAULT_TILE_BYTES[plan.protocol]) // DTYPES[dtype].size) // 8 * 8)
-    return plan.chunk_factor * int(per_tile * tiles) + 3
-
-
-def communicator(run: Run, plan, **kw):
-    from msc.cuda import Communicator
-
-    kw.setdefault("timeout_s", TIMEOUT_S)
-    return Communicator(plan, "virtual", None if not run.gpu else 0, device=run.device, cache=run.cache, **kw)
-
-
-def check_counts(run: Run, plan, form: str, dtype: str, op: str, counts) -> str:
-    """Every count on one communicator, bit-exact against msc.executor (cudaboot.check_run)."""
-    from cudaboot import check_run
-
-    comm = communicator(run, plan, form=form, dtypes=(dtype,), ops=(op,))
+    stage.log(f"{len(jobs)} kernels for {arch} on {workers} worker processes")
+    # Each worker leads a process group of its own, so a cut-off compile kills its compilers too.
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=os.setsid)
+    built = 0
     try:
-        for i, count in enumerate(counts):
-            check_run(comm, count, dtype, op, seed=i)
+        # On the emulated device the first build makes the precompiled headers the others use.
+        waves = [jobs[:1], jobs[1:]] if run.device == "emu" else [jobs]
+        for wave in waves:
+            pending = {pool.submit(compile_one, job, run.device, arch, str(run.cache)): job for job in wave}
+            while pending:
+                done, _ = wait(pending, timeout=max(0.1, stage.left()), return_when=FIRST_COMPLETED)
+                if not done:
+                    raise Capped(f"compile: its {stage.cap:.0f} s were spent with {len(pending)} kernels to go")
+                for future in done:
+                    job = pending.pop(future)
+                    if stage.case(f"compile {describe(job)}", future.result):
+                        built += 1
+    except BaseException:
+        _kill_pool(pool)
+        raise
     finally:
-        comm.close()
-    return f"counts {', '.join(map(str, counts))}: bit-exact"
+        pool.shutdown(wait=False, cancel_futures=True)
+    kernels.snapshot()
+    return {"kernels": len(jobs), "compiled": built, "arch": arch, "workers": workers}
 
 
-def check_large(run: Run, plan, form: str, dtype: str, tiles: float) -> str:
-    """``tiles`` tiles per chunk, checked on the device (msc.cuda.bench.check_on_device)."""
-    import torch
-
-    from msc.cuda.bench import check_on_device
-
-    count = tile_count(plan, dtype, tiles)
-    comm = communicator(run, plan, form=form, dtypes=(dtype,), ops=("sum",))
-    try:
-        wrong = check_on_device(comm, count, "sum", getattr(torch, dtype), "cuda:0" if run.gpu else "cpu")
-    finally:
-        comm.close()
-    if any(wrong):
-        raise AssertionError(f"count {count}: wrong elements per rank {wrong}")
-    size = count * torch.empty(0, dtype=getattr(torch, dtype)).element_size()
-    return f"count {count} ({size / 2 ** 20:.1f} MiB per rank): 0 wrong"
+def _kill_pool(pool) -> None:
+    """Every worker and what it started (its process group), at once."""
+    for proc in list(getattr(pool, "_processes", {}).values()):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
-def correctness_stage(run: Run, stage: Stage) -> None:
-    for key, protocol, form, dtype, op, tile in sweep(run):
+# -- stages 3 and 5: correctness -------------------------------------------------------------------
+def correctness(run: Run, stage, core: bool) -> None:
+    for key, protocol, form, dtype, op, tile, scope in sweep(run, core):
         plan = plan_of(key, run.ranks, protocol, tile)
         counts = (1, 1001, tile_count(plan, dtype, 2.5)) if run.quick else (1, 3, 1001, tile_count(plan, dtype, 2.5))
-        stage.case(f"{key}@{run.ranks} {protocol} {form} {dtype} {op}", check_counts, run, plan, form, dtype, op,
-                   counts)
-    tiles = 1.2 if run.quick else 2.5            # the emulated device moves megabytes slowly
-    for protocol in ("Simple", "LL"):
-        for form in (("table",) if run.quick else ("straight", "table")):
-            stage.case(f"{RING}@{run.ranks} {protocol} {form} bfloat16 {tiles} default tiles", check_large, run,
-                       plan_of(RING, run.ranks, protocol), form, "bfloat16", tiles)
+        stage.case(f"{key}@{run.ranks} {protocol} {form} {dtype} {op} .{scope}", check_counts, run, plan, form, dtype,
+                   op, counts, _system_scope=scope == "sys")
+    for protocol, form, tiles in large_checks(run, core):
+        stage.case(f"{RING}@{run.ranks} {protocol} {form} bfloat16 {tiles} default tiles", check_large, run,
+                   plan_of(RING, run.ranks, protocol), form, "bfloat16", tiles)
 
 
 # -- stage 4: behaviour -----------------------------------------------------------------------------
@@ -363,7 +420,7 @@ def back_to_back(run: Run, calls: int) -> str:
 
     plan = plan_of(RING, run.ranks, "Simple", SMALL_TILE)
     comm = communicator(run, plan)
-    where = "cuda:0" if run.gpu else "cpu"
+    where = run.where
     gen = torch.Generator(device=where).manual_seed(0)
     sets, wants = [], []
     for i in range(calls):
@@ -467,7 +524,7 @@ def timeouts(run: Run) -> str:
     from cudaboot import deadlock_plan
     from msc.cuda import BrokenCommunicatorError, DeviceTimeoutError
 
-    where = "cuda:0" if run.gpu else "cpu"
+    where = run.where
     found = []
     comm = communicator(run, deadlock_plan(), timeout_s=0.5, allow_deadlock=True)
     outs, ins = [torch.empty(128, device=where) for _ in range(2)], [torch.ones(64, device=where) for _ in range(2)]
@@ -494,7 +551,7 @@ def timeouts(run: Run) -> str:
     return "; ".join(found)
 
 
-def behaviour_stage(run: Run, stage: Stage) -> None:
+def behaviour_stage(run: Run, stage) -> None:
     stage.case("back-to-back launches", back_to_back, run, 6 if run.quick else 50)
     if run.gpu:
         stage.case("CUDA graph capture and replay", graph_replay, run)
@@ -506,225 +563,7 @@ def behaviour_stage(run: Run, stage: Stage) -> None:
     stage.case("timeouts (0.5 s)", timeouts, run)
 
 
-# -- stage 5: NVLS, the switch ----------------------------------------------------------------------------
-
-
-class GpuSwitchTools:
-    """What the NVLS stage does to a GPU, through the driver (tests pass fakes with the same methods)."""
-
-    def __init__(self):
-        from msc.cuda.backend import CudaBackend
-        from msc.cuda.multicast import CudaMulticast
-
-        CudaBackend().bind(0)            # torch's primary context current here: module loads, copies, launches
-        self.driver = CudaMulticast()
-
-    def arch(self) -> str:
-        from msc.cuda.device import arch
-
-        return arch(0)
-
-    def plan_kernel(self, plan, dtype: str, op: str, form: str, arch: str, cache: Path) -> tuple[bytes, str]:
-        from msc.cuda.compiler import compile as compile_cuda
-
-        compiled = compile_cuda(plan, dtype=dtype, op=op, arch=arch, form=form, cache=cache)
-        return compiled.cubin, compiled.kernel_name
-
-    def probe_kernel(self, dtype: str, op: str, arch: str) -> tuple[bytes, str]:
-        from msc.cuda.switch import nvrtc_ptx
-        from msc.cuda.switch_probe import render_probe
-
-        return nvrtc_ptx(render_probe(dtype, op), arch=arch)[1], "msc_switch_probe"
-
-    def load(self, cubin: bytes, name: str):
-        """cuModuleLoadData and cuModuleGetFunction: (module, function)."""
-        from cuda.bindings import driver
-
-        from msc.cuda.device import call
-
-        module = call(driver.cuModuleLoadData, cubin)
-        try:
-            return module, call(driver.cuModuleGetFunction, module, name.encode())
-        except BaseException:
-            call(driver.cuModuleUnload, module)
-            raise
-
-    def unload(self, module) -> None:
-        from cuda.bindings import driver
-
-        from msc.cuda.device import call
-
-        call(driver.cuModuleUnload, module)
-
-    def launch_probe(self, function, args) -> None:
-        """One block of the probe kernel (its ProbeArgs by value), then a synchronize."""
-        import ctypes
-
-        from cuda.bindings import driver
-
-        from msc.cuda.device import call
-
-        params = (ctypes.c_void_p * 1)(ctypes.addressof(args))
-        call(driver.cuLaunchKernel, function, 1, 1, 1, PROBE_THREADS, 1, 1, 0, 0, ctypes.addressof(params), 0)
-        call(driver.cuCtxSynchronize)
-
-    def write(self, ptr: int, data: bytes) -> None:
-        import ctypes
-
-        from msc.cuda.device import write
-
-        buf = ctypes.create_string_buffer(data, len(data))
-        write(ptr, ctypes.addressof(buf), len(data))
-
-    def read(self, ptr: int, nbytes: int) -> bytes:
-        from msc.cuda.device import read
-
-        return read(ptr, nbytes)
-
-
-def nvls_stage(run: Run, stage: Stage, tools=None) -> dict:
-    """The switch on this GPU (module doc, stage 5): every outcome a case, none raised.
-    ``tools``: GpuSwitchTools on a GPU; the emulated device runs the nvls plan instead."""
-    if not run.gpu and tools is None:
-        for name in ("multicast capability", "switch kernels loaded", "multicast object over one GPU"):
-            stage.skip(name, "the emulated device has no driver or switch")
-        stage.case(f"{NVLS}@4 on the emulated device: sum, avg, min", nvls_emulated, run)
-        return {}
-    tools = tools or GpuSwitchTools()
-    found: dict = {}
-    stage.case("multicast capability", capability, tools, found)
-    if "facts" not in found:
-        for name in ("switch kernels loaded", "multicast object over one GPU"):
-            stage.skip(name, "the capability query failed")
-        return {"nvls": found}
-    if tuple(found["facts"]["compute"]) < (9, 0):
-        stage.skip("switch kernels loaded", f"sm_{''.join(map(str, found['facts']['compute']))}: no multimem "
-                   f"instructions (sm_90+)")
-    else:
-        stage.case("switch kernels loaded", load_switch_kernels, run, tools, found)
-    try:
-        if found["problems"]:
-            stage.skip("multicast object over one GPU", "not supported: " + "; ".join(found["problems"]))
-        elif "probes" not in found:
-            stage.skip("multicast object over one GPU", "the probe kernels did not load")
-        else:
-            stage.case("multicast object over one GPU", multicast_round_trip, tools, found)
-    finally:
-        for module, _ in found.pop("probes", {}).values():
-            tools.unload(module)
-    return {"nvls": found}
-
-
-def capability(tools, found: dict) -> dict:
-    """The attributes msc's capability check reads, the driver version, and what the check concludes."""
-    from dataclasses import asdict
-
-    from msc.cuda.multicast import capability_problems
-
-    facts, version = tools.driver.device_facts(0), tools.driver.driver_version()
-    found.update(facts=asdict(facts), driver_version=version, problems=capability_problems(facts, version))
-    return {"CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED": int(facts.multicast), "driver_version": version,
-            "compute": list(facts.compute), "posix_fd": facts.posix_fd, "vmm": facts.vmm,
-            "supported": not found["problems"], "problems": found["problems"]}
-
-
-def load_switch_kernels(run: Run, tools, found: dict) -> str:
-    """The nvls plan's kernels and the probes, compiled for this GPU and loaded by cuModuleLoadData;
-    the plan kernels unloaded again, the probes kept for the multicast case (found["probes"])."""
-    from msc.cuda.runtime import runtime_plan
-
-    arch, done, probes = tools.arch(), [], {}
-    plan = runtime_plan(plan_of(NVLS, 8, "Simple"))
-    try:
-        for dtype, op, form in NVLS_KERNELS:
-            cubin, name = tools.plan_kernel(plan, dtype, op, form, arch, run.cache)
-            module, _ = tools.load(cubin, name)
-            tools.unload(module)
-            done.append(f"nvls {dtype} {op} {form}: {len(cubin)} bytes")
-        for dtype, op in PROBE_PAIRS:
-            cubin, name = tools.probe_kernel(dtype, op, arch)
-            probes[dtype, op] = tools.load(cubin, name)
-            done.append(f"probe {dtype} {op}: {len(cubin)} bytes")
-    except BaseException:
-        for module, _ in probes.values():
-            tools.unload(module)
-        raise
-    found["probes"] = probes
-    return f"{arch}, loaded: " + "; ".join(done)
-
-
-def multicast_round_trip(tools, found: dict) -> str:
-    """msc.cuda.multicast's own path over one GPU, the probes on it, a second object bound to the
-    same allocation, then the teardown (always)."""
-    from msc.cuda.multicast import open_group_buffer
-
-    nbytes = 8 * PROBE_ELEMENTS * 8                # 5 regions of the widest type, rounded up by the driver
-    alone = lambda tag, obj: [obj]                 # noqa: E731  one member: the gather is itself
-    buf = second = None
-    try:
-        buf = open_group_buffer(0, 1, 0, nbytes, gather=alone, driver=tools.driver, tag="first-run-nvls",
-                                timeout_s=10)
-        done = [f"object of {buf.size} bytes bound and mapped"]
-        for (dtype, op), (_, function) in found["probes"].items():
-            done.append(probe_checks(tools, function, buf, dtype, op))
-        second = open_group_buffer(0, 1, 0, nbytes, gather=alone, driver=tools.driver, tag="first-run-nvls-2",
-                                   timeout_s=10, memory=buf)
-        dtype, op = PROBE_PAIRS[0]
-        done.append("a second object on the same allocation: " + probe_checks(
-            tools, found["probes"][dtype, op][1], second, dtype, op, modes=("reduce",)))
-        return "; ".join(done)
-    finally:
-        for b in (second, buf):
-            if b is not None:
-                b.close()
-
-
-def probe_checks(tools, function, buf, dtype: str, op: str, modes=("reduce", "store", "reduce_store")) -> str:
-    """Each probe mode on ``buf``, in regions of PROBE_ELEMENTS: 0 the values (every member's copy:
-    this one), 1 a store's source; the reduce's result goes to 2 (local), the store's to 3 and the
-    fused reduce-and-store's to 4 (through the multicast address). Every element checked, bit for bit:
-    with one member a reduce is the value itself."""
-    import numpy as np
-
-    from cudaboot import np_dtype
-    from msc.cuda.switch import SwitchMemC
-    from msc.cuda.switch_probe import PROBE_MODES, ProbeArgsC
-
-    np_type = np_dtype(dtype)
-    size = np.dtype(np_type).itemsize
-    region = -(-PROBE_ELEMENTS * size // 256) * 256
-    rng = np.random.default_rng(7)
-    values, source = (rng.integers(1, 100, PROBE_ELEMENTS).astype(np_type) for _ in range(2))
-    tools.write(buf.local, values.tobytes())
-    tools.write(buf.local + region, source.tobytes())
-    mc = SwitchMemC(buf.mc, 0, 1)
-    plans = {"reduce": (2, values, dict(dst=buf.local + 2 * region)),
-             "store": (3, source, dict(src=buf.local + region, out_offset=3 * region // size)),
-             "reduce_store": (4, values, dict(out_offset=4 * region // size))}
-    for mode in modes:
-        at, expect, where = plans[mode]
-        tools.write(buf.local + at * region, bytes(region))
-        tools.launch_probe(function, ProbeArgsC(in_=mc, out=mc, count=PROBE_ELEMENTS, mode=PROBE_MODES[mode], **where))
-        got = np.frombuffer(tools.read(buf.local + at * region, PROBE_ELEMENTS * size), dtype=np_type)
-        if got.tobytes() != expect.tobytes():
-            bad = np.flatnonzero(got != expect)
-            raise AssertionError(f"{dtype} {op} {mode}: {bad.size} of {PROBE_ELEMENTS} elements wrong, first at "
-                                 f"{bad[:4].tolist()}: {got[bad[:4]].tolist()} vs {expect[bad[:4]].tolist()}")
-    return f"{dtype} {op} {', '.join(modes)}: {PROBE_ELEMENTS} elements exact"
-
-
-def nvls_emulated(run: Run) -> str:
-    """The nvls plan through the runtime on the emulated device, bit-exact against msc.executor
-    (half types: chunks of an even count, as the switch moves them in pairs)."""
-    plan = plan_of(NVLS, 4, "Simple")
-    done = []
-    for dtype, op in NVLS_EMULATED:
-        counts = (8, 1000) if dtype == "bfloat16" else (1, 1001)
-        done.append(f"{dtype} {op} " + check_counts(run, plan, "table", dtype, op, counts))
-    return "; ".join(done)
-
-
-# -- stage 6: headline numbers ------------------------------------------------------------------------
+# -- stages 4 and 8: headline numbers ------------------------------------------------------------------
 @dataclass
 class GoalArgs:
     """bench/cuda_goals.py's options, for its run_* functions."""
@@ -736,96 +575,213 @@ class GoalArgs:
     timeout: float
 
 
-def headline_stage(run: Run, stage: Stage) -> dict:
-    import cuda_goals as goals
-    from library import algorithms
+class Headline:
+    """Both headline stages' runs, summarized together after each case (cuda_goals.summarize) into
+    the record's "headline", so a cut-off stage keeps what it measured."""
 
-    from msc.cuda import device as cu
+    def __init__(self):
+        self.runs: list[dict] = []
+        self.line_rate = None            # the NVLink line rate, read once (nvidia-smi)
 
-    gpus = cu.device_count() if run.gpu else run.ranks
-    args = GoalArgs(run.ranks, 3 if run.quick else 20, 1 if run.quick else 5, [1] if run.quick else [1, 4], 30.0)
-    keys = sorted({k for k, *_ in headline_plans(run)})
-    algs = [algorithms()[k] for k in keys]
-    sizes = ("64K",) if run.quick else goals.LARGE
-    runs = []
+    def stage(self, run: Run, stage, core: bool) -> None:
+        import cuda_goals as goals
+        from library import algorithms
 
-    def collect(what, fn, *a, **kw):
+        # The goals' sizes on a GPU (the rest, 21 schedules, with fewer calls timed); on the emulated
+        # device, what checks the script: 1 GB per rank of host threads would take the whole budget
+        # and prove nothing a megabyte does not.
+        if run.gpu and not run.quick:
+            sizes, (iters, warmup) = goals.LARGE, (20, 5) if core else (10, 2)
+        else:
+            sizes, (iters, warmup) = ("64K",) if run.quick else ("1M",), (3, 1)
+        library = algorithms()
+        for key, protocol, inst, *_ in headline_plans(run, core):
+            args = GoalArgs(run.ranks, iters, warmup, [inst], 30.0)
+            if protocol == "Simple":
+                stage.case(f"goal 1: {key} x{inst} bf16 allreduce, virtual placement", self._collect, run, stage,
+                           "large", goals.run_large, args, [library[key]], run.device, sizes=sizes, log=stage.log)
+            else:
+                stage.case(f"goal 3: {key} 8 KB LL allreduce", self._collect, run, stage, "small", goals.run_small,
+                           args, [library[key]], run.device, 0 if not run.gpu else 100, log=stage.log)
+        if not core:
+            if self.gpus(run) >= run.ranks:
+                args = GoalArgs(run.ranks, iters, warmup, [1], 30.0)
+                stage.case("goal 2: devices placement", self._collect, run, stage, "devices", goals.run_devices, args,
+                           [library[k] for k in [RING, *headline_keys(run, False)]], run.device, sizes=sizes,
+                           log=stage.log)
+            else:
+                stage.skip("goal 2: devices placement", f"{self.gpus(run)} GPU(s), {run.ranks} ranks need one each")
+
+    @staticmethod
+    def gpus(run: Run) -> int:
+        from msc.cuda import device as cu
+
+        return cu.device_count() if run.gpu else run.ranks
+
+    def _collect(self, run: Run, stage, what, fn, *a, **kw) -> str:
+        import cuda_goals as goals
+
         out = fn(*a, **kw)
-        runs.extend(out)
+        self.runs.extend(out)
+        if self.line_rate is None:
+            self.line_rate = goals.nvlink_line_rate() if run.gpu else (None, "emulated device")
+        summary, verdicts = goals.summarize(self.runs, run.ranks, self.gpus(run), self.line_rate)
+        stage.record.extra["headline"] = {"summary": summary, "verdicts": verdicts, "runs": self.runs}
         wrong = sum(r["wrong"] for r in out)
         if wrong or not out:
             raise AssertionError(f"{what}: {wrong} wrong elements in {len(out)} runs" if out else f"{what}: no run")
-        return f"{len(out)} runs: " + "; ".join(f"{r['algorithm']} " + ", ".join(
-            f"{rec['size']} B {rec['busbw']:.2f} GB/s" for rec in r["records"]) for r in out)
+        return "; ".join(f"{r['algorithm']} " + ", ".join(f"{rec['size']} B {rec['busbw']:.2f} GB/s"
+                                                          for rec in r["records"]) for r in out)
 
-    stage.case("goal 1: virtual placement, bf16 allreduce", collect, "large", goals.run_large, args, algs, run.device,
-               sizes=sizes, log=lambda line: stage.cases.append({"case": "log", "ok": None, "detail": line}))
-    stage.case("goal 3: 8 KB LL allreduce", collect, "small", goals.run_small, args, algs, run.device,
-               0 if not run.gpu else 100)
-    if gpus >= run.ranks:
-        stage.case("goal 2: devices placement", collect, "devices", goals.run_devices, args, algs, run.device,
-                   sizes=sizes)
-    else:
-        stage.skip("goal 2: devices placement", f"{gpus} GPU(s), {run.ranks} ranks need one each")
-    summary, verdicts = goals.summarize(runs, run.ranks, gpus, goals.nvlink_line_rate() if run.gpu
-                                        else (None, "emulated device"))
-    return {"summary": summary, "verdicts": verdicts, "runs": runs}
+
+# -- stages 9 and 10: children ------------------------------------------------------------------------
+def run_children(commands: list[tuple[list[str], dict]], timeout: float, logs: list[Path]) -> list[int]:
+    """Each (argv, extra environment) as a process, its output to its log, all in one process group
+    of their own; their exit codes. On a timeout, a cap or an interrupt the whole group is killed
+    before the exception goes on, so no child outlives the run."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+           "PYTHONUNBUFFERED": "1"}
+    children, group = [], None
+    deadline = time.monotonic() + max(1.0, timeout)
+    try:
+        for (argv, extra), log in zip(commands, logs):
+            with open(log, "w") as sink:
+                child = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, env={**env, **extra},
+                                         process_group=0 if group is None else group)
+            group = group if group is not None else child.pid
+            children.append(child)
+        return [child.wait(timeout=max(0.1, deadline - time.monotonic())) for child in children]
+    except BaseException:
+        if group is not None:
+            try:
+                os.killpg(group, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for child in children:
+            child.wait()
+        raise
+
+
+def sanitizer_stage(run: Run, stage) -> None:
+    child = [sys.executable, str(CHILD), "sanitize", "--device", run.device, "--cache", str(run.cache),
+             "--timeout", str(CHILD_TIMEOUT_S)]
+    if not run.gpu:
+        stage.skip("compute-sanitizer", "the emulated device has no compute-sanitizer (the child runs plain)")
+        stage.case(f"{RING}@4 Simple and LL in a child, plain", _child_checks, child, stage.left(),
+                   run.out / "sanitize-plain.log")
+        return
+    sanitizer = shutil.which("compute-sanitizer") or next(
+        (p for p in ("/usr/local/cuda/bin/compute-sanitizer",) if Path(p).exists()), None)
+    if sanitizer is None:
+        for tool in SANITIZER_TOOLS:
+            stage.skip(f"compute-sanitizer --tool {tool}", "compute-sanitizer not found")
+        return
+    for i, tool in enumerate(SANITIZER_TOOLS):
+        argv = [sanitizer, "--tool", tool, "--error-exitcode", "3", "--print-limit", "20", *child]
+        stage.case(f"compute-sanitizer --tool {tool}: {RING}@4 Simple and LL", _child_checks, argv,
+                   stage.left() / (len(SANITIZER_TOOLS) - i), run.out / f"sanitize-{tool}.log", sanitized=True)
+
+
+def _child_checks(argv, timeout: float, log: Path, sanitized: bool = False) -> str:
+    code, = run_children([(argv, {})], timeout, [log])
+    text = log.read_text(errors="replace")
+    lines = text.splitlines()
+    errors = next((line for line in lines if "ERROR SUMMARY" in line), None)
+    if code or "ok" not in lines or "FAILED" in text:
+        raise AssertionError(f"exit {code} ({log.name}): {' | '.join(lines[-6:])}"[:2000])
+    checks = [line for line in lines if "bit-exact" in line]
+    return "; ".join(checks) + (f"; {errors.strip()}" if errors else "")
+
+
+def torchrun_stage(run: Run, stage) -> None:
+    out = run.out / "torchrun"
+    out.mkdir(exist_ok=True)
+    stage.case("2 processes, torchrun placement (IPC bootstrap and kernels)", _torchrun_checks, run, out,
+               stage.left())
+
+
+def _torchrun_checks(run: Run, out: Path, timeout: float) -> str:
+    """The child in two processes with the environment torchrun gives its workers (RANK,
+    WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT), started here rather than by torchrun, whose workers
+    lead sessions of their own and would outlive a cut-off run."""
+    import socket
+
+    with socket.socket() as s:                  # a free port for the rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    argv = [sys.executable, str(CHILD), "torchrun", "--device", run.device, "--cache", str(run.cache), "--out",
+            str(out), "--timeout", str(CHILD_TIMEOUT_S / 2)]
+    envs = [{"RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
+             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)} for r in range(2)]
+    codes = run_children([(argv, env) for env in envs], timeout, [out / f"rank{r}.log" for r in range(2)])
+    ranks = []
+    for r in range(2):
+        path = out / f"rank{r}.json"
+        if not path.exists():
+            tail = (out / f"rank{r}.log").read_text(errors="replace").splitlines()[-6:]
+            raise AssertionError(f"rank {r} wrote nothing; exit {codes[r]}: {' | '.join(tail)}"[:2000])
+        ranks.append(json.loads(path.read_text()))
+    bad = [f"rank {r['rank']}: {r.get('error')}" for r in ranks if not r["ok"]]
+    if bad or any(codes):
+        raise AssertionError(f"exits {codes}: " + "; ".join(bad))
+    return "; ".join(ranks[0]["checks"])
 
 
 # -- the run --------------------------------------------------------------------------------------------
-def run_stages(run: Run) -> dict:
-    extra = {}
-    for name, body in (("environment", None), ("compile", compile_stage), ("correctness", correctness_stage),
-                       ("behaviour", behaviour_stage), ("nvls", nvls_stage), ("headline", headline_stage)):
-        stage = Stage(run, name)
-        print(f"== {name} (cap {stage.cap} s; {run.elapsed():.0f} s so far)", flush=True)
-        try:
-            if body is None:
-                extra["environment"] = environment(run)
-            else:
-                got = body(run, stage)
-                if isinstance(got, dict):
-                    extra[name] = got
-        except Capped as exc:
-            stage.status, stage.error = "capped", str(exc)
-        except Exception as exc:                 # a stage that breaks is recorded; the next still runs
-            stage.status, stage.error = "fail", traceback.format_exc()[-3000:]
-            print(f"   {name}: {type(exc).__name__}: {exc}", flush=True)
-        run.stages[name] = stage.record()
-        print(f"   {name}: {run.stages[name]['status']} in {run.stages[name]['seconds']} s", flush=True)
-    return extra
+def stages(run: Run) -> list[StageSpec]:
+    """The stages in order, with the least and most time each takes of the budget (module doc)."""
+    headline, kernels = Headline(), KernelCache(run)
+    return [StageSpec("environment", lambda s: environment_stage(run, s), 10, 40),
+            # 159 kernels: NVRTC on a GPU machine's 16 cores, g++ on the emulated device's (2 in CI)
+            StageSpec("compile", lambda s: compile_stage(run, s, kernels), 60, 150 if run.gpu else 240),
+            StageSpec("correctness-core", lambda s: correctness(run, s, core=True), 20, 60),
+            StageSpec("headline-core", lambda s: headline.stage(run, s, core=True), 20, 60),
+            StageSpec("correctness", lambda s: correctness(run, s, core=False), 40, 120),
+            StageSpec("behaviour", lambda s: behaviour_stage(run, s), 20, 60),
+            StageSpec("nvls", lambda s: nvls_stage(run, s), 10, 40),
+            StageSpec("headline", lambda s: headline.stage(run, s, core=False), 30, 120),
+            StageSpec("sanitizer", lambda s: sanitizer_stage(run, s), 20, 90),
+            StageSpec("torchrun", lambda s: torchrun_stage(run, s), 15, 60),
+            StageSpec("kernel-cache", kernels.stage, 1, 10)]
 
 
-def summary_text(run: Run, extra: dict) -> str:
-    lines = [f"msc first GPU run: device {run.device}{' (quick)' if run.quick else ''}, {run.elapsed():.1f} s"]
-    env = extra.get("environment", {})
-    lines.append("environment: " + ", ".join(f"{k} {v}" for k, v in env.items()))
-    for name, st in run.stages.items():
-        ok = sum(1 for c in st["cases"] if c["ok"])
-        bad = [c for c in st["cases"] if c["ok"] is False]
-        skipped = sum(1 for c in st["cases"] if c["ok"] is None and c["case"] != "log")
-        lines.append(f"{name}: {st['status'].upper()} in {st['seconds']} s (cap {st['cap_s']} s): {ok} passed, "
-                     f"{len(bad)} failed, {skipped} skipped" + (f"; {st['error'].splitlines()[-1]}" if st["error"]
-                                                                 else ""))
-        lines += [f"  FAIL {c['case']}: {c['detail']}" for c in bad[:10]]
-    if run.device == "emu":
+def summary_text(data: dict) -> str:
+    lines = [f"msc first GPU run: device {data['device']}{' (quick)' if data['quick'] else ''}, "
+             f"{data['seconds']} s of a {data['budget_s']} s budget; ended: {data['ended']}; "
+             f"{'PASSED' if data['passed'] else 'NOT PASSED'}"]
+    env = data.get("environment", {})
+    if env:
+        lines.append("environment: " + ", ".join(f"{k} {v}" for k, v in env.items()))
+    if data.get("running"):
+        lines.append(f"running when it ended: {' / '.join(data['running'])}")
+    for name, st in data["stages"].items():
+        counts = (f": {st['passed']} passed, {st['failed']} failed, {st['skipped']} skipped, {st['cut']} cut off"
+                  if "passed" in st else "")
+        error = (st.get("error") or "").strip().splitlines()
+        lines.append(f"{name}: {st['status'].upper()} in {st['seconds']} s (cap {st['cap_s']} s){counts}"
+                     + (f"; {error[-1]}" if error else ""))
+        lines += [f"  FAIL {f}" for f in st.get("failures", [])]
+    if data["device"] == "emu":
         lines.append("(emulated device: its times are host threads', so the goals' verdicts below say nothing about "
                      "a GPU; the stages check that the script and the runtime work)")
-    lines += extra.get("headline", {}).get("summary", [])
+    lines += data.get("headline", {}).get("summary", [])
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True, help="folder for first-gpu-run.json and summary.txt")
+    ap.add_argument("--out", required=True, help="folder for cases.jsonl, summary.json and summary.txt")
     ap.add_argument("--device", choices=("cuda", "emu"), default="cuda")
     ap.add_argument("--quick", action="store_true", help="smaller sets and sizes (the emulated device in CI)")
+    ap.add_argument("--keep-cache", action="store_true",
+                    help="leave the run's kernel cache (its path is in the summary)")
+    ap.add_argument("--budget-s", type=float, default=BUDGET_S,
+                    help=f"seconds for the whole run (default {BUDGET_S}); it ends within this + 30 s")
     args = ap.parse_args(argv)
-    import tempfile
-
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     run = Run(args.device, args.quick, out, Path(tempfile.mkdtemp(prefix="msc-first-run-kernels-")))
+    os.environ["MSC_CACHE_DIR"] = str(run.cache)       # one kernel cache for every stage and child
     from msc.cuda.backend import choose
     from msc.errors import UsageError
 
@@ -833,33 +789,22 @@ def main(argv=None) -> int:
         choose(args.device).require()
     except UsageError as exc:
         print(f"first_gpu_run: no {args.device} device: {exc}", file=sys.stderr)
+        shutil.rmtree(run.cache, ignore_errors=True)
         return 2
-    signal.signal(signal.SIGALRM, _out_of_time)
-    signal.alarm(TOTAL_S)
-    extra = {}
+    record = Record(out, {"command": " ".join([sys.executable, *sys.argv]), "device": args.device,
+                          "quick": args.quick, "budget_s": args.budget_s, "cache": str(run.cache)}, summary_text)
+    runner = Runner(record, args.budget_s, log=lambda line: print(line, flush=True))
+    ended = "finished"
     try:
-        extra = run_stages(run)
-    except OutOfTime as exc:
-        run.stages.setdefault("total", {"status": "capped", "seconds": run.elapsed(), "cap_s": TOTAL_S,
-                                        "error": str(exc), "cases": []})
+        ended = runner.run(stages(run))
     finally:
-        signal.alarm(0)
-        passed = bool(run.stages) and all(s["status"] == "pass" for s in run.stages.values())
-        (out / "first-gpu-run.json").write_text(json.dumps({"command": " ".join([sys.executable, *sys.argv]),
-                                                            "passed": passed, "seconds": round(run.elapsed(), 1),
-                                                            "stages": run.stages, **extra}, indent=1, default=str))
-        text = summary_text(run, extra)
-        (out / "summary.txt").write_text(text)
-        print(text)
-    return 0 if passed else 1
-
-
-class OutOfTime(Exception):
-    pass
-
-
-def _out_of_time(signum, frame):
-    raise OutOfTime(f"the run passed its {TOTAL_S} s")
+        data = runner.finish(ended)
+        print(summary_text(data), flush=True)
+        if not args.keep_cache:
+            shutil.rmtree(run.cache, ignore_errors=True)
+    if ended in ("SIGTERM", "SIGINT"):
+        return 128 + getattr(signal, ended)
+    return 0 if data["passed"] else 1
 
 
 if __name__ == "__main__":

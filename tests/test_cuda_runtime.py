@@ -684,7 +684,8 @@ def test_a_launch_on_another_stream_waits_for_the_tables_copy(fake_gpu, monkeypa
 
 def test_the_launch_says_whether_peers_share_its_gpu(fake_gpu):
     """MscArgs.local: 1 for the virtual placement (connection counters and LL packets at .gpu
-    scope), 0 where peers are other GPUs."""
+    scope), 0 where peers are other GPUs, and 0 in the virtual placement when the first GPU run
+    forces .sys scope (_system_scope) to check the scope separate GPUs use on one GPU."""
     from msc.cuda import Communicator
 
     torch = fake_gpu["torch"]
@@ -694,9 +695,11 @@ def test_the_launch_says_whether_peers_share_its_gpu(fake_gpu):
     outs = [torch.zeros(20) for _ in range(2)]
     fake_gpu["on"][outs[1].data_ptr()] = "cuda:1"
     devices.all_gather(outs)
-    flags = [_decode_args(c.layout, raw).local for c, (*_, raw) in zip((virtual, devices, devices),
+    forced = Communicator(_plan("allgather/ring:ring", 2), "virtual", 0, _system_scope=True)
+    forced.all_gather([torch.zeros(20) for _ in range(2)])
+    flags = [_decode_args(c.layout, raw).local for c, (*_, raw) in zip((virtual, devices, devices, forced),
                                                                         fake_gpu["launches"])]
-    assert flags == [1, 0, 0]
+    assert flags == [1, 0, 0, 0]
 
 
 _CUDA_LAUNCH = CudaBackend.launch        # before any fixture fakes it

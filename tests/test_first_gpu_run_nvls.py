@@ -1,5 +1,5 @@
-"""bench/first_gpu_run.py's NVLS stage (nvls_stage) without a GPU: its logic against fakes of
-the driver calls it makes (tests/test_multicast.py's FakeDriver for the multicast object, and
+"""The first GPU run's NVLS stage (bench/first_gpu_nvls.py: nvls_stage) without a GPU: its logic
+against fakes of the driver calls it makes (tests/test_multicast.py's FakeDriver for the multicast object, and
 a fake device whose memory, module loads and probe launches this file models: the probe's
 modes on one member, where a switch reduce is the value itself). Checked: every outcome is a
 recorded case (supported, not supported with the attribute read, failed with the error) and
@@ -17,7 +17,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 
-import first_gpu_run as fgr                                       # noqa: E402
+import first_gpu_nvls as fgr                                      # noqa: E402
+from budgeted import Alarm, Record, Stage                         # noqa: E402
+from first_gpu_checks import Run, plan_of                         # noqa: E402
 from msc.cuda.multicast import DeviceFacts                       # noqa: E402
 from test_multicast import GOOD, FakeDriver                      # noqa: E402
 
@@ -104,8 +106,8 @@ class FakeDevice:
 
 def run_stage(tmp_path, device: FakeDevice):
     threading.current_thread().device = 0                         # FakeDriver's per-thread device
-    run = fgr.Run("cuda", True, tmp_path, tmp_path)
-    stage = fgr.Stage(run, "nvls")
+    run = Run("cuda", True, tmp_path, tmp_path)
+    stage = Stage(Record(tmp_path, {}, str), Alarm(install=False), "nvls", 30.0)
     extra = fgr.nvls_stage(run, stage, device)
     return stage, extra, {c["case"]: c for c in stage.cases}
 
@@ -170,7 +172,7 @@ def test_the_real_tools_compile_the_switch_kernels_for_sm90(tmp_path, monkeypatc
     from msc.cuda.runtime import runtime_plan
 
     tools = object.__new__(fgr.GpuSwitchTools)                   # no driver: only its compile methods
-    plan = runtime_plan(fgr.plan_of(fgr.NVLS, 8, "Simple"))
+    plan = runtime_plan(plan_of(fgr.NVLS, 8, "Simple"))
     dtype, op, form = fgr.NVLS_KERNELS[1]
     cubin, name = tools.plan_kernel(plan, dtype, op, form, "sm_90", tmp_path)
     assert cubin[:4] == b"\x7fELF" and name == "msc_kernel"

@@ -286,3 +286,95 @@ def test_random_tiny_plans_never_raise_memory_errors():
             assert "over msc's limit" in str(exc) or "exceeds" in str(exc), exc
             refused += 1
     assert refused > 0
+
+
+# -- hangs: ranges, iterables and sizes are taken arithmetically or bounded first --------------------
+HUGE_RANKS = '''import itertools
+
+import msc
+
+
+@msc.algorithm("allgather", ranks=range(2, 2**62, 2))
+def evens(p):
+    """Each rank copies its input to every rank's output (all pairs)."""
+    for r in range(p.num_ranks):
+        for j in range(p.num_ranks):
+            p.chunk(r, "input", 0).copy(j, "output", r)
+
+
+MEMBERS = {"range": range(10**18), "count": itertools.count()}
+
+
+@msc.algorithm("allreduce", ranks=range(1, 2**64), members="range")
+def switching(p, members):
+    p.switch(MEMBERS[members])
+'''
+
+
+def test_a_ranks_range_of_2_to_the_62_is_taken_arithmetically(tmp_path):
+    """min() of range(2, 2**62, 2) walked it in C: msc list, verify and
+    compile hung, and neither Ctrl-C nor --timeout stopped them. Run in a
+    child so a regression fails by its timeout instead of hanging the suite."""
+    (tmp_path / "evens.py").write_text(HUGE_RANKS)
+    path = str(tmp_path / "evens.py")
+    script = (f"import sys; sys.path.insert(0, {str(tmp_path)!r}); import evens, msc, json, itertools\n"
+              "from msc.cli.main import main\n"
+              "alg = evens.evens\n"
+              "out = {'supports': [n for n in (1, 2, 3, 4, 2**61, 2**62) if alg.supports(n)]}\n"
+              "try:\n    msc.trace(alg, 3)\nexcept msc.MscError as e:\n    out['three'] = str(e)\n"
+              "for bad in (range(0, 2**64), range(2**63, -1, -1), itertools.count(1)):\n"
+              "    try:\n        msc.algorithm('allreduce', ranks=bad)(alg.fn)\n"
+              "    except msc.MscError as e:\n        out.setdefault('refused', []).append(str(e))\n"
+              "for members in ('range', 'count'):\n"
+              "    try:\n        msc.trace(evens.switching, 4, members=members)\n"
+              "    except msc.MscError as e:\n        out[members] = str(e)\n"
+              f"out['list'] = main(['list', {path!r}])\n"
+              f"out['verify'] = main(['verify', {path!r}, '--ranks', '4', '--name', 'evens', '--timeout', '5'])\n"
+              f"out['compile'] = main(['compile', {path!r}, '--ranks', '4', '--name', 'evens', '-o', {str(tmp_path / 'e.plan')!r}])\n"
+              "print(json.dumps(out))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout.splitlines()[-1])
+    assert out["supports"] == [2, 4, 2**61]
+    assert "supported rank counts: 2 to 4611686018427387902 in steps of 2" in out["three"]
+    assert "ranks=range(0, 18446744073709551616) must hold rank counts >= 1" in out["refused"][0]
+    assert "ranks=range(9223372036854775808, -1, -1) must hold rank counts >= 1" in out["refused"][1]
+    assert f"ranks= lists over {MAX_RANKS} rank counts" in out["refused"][2]
+    assert "switch: more than the program's 4 ranks in the group" in out["range"]
+    assert "switch: more than the program's 4 ranks in the group" in out["count"]
+    assert (out["list"], out["verify"], out["compile"]) == (0, 0, 0)
+
+
+def _mscclpp_with_chunks(chunks: int) -> str:
+    from msc.formats.mscclpp.export import plan_to_mscclpp
+
+    doc = plan_to_mscclpp(lower(msc.trace(algorithms()["allgather/ring:ring"], 4), LowerOptions()))
+    for gpu in doc["gpus"]:
+        gpu["input_chunks"] = gpu["output_chunks"] = chunks
+    return json.dumps(doc)
+
+
+def test_an_mscclpp_plan_of_2_to_the_40_chunks_is_refused_as_it_is_read(tmp_path):
+    """The chunk factor search walked k = 1 .. 2**40 before the size check
+    (msc verify, run, import, diff and simulate spun): the reader holds
+    buffer sizes to msc's limit, and at the limit the model's size check
+    comes before any input is made (it made 4 GiB of them)."""
+    from msc.cli.main import main
+    from msc.formats.mscclpp.reader import parse_mscclpp
+    from msc.formats.mscclpp.check import verify_mscclpp
+    from msc.ir.limits import MAX_BUFFER_CHUNKS
+
+    text = _mscclpp_with_chunks(2**40)
+    with pytest.raises(PlanError, match=f"rank 0: input_chunks is {2**40}, over msc's limit of {MAX_BUFFER_CHUNKS} "
+                                        f"chunks a buffer"):
+        parse_mscclpp(text)
+    (tmp_path / "big.json").write_text(text)
+    for command in (["verify"], ["run"], ["import", "-o", "x.plan"], ["diff", "big.json"],
+                    ["simulate", "-t", "ring:4"]):
+        argv = [command[0], str(tmp_path / "big.json")] + [str(tmp_path / a) if a.endswith(("json", "plan")) else a
+                                                          for a in command[1:]]
+        assert main(argv) == 2, command
+    start = time.process_time()
+    with pytest.raises(PlanError, match="over the 268435456 msc's model of the executor runs it with"):
+        verify_mscclpp(parse_mscclpp(_mscclpp_with_chunks(MAX_BUFFER_CHUNKS)))
+    assert time.process_time() - start < 5

@@ -186,7 +186,7 @@ def library_pair(key: str, n: int, protocol: str):
 
 def reference_simulator(plan, topo) -> Simulator:
     """msc's simulator run as the export runs: a chunk in one piece (the executor moves whole chunks; msc's
-    runtime tiles them), the connection's slots (Simple: the plan's; LL: one per message, no credits)."""
+    runtime tiles them), the connection's slots (Simple: the plan's; LL: one per message)."""
     if plan.protocol == "LL":
         slots = max(sum(1 for s in tb.steps if s.op.sends) for rp in plan.ranks for tb in rp.threadblocks)
     else:
@@ -209,7 +209,7 @@ def test_every_library_export_agrees_with_msc_simulation_of_its_plan(protocol):
         for a, b in zip(one, ref):
             assert a.size == b.size, (key, n)
             ratio = a.seconds / b.seconds
-            if protocol == "LL":                 # no credits, no extra copies: the same schedule
+            if protocol == "LL":                 # no extra copies, and the credits pass at once: the same schedule
                 assert abs(ratio - 1) < 0.02, (key, n, a.size, ratio)
             else:                                # what the export adds costs time, never saves any
                 assert 0.999 < ratio < (1.35 if a.size < 64 * MB else 1.06), (key, n, a.size, ratio)

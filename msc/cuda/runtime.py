@@ -255,7 +255,7 @@ class Communicator:
                  device: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S, group=None,
                  form: str | None = None, cache: Path | None = None, collective=None, max_bytes: int | None = None,
                  ipc=None, allow_deadlock: bool = False, dtypes=("float32",), ops=("sum",),
-                 _omit_ranks: tuple[int, ...] = ()):
+                 _omit_ranks: tuple[int, ...] = (), _system_scope: bool = False):
         backend = choose(device)
         backend.require()
         if isinstance(plan, (str, Path)):
@@ -281,6 +281,9 @@ class Communicator:
         self.ranks_here = tuple(range(n)) if placement != "torchrun" else (self.rank,)
         self.device_of = {r: self.devices[0] if placement != "devices" else self.devices[r] for r in self.ranks_here}
         self._launches = launches(self.layout, placement, self.devices, self.rank)
+        # testing only: connection counters and packets at .sys scope even where every peer is on this GPU
+        # (the scope separate GPUs need), so one GPU can check the kernels' .sys paths too
+        self._local_scope = placement == "virtual" and not _system_scope
         if _omit_ranks:          # testing only: a rank that never launches makes its peers time out
             self._launches = tuple(dataclasses.replace(L, grid=self.layout.rank_blocks[min(_omit_ranks)][0])
                                    for L in self._launches)
@@ -577,7 +580,7 @@ class Communicator:
             packing = dict(ranks=ranks, connections=conns, slot_room=self._capacity.room,
                            error=error_pointer(self._arenas, self._bases, L.error_rank), first_block=L.first_block,
                            timeout_ns=self._timeout_ns, tables=self._plan_tables(L.device, spec.op),
-                           local=self.placement == "virtual", switches=switches)
+                           local=self._local_scope, switches=switches)
             args = pack_args(self.layout, params, **packing)
             with backend.context(L.device):
                 stream = backend.stream(L.device)
