@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 import random
+import subprocess
+import sys
 import time
 
 import pytest
@@ -332,7 +334,8 @@ def test_a_ranks_range_of_2_to_the_62_is_taken_arithmetically(tmp_path):
               f"out['verify'] = main(['verify', {path!r}, '--ranks', '4', '--name', 'evens', '--timeout', '5'])\n"
               f"out['compile'] = main(['compile', {path!r}, '--ranks', '4', '--name', 'evens', '-o', {str(tmp_path / 'e.plan')!r}])\n"
               "print(json.dumps(out))\n")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=patience(60),
+                          cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout.splitlines()[-1])
     assert out["supports"] == [2, 4, 2**61]
