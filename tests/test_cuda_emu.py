@@ -22,12 +22,18 @@ in switch plans, whose avg is the executor's own division (bit-exact).
   on a subset; and the runtime's behaviours (back-to-back launches, growth,
   timeouts, torchrun in 2 processes, numerics of the half types, the
   vector path on misaligned chunks, LL flags across 2^32, the build cache);
-- ``-m slow``: the whole cross product, every algorithm x Simple/LL x
-  straight/table x float32/bfloat16/float16 x sum/max/avg (data-movement
-  collectives: one kernel for every op) x the four counts; and the library's
-  switch algorithms (NVLS) x rank counts x in place or not x 1 or 2
-  instances x straight/table x every (dtype, op) the switch reduces
-  (tests/test_switch_runtime.py has their default cases).
+- ``-m slow``: the cross product, every algorithm x Simple/LL x the table
+  form x float32/bfloat16/float16 x sum/max/avg (data-movement collectives:
+  one kernel for every op) x the four counts, and the straight-line form x
+  each dtype with an op that rotates over the cases (every (dtype, op) in
+  the straight form in several algorithms: straight_share); and the
+  library's switch algorithms (NVLS) x rank counts x in place or not x 1 or
+  2 instances x the table form x every (dtype, op) the switch reduces, the
+  straight form x each dtype, the op rotating (tests/test_switch_runtime.py
+  has their default cases). A table-form kernel holds no plan (one build per
+  protocol, dtype and op serves every plan); a straight-line kernel is one
+  build per plan, dtype and op (about 1.5 CPU-s): the full straight product
+  was over a thousand builds, most of the slow run.
 
 What emulation cannot show: speed, occupancy, and what only GPU hardware
 does (.gpu vs .sys scopes, stale L1 lines, warp scheduling): see README.
@@ -177,17 +183,52 @@ def sweep_cases():
     return [(key, protocol) for key in KEYS for protocol in PROTOCOLS]
 
 
+def straight_share(kernels: list[tuple[str, str]], case: int) -> list[tuple[str, str]]:
+    """The straight-line form's kernels of a sweep case: one per dtype, its op the case's turn
+    (``case``-th, shifted by the dtype) among that dtype's kernels, so that across the cases each
+    (dtype, op) is built straight in several algorithms (test_straight_share_covers_every_kernel)."""
+    by_dtype: dict[str, list[tuple[str, str]]] = {}
+    for kernel in kernels:
+        by_dtype.setdefault(kernel[0], []).append(kernel)
+    return [group[(case + j) % len(group)] for j, group in enumerate(by_dtype.values())]
+
+
+def sweep_kernels(key: str, protocol: str) -> dict[str, list[tuple[str, str]]]:
+    """A sweep case's (dtype, op) kernels by form: the table form all of them, the straight form its share."""
+    kernels = kernels_of(key, ranks_for(key), protocol)
+    return {"table": kernels, "straight": straight_share(kernels, sweep_cases().index((key, protocol)))}
+
+
+def test_straight_share_covers_every_kernel():
+    """The slow sweep builds every (dtype, op) kernel in the straight-line form in two algorithms at
+    least (where two need it), and every dtype in every case; the switch sweep every pair it reduces."""
+    need: dict[tuple[str, str], set[str]] = {}
+    built: dict[tuple[str, str], set[str]] = {}
+    for key, protocol in sweep_cases():
+        kernels = sweep_kernels(key, protocol)
+        assert {d for d, _ in kernels["straight"]} == {d for d, _ in kernels["table"]}, (key, protocol)
+        for kernel in kernels["table"]:
+            need.setdefault(kernel, set()).add(key)
+        for kernel in kernels["straight"]:
+            built.setdefault(kernel, set()).add(key)
+    few = {k: sorted(built.get(k, ())) for k, keys in need.items() if len(built.get(k, ())) < min(2, len(keys))}
+    assert not few, f"built straight in fewer than two algorithms: {few}"
+    from test_switch_runtime import SWITCH_PAIRS
+
+    switch = {pair for i in range(len(switch_sweep_cases())) for pair in straight_share(SWITCH_PAIRS, i)}
+    assert switch == set(SWITCH_PAIRS)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("key, protocol", sweep_cases())
 def test_sweep_every_form_dtype_op_and_count(key, protocol, kernel_cache):
-    """The whole cross product for one algorithm and protocol."""
-    seed, n = 0, ranks_for(key)
+    """The table form's cross product for one algorithm and protocol, and the straight form's share."""
+    seed, n, kernels = 0, ranks_for(key), sweep_kernels(key, protocol)
     # this case's kernels, in parallel; xdist shards the cases, and a kernel another case built (the
     # table form's, shared by every plan) is a hit in the session's cache
-    build_all([(key, n, protocol, form, dtype, op) for form in FORMS for dtype, op in kernels_of(key, n, protocol)],
-              kernel_cache)
+    build_all([(key, n, protocol, form, dtype, op) for form in FORMS for dtype, op in kernels[form]], kernel_cache)
     for form in FORMS:
-        for dtype, op in kernels_of(key, n, protocol):
+        for dtype, op in kernels[form]:
             comm = comm_for(key, n, protocol, form, dtype, op, kernel_cache)
             ops = [o for o in OPS if check_op(comm.plan, o, dtype) == op]       # one data-movement kernel: all ops
             for o in ops:
@@ -214,12 +255,15 @@ def switch_sweep_cases():
 @pytest.mark.parametrize("key, n, inplace, instances", switch_sweep_cases())
 def test_switch_sweep_every_form_dtype_and_op_the_switch_reduces(key, n, inplace, instances, kernel_cache):
     """Bit-exact against msc.executor for every (dtype, op) of msc.cuda.switch.supported_pairs
-    (avg included: the switch's sum, then the division pass), both forms, counts that leave tails."""
+    (avg included: the switch's sum, then the division pass) in the table form, each dtype in the
+    straight form (the op rotating over the cases: straight_share), counts that leave tails."""
     from test_switch_runtime import SWITCH_PAIRS, counts_for, switch_plan
 
     plan, seed = switch_plan(key, n, inplace, instances), 100
+    pairs = {"table": SWITCH_PAIRS, "straight": straight_share(SWITCH_PAIRS, switch_sweep_cases().index(
+        (key, n, inplace, instances)))}
     for form in FORMS:
-        for dtype, op in SWITCH_PAIRS:
+        for dtype, op in pairs[form]:
             comm = Communicator(plan, "virtual", device="emu", form=form, cache=kernel_cache, dtypes=(dtype,),
                                 ops=(op,), timeout_s=60)
             for count in counts_for(plan, dtype):
