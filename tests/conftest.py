@@ -18,6 +18,17 @@ if "MSC_CACHE_DIR" not in os.environ:
 # runs: its entries are keyed by their content (source, compiler, flags), so a kernel one test built is
 # one no other test builds again, and no test may damage it (copy it first: cold_cache).
 SESSION_CACHE = Path(os.environ["MSC_CACHE_DIR"])
+# Bytecode compiled once per session, in a folder of the session's own: every xdist worker and every
+# command a test runs (a README block, a CLI process, a torchrun rank) imports msc, and compiling its
+# modules again costs about half of a short command's CPU time where PYTHONDONTWRITEBYTECODE is set.
+# Nothing lands in the source tree (the prefix keeps the .pyc files apart); removed when the session ends.
+if "PYTHONPYCACHEPREFIX" not in os.environ:
+    import sys
+
+    os.environ["PYTHONPYCACHEPREFIX"] = sys.pycache_prefix = tempfile.mkdtemp(prefix="msc-test-pyc-")
+    atexit.register(shutil.rmtree, os.environ["PYTHONPYCACHEPREFIX"], ignore_errors=True)
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    sys.dont_write_bytecode = False
 
 
 @pytest.fixture(autouse=True, scope="session")
