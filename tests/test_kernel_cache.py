@@ -143,6 +143,36 @@ def test_planted_precompiled_headers_are_never_used(tmp_path, marker, shared):
     assert (str(target.parent) in hostbuild._PCH_CHECKED) is not shared     # used in place only where private
 
 
+def test_headers_another_process_built_while_this_one_waited_are_not_built_again(tmp_path, monkeypatch,
+                                                                                _headers_built):
+    """Builders in several processes (a job's ranks, test workers) wait on the headers' lock, and the
+    one that gets it second finds them in the cache: no second precompile (3 CPU-s)."""
+    if _headers_built is None:
+        pytest.skip("no precompiled headers with this compiler")
+    cache = tmp_path / "cache"
+    (cache / "host").mkdir(parents=True, mode=0o700)
+    cache.chmod(0o700)
+    gch = (_headers_built / f"{hostbuild.INCLUDES}.gch").read_bytes()
+    folder = cache / "host" / _headers_built.name
+    real_lock, waited = hostbuild._locked, []
+
+    def lock_won_second(path):
+        if path == folder:                  # the other process built them and let go of the lock
+            waited.append(path)
+            assert kcache.write(cache, f"host/{folder.name}/{hostbuild.INCLUDES}.gch", gch)
+        return real_lock(path)
+
+    def no_second_build(*args):
+        raise AssertionError("the headers were precompiled again")
+
+    monkeypatch.setattr(hostbuild, "_locked", lock_won_second)
+    monkeypatch.setattr(hostbuild, "_build_pch", no_second_build)
+    (work := tmp_path / "work").mkdir()
+    got = hostbuild._precompiled(COMPILER, hostbuild.FLAGS, cache, work)
+    assert waited == [folder] and got == folder / hostbuild.INCLUDES
+    assert (folder / f"{hostbuild.INCLUDES}.gch").read_bytes() == gch
+
+
 def test_a_planted_source_is_not_compiled_and_a_copied_entry_is_a_miss(tmp_path):
     cache = tmp_path / "cache"
     p, other = plan(), plan("allgather/ring:ring", 2, "LL")

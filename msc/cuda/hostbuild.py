@@ -217,10 +217,14 @@ def _precompiled(compiler: Compiler, cflags: tuple[str, ...], root: Path, work: 
         image = kcache.read(root, f"{entry}/{gch}")
         in_cache = image is not None
         if image is None:
-            image = _build_pch(compiler, cflags, text, work)
-            if image is None:
-                return None
-            in_cache = kcache.write(root, f"{entry}/{gch}", image)
+            with _locked(folder):       # processes building at once (a job's ranks, test workers): one builds
+                image = kcache.read(root, f"{entry}/{gch}")
+                in_cache = image is not None
+                if image is None:
+                    image = _build_pch(compiler, cflags, text, work)
+                    if image is None:
+                        return None
+                    in_cache = kcache.write(root, f"{entry}/{gch}", image)
         if in_cache and _private(root, folder):
             try:                        # only this user's processes write here: what lies there is checked
                 write_atomic(folder / INCLUDES, text.encode())
