@@ -75,8 +75,9 @@ def forms_case(rank: int, n: int) -> dict:
                                     *[torch.zeros(m) for _ in range(n)], *big.chunk(n)))
     for root in range(n):
         check(f"broadcast from {root}", _twice(lambda g, t: dist.broadcast(t, src=root, group=g), x))
-    red = _twice(lambda g, t: dist.reduce(t, dst=0, group=g), x)
-    same["reduce"] = torch.equal(red[0][0], red[1][0]) if rank == 0 else True
+    for root in range(n):
+        red = _twice(lambda g, t: dist.reduce(t, dst=root, group=g), x)
+        same[f"reduce to {root}"] = torch.equal(red[0][0], red[1][0]) if rank == root else True
 
     # async: a complete Work whose future holds the tensors
     t = x.clone()
@@ -142,6 +143,35 @@ def strict_case(rank: int, n: int) -> dict:
     y = _data(rank, 6, 64)
     dist.all_reduce(y, group=stock_group())
     out["served equal"] = torch.equal(x, y)
+    dist.destroy_process_group(group)
+    return out
+
+
+def strict_hint_case(rank: int, n: int, folder: str) -> dict:
+    """A group made under MSC_STRICT over ``folder`` (an allreduce plan up to
+    4K, a broadcast plan of root 0): an all_reduce of 8K raises in one line
+    with the msc tune command that makes its plan; a broadcast from the last
+    rank is served by the root-0 plan, with gloo's result."""
+    import torch
+    import torch.distributed as dist
+
+    import msc.torch as mt
+
+    mt.configure(strict=True, plans=folder)
+    try:
+        group = dist.new_group(backend="msc")
+    finally:
+        mt.settings.reset()
+    out = {}
+    try:
+        dist.all_reduce(_data(rank, 11, 2048), group=group)
+        out["allreduce"] = "no error"
+    except mt.StrictModeError as exc:
+        out["allreduce"] = str(exc)
+    b, stock = _data(rank, 12, 64), _data(rank, 12, 64)
+    dist.broadcast(b, src=n - 1, group=group)
+    dist.broadcast(stock, src=n - 1, group=stock_group())
+    out["broadcast equal"] = torch.equal(b, stock)
     dist.destroy_process_group(group)
     return out
 

@@ -35,7 +35,7 @@ pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distribut
 ROOT = Path(__file__).resolve().parent.parent
 PLANS_2 = (("allreduce/ring:ring", True, 0), ("allgather/ring:ring", True, 0),
            ("reducescatter/ring:ring", False, 0), ("alltoall/allpairs:allpairs", False, 0),
-           ("broadcast/chain:chain", True, 0), ("broadcast/chain:chain", True, 1), ("reduce/ring:ring", True, 0))
+           ("broadcast/chain:chain", True, 0), ("reduce/ring:ring", True, 0))     # root 0 serves every root
 
 
 def write_plans(folder: Path, n: int = 2) -> Path:
@@ -65,10 +65,13 @@ def test_every_call_form_is_served_with_gloos_results(pool):
         for coll in (name for name, spec in COLLECTIVES.items() if spec.torch):     # those torch has a call for
             assert (coll, "served") in rows, (coll, r["report"])
         served_calls = {c: sum(x["calls"] for x in r["rows"] if x["collective"] == c and x["outcome"] == "served")
-                        for c in ("allreduce", "allgather", "alltoall", "broadcast")}
+                        for c in ("allreduce", "allgather", "alltoall", "broadcast", "reduce")}
         # allreduce: sum, max, avg, async, 2 coalesced, complex (torch passes its float32 view);
-        # allgather: 3 forms; alltoall: 2; broadcast: one per root
-        assert served_calls == {"allreduce": 7, "allgather": 3, "alltoall": 2, "broadcast": 2}, r["report"]
+        # allgather: 3 forms; alltoall: 2; broadcast and reduce: one per root, from the root-0 plans
+        assert served_calls == {"allreduce": 7, "allgather": 3, "alltoall": 2, "broadcast": 2, "reduce": 2}, \
+            r["report"]
+        assert "served: broadcast-chain-r0-n2.plan (root 0 relabelled to 1) on the torch executor" in r["report"]
+        assert "served: reduce-ring-r0-n2.plan (root 0 relabelled to 1) on the torch executor" in r["report"]
         why = {row["how"] for row in r["rows"] if row["outcome"] == "passed"}
         assert any("unsupported reduction op" in w and "BAND" in w for w in why), why
         assert any(w.startswith("uneven splits") for w in why), why
@@ -112,6 +115,21 @@ def test_strict_mode_refuses_pass_through_on_every_rank_before_data_moves(pool):
         assert r["band"].startswith("MSC_STRICT: allreduce of 256 int32 over 2 ranks would pass through to gloo: "
                                     "unsupported reduction op"), r["band"]
         assert r["untouched"] and r["served equal"], r
+
+
+def test_strict_mode_names_the_missing_plan_in_one_line_with_the_tune_command(pool, tmp_path):
+    """The message says what is missing and the msc tune command that makes
+    it (not every registry entry); a broadcast from the last rank is served
+    by the root-0 plan under strict mode."""
+    folder = write_plans(tmp_path / "plans")
+    (folder / "plans.json").write_text(json.dumps([{"file": "allreduce-ring-r0-n2.plan", "max_bytes": "4K"},
+                                                   {"file": "broadcast-chain-r0-n2.plan"}]))
+    for r in pool.run(backendcases.strict_hint_case, str(folder)):
+        message = r["allreduce"]
+        assert message.startswith("MSC_STRICT: allreduce of 8K float32 over 2 ranks would pass through to gloo: "
+                                  "no allreduce plan covers 8K bytes; to make it: msc tune allreduce/allpairs "), message
+        assert message.endswith(f"allreduce/tree --ranks 2 -t ring:2 -o {folder}") and "\n" not in message, message
+        assert r["broadcast equal"]
 
 
 def test_a_group_without_plans_is_refused_at_creation(monkeypatch):

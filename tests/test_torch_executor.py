@@ -239,6 +239,12 @@ def test_misuse_raises_typed_errors_on_every_rank(pools):
     assert "msc CUDA runtime" in text
 
 
+def test_one_rooted_plan_serves_every_root(pools):
+    """broadcast(src=r) and reduce(dst=r) for every r from a root-0 plan
+    (its ranks rotated, verified per root), as torch.distributed computes."""
+    assert pools(3).run(torchdist.any_root_cases) == [[0, 1, 2, 0, 1, 2]] * 3
+
+
 def test_registry_picks_by_size_in_a_run(pools):
     names = pools(2).run(torchdist.registry_cases)
     assert names[0] == names[1] == ["ring", "ring", "allpairs", "allpairs"]

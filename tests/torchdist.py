@@ -358,6 +358,36 @@ def error_cases(rank: int, n: int) -> list[str]:
     return out
 
 
+def any_root_cases(rank: int, n: int) -> list[str]:
+    """msc.torch's broadcast and reduce with one plan of root 0 (a Plan, and
+    a registry) at every root: torch.distributed's results (bit for bit at
+    these sizes: a sum of n int32), each root's plan verified once."""
+    import torch
+    import torch.distributed as dist
+
+    import msc.torch as mt
+    from msc.torch import calls
+
+    seen = []
+    for key, call in (("broadcast/chain:chain", "broadcast"), ("reduce/ring:ring", "reduce")):
+        plan = library_plan(key, n, True)
+        registry = mt.PlanRegistry.from_plans([plan])
+        for root in range(n):
+            for plans in (plan, registry):
+                x = torch.randint(1, 1000, (301,), generator=torch.Generator().manual_seed(10 * root + rank),
+                                  dtype=torch.int32)
+                mine, theirs = x.clone(), x.clone()
+                if call == "broadcast":
+                    mt.broadcast(plans, mine, src=root)
+                    dist.broadcast(theirs, src=root)
+                else:
+                    mt.reduce(plans, mine, dst=root)
+                    dist.reduce(theirs, dst=root)
+                assert rank != root and call == "reduce" or torch.equal(mine, theirs), (key, root, rank)
+            seen.append(calls.for_root(plan, root).root)
+    return seen
+
+
 def registry_cases(rank: int, n: int) -> list[str]:
     """Calls pick plans by size: ring below 4 KiB, allpairs above."""
     import torch

@@ -300,15 +300,14 @@ def pick(plans, collective: str, group, input, output, root: int = 0) -> Plan | 
     return found.select(collective, n, call.nbytes(), call.inplace, root)
 
 
-def _picked(plans, collective: str, group, input, output, root: int | None = None, what: str = ""):
+def _picked(plans, collective: str, group, input, output, root: int | None = None):
     """``get_plan`` for ``_run``: the plan ``plans`` offers for the call
     (picked inside the call, so that a NoPlanError is published to the
-    other ranks like any failure before communicating)."""
+    other ranks like any failure before communicating); a rooted plan of
+    another root turned to the call's (``for_root``)."""
     def get():
         plan = pick(plans, collective, group, input, output, root or 0)
-        if root is not None:
-            _check_root(plan, root, what)
-        return plan
+        return plan if root is None else for_root(plan, root)
     return get
 
 
@@ -336,18 +335,35 @@ def all_to_all(plans, output, input, group=None, **kw) -> torch.Tensor:
 
 
 def broadcast(plans, tensor, src: int = 0, group=None, **kw) -> torch.Tensor:
-    """In place, as torch.distributed.broadcast; ``src`` is a group rank and
-    must be the plan's root."""
-    return _run(_picked(plans, "broadcast", group, tensor, None, src, "src"), tensor, None, group=group, **kw)
+    """In place, as torch.distributed.broadcast; ``src`` is a group rank (a
+    plan of another root is turned to it: ``for_root``)."""
+    return _run(_picked(plans, "broadcast", group, tensor, None, src), tensor, None, group=group, **kw)
 
 
 def reduce(plans, tensor, dst: int = 0, op="sum", group=None, **kw) -> torch.Tensor:
-    """In place, as torch.distributed.reduce; ``dst`` (a group rank) must
-    be the plan's root. Other ranks' tensors hold unspecified values after."""
-    return _run(_picked(plans, "reduce", group, tensor, None, dst, "dst"), tensor, None, op=op, group=group, **kw)
+    """In place, as torch.distributed.reduce; ``dst`` is a group rank (a plan
+    of another root is turned to it: ``for_root``). Other ranks' tensors
+    hold unspecified values after."""
+    return _run(_picked(plans, "reduce", group, tensor, None, dst), tensor, None, op=op, group=group, **kw)
 
 
-def _check_root(plan, root: int, what: str) -> None:
+_TURNED: dict[tuple[int, int], tuple[Plan, Plan]] = {}      # (id(plan), root) -> (plan, turned and verified)
+
+
+def for_root(plan, root: int):
+    """``plan`` (a Plan or Prepared) serving ``root``: as it is where its root
+    is that, else its ranks renamed (msc.lower.relabel.for_root) and the
+    result verified, once per plan and root."""
     p = plan.plan if isinstance(plan, Prepared) else plan
-    if p.root != root:
-        raise UsageError(f"plan {p.name!r} has root {p.root}, the call asks {what}={root}")
+    if p.root == root:
+        return plan
+    key = (id(p), root)
+    hit = _TURNED.get(key)
+    if hit is None or hit[0] is not p:
+        from msc.lower.relabel import for_root as turn
+        from msc.verification.plan import verify_plan
+
+        turned = turn(p, root)
+        verify_plan(turned)
+        hit = _TURNED[key] = (p, turned)
+    return hit[1]

@@ -182,15 +182,29 @@ class MscProcessGroup(dist.ProcessGroup):
         name = collective_key(collective)
         return any(e.collective == name for e in self.registry)
 
-    def _pass(self, collective: str, tensors, reason: str, fallback, detail: str = ""):
+    def _pass(self, collective: str, tensors, reason: str, fallback, remedy=None):
+        """Pass the call through to the fallback, counted with its reason;
+        under MSC_STRICT raise instead, in one line, with ``remedy()`` (what
+        makes the missing plan) where given."""
         nbytes, dtype = _nbytes(tensors), _dtype(tensors)
         if self.settings.strict and self._has_plans(collective):
             where = self.fallback_name(next((t.device for t in tensors if t is not None), None))
             raise StrictModeError(
                 f"MSC_STRICT: {collective} of {format_size(nbytes)} {served.spelled(dtype)} over {self.size()} ranks "
-                f"would pass through to {where}: {reason}{f' ({detail})' if detail else ''}")
+                f"would pass through to {where}: {reason}{f'; to make it: {remedy()}' if remedy else ''}")
         served.passed(collective, nbytes, dtype, reason)
         return fallback()
+
+    def _tune_hint(self, req: _Request):
+        """``remedy`` for a call no plan covers: the msc tune command that writes plans for it."""
+        def remedy():
+            try:
+                inplace = calls._Call(get_collective(req.collective), self.size(), 1, self.rank(), req.input,
+                                      req.output).inplace
+            except UsageError:
+                inplace = True
+            return self.registry.tune_command(req.collective, self.size(), inplace)
+        return remedy
 
     def _call(self, collective: str, tensors, fallback, request):
         """``request()`` gives the _Request msc serves, or the reason it cannot."""
@@ -208,8 +222,8 @@ class MscProcessGroup(dist.ProcessGroup):
             return self._pass(name, tensors, "empty tensor", fallback)
         # no plan for the size in either form: pass at once (the common pass-through, kept cheap)
         entry = self._entry(name, max(t.numel() * t.element_size() for t in given), True, req.root)
-        if isinstance(entry, tuple):
-            return self._pass(name, tensors, entry[0], fallback, detail=entry[1])
+        if isinstance(entry, str):
+            return self._pass(name, tensors, entry, fallback, remedy=self._tune_hint(req))
         req = _through_copies(req)
         try:
             op = op_name(req.op)
@@ -218,8 +232,8 @@ class MscProcessGroup(dist.ProcessGroup):
             return self._pass(name, tensors, str(exc), fallback)
         nbytes = call.nbytes()
         entry = self._entry(name, nbytes, call.inplace, req.root)
-        if isinstance(entry, tuple):
-            return self._pass(name, tensors, entry[0], fallback, detail=entry[1])
+        if isinstance(entry, str):
+            return self._pass(name, tensors, entry, fallback, remedy=self._tune_hint(req))
         plan = entry.plan
         transport = self.settings.transport
         if transport == "auto":
@@ -234,32 +248,30 @@ class MscProcessGroup(dist.ProcessGroup):
         return _done(req.result)
 
     def _entry(self, name: str, nbytes: int, inplace: bool, root: int | None):
-        """The registry's entry for a call, or (reason, detail) when none
-        covers it; remembered per call shape (a miss builds a long message)."""
+        """The registry's entry for a call, or why none covers it;
+        remembered per call shape (a miss builds a long message)."""
         key = (name, nbytes, inplace, root)
         found = self._entries.get(key)
         if found is None:
             try:
                 found = self.registry.entry(name, self.size(), nbytes, inplace, root or 0)
-            except NoPlanError as exc:
-                found = (self._missing(name, nbytes, root), str(exc))
+            except NoPlanError:
+                found = self._missing(name, nbytes)
             if len(self._entries) >= _REMEMBERED:
                 self._entries.clear()
             self._entries[key] = found
         return found
 
-    def _missing(self, collective: str, nbytes: int, root: int | None) -> str:
+    def _missing(self, collective: str, nbytes: int) -> str:
         """Why no plan serves the call, shortest first: no plan of the
-        collective, none for this many ranks, none with this root, or none
-        covering this size."""
+        collective, none for this many ranks, or none covering this size
+        (a rooted plan serves every root: msc.torch.registry)."""
         mine = [e for e in self.registry if e.collective == collective]
         if not mine:
             return f"no {collective} plans"
         mine = [e for e in mine if e.num_ranks == self.size()]
         if not mine:
             return f"no {collective} plan for {self.size()} ranks"
-        if root is not None and not any(e.root == root for e in mine):
-            return f"no {collective} plan with root {root}"
         return f"no {collective} plan covers {format_size(nbytes)} bytes"
 
     # -- the collectives ---------------------------------------------------------------------------
@@ -439,7 +451,11 @@ class MscProcessGroup(dist.ProcessGroup):
 
 
 def _label(entry) -> str:
-    """The plan as the report names it: its file, else its name."""
+    """The plan as the report names it: its file, else its name (and the
+    root it was turned to, for another root's plan)."""
+    base = getattr(entry, "base", None)
+    if base is not None:
+        return f"{_label(base)} (root {base.root} relabelled to {entry.root})"
     source = str(entry.source)
     if source.startswith("<"):
         return entry.plan.name
