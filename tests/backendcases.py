@@ -99,7 +99,7 @@ def forms_case(rank: int, n: int) -> dict:
     check("all_reduce band (passes)", _twice(lambda g, t: dist.all_reduce(t, op=dist.ReduceOp.BAND, group=g), ints))
     ins = [100 * (rank + 1) + 10 * j for j in range(n)]          # rank r sends 100(r+1) + 10j to rank j
     outs = [100 * (j + 1) + 10 * rank for j in range(n)]
-    check("uneven all_to_all (passes)",
+    check("uneven all_to_all",
           _twice(lambda g, o, i: dist.all_to_all_single(o, i, outs, ins, group=g),
                  torch.zeros(sum(outs)), _data(rank, 4, sum(ins))))
     check("complex all_reduce (served as its real view)", _twice(lambda g, t: dist.all_reduce(t, group=g),
@@ -149,9 +149,11 @@ def strict_case(rank: int, n: int) -> dict:
 
 def strict_hint_case(rank: int, n: int, folder: str) -> dict:
     """A group made under MSC_STRICT over ``folder`` (an allreduce plan up to
-    4K, a broadcast plan of root 0): an all_reduce of 8K raises in one line
-    with the msc tune command that makes its plan; a broadcast from the last
-    rank is served by the root-0 plan, with gloo's result."""
+    4K, a broadcast plan of root 0, an alltoall plan up to 1K): an
+    all_reduce of 8K raises in one line with the msc tune command that makes
+    its plan; a broadcast from the last rank is served by the root-0 plan,
+    with gloo's result; all_to_all_single with splits is served where the
+    padded size has a plan and raises (on every rank) where it has none."""
     import torch
     import torch.distributed as dist
 
@@ -172,8 +174,55 @@ def strict_hint_case(rank: int, n: int, folder: str) -> dict:
     dist.broadcast(b, src=n - 1, group=group)
     dist.broadcast(stock, src=n - 1, group=stock_group())
     out["broadcast equal"] = torch.equal(b, stock)
+    for rows in (100, 200):                  # rank 0 sends rank 1 that many rows, the rest 1: padded 800, 1600 bytes
+        ins = [1, rows] if rank == 0 else [1, 1]
+        outs = [1, 1] if rank == 0 else [rows, 1]
+        x, y = _data(rank, 13, sum(ins)), torch.zeros(sum(outs))
+        try:
+            dist.all_to_all_single(y, x, outs, ins, group=group)
+            want = torch.zeros(sum(outs))
+            dist.all_to_all_single(want, x, outs, ins, group=stock_group())
+            out[f"alltoallv {rows}"] = torch.equal(y, want)
+        except mt.StrictModeError as exc:
+            out[f"alltoallv {rows}"] = str(exc)
     dist.destroy_process_group(group)
     return out
+
+
+def moe_case(rank: int, n: int) -> dict:
+    """MoE's dispatch and combine: tokens (rows of 8) routed unevenly to
+    ranks and back, by all_to_all_single with split sizes on the msc group
+    (served: counted as alltoallv) and on stock gloo, msc's combine writing
+    a strided view; the counts exchanged first with all_to_all_single itself,
+    as MoE layers do (equal splits: the plain alltoall)."""
+    import torch
+    import torch.distributed as dist
+
+    import msc.torch as mt
+
+    mt.served.clear()
+    g = torch.Generator().manual_seed(rank)
+    tokens = torch.rand(37 + 11 * rank, 8, generator=g) + 0.5
+    dest = torch.randint(0, n, (tokens.shape[0],), generator=g)
+    dest[: tokens.shape[0] // 2] = 0                                  # skewed: rank 0's experts are popular
+    order = torch.argsort(dest, stable=True)
+    send = torch.bincount(dest, minlength=n)
+    result = {}
+    for name, group in (("msc", dist.group.WORLD), ("stock", stock_group())):
+        recv = torch.empty_like(send)
+        dist.all_to_all_single(recv, send, group=group)
+        ins, outs = send.tolist(), recv.tolist()
+        got = torch.empty(sum(outs), 8)
+        dist.all_to_all_single(got, tokens[order], outs, ins, group=group)
+        back = torch.empty(tokens.shape[0], 2, 8)[:, 1] if name == "msc" else torch.empty_like(tokens)  # (gloo,
+        #                                                                      handed a strided view, gets it wrong)
+        dist.all_to_all_single(back, got * 2, ins, outs, group=group)
+        result[name] = (got, back)
+    done = torch.empty_like(tokens)
+    done[order] = result["msc"][1]
+    return {"dispatch": torch.equal(result["msc"][0], result["stock"][0]),
+            "combine": torch.equal(result["msc"][1], result["stock"][1]),
+            "round trip": torch.equal(done, tokens * 2), "rows": mt.served.counts()}
 
 
 def explicit_call_case(rank: int, n: int) -> dict:

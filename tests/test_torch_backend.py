@@ -65,20 +65,28 @@ def test_every_call_form_is_served_with_gloos_results(pool):
         for coll in (name for name, spec in COLLECTIVES.items() if spec.torch):     # those torch has a call for
             assert (coll, "served") in rows, (coll, r["report"])
         served_calls = {c: sum(x["calls"] for x in r["rows"] if x["collective"] == c and x["outcome"] == "served")
-                        for c in ("allreduce", "allgather", "alltoall", "broadcast", "reduce")}
+                        for c in ("allreduce", "allgather", "alltoall", "alltoallv", "broadcast", "reduce")}
         # allreduce: sum, max, avg, async, 2 coalesced, complex (torch passes its float32 view);
-        # allgather: 3 forms; alltoall: 2; broadcast and reduce: one per root, from the root-0 plans
-        assert served_calls == {"allreduce": 7, "allgather": 3, "alltoall": 2, "broadcast": 2, "reduce": 2}, \
-            r["report"]
+        # allgather: 3 forms; alltoall: 2, and 1 with uneven splits; broadcast and reduce: one per root, from
+        # the root-0 plans
+        assert served_calls == {"allreduce": 7, "allgather": 3, "alltoall": 2, "alltoallv": 1, "broadcast": 2,
+                                "reduce": 2}, r["report"]
+        assert "served: alltoall-allpairs-r0-n2.plan padded to the largest split on the torch executor" in r["report"]
         assert "served: broadcast-chain-r0-n2.plan (root 0 relabelled to 1) on the torch executor" in r["report"]
         assert "served: reduce-ring-r0-n2.plan (root 0 relabelled to 1) on the torch executor" in r["report"]
         why = {row["how"] for row in r["rows"] if row["outcome"] == "passed"}
         assert any("unsupported reduction op" in w and "BAND" in w for w in why), why
-        assert any(w.startswith("uneven splits") for w in why), why
         assert any("unsupported dtype torch.int8" in w for w in why), why
         assert "msc has no plans for barrier" in why
         assert ("msc has no plans for send" if rank == 0 else "msc has no plans for recv") in why
         assert "served: allreduce-ring-r0-n2.plan on the torch executor" in r["report"]
+
+
+def test_moe_dispatch_and_combine_with_uneven_splits_are_served(pool):
+    for rank, r in enumerate(pool.run(backendcases.moe_case)):
+        assert r["dispatch"] and r["combine"] and r["round trip"], (rank, r)
+        counted = {(row["collective"], row["outcome"]): row["calls"] for row in r["rows"]}
+        assert counted == {("alltoall", "served"): 1, ("alltoallv", "served"): 2}, r["rows"]
 
 
 def test_strided_views_are_served_through_contiguous_copies(pool):
@@ -123,13 +131,19 @@ def test_strict_mode_names_the_missing_plan_in_one_line_with_the_tune_command(po
     by the root-0 plan under strict mode."""
     folder = write_plans(tmp_path / "plans")
     (folder / "plans.json").write_text(json.dumps([{"file": "allreduce-ring-r0-n2.plan", "max_bytes": "4K"},
-                                                   {"file": "broadcast-chain-r0-n2.plan"}]))
+                                                   {"file": "broadcast-chain-r0-n2.plan"},
+                                                   {"file": "alltoall-allpairs-r0-n2.plan", "max_bytes": "1K"}]))
     for r in pool.run(backendcases.strict_hint_case, str(folder)):
         message = r["allreduce"]
         assert message.startswith("MSC_STRICT: allreduce of 8K float32 over 2 ranks would pass through to gloo: "
                                   "no allreduce plan covers 8K bytes; to make it: msc tune allreduce/allpairs "), message
         assert message.endswith(f"allreduce/tree --ranks 2 -t ring:2 -o {folder}") and "\n" not in message, message
-        assert r["broadcast equal"]
+        assert r["broadcast equal"] and r["alltoallv 100"] is True
+        assert r["alltoallv 200"].startswith(
+            "MSC_STRICT: alltoallv of 804 float32 over 2 ranks would pass through to gloo: no alltoall plan covers "
+            "1600 bytes (the splits padded to 200 rows per pair); to make it: msc tune alltoall/allpairs "
+            "alltoall/hierarchical --ranks 2 -t ring:2 -o "), r["alltoallv 200"]
+        assert r["alltoallv 200"].endswith(" --inplace out")
 
 
 def test_a_group_without_plans_is_refused_at_creation(monkeypatch):

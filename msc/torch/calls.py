@@ -287,17 +287,26 @@ _REGISTRIES: dict[str, PlanRegistry] = {}
 
 def pick(plans, collective: str, group, input, output, root: int = 0) -> Plan | Prepared:
     """The plan ``plans`` offers for this call."""
+    def size():
+        from msc.dsl.collectives import get_collective
+
+        rank, n = _group_info(group)
+        call = _Call(get_collective(collective), n, 1, rank, input, output)
+        return n, call.nbytes(), call.inplace
+    return pick_sized(plans, collective, size, root)
+
+
+def pick_sized(plans, collective: str, size, root: int = 0) -> Plan | Prepared:
+    """The plan ``plans`` offers for a call of ``collective`` whose size
+    ``size()`` gives as (ranks, bytes, in place), asked only of a registry."""
     found = registry_of(plans)
     if not isinstance(found, PlanRegistry):
         plan = found.plan if isinstance(found, Prepared) else found
         if collective_key(plan.collective) != collective_key(collective):
             raise UsageError(f"plan {plan.name!r} is a {plan.collective} plan, this call is {collective}")
         return found
-    rank, n = _group_info(group)
-    from msc.dsl.collectives import get_collective
-
-    call = _Call(get_collective(collective), n, 1, rank, input, output)
-    return found.select(collective, n, call.nbytes(), call.inplace, root)
+    n, nbytes, inplace = size()
+    return found.select(collective, n, nbytes, inplace, root)
 
 
 def _picked(plans, collective: str, group, input, output, root: int | None = None):
@@ -329,8 +338,14 @@ def reduce_scatter(plans, output, input, op="sum", group=None, **kw) -> torch.Te
     return _run(_picked(plans, "reducescatter", group, input, output), input, output, op=op, group=group, **kw)
 
 
-def all_to_all(plans, output, input, group=None, **kw) -> torch.Tensor:
-    """As torch.distributed.all_to_all_single with equal splits."""
+def all_to_all(plans, output, input, output_split_sizes=None, input_split_sizes=None, group=None,
+               **kw) -> torch.Tensor:
+    """As torch.distributed.all_to_all_single: equal splits when no split
+    sizes are given (on every rank), else msc.torch.uneven's padded units."""
+    if output_split_sizes or input_split_sizes:
+        from msc.torch import uneven
+
+        return uneven.all_to_all(plans, output, input, output_split_sizes, input_split_sizes, group=group, **kw)
     return _run(_picked(plans, "alltoall", group, input, output), input, output, group=group, **kw)
 
 

@@ -48,7 +48,7 @@ from torch.distributed import PrefixStore
 
 from msc.dsl.collectives import get_collective
 from msc.errors import UsageError
-from msc.torch import calls, served
+from msc.torch import calls, served, uneven
 from msc.torch import settings as msc_settings
 from msc.torch.execute import op_name
 from msc.dsl.collectives import collective_key
@@ -180,6 +180,7 @@ class MscProcessGroup(dist.ProcessGroup):
 
     def _has_plans(self, collective: str) -> bool:
         name = collective_key(collective)
+        name = "alltoall" if name == "alltoallv" else name           # served by alltoall plans
         return any(e.collective == name for e in self.registry)
 
     def _pass(self, collective: str, tensors, reason: str, fallback, remedy=None):
@@ -192,7 +193,7 @@ class MscProcessGroup(dist.ProcessGroup):
             raise StrictModeError(
                 f"MSC_STRICT: {collective} of {format_size(nbytes)} {served.spelled(dtype)} over {self.size()} ranks "
                 f"would pass through to {where}: {reason}{f'; to make it: {remedy()}' if remedy else ''}")
-        served.passed(collective, nbytes, dtype, reason)
+        served.passed(collective, _counted_size(collective, nbytes), dtype, reason)
         return fallback()
 
     def _tune_hint(self, req: _Request):
@@ -235,17 +236,21 @@ class MscProcessGroup(dist.ProcessGroup):
         if isinstance(entry, str):
             return self._pass(name, tensors, entry, fallback, remedy=self._tune_hint(req))
         plan = entry.plan
-        transport = self.settings.transport
-        if transport == "auto":
-            transport = "mixed" if self.fallback_name(call.device) == "gloo" else "p2p"
         engine: list[str] = []
         with self.serving():
             calls._run(lambda: plan, req.input, req.output, op=op, group=self, backend=self.settings.engine,
-                       transport=transport, engine_used=engine, what=name)
+                       transport=self._transport(call.device), engine_used=engine, what=name)
             if req.after is not None:
                 req.after()
         served.served(name, nbytes, call.dtype, _label(entry), _engine_label(engine[0]))
         return _done(req.result)
+
+    def _transport(self, device) -> str:
+        """The torch executor's transport for tensors on ``device`` (msc.torch.execute.choose_transport)."""
+        transport = self.settings.transport
+        if transport == "auto":
+            transport = "mixed" if self.fallback_name(device) == "gloo" else "p2p"
+        return transport
 
     def _entry(self, name: str, nbytes: int, inplace: bool, root: int | None):
         """The registry's entry for a call, or why none covers it;
@@ -347,19 +352,47 @@ class MscProcessGroup(dist.ProcessGroup):
 
     def all_to_all_single(self, output, input, output_splits, input_splits, opts=None):
         opts = opts if opts is not None else dist.AllToAllOptions()
-        return self._call("alltoall", [input, output],
-                          lambda: self._fallback(input).alltoall_base(output, input, output_splits, input_splits,
-                                                                      opts),
-                          lambda: self._alltoall_request(output, input, output_splits, input_splits))
+
+        def fallback():
+            return self._fallback(input).alltoall_base(output, input, output_splits, input_splits, opts)
+        if (output_splits or input_splits) and not self._inside():
+            return self._serve_uneven(output, input, output_splits, input_splits, fallback)
+        return self._call("alltoall", [input, output], fallback,
+                          lambda: _Request("alltoall", input, output, result=[output]))
 
     alltoall_base = all_to_all_single
 
-    def _alltoall_request(self, output, input, output_splits, input_splits):
-        n = self.size()
-        for splits, t in ((input_splits, input), (output_splits, output)):
-            if splits and (len(splits) != n or len(set(splits)) != 1 or sum(splits) != t.shape[0]):
-                return f"uneven splits {list(splits)}"
-        return _Request("alltoall", input, output, result=[output])
+    def _serve_uneven(self, output, input, output_splits, input_splits, fallback):
+        """An all_to_all_single given split sizes (msc.torch.uneven): the
+        ranks exchange their splits, then every rank takes the same branch:
+        served on padded units by the alltoall plan for the padded size, or
+        passed through. Counted as "alltoallv". What is refused before the
+        exchange is the same on every rank (the plans, the dtype)."""
+        name, tensors, n = "alltoallv", [input, output], self.size()
+        if not any(e.collective == "alltoall" and e.num_ranks == n for e in self.registry):
+            return self._pass(name, tensors, self._missing("alltoall", 0), fallback,
+                              remedy=lambda: self.registry.tune_command("alltoall", n, False))
+        if input.dtype not in calls._SUPPORTED:
+            return self._pass(name, tensors, f"unsupported dtype {input.dtype}", fallback)
+        with self.serving():
+            splits = uneven.exchange(self, self.rank(), n, output, input, output_splits, input_splits)
+        if splits.pad == 0:                                     # every split of every rank is empty
+            served.served(name, None, input.dtype, "nothing to move", "no engine")
+            return _done([output])
+        entry = self._entry("alltoall", splits.padded_numel() * input.element_size(), False, None)
+        if isinstance(entry, str):
+            return self._pass(name, tensors, f"{entry} (the splits padded to {splits.pad} rows per pair)", fallback,
+                              remedy=lambda: self.registry.tune_command("alltoall", n, False))
+        out = output if output.is_contiguous() else torch.empty_like(output, memory_format=torch.contiguous_format)
+        engine: list[str] = []
+        with self.serving():
+            uneven.run_padded(splits, entry.plan, out, input, group=self, backend=self.settings.engine,
+                              transport=self._transport(input.device), engine_used=engine)
+        if out is not output:
+            output.copy_(out)
+        served.served(name, None, input.dtype, f"{_label(entry)} padded to the largest split",
+                      _engine_label(engine[0]))
+        return _done([output])
 
     def alltoall(self, outputs, inputs, opts=None):
         opts = opts if opts is not None else dist.AllToAllOptions()
@@ -448,6 +481,12 @@ class MscProcessGroup(dist.ProcessGroup):
             stop = getattr(backend, "shutdown", None)
             if stop is not None:
                 stop()
+
+
+def _counted_size(collective: str, nbytes):
+    """The size a call is counted under in the report: none for alltoallv,
+    whose calls' sizes all differ (MoE: one per batch)."""
+    return None if collective == "alltoallv" else nbytes
 
 
 def _label(entry) -> str:
