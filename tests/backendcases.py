@@ -79,11 +79,14 @@ def forms_case(rank: int, n: int) -> dict:
         red = _twice(lambda g, t: dist.reduce(t, dst=root, group=g), x)
         same[f"reduce to {root}"] = torch.equal(red[0][0], red[1][0]) if rank == root else True
 
-    # async: a complete Work whose future holds the tensors
+    # async: a Work that completes behind the caller, its future holding the tensors
     t = x.clone()
     work = dist.all_reduce(t, async_op=True)
     fut = work.get_future()
-    async_ok = work.is_completed() and work.wait() and fut.done() and torch.equal(fut.value()[0], t)
+    async_ok = work.wait() and work.is_completed() and fut.done() and torch.equal(fut.value()[0], t)
+    want = x.clone()
+    dist.all_reduce(want, group=stock_group())
+    same["async all_reduce"] = torch.equal(t, want)
 
     # coalesced: each call served
     a, b = x.clone(), (x * 2).clone()
@@ -223,6 +226,69 @@ def moe_case(rank: int, n: int) -> dict:
     return {"dispatch": torch.equal(result["msc"][0], result["stock"][0]),
             "combine": torch.equal(result["msc"][1], result["stock"][1]),
             "round trip": torch.equal(done, tokens * 2), "rows": mt.served.counts()}
+
+
+def async_case(rank: int, n: int) -> dict:
+    """async_op=True on served calls: rank 0's call returns before rank 1
+    has made it (rank 1 comes 0.5 s later) and its wait() returns when it
+    has run; calls issued back to back (async, a pass-through between them,
+    then a synchronous one) keep their order, results equal gloo's; a call
+    that fails behind the caller raises from wait()."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from msc.torch import agree
+
+    out = {}
+    x = _data(rank, 14, 4096)
+    want = x.clone()
+    dist.all_reduce(want, group=stock_group())
+    dist.barrier(group=stock_group())
+    if rank == 1:
+        time.sleep(0.5)
+    t0 = time.perf_counter()
+    t = x.clone()
+    work = dist.all_reduce(t, async_op=True)
+    out["returned after"] = time.perf_counter() - t0
+    work.wait()
+    out["done after"] = time.perf_counter() - t0
+    out["first"] = torch.equal(t, want)
+    a, b, c = _data(rank, 15, 1000), _data(rank, 16, n * 1000), _data(rank, 17, 333)
+    ints = _data(rank, 18, 64, "int32")
+    mine = [a.clone(), torch.empty(n * 1000), torch.empty(1000), ints.clone(), c.clone()]
+    works = [dist.all_reduce(mine[0], async_op=True),
+             dist.all_gather_into_tensor(mine[1], a, async_op=True),
+             dist.reduce_scatter_tensor(mine[2], b, async_op=True),
+             dist.all_reduce(mine[3], op=dist.ReduceOp.BAND, async_op=True)]        # passes through, meanwhile
+    dist.broadcast(mine[4], src=n - 1)                                               # synchronous: after them
+    for w in works:
+        w.wait()
+    theirs = [a.clone(), torch.empty(n * 1000), torch.empty(1000), ints.clone(), c.clone()]
+    g = stock_group()
+    dist.all_reduce(theirs[0], group=g)
+    dist.all_gather_into_tensor(theirs[1], a, group=g)
+    dist.reduce_scatter_tensor(theirs[2], b, group=g)
+    dist.all_reduce(theirs[3], op=dist.ReduceOp.BAND, group=g)
+    dist.broadcast(theirs[4], src=n - 1, group=g)
+    out["in order"] = [torch.equal(m, s) for m, s in zip(mine, theirs)]
+    agree.set_timeout(2.0)
+    try:
+        work = dist.all_reduce(torch.ones(64 if rank == 0 else 32), async_op=True)       # the ranks disagree
+        try:
+            work.wait()
+            out["failure"] = "no error"
+        except Exception as exc:
+            out["failure"] = str(exc)
+    finally:
+        agree.set_timeout(None)
+    z = _data(rank, 19, 100)
+    stock = z.clone()
+    dist.all_reduce(z, async_op=True).wait()
+    dist.all_reduce(stock, group=g)
+    out["after"] = torch.equal(z, stock)
+    return out
 
 
 def explicit_call_case(rank: int, n: int) -> dict:

@@ -89,6 +89,14 @@ def test_moe_dispatch_and_combine_with_uneven_splits_are_served(pool):
         assert counted == {("alltoall", "served"): 1, ("alltoallv", "served"): 2}, r["rows"]
 
 
+def test_async_served_calls_run_behind_the_caller_in_order(pool):
+    r0, r1 = pool.run(backendcases.async_case)
+    assert r0["returned after"] < 0.25 < 0.4 < r0["done after"], r0          # rank 1 came 0.5 s late
+    for r in (r0, r1):
+        assert r["first"] and r["in order"] == [True] * 5 and r["after"], r
+        assert "disagree on msc call" in r["failure"] and "count: rank 0 64, rank 1 32" in r["failure"], r["failure"]
+
+
 def test_strided_views_are_served_through_contiguous_copies(pool):
     """all_reduce of base[:, ::2] (and broadcast, all_gather_into_tensor,
     reduce_scatter_tensor on strided views) passed through to gloo, which

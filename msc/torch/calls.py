@@ -220,6 +220,9 @@ def _run(get_plan, input, output, *, op="sum", group=None, backend: str = "auto"
     rank, n = _group_info(group)
     gate = agree.gate(group, rank, n)
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    drain = getattr(pg, "drain", None)          # an msc group's served calls running behind the caller go first
+    if drain is not None:
+        drain()
     with agree.one_call_at_a_time(pg, _what(what or collective, input, output), gate):
         return _run_alone(get_plan, input, output, op, group, backend, transport, collective, engine_used, rank, n,
                           gate, pg)

@@ -74,6 +74,65 @@ class _Request:
         self.op, self.root, self.after, self.result = op, root, after, list(result)
 
 
+def _async(opts) -> bool:
+    """Whether the caller passed async_op=True (torch.distributed sets the options' asyncOp)."""
+    return bool(getattr(opts, "asyncOp", False)) if opts is not None else False
+
+
+class _Worker:
+    """One group's served calls made with async_op=True on CPU tensors, run
+    on a thread of their own in the order they were made (every rank makes
+    them in that order; their messages go on msc's own communicator). A
+    call's Work completes when it has run, with its error if it failed."""
+
+    def __init__(self, name: str):
+        import queue
+
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._pending = 0
+        self._idle = threading.Condition()
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, job, result) -> dist.Work:
+        fut = torch.futures.Future()
+        with self._idle:
+            self._pending += 1
+        self._jobs.put((job, fut, list(result)))
+        return _Pending(fut)
+
+    def _loop(self) -> None:
+        while True:
+            item = self._jobs.get()
+            if item is None:
+                return
+            job, fut, result = item
+            try:
+                job()
+            except BaseException as exc:          # the caller's wait() raises it
+                with self._idle:
+                    self._pending -= 1
+                    self._idle.notify_all()
+                fut.set_exception(exc)
+                continue
+            with self._idle:
+                self._pending -= 1
+                self._idle.notify_all()
+            fut.set_result(result)
+
+    def drain(self) -> None:
+        """Return once every call submitted so far has run (at once on the worker itself)."""
+        if threading.current_thread() is self._thread:
+            return
+        with self._idle:
+            self._idle.wait_for(lambda: self._pending == 0)
+
+    def stop(self) -> None:
+        self.drain()
+        self._jobs.put(None)
+        self._thread.join(timeout=60)
+
+
 def _nbytes(tensors) -> int:
     return max((t.numel() * t.element_size() for t in tensors if t is not None), default=None)
 
@@ -100,8 +159,29 @@ def _all(works) -> dist.Work:
     works = [w for w in works if w is not None]
     if len(works) == 1:
         return works[0]
-    fut = torch.futures.collect_all([w.get_future() for w in works])
-    return torch._C._distributed_c10d._create_work_from_future(fut)
+    return _Pending(torch.futures.collect_all([w.get_future() for w in works]), works)
+
+
+class _Pending(dist.Work):
+    """A Work that completes with ``fut`` (a served call running behind the
+    caller, or several Works): ``wait()`` raises the call's error, which a
+    Work made by torch's ``_create_work_from_future`` would swallow."""
+
+    def __init__(self, fut, works=()):
+        super().__init__()
+        self._fut, self._works = fut, list(works)
+
+    def wait(self, timeout=None) -> bool:
+        for w in self._works:
+            w.wait()
+        self._fut.wait()
+        return True
+
+    def is_completed(self) -> bool:
+        return self._fut.done()
+
+    def get_future(self):
+        return self._fut
 
 
 def _make_backend(name: str, store, rank: int, size: int, timeout: timedelta):
@@ -134,8 +214,10 @@ class MscProcessGroup(dist.ProcessGroup):
         self._backends: dict[str, object] = {}
         self._entries: dict[tuple, object] = {}                # call shape -> registry entry or why none
         self._local = threading.local()
+        self._thread: _Worker | None = None                    # runs async served calls, made at the first
         _same_plans_everywhere(store, rank, size, timeout, self.registry, settings.plans)
         self._backend_for("cpu")                                # gloo connects all ranks now, as init does
+        self._backend_for("cpu", own=True)                      # msc's own messages: a communicator of their own
 
     # -- identity ----------------------------------------------------------------------------------
     def getBackendName(self) -> str:
@@ -153,16 +235,21 @@ class MscProcessGroup(dist.ProcessGroup):
         kind = "cuda" if getattr(device, "type", device) == "cuda" else "cpu"
         return self.settings.fallback[kind]
 
-    def _backend_for(self, device):
+    def _backend_for(self, device, own: bool = False):
+        """The fallback backend for ``device``; ``own``: the one that carries
+        msc's own messages while it serves a call (the executor's, the
+        runtime's bootstrap), apart from the pass-through calls, so that a
+        served call running behind the caller never interleaves with them."""
         name = self.fallback_name(device)
-        backend = self._backends.get(name)
+        key = f"own/{name}" if own else name
+        backend = self._backends.get(key)
         if backend is None:
-            store = PrefixStore(f"msc-fallback/{name}/", self._store)
-            backend = self._backends[name] = _make_backend(name, store, self.rank(), self.size(), self._timeout)
+            store = PrefixStore(f"msc-{'own' if own else 'fallback'}/{name}/", self._store)
+            backend = self._backends[key] = _make_backend(name, store, self.rank(), self.size(), self._timeout)
         return backend
 
     def _fallback(self, tensor):
-        return self._backend_for(tensor.device if tensor is not None else None)
+        return self._backend_for(tensor.device if tensor is not None else None, own=self._inside())
 
     # -- serve or pass -----------------------------------------------------------------------------
     @contextmanager
@@ -207,16 +294,17 @@ class MscProcessGroup(dist.ProcessGroup):
             return self.registry.tune_command(req.collective, self.size(), inplace)
         return remedy
 
-    def _call(self, collective: str, tensors, fallback, request):
-        """``request()`` gives the _Request msc serves, or the reason it cannot."""
+    def _call(self, collective: str, tensors, fallback, request, opts=None):
+        """``request()`` gives the _Request msc serves, or the reason it
+        cannot; ``opts``: the call's options (``asyncOp``: async_op)."""
         if self._inside():
             return fallback()
         req = request()
         if isinstance(req, str):
             return self._pass(collective, tensors, req, fallback)
-        return self._serve(req, tensors, fallback)
+        return self._serve(req, tensors, fallback, _async(opts))
 
-    def _serve(self, req: _Request, tensors, fallback):
+    def _serve(self, req: _Request, tensors, fallback, async_op: bool = False):
         name = req.collective
         given = [t for t in (req.input, req.output) if t is not None]
         if any(t.numel() == 0 for t in given):
@@ -236,14 +324,41 @@ class MscProcessGroup(dist.ProcessGroup):
         if isinstance(entry, str):
             return self._pass(name, tensors, entry, fallback, remedy=self._tune_hint(req))
         plan = entry.plan
-        engine: list[str] = []
-        with self.serving():
-            calls._run(lambda: plan, req.input, req.output, op=op, group=self, backend=self.settings.engine,
-                       transport=self._transport(call.device), engine_used=engine, what=name)
-            if req.after is not None:
-                req.after()
-        served.served(name, nbytes, call.dtype, _label(entry), _engine_label(engine[0]))
-        return _done(req.result)
+
+        def job():
+            engine: list[str] = []
+            with self.serving():
+                calls._run(lambda: plan, req.input, req.output, op=op, group=self, backend=self.settings.engine,
+                           transport=self._transport(call.device), engine_used=engine, what=name)
+                if req.after is not None:
+                    req.after()
+            served.served(name, nbytes, call.dtype, _label(entry), _engine_label(engine[0]))
+        return self._run_served(job, req.result, async_op and call.device.type == "cpu")
+
+    # -- served calls in order: inline, or behind the caller on the group's worker thread --------------
+    def _run_served(self, job, result, background: bool):
+        """Run ``job`` (a served call) and return its Work: with
+        ``background`` (async_op on CPU tensors) on the group's worker thread,
+        the Work completing when it has run; else here, after the worker's
+        earlier calls (a group's served calls run in the order they are made,
+        as every rank makes them). On CUDA tensors the CUDA runtime queues its
+        kernel on the caller's stream: stream-ordered, done inline."""
+        if background:
+            return self._worker().submit(job, result)
+        self.drain()
+        job()
+        return _done(result)
+
+    def _worker(self) -> "_Worker":
+        if self._thread is None:
+            self._thread = _Worker(f"msc-served-{self.group_name or id(self)}")
+        return self._thread
+
+    def drain(self) -> None:
+        """Wait until the served calls running behind the caller are done
+        (nothing to wait for on the worker thread itself)."""
+        if self._thread is not None:
+            self._thread.drain()
 
     def _transport(self, device) -> str:
         """The torch executor's transport for tensors on ``device`` (msc.torch.execute.choose_transport)."""
@@ -284,19 +399,19 @@ class MscProcessGroup(dist.ProcessGroup):
         opts = opts if opts is not None else dist.AllreduceOptions()
         return self._call("allreduce", tensors, lambda: self._fallback(tensors[0]).allreduce(tensors, opts),
                           lambda: "several tensors in one call" if len(tensors) != 1 else
-                          _Request("allreduce", tensors[0], None, op=opts.reduceOp, result=tensors))
+                          _Request("allreduce", tensors[0], None, op=opts.reduceOp, result=tensors), opts)
 
     def allreduce_coalesced(self, tensors, opts=None):
         opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
         single = dist.AllreduceOptions()
-        single.reduceOp, single.timeout = opts.reduceOp, opts.timeout
+        single.reduceOp, single.timeout, single.asyncOp = opts.reduceOp, opts.timeout, _async(opts)
         return _all([self.allreduce([t], single) for t in tensors])
 
     def all_gather_single(self, output, input, opts=None):
         opts = opts if opts is not None else dist.AllgatherOptions()
         return self._call("allgather", [input, output],
                           lambda: self._fallback(input)._allgather_base(output, input, opts),
-                          lambda: _Request("allgather", input, output, result=[output]))
+                          lambda: _Request("allgather", input, output, result=[output]), opts)
 
     _allgather_base = all_gather_single
 
@@ -310,7 +425,7 @@ class MscProcessGroup(dist.ProcessGroup):
         flat = [t for ts in output_lists for t in ts]
         return self._call("allgather", [*inputs, *flat],
                           lambda: self._fallback(inputs[0]).allgather(output_lists, inputs, opts),
-                          lambda: self._gather_request(output_lists, inputs))
+                          lambda: self._gather_request(output_lists, inputs), opts)
 
     def _gather_request(self, output_lists, inputs):
         if len(inputs) != 1 or len(output_lists) != 1:
@@ -325,7 +440,7 @@ class MscProcessGroup(dist.ProcessGroup):
         opts = opts if opts is not None else dist.ReduceScatterOptions()
         return self._call("reducescatter", [input, output],
                           lambda: self._fallback(input)._reduce_scatter_base(output, input, opts),
-                          lambda: _Request("reducescatter", input, output, op=opts.reduceOp, result=[output]))
+                          lambda: _Request("reducescatter", input, output, op=opts.reduceOp, result=[output]), opts)
 
     _reduce_scatter_base = reduce_scatter_single
 
@@ -339,7 +454,7 @@ class MscProcessGroup(dist.ProcessGroup):
         flat = [t for ts in input_lists for t in ts]
         return self._call("reducescatter", [*flat, *outputs],
                           lambda: self._fallback(outputs[0]).reduce_scatter(outputs, input_lists, opts),
-                          lambda: self._scatter_request(outputs, input_lists, opts))
+                          lambda: self._scatter_request(outputs, input_lists, opts), opts)
 
     def _scatter_request(self, outputs, input_lists, opts):
         if len(outputs) != 1 or len(input_lists) != 1:
@@ -356,13 +471,13 @@ class MscProcessGroup(dist.ProcessGroup):
         def fallback():
             return self._fallback(input).alltoall_base(output, input, output_splits, input_splits, opts)
         if (output_splits or input_splits) and not self._inside():
-            return self._serve_uneven(output, input, output_splits, input_splits, fallback)
+            return self._serve_uneven(output, input, output_splits, input_splits, fallback, _async(opts))
         return self._call("alltoall", [input, output], fallback,
-                          lambda: _Request("alltoall", input, output, result=[output]))
+                          lambda: _Request("alltoall", input, output, result=[output]), opts)
 
     alltoall_base = all_to_all_single
 
-    def _serve_uneven(self, output, input, output_splits, input_splits, fallback):
+    def _serve_uneven(self, output, input, output_splits, input_splits, fallback, async_op: bool = False):
         """An all_to_all_single given split sizes (msc.torch.uneven): the
         ranks exchange their splits, then every rank takes the same branch:
         served on padded units by the alltoall plan for the padded size, or
@@ -374,6 +489,7 @@ class MscProcessGroup(dist.ProcessGroup):
                               remedy=lambda: self.registry.tune_command("alltoall", n, False))
         if input.dtype not in calls._SUPPORTED:
             return self._pass(name, tensors, f"unsupported dtype {input.dtype}", fallback)
+        self.drain()                             # the exchange is a call of the group: after the earlier ones
         with self.serving():
             splits = uneven.exchange(self, self.rank(), n, output, input, output_splits, input_splits)
         if splits.pad == 0:                                     # every split of every rank is empty
@@ -384,21 +500,23 @@ class MscProcessGroup(dist.ProcessGroup):
             return self._pass(name, tensors, f"{entry} (the splits padded to {splits.pad} rows per pair)", fallback,
                               remedy=lambda: self.registry.tune_command("alltoall", n, False))
         out = output if output.is_contiguous() else torch.empty_like(output, memory_format=torch.contiguous_format)
-        engine: list[str] = []
-        with self.serving():
-            uneven.run_padded(splits, entry.plan, out, input, group=self, backend=self.settings.engine,
-                              transport=self._transport(input.device), engine_used=engine)
-        if out is not output:
-            output.copy_(out)
-        served.served(name, None, input.dtype, f"{_label(entry)} padded to the largest split",
-                      _engine_label(engine[0]))
-        return _done([output])
+
+        def job():
+            engine: list[str] = []
+            with self.serving():
+                uneven.run_padded(splits, entry.plan, out, input, group=self, backend=self.settings.engine,
+                                  transport=self._transport(input.device), engine_used=engine)
+            if out is not output:
+                output.copy_(out)
+            served.served(name, None, input.dtype, f"{_label(entry)} padded to the largest split",
+                          _engine_label(engine[0]))
+        return self._run_served(job, [output], async_op and input.device.type == "cpu")
 
     def alltoall(self, outputs, inputs, opts=None):
         opts = opts if opts is not None else dist.AllToAllOptions()
         return self._call("alltoall", [*inputs, *outputs],
                           lambda: self._fallback(inputs[0]).alltoall(outputs, inputs, opts),
-                          lambda: self._alltoall_list_request(outputs, inputs))
+                          lambda: self._alltoall_list_request(outputs, inputs), opts)
 
     def _alltoall_list_request(self, outputs, inputs):
         if not inputs or not _equal_list(inputs, inputs[0]) or not _equal_list(outputs, inputs[0]):
@@ -411,13 +529,14 @@ class MscProcessGroup(dist.ProcessGroup):
         opts = opts if opts is not None else dist.BroadcastOptions()
         return self._call("broadcast", tensors, lambda: self._fallback(tensors[0]).broadcast(tensors, opts),
                           lambda: "several tensors in one call" if len(tensors) != 1 else
-                          _Request("broadcast", tensors[0], None, root=opts.rootRank, result=tensors))
+                          _Request("broadcast", tensors[0], None, root=opts.rootRank, result=tensors), opts)
 
     def reduce(self, tensors, opts=None):
         opts = opts if opts is not None else dist.ReduceOptions()
         return self._call("reduce", tensors, lambda: self._fallback(tensors[0]).reduce(tensors, opts),
                           lambda: "several tensors in one call" if len(tensors) != 1 else
-                          _Request("reduce", tensors[0], None, op=opts.reduceOp, root=opts.rootRank, result=tensors))
+                          _Request("reduce", tensors[0], None, op=opts.reduceOp, root=opts.rootRank, result=tensors),
+                          opts)
 
     # -- what msc has no plans for: always the fallback ----------------------------------------------
     def _through(self, what: str, tensors, fallback):
@@ -477,6 +596,8 @@ class MscProcessGroup(dist.ProcessGroup):
         return _done([])
 
     def shutdown(self) -> None:
+        if self._thread is not None:
+            self._thread.stop()
         for backend in self._backends.values():
             stop = getattr(backend, "shutdown", None)
             if stop is not None:
