@@ -10,26 +10,30 @@ tensors, NCCL for CUDA tensors by default) with the reason counted in
 ``msc.torch.report()``. ``MSC_STRICT=1`` makes a pass-through of a
 collective that has any plan an error (``StrictModeError``) naming why.
 
-Served: all_reduce, all_gather_into_tensor, all_gather (list of equal
-tensors), reduce_scatter_tensor, reduce_scatter (list of equal tensors),
-all_to_all_single with equal (or no) splits, all_to_all (list of equal
-tensors), broadcast, reduce; their coalesced forms one call at a time. A
-call passes through when no plan covers it (collective, ranks, bytes,
-form, root), its dtype or op is not one msc runs (e.g. PREMUL_SUM, bitwise
-ops, complex or bool tensors), its tensors are empty, all_to_all splits
-are uneven, a list form's tensors differ in size, or one call names several
-tensors. Tensors that are not contiguous (strided views) are served through
+Served: all_reduce, all_gather_single (all_gather_into_tensor), all_gather
+(list of equal tensors), reduce_scatter_single (reduce_scatter_tensor),
+reduce_scatter (list of equal tensors), all_to_all_single (split sizes
+given: on padded units, msc.torch.uneven, counted as "alltoallv"),
+all_to_all (list of equal tensors), broadcast and reduce from any root (a
+plan of another root turned to it: msc.torch.registry); their coalesced
+forms one call at a time. A call passes through when no plan covers it
+(collective, ranks, bytes, form), its dtype or op is not one msc runs (e.g.
+PREMUL_SUM, bitwise ops, complex or bool tensors), its tensors are empty, a
+list form's tensors differ in size, or one call names several tensors. Tensors that are not contiguous (strided views) are served through
 contiguous copies, the result copied back (gloo, handed one, computes a
 wrong result); a written one whose elements share memory (an expanded view)
 is refused (gloo writes past its storage). Barrier, send/recv, gather, scatter
 always pass through (msc has no plans for them).
 
-Served calls run synchronously on the torch executor (and on the emulated
-device); on a GPU the CUDA runtime queues its kernel on the current stream.
-``async_op=True`` gets a Work that is already complete (wait() returns at
-once, get_future() is done): correct, but a served call does not overlap
-computation the way an asynchronous NCCL call does. Pass-through calls get
-the wrapped backend's own Work.
+Served calls made with ``async_op=True`` on CPU tensors (the torch
+executor, the emulated device) run on the group's worker thread, in the
+order they were made, and return a Work that completes when the call has
+run (``wait()`` raises its error); a synchronous served call first waits
+for the ones before it. msc's own messages go on a communicator of their
+own (a second fallback backend), so a call running behind the caller never
+interleaves with pass-through calls, which get the wrapped backend's own
+Work. On a GPU the CUDA runtime queues its kernel on the current stream:
+stream-ordered, with a complete Work, as before.
 
 The agreement check (msc.torch.agree) applies to served calls. Every rank
 decides alone whether msc serves a call, so the group's creation checks
