@@ -417,3 +417,81 @@ def two_threads_case(rank: int, n: int) -> dict:
         agree.set_timeout(None)
     out["rows"] = mt.served.counts()
     return out
+
+
+def training_probe_case(rank: int, n: int, steps: int = 3) -> dict:
+    """A training script of a user's own, not one the backend was built
+    against, on a group made under MSC_STRICT=1 (the environment variable)
+    and on stock gloo: a mixture-of-experts layer (one expert per rank)
+    whose router starts as the last rank's (broadcast from src=n-1), tokens
+    dispatched and combined by all_to_all_single with uneven splits (the
+    counts exchanged first), the expert's gradient sent back the same way,
+    the shared head's gradient all-reduced with async_op=True while the
+    expert's is computed. Strict mode: anything msc did not serve would
+    raise. Losses and parameters of both runs equal bit for bit."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    import msc.torch as mt
+
+    before = os.environ.get("MSC_STRICT")
+    os.environ["MSC_STRICT"] = "1"
+    try:
+        strict = dist.new_group(backend="msc")
+    finally:
+        if before is None:
+            del os.environ["MSC_STRICT"]
+        else:
+            os.environ["MSC_STRICT"] = before
+    mt.served.clear()
+    d = 8
+
+    def train(group):
+        g = torch.Generator().manual_seed(100 + rank)
+        router = torch.randn(d, n, generator=g)                  # differs per rank until broadcast
+        expert = torch.randn(d, d, generator=g) * 0.3
+        head = torch.randn(d, d, generator=torch.Generator().manual_seed(7)) * 0.3
+        dist.broadcast(router, src=n - 1, group=group)
+        losses = []
+        for step in range(steps):
+            data = torch.Generator().manual_seed(1000 * step + rank)
+            tokens = torch.rand(20 + 7 * rank + 3 * step, d, generator=data) + 0.5
+            target = torch.rand(tokens.shape[0], d, generator=data)
+            dest = torch.argmax(tokens @ router, dim=1)
+            order = torch.argsort(dest, stable=True)
+            send = torch.bincount(dest, minlength=n)
+            recv = torch.empty_like(send)
+            dist.all_to_all_single(recv, send, group=group)
+            ins, outs = send.tolist(), recv.tolist()
+            arrived = torch.empty(sum(outs), d)
+            dist.all_to_all_single(arrived, tokens[order].contiguous(), outs, ins, group=group)
+            done = torch.empty(tokens.shape[0], d)
+            dist.all_to_all_single(done, arrived @ expert, ins, outs, group=group)          # combine
+            combined = torch.empty_like(done)
+            combined[order] = done
+            combined.requires_grad_(True)
+            h = head.clone().requires_grad_(True)
+            loss = ((combined @ h - target) ** 2).mean()
+            loss.backward()
+            head_grad = h.grad.clone()
+            pending = dist.all_reduce(head_grad, async_op=True, group=group)                    # behind the expert's
+            back = torch.empty(sum(outs), d)
+            dist.all_to_all_single(back, combined.grad[order].contiguous(), outs, ins, group=group)
+            expert = expert - 0.1 * (arrived.T @ back)
+            pending.wait()
+            head = head - 0.1 * head_grad / n
+            losses.append(loss.item())
+        return losses, router, expert, head
+
+    mine, theirs = train(strict), train(stock_group())
+    rows = mt.served.counts()
+    try:                                                         # the group is strict: this would pass through
+        dist.all_reduce(_data(rank, 20, 16, "int32"), op=dist.ReduceOp.BAND, group=strict)
+        refused = "no error"
+    except mt.StrictModeError as exc:
+        refused = str(exc)
+    dist.destroy_process_group(strict)
+    return {"losses": mine[0], "equal": [torch.equal(a, b) for a, b in zip(mine[1:], theirs[1:])],
+            "losses equal": mine[0] == theirs[0], "rows": rows, "refused": refused}

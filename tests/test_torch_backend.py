@@ -154,6 +154,22 @@ def test_strict_mode_names_the_missing_plan_in_one_line_with_the_tune_command(po
         assert r["alltoallv 200"].endswith(" --inplace out")
 
 
+def test_a_held_out_training_probe_is_served_under_strict_mode_with_gloos_results(pool):
+    """Done-when of issue 42: uneven all_to_all_single, broadcast from the
+    last rank and async all_reduce in a small MoE training loop, every call
+    served under MSC_STRICT=1, losses and parameters bit-equal to gloo's."""
+    for rank, r in enumerate(pool.run(backendcases.training_probe_case)):
+        assert r["losses equal"] and r["equal"] == [True] * 3, (rank, r)
+        assert len(set(r["losses"])) == 3, r["losses"]                  # it trains: the loss changes
+        assert r["refused"].startswith("MSC_STRICT: allreduce of 64 int32 over 2 ranks would pass through"), r["refused"]
+        counted = {(row["collective"], row["outcome"]): 0 for row in r["rows"]}
+        for row in r["rows"]:
+            counted[(row["collective"], row["outcome"])] += row["calls"]
+        # per step: the counts' alltoall, dispatch, combine and the gradient's return (uneven), one allreduce
+        assert counted == {("broadcast", "served"): 1, ("alltoall", "served"): 3, ("alltoallv", "served"): 9,
+                           ("allreduce", "served"): 3}, r["rows"]
+
+
 def test_a_group_without_plans_is_refused_at_creation(monkeypatch):
     from msc.torch import process_group
 
