@@ -167,6 +167,22 @@ def test_a_crowded_step_is_summarized_in_the_algorithms_steps(tmp_path):
     assert fig.axes[1].get_xlabel().startswith("step of the algorithm")
     fig = draw_schedule(plan_of("alltoall/allpairs", 8), tmp_path / "a8.png")
     assert arrows(fig.axes[0]) == 56
+    assert "every pair coloured: 1 chunk" in draw_schedule(plan_of("alltoall/allpairs", 16),
+                                                           tmp_path / "b.png").axes[0].get_title()
+
+
+def test_messages_into_scratch_carry_the_chunk_they_were_sent_from(tmp_path):
+    """An in-place alltoall receives into scratch slots, whose numbers mean
+    nothing to the algorithm (they labelled rank 0's messages all 0): each
+    message now carries the input chunk it left, which for alltoall is its
+    receiver, so every label and colour of an arrow into rank d is d's."""
+    fig = draw_schedule(plan_of("alltoall/allpairs", 4, inplace=True), tmp_path / "a4.png")
+    [ax] = fig.axes
+    labels = [t for t in ax.texts if t.get_text()]
+    assert len(labels) == arrows(ax) == 12
+    heads = {tuple(p.get_facecolor()) for p in arrow_patches(ax)}
+    assert len(heads) == 4                                 # one colour per receiver, not per scratch slot
+    assert sorted(t.get_text() for t in labels) == sorted(str(d) for d in range(4) for _ in range(3))
 
 
 def test_timeline_has_a_lane_per_threadblock(tmp_path):

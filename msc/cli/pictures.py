@@ -245,15 +245,20 @@ class _Schedule:
                 keep.append(i)
         return np.array(keep, dtype=np.int64)
 
-    def chunk_of(self, g: int) -> tuple[int, str]:
+    def chunk_of(self, g: int, sent_by: int | None = None) -> tuple[int, str]:
         """The chunks a step writes (else reads first), in the algorithm's
         units (a plan of m instances splits chunk i into its chunks i*m ..
         i*m + m - 1), as the first index and a label: index, or first:end.
-        For a message, its receiving step's: where the data lands (an
-        out-of-place allgather sends input[0] from every rank into
-        output[rank])."""
+        For a message (g its receiving step, ``sent_by`` its sending step):
+        where the data lands (an out-of-place allgather sends input[0] from
+        every rank into output[rank]), unless that is scratch, whose slot
+        numbers mean nothing to the algorithm: then the chunk it was sent
+        from (an in-place alltoall's input[d], sent to rank d)."""
         step = self.steps[g]
         sl = step.dst if step.dst is not None else step.srcs[0] if step.srcs else None
+        if sent_by is not None and sl is not None and sl.buffer == "scratch":
+            sender = self.steps[sent_by]
+            sl = sender.srcs[0] if sender.srcs else sl
         if sl is None:
             return 0, ""
         lo, hi = sl.index // self.m, (sl.index + sl.count - 1) // self.m + 1
@@ -264,7 +269,9 @@ class _Schedule:
         chunk of by_chunk_of, its receiving step)."""
         if self.by_phase:
             return _qualitative(self.plt, int(self.phase[g]), len(self.phases))
-        return _qualitative(self.plt, self.chunk_of(g if by_chunk_of is None else by_chunk_of)[0], 20)
+        if by_chunk_of is None:
+            return _qualitative(self.plt, self.chunk_of(g)[0], 20)
+        return _qualitative(self.plt, self.chunk_of(by_chunk_of, sent_by=g)[0], 20)
 
     # -- layout ------------------------------------------------------------------
     def _groups(self):
@@ -442,7 +449,7 @@ class _Schedule:
         arrows.sort(key=lambda a: (abs(a[2][1] - a[1][1]), a[0]))
         for m, tail, head, _ in arrows:
             s, r = int(sp.msg_send[m]), int(sp.msg_recv[m])
-            text = self.chunk_of(r)[1]
+            text = self.chunk_of(r, sent_by=s)[1]
             if not text:
                 continue
             w = px * (0.6 * len(text) + 0.45)
@@ -544,7 +551,8 @@ def _draw_summary(plan, sp, level, path):
     im = a1.imshow(np.where(traffic > 0, traffic, np.nan), cmap="viridis", interpolation="nearest",
                    norm=_log_norm(traffic))
     a1.set_title("chunks sent, sender (row) to receiver (column)" + (f"; chunks of the algorithm ({m} instances)"
-                                                                        if m > 1 else ""), fontsize=10)
+                                                                        if m > 1 else "") + _every(traffic, "pair"),
+                 fontsize=10)
     a1.set_xlabel("receiver rank")
     a1.set_ylabel("sender rank")
     _log_colorbar(fig, im, a1)
@@ -558,7 +566,7 @@ def _draw_summary(plan, sp, level, path):
     a2.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     a2.yaxis.set_minor_locator(NullLocator())
     a2.yaxis.set_minor_formatter(NullFormatter())
-    a2.set_title("chunks sent per step, by distance to the receiver", fontsize=10)
+    a2.set_title("chunks sent per step, by distance to the receiver" + _every(by_dist, "cell"), fontsize=10)
     a2.set_xlabel("step of the algorithm (at most one message per connection)")
     if steps <= 24:
         a2.set_xticks(range(1, steps + 1))
@@ -570,6 +578,14 @@ def _draw_summary(plan, sp, level, path):
     fig.tight_layout()
     save_figure(plt, fig, path, dpi=110)
     return fig
+
+
+def _every(values: np.ndarray, what: str) -> str:
+    """"; every pair: 1 chunk" where the coloured cells are all one value (its colour alone says little)."""
+    pos = np.unique(values[values > 0])
+    if len(pos) != 1:
+        return ""
+    return f"; every {what} coloured: {pos[0]:g} chunk{'' if pos[0] == 1 else 's'}"
 
 
 def _log_norm(values: np.ndarray):
