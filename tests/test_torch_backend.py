@@ -170,6 +170,30 @@ def test_a_held_out_training_probe_is_served_under_strict_mode_with_gloos_result
                            ("allreduce", "served"): 3}, r["rows"]
 
 
+@needs_emu
+@pytest.mark.slow        # the emulated device builds three kernels where its cache is cold
+def test_the_training_probe_on_the_emulated_cuda_runtime(tmp_path):
+    """The same probe on the CUDA runtime as "auto" picks it on one GPU node
+    (MSC_DEVICE=emu makes CPU tensors the runtime's; LOCAL_WORLD_SIZE ==
+    WORLD_SIZE as torchrun sets them): the float32 calls, the uneven
+    alltoall's padded units included, through the kernel; the int64 split
+    counts, a dtype its kernels lack, on the torch executor. Exact against gloo."""
+    env = {"MSC_PLANS": str(write_plans(tmp_path / "plans")), "MSC_DEVICE": "emu", "LOCAL_WORLD_SIZE": "2",
+           "WORLD_SIZE": "2"}
+    pool = torchdist.Pool(2, timeout=300, backend="msc", env=env)
+    try:
+        results = pool.run(backendcases.training_probe_case)
+    finally:
+        pool.close()
+    for rank, r in enumerate(results):
+        assert r["losses equal"] and r["equal"] == [True] * 3, (rank, r)
+        engines = {(row["collective"], row["dtype"]): row["how"].split(" on ", 1)[1] for row in r["rows"]}
+        assert engines == {("broadcast", "float32"): "the CUDA runtime (emulated)",
+                           ("alltoall", "int64"): "the torch executor",
+                           ("alltoallv", "float32"): "the CUDA runtime (emulated)",
+                           ("allreduce", "float32"): "the CUDA runtime (emulated)"}, r["rows"]
+
+
 def test_a_group_without_plans_is_refused_at_creation(monkeypatch):
     from msc.torch import process_group
 
