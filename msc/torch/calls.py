@@ -25,7 +25,7 @@ import torch
 
 from msc.errors import UsageError
 from msc.ir import Plan
-from msc.torch import agree, backends
+from msc.torch import agree, backends, uneven
 from msc.torch.execute import DTYPES, DistTransport, Prepared, choose_transport, execute, op_name, prepare
 from msc.dsl.collectives import collective_key
 from msc.torch.registry import PlanRegistry
@@ -346,10 +346,24 @@ def all_to_all(plans, output, input, output_split_sizes=None, input_split_sizes=
     """As torch.distributed.all_to_all_single: equal splits when no split
     sizes are given (on every rank), else msc.torch.uneven's padded units."""
     if output_split_sizes or input_split_sizes:
-        from msc.torch import uneven
-
-        return uneven.all_to_all(plans, output, input, output_split_sizes, input_split_sizes, group=group, **kw)
+        return _all_to_all_uneven(plans, output, input, output_split_sizes, input_split_sizes, group, **kw)
     return _run(_picked(plans, "alltoall", group, input, output), input, output, group=group, **kw)
+
+
+def _all_to_all_uneven(plans, output, input, output_split_sizes, input_split_sizes, group, **kw) -> torch.Tensor:
+    """With split sizes: the plan ``plans`` offers for the padded size
+    (``pad`` rows per pair) runs on padded units (msc.torch.uneven). Every
+    rank must call it."""
+    rank, n = _group_info(group)
+    if not output.is_contiguous():
+        raise UsageError("all_to_all_single: the output must be contiguous (as torch.distributed requires)")
+    splits = uneven.exchange(group, rank, n, output, input, output_split_sizes, input_split_sizes)
+    if splits.pad == 0:
+        return output                            # every split is empty, on every rank
+    nbytes = splits.padded_numel() * input.element_size()
+    plan = lambda: pick_sized(plans, "alltoall", lambda: (n, nbytes, False))  # noqa: E731
+    return uneven.run_padded(splits, lambda send, recv: _run(plan, send, recv, group=group, what="alltoall with splits",
+                                                             **kw), output, input)
 
 
 def broadcast(plans, tensor, src: int = 0, group=None, **kw) -> torch.Tensor:

@@ -508,8 +508,10 @@ class MscProcessGroup(dist.ProcessGroup):
         def job():
             engine: list[str] = []
             with self.serving():
-                uneven.run_padded(splits, entry.plan, out, input, group=self, backend=self.settings.engine,
-                                  transport=self._transport(input.device), engine_used=engine)
+                uneven.run_padded(splits, lambda send, recv: calls._run(
+                    lambda: entry.plan, send, recv, group=self, backend=self.settings.engine,
+                    transport=self._transport(input.device), engine_used=engine, what="alltoall with splits"),
+                    out, input)
             if out is not output:
                 output.copy_(out)
             served.served(name, None, input.dtype, f"{_label(entry)} padded to the largest split",

@@ -188,37 +188,15 @@ def unpad(splits: Splits, units: torch.Tensor, output) -> None:
         at += take
 
 
-def run_padded(splits: Splits, plan, output, input, *, group=None, backend: str = "auto", transport: str = "auto",
-               engine_used: list | None = None) -> torch.Tensor:
-    """Move the call's pieces with ``plan`` (an alltoall Plan or Prepared,
-    or a function giving it) on padded units; ``output`` (contiguous) gets
-    every rank's piece in rank order."""
-    from msc.torch import calls
-
-    get = plan if callable(plan) else (lambda: plan)
+def run_padded(splits: Splits, run, output, input) -> torch.Tensor:
+    """Move the call's pieces on padded units: ``run(send, recv)`` runs the
+    alltoall plan from the padded input into the padded output (the
+    caller's engine: msc.torch.calls or the process group); ``output``
+    (contiguous) gets every rank's piece in rank order."""
     send, _ = padded(splits, input, splits.input_splits)
     recv_direct = all(x == splits.pad for x in splits.output_splits)
     recv = output.view(-1) if recv_direct else torch.empty_like(send)
-    calls._run(get, send, recv, group=group, backend=backend, transport=transport, engine_used=engine_used,
-               what="alltoall with splits")
+    run(send, recv)
     if not recv_direct:
         unpad(splits, recv, output)
     return output
-
-
-def all_to_all(plans, output, input, output_split_sizes=None, input_split_sizes=None, group=None,
-               **kw) -> torch.Tensor:
-    """As torch.distributed.all_to_all_single with uneven splits: the plan
-    ``plans`` offers for the padded size (``pad`` rows per pair) runs on
-    padded units (see the module doc). Every rank must call it."""
-    from msc.torch import calls
-
-    rank, n = calls._group_info(group)
-    if not output.is_contiguous():
-        raise UsageError("all_to_all_single: the output must be contiguous (as torch.distributed requires)")
-    splits = exchange(group, rank, n, output, input, output_split_sizes, input_split_sizes)
-    if splits.pad == 0:
-        return output                            # every split is empty, on every rank
-    nbytes = splits.padded_numel() * input.element_size()
-    return run_padded(splits, lambda: calls.pick_sized(plans, "alltoall", lambda: (n, nbytes, False)), output, input,
-                      group=group, **kw)
