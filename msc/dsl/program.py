@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any, Callable, Iterable
 
-from msc.dsl.collectives import Collective, Layout, get_collective
+from msc.dsl.collectives import Collective, CustomCollective, Layout, get_collective
 from msc.errors import AlgorithmError, MscError, OperationError, SourceLine, UsageError
 from msc.ir import Op, OpKind
 from msc.ir.limits import MAX_BUFFER_CHUNKS, MAX_CHUNK_MOVES, MAX_RANKS, MAX_TOTAL_CHUNKS
@@ -694,7 +694,10 @@ def trace(alg: Algorithm, num_ranks: int, *, inplace: bool | None = None, **para
     if alg.collective.has_root and (type(root) is not int or not 0 <= root < num_ranks):
         raise AlgorithmError(f"algorithm {alg.name!r}: root {root!r} is not a rank (0..{num_ranks - 1})")
     k = alg.chunks(num_ranks, **params)
-    layout = alg.collective.layout(num_ranks, k, alg.inplace if inplace is None else bool(inplace), root)
+    collective = alg.collective
+    if isinstance(collective, CustomCollective):      # its functions may ask for the algorithm's parameters
+        collective = collective.with_params(bound)
+    layout = collective.layout(num_ranks, k, alg.inplace if inplace is None else bool(inplace), root)
     program = Program(alg.name, layout, bound)
     call_params = {k: v for k, v in bound.items() if k in inspect.signature(alg.fn).parameters}
     try:

@@ -98,7 +98,8 @@ def lower(program, options: LowerOptions = LowerOptions(), *, collective=None, b
                   inplace=layout.inplace, input_chunks=layout.logical_sizes["input"] * options.instances,
                   output_chunks=layout.logical_sizes["output"] * options.instances, root=layout.root,
                   protocol=options.protocol, instances=options.instances, slots=1, tile=options.tile)
-    collective = collective or layout.collective
+    if collective is None or collective is getattr(layout.collective, "base", None):
+        collective = layout.collective             # (a definition given as is: the traced one has its parameters)
     if options.instances > 1 and isinstance(collective, CustomCollective):     # built-ins are stated for any k
         collective = replicated(collective, options.instances)
     target = get_runtime(options.runtime)
