@@ -301,9 +301,9 @@ def verified_with_fewest_slots(plan: Plan, collective) -> Plan | None:
     the plan once and finds that capacity without running it (exact: deadlock
     freedom depends on neither data nor order); where it cannot tell, each
     capacity is tried in turn from 1, as a deadlock shows early."""
-    check_races(plan, collective=collective)      # races do not depend on the capacity: once
     prepared = prepare(plan)
     slots = prepared.fewest_slots(MAX_SLOTS) or 1
+    check_races(plan, collective=collective, prepared=prepared)      # races do not depend on the capacity: once
     while slots <= MAX_SLOTS:
         candidate = replace(plan, slots=slots)
         try:
