@@ -8,11 +8,11 @@ import copy
 import functools
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+import clirun
 import msc
 from msc.errors import DeadlockError, ExecutionError, PlanError, RaceError, RuntimeLimitError, VerificationError
 from msc.formats.diff import diff_plans
@@ -263,9 +263,9 @@ def test_a_foreign_shape_verifies_but_is_not_read_as_an_msc_plan():
 
 
 # -- the command line ----------------------------------------------------------------------
+# in this process (tests/clirun.py); tests/test_cli_processes.py runs each command as a process
 def cli(*args, cwd) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "msc.cli", *map(str, args)], cwd=cwd, capture_output=True,
-                          text=True, timeout=120)
+    return clirun.msc(*args, cwd=cwd)
 
 
 def test_export_verify_diff_and_import_on_the_command_line(tmp_path):

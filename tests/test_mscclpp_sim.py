@@ -12,11 +12,11 @@ import dataclasses
 import functools
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+import clirun
 import msc
 from msc.errors import PlanError, UsageError
 from msc.formats.mscclpp.export import plan_to_mscclpp_json
@@ -219,8 +219,9 @@ def test_every_library_export_agrees_with_msc_simulation_of_its_plan(protocol):
 
 
 # -- the command line ----------------------------------------------------------------------------
+# in this process (tests/clirun.py); tests/test_cli_processes.py runs each command as a process
 def cli(*args, cwd) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "msc", *map(str, args)], cwd=cwd, capture_output=True, text=True)
+    return clirun.msc(*args, cwd=cwd)
 
 
 def test_simulate_says_which_model_ran(tmp_path):

@@ -12,6 +12,7 @@ from msc.sim.presets import nvswitch
 from msc.sim.topology import Uniform
 from msc.sim.tune import format_tune, index_entries, tune, variants, write_plans
 
+from patience import join
 from test_simulate import plan_of, run_cli
 
 
@@ -324,7 +325,7 @@ def test_tunes_writing_one_folder_at_once_keep_every_collective(tmp_path):
     for w in writers:
         w.start()
     for w in writers:
-        w.join(60)
+        join(w, 60)
     assert [w.exitcode for w in writers] == [0, 0, 0]
     listed = {e["file"] for e in json.loads((tmp_path / "plans.json").read_text())}
     assert listed == {p.name for p in tmp_path.glob("*.plan")} and len(listed) == 3

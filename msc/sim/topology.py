@@ -40,11 +40,14 @@ from msc.sim.protocols import (ALPHA_US_MAX, DEFAULT_PROTOCOLS, GB, GBPS_MAX, GB
 @dataclass(frozen=True)
 class Route:
     """The path of a transfer: total latency (s), the rate its unshared links
-    allow (bytes/s, inf if none limits it), and the shared links it crosses."""
+    allow (bytes/s, inf if none limits it), the shared links it crosses, and
+    the least time a message holds them (s; 0: none): a per-message cost,
+    such as the host proxy posting each network message (Nodes)."""
 
     alpha: float
     bandwidth: float
     resources: tuple[int, ...]
+    message: float = 0.0
 
 
 class Topology:
@@ -199,25 +202,31 @@ class Nodes(Topology):
     CPU (shared, PCIe). Across nodes it uses the sender's NIC out and the
     receiver's NIC in (shared, "net": the GPU's PCIe path to its NIC is
     taken as faster than the NIC); the fabric core is taken as non-blocking.
-    On more than one node no hop inside a node is faster than ``proxy_us``
-    (three times that with Simple): NCCL's network post overhead, which its
-    model puts on every intra-node step of a multi-node ring (tuning.cc)."""
+
+    A message across nodes holds both NICs for at least ``message_us``,
+    whatever its size: the host's network proxy posts each message, and
+    its receive, one after another (msc.sim.machines Machine.message_us,
+    from NCCL's network post overhead). So a rank's messages across nodes
+    pass one per that time at most, many small messages to many peers
+    queue, and a multi-node ring's every step waits for its network hop
+    (as NCCL's model has it, tuning.cc)."""
 
     def __init__(self, name, nodes, gpus_per_node, *, port_gbps, port_alpha_us, nic_gbps=None, nic_alpha_us=None,
-                 pcie_switches=1, uplink_gbps=None, uplink_alpha_us=0.0, port_kind="nvlink", proxy_us=0.0, **kw):
+                 pcie_switches=1, uplink_gbps=None, uplink_alpha_us=0.0, port_kind="nvlink", message_us=0.0, **kw):
         super().__init__(name, nodes * gpus_per_node, gpus_per_node=gpus_per_node, **kw)
-        self.nodes, self.proxy = nodes, proxy_us * US
+        self.nodes, self.proxy = nodes, message_us * US
         self.g, self.port, self.port_alpha = gpus_per_node, port_gbps * GB, port_alpha_us * US
         self.port_kind = _kind(port_kind)
         self.nic = (nic_gbps or 0) * GB
         self.nic_alpha = (nic_alpha_us or 0) * US
+        self.nic_message = self.proxy
         self.switches, self.uplink, self.uplink_alpha = pcie_switches, (uplink_gbps or 0) * GB, uplink_alpha_us * US
 
     def _route(self, src, dst):
         g = self.g
         if src // g != dst // g:
             return Route(self.nic_alpha, math.inf, (self._resource(f"nic{src}.out", self.nic),
-                                                    self._resource(f"nic{dst}.in", self.nic)))
+                                                    self._resource(f"nic{dst}.in", self.nic)), self.nic_message)
         res = [self._resource(f"gpu{src}.out", self.port)]
         alpha = self.port_alpha
         per = g // self.switches
@@ -237,8 +246,6 @@ class Nodes(Topology):
 
     def _scale(self, model, protocol):
         self.port_alpha, self.port = _scaled(model, self.port_kind, self.port_alpha, self.port)
-        if self.nodes > 1:          # the host's network proxy paces every hop of a multi-node schedule
-            self.port_alpha = max(self.port_alpha, self.proxy * (3 if protocol == "Simple" else 1))
         self.nic_alpha, self.nic = _scaled(model, "net", self.nic_alpha, self.nic)
         self.uplink_alpha, self.uplink = _scaled(model, "pcie", self.uplink_alpha, self.uplink)
 
