@@ -47,6 +47,7 @@ from msc.dsl.collectives import get_collective
 from msc.errors import ExecutionError, UsageError
 from msc.ir import Plan, step_values
 from msc.ir.ops import REDUCE_OP_NAMES, REDUCE_OPS, reduce_op
+from msc.units import buffer_elements, chunk_bounds
 from msc.verification.plan_values import check_plan
 from msc.ir.worklist import Connections, drive
 
@@ -58,19 +59,6 @@ DTYPES = frozenset(("float64", "float32", "float16", "bfloat16", "int32", "int64
 def supported(dtype: np.dtype) -> bool:
     return dtype.name in DTYPES and dtype.isnative
 OPS = REDUCE_OP_NAMES
-
-
-def chunk_bounds(index: int, count: int, k: int) -> tuple[int, int]:
-    """Element range [lo, hi) of chunk ``index`` of a user buffer."""
-    q = -(-count // k)
-    u, c = divmod(index, k)
-    base = u * count
-    return base + min(c * q, count), base + min((c + 1) * q, count)
-
-
-def buffer_elements(chunks: int, count: int, k: int) -> int:
-    """Elements of a user buffer of ``chunks`` chunks: the end of its last chunk."""
-    return chunk_bounds(chunks - 1, count, k)[1] if chunks else 0
 
 
 def divide_truncating(x: np.ndarray, d: int) -> np.ndarray:
