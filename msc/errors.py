@@ -147,6 +147,18 @@ class RuntimeLimitError(PlanError):
         super().__init__(message, **where)
 
 
+class FormatError(PlanError):
+    """A plan the format it is written to cannot express (MSCCL XML: switch
+    operations, a custom collective whose input and output differ in
+    chunks). ``detail`` is the message without the rank in front; ``kind``
+    names what cannot be said ("switch", "buffers"), so that a caller can
+    name the format that can (msc export --format mscclpp)."""
+
+    def __init__(self, message: str, *, kind: str, **where):
+        self.kind, self.detail = kind, message
+        super().__init__(message, **where)
+
+
 class DeadlockError(VerificationError):
     """The plan can stop with every unfinished threadblock waiting; ``cycle``
     lists the waits, each (rank, threadblock, step, what it waits on)."""

@@ -10,7 +10,9 @@ import pytest
 import msc
 from msc.lower.dag import allocate_scratch, replicate
 from msc.errors import MscError
-from msc.ir import OpKind, StepOp
+from msc.ir import Op, OpKind, StepOp
+from msc.ir.columns import OpColumns
+from msc.lower.bulk_trace import allocate_scratch_columns, replicate_columns
 from msc.lower.pipeline import LowerOptions, _pipeline_plans, lower
 from msc.formats.plan_text import dump_plan
 from msc.lower.bulk import bulk_plans, fits
@@ -154,3 +156,56 @@ def test_scratch_relays_compact_the_same(n, channels):
         assert plan.scratch_chunks == 3 * options.instances               # compacted from 8
         assert any(step.op is StepOp.RRS for _, _, _, step in plan.steps())
         assert dump_plan(plan) == dump_plan(lower(program, options, bulk=False)), options
+
+
+def _same_columns(a, b, what) -> None:
+    for name in ("count", "names"):
+        assert getattr(a, name) == getattr(b, name), f"{what}: {name}"
+    for name in ("srank", "sidx", "drank", "didx", "size", "sbuf", "dbuf", "kind", "reduce", "channel"):
+        assert (getattr(a, name) == getattr(b, name)).all(), f"{what}: {name}"
+    assert [a.lines[i] for i in a.line_id.tolist()] == [b.lines[i] for i in b.line_id.tolist()], f"{what}: lines"
+
+
+def test_a_traces_table_gives_the_ops_and_columns_of_its_op_tuples():
+    """A program records rows (msc.ir.trace); its Op tuples, its columns and
+    the Op tuples rebuilt from its columns (the rows dropped) must agree."""
+    checked = 0
+    for key, alg in algorithms().items():
+        for n in (3, 4, 8):
+            for inplace in (True, False):
+                try:
+                    program = msc.trace(alg, n, inplace=inplace)
+                except MscError:
+                    continue
+                ops = program.ops
+                assert isinstance(ops, tuple) and all(type(op) is Op for op in ops)
+                from_rows = program.columns()
+                _same_columns(from_rows, OpColumns(ops), f"{key} n={n}")
+                again = msc.trace(alg, n, inplace=inplace)
+                again.columns()                      # sealed: read once, the rows dropped
+                assert again.ops == ops and again.num_ops == len(ops) and again.chunk_ops() == program.chunk_ops()
+                checked += 1
+    assert checked > 120
+
+
+def test_replicate_and_allocate_scratch_in_bulk_are_the_op_passes():
+    """msc.lower.bulk_trace against msc.lower.dag's replicate and
+    allocate_scratch: the same columns and scratch, over the library."""
+    checked = Counter()
+    for key, alg in algorithms(switch=False).items():
+        for n in (3, 4, 8):
+            try:
+                program = msc.trace(alg, n)
+            except MscError:
+                continue
+            physical = set(program.layout.physical_sizes)
+            for k in (1, 2, 3):
+                ops, sizes = replicate(program.ops, k, program.scratch_sizes)
+                ops, scratch = allocate_scratch(ops, physical, sizes, n)
+                c, bulk_sizes = replicate_columns(program.columns(), k, program.scratch_sizes)
+                assert bulk_sizes == sizes, key
+                c, bulk_scratch = allocate_scratch_columns(c, physical, bulk_sizes, n)
+                assert bulk_scratch == scratch, f"{key} n={n} x{k}"
+                _same_columns(c, OpColumns(ops), f"{key} n={n} x{k}")
+                checked[bool(program.scratch_sizes)] += 1
+    assert checked[True] > 20 and checked[False] > 100, checked

@@ -324,3 +324,41 @@ def test_tests_of_optional_dependencies_skip_without_them(tmp_path):
     assert done.returncode == 0 and "passed" not in summary and "failed" not in summary, done.stdout[-3000:]
     for why in ("matplotlib", "torch", "C++20 compiler"):
         assert why in done.stdout, done.stdout[-3000:]
+
+
+# -- issue 42: an export the format cannot say names the route that works ----------------------
+PAIR_CAT = """
+    import msc
+
+    pair_cat = msc.CustomCollective("pair_cat", input_chunks=1, output_chunks=2,
+                                    postcondition=lambda r, i, n, k: [(r, 0)] if i == 0 else [((r + 1) % n, 0)])
+
+    @msc.algorithm(pair_cat, inplace=False)
+    def neighbours(p):
+        for r in range(p.num_ranks):
+            p.chunk(r, "input", 0).copy(r, "output", 0)
+            p.chunk((r + 1) % p.num_ranks, "input", 0).copy(r, "output", 1)
+"""
+
+
+def test_an_export_msccl_xml_cannot_say_names_the_mscclpp_export(tmp_path, capsys):
+    """A custom collective whose input and output differ in chunks, and an
+    NVLS plan: the reason in a user's words, and the MSCCL++ export, which
+    was tried, as the command to run; that command then works."""
+    path, _ = write(tmp_path, PAIR_CAT)
+    cases = {"custom": (path, "--ranks", 4), "nvls": ("allreduce/nvls", "--ranks", 8)}
+    says = {"custom": "MSCCL XML cannot describe this plan's buffers: it sizes the input and the output from one "
+                      "chunk count (nchunksperloop 2: input 2 and output 2 chunks per rank), and this plan's input "
+                      "has 1 and its output 2; export it as an MSCCL++ execution plan instead (MSCCL++ gives each "
+                      "buffer its own size; tried here",
+            "nvls": "barrier: the plan reduces or stores in the switch (NVLS: multimem loads and stores, with "
+                    "barriers between them), which the MSCCL runtimes cannot do: MSCCL-IR has no step type for it; "
+                    "export it as an MSCCL++ execution plan instead (MSCCL++ has switch channels"}
+    for name, compile_args in cases.items():
+        plan = tmp_path / f"{name}.plan"
+        assert run_main(capsys, "compile", *compile_args, "-o", plan)[0] == 0
+        err = refused(capsys, "export", plan, "-o", tmp_path / f"{name}.xml", says=says[name])
+        route = f"msc export {plan} --format mscclpp -o {tmp_path / name}.json"
+        assert err.rstrip().endswith(route), err
+        assert run_main(capsys, *route.split()[1:])[0] == 0
+        assert run_main(capsys, "verify", tmp_path / f"{name}.json")[0] == 0

@@ -272,3 +272,57 @@ def test_a_wrong_halo_with_instances_is_still_wrong():
     program = msc.trace(_halo(swap=True), 4)
     with pytest.raises(msc.VerificationError, match="rank 0 output\\[0\\]"):
         lower(program, LowerOptions(instances=2))
+
+
+NODE_SUM = """
+    import msc
+
+    # each rank ends with the sum of the inputs of its node's ranks: the node size is the algorithm's
+    node_sum = msc.CustomCollective(
+        "node_sum", input_chunks=1, output_chunks=1,
+        postcondition=lambda r, i, n, k, gpus_per_node: [(q, 0) for q in range(n) if q // gpus_per_node ==
+                                                         r // gpus_per_node])
+
+    @msc.algorithm(node_sum, inplace=False, ranks=lambda n, gpus_per_node: n % gpus_per_node == 0)
+    def within(p, gpus_per_node=2):
+        g = gpus_per_node
+        for r in range(p.num_ranks):
+            p.chunk(r, "input", 0).copy(r, "output", 0)
+            for q in range(r - r % g, r - r % g + g):
+                if q != r:
+                    p.chunk(r, "output", 0).reduce(p.chunk(q, "input", 0))
+"""
+
+
+def test_a_postcondition_takes_the_algorithms_parameters(tmp_path, capsys):
+    """A node size in the algorithm only: the postcondition reads it, at
+    the default and at --param values; the plan states the requirement it
+    was checked against, so msc run checks results without the definition."""
+    from msc.cli.main import main
+    from msc.errors import UsageError, VerificationError
+    from msc.lower.pipeline import LowerOptions, lower
+    from msc.verification.plan import verify_plan
+
+    path, _ = write(tmp_path, NODE_SUM)
+    [alg] = msc.load_algorithms(path)
+    assert alg.collective.param_names == ("gpus_per_node",)
+    plans = {}
+    for g in (1, 2, 4):
+        program = msc.trace(alg, 4, **({} if g == 2 else {"gpus_per_node": g}))     # 2: the default
+        checked(program)
+        plans[g] = lower(program, LowerOptions(instances=2))
+        assert {o for o, _ in plans[g].contract.post[3][0]} == set(range(4 - g, 4))
+    # the requirement depends on the value: nodes of 2 are not nodes of 4
+    single = lower(msc.trace(alg, 4), LowerOptions())
+    verify_plan(single, collective=alg.collective.with_params(gpus_per_node=2))
+    with pytest.raises(VerificationError, match="rank 0 output\\[0\\] holds the wrong contributions"):
+        verify_plan(single, collective=alg.collective.with_params(gpus_per_node=4))
+    with pytest.raises(UsageError, match="postcondition takes the algorithm parameter\\(s\\) gpus_per_node"):
+        alg.collective.postcondition(0, 0, 4, 1, 0)
+    with pytest.raises(UsageError, match="takes the parameter\\(s\\) gpus_per_node, which the algorithm does not"):
+        alg.collective.with_params(nodes=2)
+    plan = tmp_path / "ns.plan"
+    assert main(["compile", str(path), "--ranks", "8", "--param", "gpus_per_node=4", "-o", str(plan)]) == 0
+    assert main(["run", str(plan), "-b", "64", "-e", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "Out of bounds values : 0 OK" in out, out

@@ -295,3 +295,38 @@ def test_declines_what_it_cannot_judge():
     twice = replace(plan, ranks=(replace(rp, threadblocks=rp.threadblocks + (replace(tb, id=len(rp.threadblocks)),)),)
                     + plan.ranks[1:])
     assert not accepts(twice, layout, plan.slots)
+
+
+def python_race_check(plan) -> RaceError | None:
+    """The race check's happens-before walk alone (msc.verification.plan), without the fast path."""
+    run = _Execution(plan, layout_of(plan), plan.slots)
+    try:
+        if run.static_order():
+            run.check_races()
+    except RaceError as err:
+        return err
+    return None
+
+
+def test_race_free_vouches_only_for_plans_without_races():
+    """PlanReading.race_free against the happens-before walk: on library plans
+    of several threadblocks per rank (instances) it vouches for every one; on
+    their mutants (dropped dependencies, swapped steps, ...) a True must mean
+    the walk finds no race, and it must vouch for most race-free mutants."""
+    stats = Counter()
+    for key in MUTATED:
+        params = {"gpus_per_node": 2} if "hierarchical" in key else {}
+        for inplace in (False, True):
+            plan = lower(msc.trace(ALGORITHMS[key], 4, inplace=inplace, **params), LowerOptions(instances=2))
+            assert prepare(plan).race_free() and python_race_check(plan) is None, key
+            for kind in KINDS:
+                for what, mutant in mutants(plan, kind, random.Random(f"{key}:{inplace}:race:{kind}")):
+                    try:
+                        check_plan(mutant)
+                    except PlanError:
+                        continue
+                    fast, slow = prepare(mutant).race_free(), python_race_check(mutant)
+                    assert slow is None or not fast, f"{key} inplace={inplace}: vouched for a race ({kind}: {what})"
+                    stats[("racy" if slow else "race-free", "vouched" if fast else "declined")] += 1
+    assert stats[("racy", "declined")] >= 20, stats
+    assert stats[("race-free", "vouched")] >= 10 * stats[("race-free", "declined")], stats

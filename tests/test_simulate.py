@@ -282,6 +282,42 @@ def test_simulate_command(tmp_path, capsys):
     assert rc == 2 and "--topology" in err
 
 
+def test_simulate_prices_uneven_alltoall_as_padded_units(tmp_path, capsys):
+    """--splits: the plan's time at the padded size (msc.torch's way), beside
+    the even call's; skewed routing pads by about n times the hot rank's
+    share, uniform by its sampling noise; on textbook links a large call's
+    time grows by the padding."""
+    from msc.formats.plan_text import save_plan
+    from msc.sim.uneven import SplitStats, token_matrix, uneven_records
+
+    plan = plan_of("alltoall/allpairs", 8)
+    sim = Simulator(plan, Uniform(8, A_US, B_GBPS))
+    for text, lo, hi in (("uniform", 1.0, 1.2), ("skewed", 2.5, 3.5), ("skewed:0.5", 1.5, 2.3)):
+        stats = SplitStats.parse(text)
+        m = token_matrix(stats, 8, 4096)
+        assert (m.sum(axis=1) == 4096).all()
+        [rec] = uneven_records(sim, [64 << 20], stats)
+        assert rec["pad"] == m.max() * 8 / 4096 and lo < rec["pad"] < hi, (text, rec["pad"])
+        assert rec["time"] == sim.records([round((64 << 20) * rec["pad"])])[0]["time"]
+        assert rec["even_time"] == sim.records([64 << 20])[0]["time"]
+        assert rec["vs_even"] == pytest.approx(rec["pad"], rel=0.03)           # bandwidth-bound: the padding
+        assert 1 <= rec["busiest"] <= rec["pad"]
+    path = save_plan(plan, tmp_path / "a2a.plan")
+    rc, out, err = run_cli(["simulate", path, "-t", "nvswitch", "-b", "1M", "-e", "1M", "--splits", "skewed:1.5",
+                            "--tokens", "512", "--json"], capsys)
+    assert rc == 0, err
+    [rec] = json.loads(out)
+    assert (rec["splits"], rec["tokens"], rec["size"]) == ("skewed:1.5", 512, 1 << 20)
+    rc, out, err = run_cli(["simulate", path, "-t", "nvswitch", "-b", "1M", "-e", "1M", "--splits", "skewed"], capsys)
+    assert rc == 0 and "alltoall with uneven splits, 8 ranks, 4096 tokens per rank" in out and "vs even" in out, out
+    ring = save_plan(plan_of("allreduce/ring", 8), tmp_path / "ring.plan")
+    for plan_file, args, says in ((ring, ["--splits", "skewed"], "'ring' is a plan of allreduce"),
+                                  (path, ["--tokens", "5"], "--tokens goes with --splits"),
+                                  (path, ["--splits", "zipf"], "expected uniform, skewed or skewed:Z")):
+        rc, out, err = run_cli(["simulate", plan_file, "-t", "nvswitch", *args], capsys)
+        assert rc == 2 and says in err, err
+
+
 def test_custom_collective(tmp_path):
     # a pipeline hand-off (not an nccl-tests collective): busbw = algbw, one hop of S per stage
     path = tmp_path / "pipe.py"

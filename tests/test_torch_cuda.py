@@ -186,6 +186,20 @@ def test_collectives_on_the_runtime_match_the_torch_executor(pool2):
 
 
 @needs_emu
+@pytest.mark.slow        # 15 CPU-s, most of it the kernel's first build (the default run: the torch engine's)
+def test_uneven_alltoall_on_the_emulated_runtime_matches_gloo(pool2):
+    """all_to_all_single with split sizes on the CUDA runtime's kernel (the
+    even alltoall plan on padded units, its count given at launch): gloo's
+    results bit for bit."""
+    cases = [("skewed", "float32"), ("equal", "float32"), ("empty", "float32")]     # one kernel: one dtype
+    for r in pool2.run(torchdist.uneven_cases, "cuda", cases):
+        wrong = [k for k, v in r.items() if v is False]
+        assert not wrong, wrong
+        assert "do not pair up" in r["mismatch"] and r["untouched"]
+        assert r["runtime plans"] == [("allpairs", "emu")]
+
+
+@needs_emu
 def test_cuda_refuses_what_it_cannot_run_and_auto_picks(pool2):
     messages = pool2.run(torchdist.cuda_error_cases)
     assert messages[0] == messages[1]

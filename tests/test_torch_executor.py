@@ -262,6 +262,24 @@ def test_misuse_raises_typed_errors_on_every_rank(pools):
     assert "msc CUDA runtime" in text
 
 
+def test_one_rooted_plan_serves_every_root(pools):
+    """broadcast(src=r) and reduce(dst=r) for every r from a root-0 plan
+    (its ranks rotated, verified per root), as torch.distributed computes."""
+    assert pools(3).run(torchdist.any_root_cases) == [[0, 1, 2, 0, 1, 2]] * 3
+
+
+def test_uneven_alltoall_runs_the_plan_on_padded_units(pools):
+    """all_to_all_single with split sizes (MoE's dispatch): gloo's results
+    bit for bit on 3 ranks, with or without the agreement; splits that do
+    not pair up are refused on every rank, naming the pair."""
+    for r in pools(3).run(torchdist.uneven_cases):
+        wrong = [k for k, v in r.items() if v is False]
+        assert not wrong, wrong
+        assert r["mismatch"].startswith("all_to_all_single: the ranks' split sizes do not pair up: rank 0 sends 2 "
+                                        "rows to rank 0, which expects 3"), r["mismatch"]
+        assert r["untouched"]
+
+
 def test_registry_picks_by_size_in_a_run(pools):
     names = pools(2).run(torchdist.registry_cases)
     assert names[0] == names[1] == ["ring", "ring", "allpairs", "allpairs"]

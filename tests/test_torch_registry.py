@@ -131,12 +131,56 @@ def test_the_other_form_serves_unless_exact():
     assert reg.gaps("allreduce", 2, inplace=None) == []
 
 
-def test_rooted_collectives_match_the_root():
-    reg = PlanRegistry.from_plans([plan("broadcast", "chain", 3, root=0), plan("broadcast", "chain", 3, root=2)])
-    assert reg.select("broadcast", 3, 64, root=2).root == 2
-    assert reg.select("broadcast", 3, 64, root=0).root == 0
+def test_rooted_collectives_match_the_root_else_turn_another_roots_plan():
+    """A plan of the call's root serves it; for another root the lowest
+    root's plan is renamed (ranks rotated) and verified, once per root."""
+    root0, root2 = plan("broadcast", "chain", 3, root=0), plan("broadcast", "chain", 3, root=2)
+    reg = PlanRegistry.from_plans([root0, root2])
+    assert reg.select("broadcast", 3, 64, root=2) is root2
+    assert reg.select("broadcast", 3, 64, root=0) is root0
+    turned = reg.entry("broadcast", 3, 64, root=1)
+    assert turned.root == turned.plan.root == 1 and turned.base.plan is root0
+    assert turned.source == "<plan chain> (root 0 relabelled to 1)"
+    assert reg.entry("broadcast", 3, 64, root=1) is turned                 # made and verified once
+    assert [tb.send for tb in turned.plan.ranks[1].threadblocks if tb.send is not None] == \
+        [(tb.send + 1) % 3 for tb in root0.ranks[0].threadblocks if tb.send is not None]
     with pytest.raises(NoPlanError, match="broadcast 3 ranks in place root 1"):
-        reg.select("broadcast", 3, 64, root=1)
+        reg.select("broadcast", 3, 64, root=1, exact=True)
+
+
+@pytest.mark.parametrize("collective,name,n", [("broadcast", "chain", 4), ("broadcast", "binomial_tree", 5),
+                                               ("reduce", "ring", 4), ("reduce", "tree", 3)])
+def test_a_rooted_plan_renamed_for_every_root_verifies(collective, name, n):
+    from msc.executor import run_collective
+    from msc.lower.relabel import for_root
+    from msc.verification.plan import verify_plan
+    import numpy as np
+
+    base = plan(collective, name, n, inplace=False)
+    rng = np.random.default_rng(5)
+    inputs = [rng.integers(1, 100, 3).astype(np.int64) for _ in range(n)]          # one unit of 3 elements
+    for root in range(n):
+        turned = for_root(base, root)
+        verify_plan(turned)
+        out = run_collective(turned, inputs, "sum", count=3)
+        want = inputs[root] if collective == "broadcast" else sum(inputs)
+        assert np.array_equal(out[root], want), root
+
+
+def test_a_wrong_renaming_is_caught_by_the_verifier():
+    """The verifier is the proof: ranks renamed but the root left where it
+    was is a plan that delivers the wrong rank's data."""
+    from dataclasses import replace
+
+    from msc.errors import VerificationError
+    from msc.lower.relabel import relabel
+    from msc.verification.plan import verify_plan
+
+    base = plan("broadcast", "chain", 3)
+    with pytest.raises(VerificationError, match="rank 0"):
+        verify_plan(replace(relabel(base, [1, 2, 0]), root=0))
+    with pytest.raises(UsageError, match="each of 0..2 once"):
+        relabel(base, [0, 0, 1])
 
 
 def test_empty_directory_says_how_to_make_plans(tmp_path):
@@ -258,3 +302,30 @@ def test_a_plans_folder_others_can_write_is_warned_of_even_through_a_link(tmp_pa
     registry._warned.clear()
     with pytest.warns(PlanFolderWarning, match="allreduce-ring-n4.plan, which is writable by others \\(mode 666\\)"):
         PlanRegistry.from_dir(shared)
+
+
+def test_the_tune_command_a_miss_names_makes_the_missing_plans(tmp_path, capsys):
+    """What strict mode tells a user to run (``tune_command``) is run here as
+    told, in this process: afterwards the folder serves the call (any size,
+    any root) and keeps the entries it had."""
+    import shlex
+
+    from msc.cli.main import main
+
+    save_plan(plan("allreduce", "ring", 2), tmp_path / "allreduce-ring-n2.plan")
+    (tmp_path / "plans.json").write_text(json.dumps([{"file": "allreduce-ring-n2.plan", "max_bytes": "4K"}]))
+    reg = PlanRegistry.from_dir(tmp_path)
+    with pytest.raises(NoPlanError):
+        reg.entry("broadcast", 2, 1 << 20, root=1)
+    command = reg.tune_command("broadcast", 2)
+    assert command == (f"msc tune broadcast/binomial_tree broadcast/chain broadcast/nccl_rings --ranks 2 -t ring:2 "
+                       f"-o {tmp_path}")
+    words = shlex.split(command)
+    assert main(words[1:]) == 0
+    capsys.readouterr()
+    after = PlanRegistry.from_dir(tmp_path)
+    for nbytes in (8, 1 << 20, 1 << 30):
+        assert after.entry("broadcast", 2, nbytes, root=1).plan.root == 1
+    assert after.entry("allreduce", 2, 100).plan.name == "ring"
+    assert after.tuned_on == {2: "ring:2"}
+    assert reg.tune_command("reducescatter", 4, inplace=False).endswith(f"--ranks 4 -t ring:4 -o {tmp_path} --inplace out")

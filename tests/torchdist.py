@@ -399,6 +399,93 @@ def error_cases(rank: int, n: int) -> list[str]:
     return out
 
 
+def any_root_cases(rank: int, n: int) -> list[str]:
+    """msc.torch's broadcast and reduce with one plan of root 0 (a Plan, and
+    a registry) at every root: torch.distributed's results (bit for bit at
+    these sizes: a sum of n int32), each root's plan verified once."""
+    import torch
+    import torch.distributed as dist
+
+    import msc.torch as mt
+    from msc.torch import calls
+
+    seen = []
+    for key, call in (("broadcast/chain:chain", "broadcast"), ("reduce/ring:ring", "reduce")):
+        plan = library_plan(key, n, True)
+        registry = mt.PlanRegistry.from_plans([plan])
+        for root in range(n):
+            for plans in (plan, registry):
+                x = torch.randint(1, 1000, (301,), generator=torch.Generator().manual_seed(10 * root + rank),
+                                  dtype=torch.int32)
+                mine, theirs = x.clone(), x.clone()
+                if call == "broadcast":
+                    mt.broadcast(plans, mine, src=root)
+                    dist.broadcast(theirs, src=root)
+                else:
+                    mt.reduce(plans, mine, dst=root)
+                    dist.reduce(theirs, dst=root)
+                assert rank != root and call == "reduce" or torch.equal(mine, theirs), (key, root, rank)
+            seen.append(calls.for_root(plan, root).root)
+    return seen
+
+
+# rows rank s sends rank d in an all_to_all_single with splits: MoE-like skew with empty pieces, a rank
+# that sends nothing, equal splits given as sizes, and nothing at all
+SPLITS = {"skewed": lambda s, d: (s * 7 + d * 13) % 11, "silent rank 0": lambda s, d: 0 if s == 0 else 3 + s + d,
+          "equal": lambda s, d: 4, "empty": lambda s, d: 0}
+
+
+def uneven_cases(rank: int, n: int, backend: str = "torch", cases=None) -> dict:
+    """msc.torch.all_to_all with split sizes (msc.torch.uneven) against
+    torch.distributed's all_to_all_single on gloo, bit for bit, for each of
+    ``cases`` (SPLITS name, dtype name; default: every SPLITS in int32 and
+    float32), rows of 3 elements; once more with the agreement off (the
+    splits through an all_gather); then splits that do not pair up: a
+    SplitMismatchError on every rank, nothing written."""
+    import torch
+    import torch.distributed as dist
+
+    import msc.torch as mt
+    from msc.torch import uneven
+
+    if backend == "cuda":
+        os.environ["MSC_DEVICE"] = "emu"
+    plans = mt.PlanRegistry.from_plans([library_plan("alltoall/allpairs:allpairs", n, False)])
+    out = {}
+    for name, dtype in cases or [(name, dtype) for name in SPLITS for dtype in ("int32", "float32")]:
+        rows, dtype = SPLITS[name], getattr(torch, dtype)
+        ins, outs = [rows(rank, d) for d in range(n)], [rows(s, rank) for s in range(n)]
+        x = torch.randint(1, 1 << 20, (sum(ins), 3), generator=torch.Generator().manual_seed(rank)).to(dtype)
+        mine, theirs = torch.full((sum(outs), 3), 7, dtype=dtype), torch.zeros(sum(outs), 3, dtype=dtype)
+        mt.all_to_all(plans, mine, x, outs, ins, backend=backend)
+        dist.all_to_all_single(theirs, x, outs, ins)
+        out[f"{name} {dtype}"] = torch.equal(mine, theirs)
+    os.environ["MSC_TORCH_AGREE"] = "0"
+    try:
+        rows = SPLITS["skewed"]
+        ins, outs = [rows(rank, d) for d in range(n)], [rows(s, rank) for s in range(n)]
+        x = torch.arange(sum(ins), dtype=torch.float32) + 1000 * rank
+        mine, theirs = torch.zeros(sum(outs)), torch.zeros(sum(outs))
+        mt.all_to_all(plans, mine, x, outs, ins, backend=backend)
+        dist.all_to_all_single(theirs, x, outs, ins)
+        out["agreement off"] = torch.equal(mine, theirs)
+    finally:
+        del os.environ["MSC_TORCH_AGREE"]
+    ins = [2] * n
+    outs = [2] * n if rank else [3] + [2] * (n - 1)               # rank 0 expects 3 rows from rank 0
+    x, y = torch.ones(sum(ins)), torch.full((sum(outs),), 5.0)
+    try:
+        mt.all_to_all(plans, y, x, outs, ins, backend=backend)
+        out["mismatch"] = "no error"
+    except uneven.SplitMismatchError as exc:
+        out["mismatch"] = str(exc)
+    out["untouched"] = bool((y == 5).all())
+    from msc.torch import backends
+
+    out["runtime plans"] = sorted({(c.plan.name, c.backend.name) for c in backends.communicators()})
+    return out
+
+
 def registry_cases(rank: int, n: int) -> list[str]:
     """Calls pick plans by size: ring below 4 KiB, allpairs above."""
     import torch

@@ -337,7 +337,7 @@ def load_plan_arg(path: str, verify: bool = True, *, slots: int | None = None, r
 
 
 def cmd_export(args) -> int:
-    from msc.errors import RuntimeLimitError
+    from msc.errors import FormatError, RuntimeLimitError
     from msc.files import same_file, write_output
     from msc.formats.xml_export import plan_to_xml
 
@@ -348,6 +348,9 @@ def cmd_export(args) -> int:
         return export_mscclpp(args, plan)
     try:
         text = plan_to_xml(plan, runtime=args.runtime, min_bytes=args.min_bytes, max_bytes=args.max_bytes)
+    except FormatError as exc:             # name the format that can say it, where it does
+        raise FormatError(f"{exc.detail}; {mscclpp_route(args, plan, exc.kind)}", kind=exc.kind, rank=exc.rank,
+                          tb=exc.tb, step=exc.step) from None
     except RuntimeLimitError as exc:       # say how to get a plan that fits
         raise RuntimeLimitError(exc.limit, exc.value, exc.maximum, f"{exc.detail}; a plan lowered for it fits "
                                 f"(msc compile ALGORITHM --runtime {args.runtime}) or is refused naming the limit",
@@ -358,6 +361,29 @@ def cmd_export(args) -> int:
     else:
         sys.stdout.write(text)
     return 0
+
+
+_MSCCLPP_CAN = {"switch": "MSCCL++ has switch channels, which do what NVLS does",
+                "buffers": "MSCCL++ gives each buffer its own size"}
+
+
+def mscclpp_route(args, plan, kind: str) -> str:
+    """What to run instead of an MSCCL XML export the format cannot say:
+    the MSCCL++ export, tried here (named only where it works)."""
+    from pathlib import Path
+
+    from msc.formats.mscclpp.export import plan_to_mscclpp_json
+    from msc.formats.mscclpp.limits import check_limits
+    from msc.formats.mscclpp.reader import parse_mscclpp
+
+    try:
+        check_limits(parse_mscclpp(plan_to_mscclpp_json(plan)))
+    except MscError as exc:
+        return f"an MSCCL++ execution plan (--format mscclpp) cannot hold it either: {exc}"
+    out = Path(args.output).with_suffix(".json") if args.output else Path(args.plan).with_suffix(".json").name
+    why = _MSCCLPP_CAN.get(kind, "MSCCL++ can")
+    return (f"export it as an MSCCL++ execution plan instead ({why}; tried here: it exports and fits the MSCCL++ "
+            f"executor): msc export {args.plan} --format mscclpp -o {out}")
 
 
 def export_mscclpp(args, plan) -> int:

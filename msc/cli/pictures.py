@@ -1,10 +1,12 @@
 """Pictures: busbw against size, a plan's schedule, a simulated timeline.
 
 matplotlib is imported here only (the Agg backend: files, no display), so
-the rest of msc never needs it. Large plans are summarized rather than
-drawn step by step: above SHOW_RANKS ranks the schedule becomes a traffic
-matrix and per-rank activity, above SHOW_LANES threadblocks the timeline
-becomes per-rank busy time.
+the rest of msc never needs it. A schedule is drawn in the algorithm's
+steps (``program_steps``) and chunks (a plan of m instances drawn as one).
+Large plans are summarized rather than drawn message by message: above
+SHOW_RANKS ranks or SHOW_MESSAGES messages in one step the schedule becomes
+a traffic matrix and the distances messages travel per step, above
+SHOW_LANES threadblocks the timeline becomes per-rank busy time.
 """
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ import numpy as np
 from msc.errors import UsageError
 from msc.ir import StepOp
 
-SHOW_RANKS = 16        # draw every message up to this many ranks
+SHOW_RANKS = 16        # draw every message up to this many ranks,
+SHOW_MESSAGES = 64     # and this many messages in one step (a 16-rank alltoall's 240: a summary)
 SHOW_LANES = 64        # draw every threadblock's steps up to this many threadblocks
 OP_COLORS = {op.value: op.color for op in StepOp}       # from the step ops' registry
 
@@ -104,19 +107,64 @@ def plot_busbw(series: list[tuple[str, list[dict]]], path: str, *, title: str = 
 
 
 # -- the schedule -------------------------------------------------------------
-def _logical_levels(sp, slots):
-    """Each step's logical round: its level in the one-iteration DAG."""
-    from msc.sim.fast import layers
+def program_steps(sp) -> np.ndarray:
+    """Each step's column in the algorithm's own steps: rounds in which every
+    connection carries at most one message and a message sent in round k
+    arrives at its end. A send runs at the start of the first round after
+    what it waits for (a receive, or an earlier send of its threadblock: one
+    message per connection per round); a receive at the end of its message's
+    round; local copies and reductions when their inputs are there (free).
+    Column k is the boundary before round k: a message of round k goes from
+    column k to k + 1, so a 3-step recursive doubling spans columns 0-3 and
+    a ring allgather of n ranks n - 1 rounds. Slots are left out (a picture
+    of the logic, not of the timing: ``msc show --topology`` draws that)."""
+    from msc.ir.arrays import ranges
+    from msc.ir.levels import levels as topological_levels
 
-    lay = layers(sp, slots)
-    level = np.empty(sp.num_steps, dtype=np.int64)
-    for L in range(len(lay.node_ptr) - 1):
-        level[lay.nodes[lay.node_ptr[L]:lay.node_ptr[L + 1]]] = L
-    return level
+    G = sp.num_steps
+    starts, ends = sp.tb_start[:-1], sp.tb_start[1:]
+    first = np.zeros(G, dtype=bool)
+    first[starts[ends > starts]] = True
+    prog = np.flatnonzero(~first)
+    sends = sp.sends.astype(bool)
+    recvs = sp.recvs.astype(bool)
+    # (src, dst, kind): 0 waits for src's result, 1 a message, 2 the next send on src's connection
+    order_kind = np.where(sends[prog] & sends[prog - 1], 2, 0)
+    src = np.concatenate([prog - 1, sp.dep_src, sp.msg_send]).astype(np.int64)
+    dst = np.concatenate([prog, sp.dep_dst, sp.msg_recv]).astype(np.int64)
+    kind = np.concatenate([order_kind, np.zeros(len(sp.dep_src), np.int64), np.ones(len(sp.msg_send), np.int64)])
+    level = topological_levels(G, src, dst)
+    if level is None:
+        raise UsageError("the plan's steps wait in a cycle: it cannot be drawn (msc verify says where)")
+    by_dst = np.argsort(dst, kind="stable")
+    indeg = np.bincount(dst, minlength=G)
+    ptr = np.concatenate([[0], np.cumsum(indeg)])
+    nodes = np.argsort(level, kind="stable")
+    bounds = np.searchsorted(level[nodes], np.arange(int(level.max(initial=-1)) + 2))
+    # half-rounds: a send at 2k (round k starts), a receive at 2k + 1 (round k ends)
+    t = np.zeros(G, dtype=np.int64)
+    for L in range(len(bounds) - 1):
+        here = nodes[bounds[L]:bounds[L + 1]]
+        edges = by_dst[ranges(ptr[here], indeg[here])]
+        if len(edges):
+            at = t[src[edges]]
+            sent = at + (at & 1)                          # when the source step's send goes out
+            d = dst[edges]                                # after a send on the same connection: the next round's
+            val = np.where(kind[edges] == 0, at, sent + np.where(kind[edges] == 1, 1, 2 - recvs[d]))
+            np.maximum.at(t, d, val)
+        rx, tx = here[recvs[here]], here[sends[here] & ~recvs[here]]
+        t[rx] += 1 - (t[rx] & 1)                          # a receive ends a round
+        t[tx] += t[tx] & 1                                # a send starts one
+    return (t + 1) // 2
+
+
+def _instances_of(plan) -> int:
+    """Interleaved copies of the algorithm in the plan (chunk i of copy j is chunk i * m + j)."""
+    return max(1, int(getattr(plan, "instances", 1) or 1))
 
 
 def draw_schedule(plan, path: str):
-    """Ranks as lanes, logical rounds left to right, messages as arrows.
+    """Ranks as lanes, the algorithm's steps left to right (program_steps), messages as arrows.
 
     Made for multi-phase schedules. A phase is the source line that made a
     message (a hierarchical allreduce's reduce-scatter, ring and allgather
@@ -124,17 +172,19 @@ def draw_schedule(plan, path: str):
     phase (the legend names file:line and, where the file can be read, its
     code); phases that run at the same time (pipelined trees) get a panel
     each, arrows coloured by chunk; a plan from one line is coloured by
-    chunk. Every arrow spans one round: a message received later waits,
-    dotted, in the receiver's lane. The steps a rank runs in one round are
-    fanned out across its lane (sorted by peer rank, so arrows cross
-    little), busy rounds are wider, and each arrow carries the chunk(s) it
-    moves where a label fits. Local reductions and copies are markers.
+    chunk. Every arrow spans one step: a message received later waits,
+    dotted, in the receiver's lane. The plan steps a rank runs at one step
+    boundary are fanned out across its lane (sorted by peer rank, so arrows
+    cross little), busy steps are wider, and each arrow carries the chunk(s)
+    it moves where a label fits. Local reductions and copies are markers.
+    Above SHOW_RANKS ranks or SHOW_MESSAGES messages in a step: a summary.
     Returns the (closed) figure."""
     from msc.sim.sim_plan import compile_plan
 
     sp = compile_plan(plan)
-    level = _logical_levels(sp, plan.slots)
-    if plan.num_ranks > SHOW_RANKS:
+    level = program_steps(sp)
+    busiest = np.bincount(level[sp.msg_send]).max(initial=0) if len(sp.msg_send) else 0
+    if plan.num_ranks > SHOW_RANKS or busiest > SHOW_MESSAGES:
         return _draw_summary(plan, sp, level, path)
     return _Schedule(_plt(), plan, sp, level).draw(path)
 
@@ -142,7 +192,7 @@ def draw_schedule(plan, path: str):
 class _Schedule:
     """draw_schedule's pieces: phases, positions, arrows, labels, legends."""
 
-    ROUND_IN = 0.62          # inches per (quiet) logical round
+    ROUND_IN = 0.62          # inches per (quiet) step
     LABEL_PT = 6.5           # chunk label font size
     MAX_FACETS = 6           # more phases than this at once: one panel, coloured by phase
 
@@ -150,9 +200,12 @@ class _Schedule:
         self.plt, self.plan, self.sp, self.level = plt, plan, sp, level
         self.steps = [s for rp in plan.ranks for tb in rp.threadblocks for s in tb.steps]   # global id order
         self.rank = sp.tb_rank[sp.step_tb]
+        self.m = _instances_of(plan)
         ops = list(StepOp)
         self.nop = sp.code == ops.index(StepOp.NOP)
-        self.local = np.flatnonzero(~sp.sends & ~sp.recvs & ~self.nop)
+        self.local = self._once(np.flatnonzero(~sp.sends & ~sp.recvs & ~self.nop))
+        # a plan of m instances moves each of the algorithm's chunks as m messages: drawn once
+        self.shown = self._once(np.arange(len(sp.msg_send)), messages=True)
         self.reduce_code, self.copy_code = ops.index(StepOp.REDUCE), ops.index(StepOp.COPY)
         self.nlev = int(level.max()) + 1 if len(level) else 1
         # a message's phase is its sending step's line (a fused receive-and-send step keeps the send's line)
@@ -166,40 +219,65 @@ class _Schedule:
         index = {k: i for i, k in enumerate(self.phases)}
         self.phase = np.array([index.get(s.where, 0) for s in self.steps], dtype=np.int64)
         sent_at: dict[int, set] = {}
-        for g in sp.msg_send.tolist():
+        for g in sp.msg_send[self.shown].tolist():
             sent_at.setdefault(int(level[g]), set()).add(int(self.phase[g]))
         mixed = sum(len(v) > 1 for v in sent_at.values())
         sending = len(set().union(*sent_at.values()))   # lines that send (others only copy or reduce locally)
         self.facets = 1 < sending <= self.MAX_FACETS and mixed >= 2
         self.by_phase = sending > 1 and not self.facets
         # busy rounds are wider: x of each round, from the messages sent in the round before
-        sent = np.bincount(level[sp.msg_send], minlength=self.nlev).astype(float)
+        sent = np.bincount(level[sp.msg_send[self.shown]], minlength=self.nlev).astype(float)
         widths = np.clip(np.sqrt(sent / max(plan.num_ranks, 1)), 1.0, 2.6)
         self.x = np.concatenate([[0.0], np.cumsum(widths[:-1])])
 
-    def chunk_of(self, g: int) -> tuple[int, str]:
-        """The chunks a step writes (else reads first), as the first index
-        and a label: index, or first:end. For a message, its receiving
-        step's: where the data lands (an out-of-place allgather sends
-        input[0] from every rank into output[rank])."""
+    def _once(self, items: np.ndarray, messages: bool = False) -> np.ndarray:
+        """``items`` (steps, or messages) less the copies of the plan's other
+        instances: one per rank(s), column, op and chunks in the algorithm's units."""
+        if self.m == 1:
+            return items
+        sp, seen, keep = self.sp, set(), []
+        for i in items.tolist():
+            g = int(sp.msg_recv[i]) if messages else i
+            head = (int(self.rank[sp.msg_send[i]]), int(self.level[sp.msg_send[i]])) if messages else ()
+            key = (*head, int(self.rank[g]), int(self.level[g]), int(sp.code[g]), self.chunk_of(g)[1])
+            if key not in seen:
+                seen.add(key)
+                keep.append(i)
+        return np.array(keep, dtype=np.int64)
+
+    def chunk_of(self, g: int, sent_by: int | None = None) -> tuple[int, str]:
+        """The chunks a step writes (else reads first), in the algorithm's
+        units (a plan of m instances splits chunk i into its chunks i*m ..
+        i*m + m - 1), as the first index and a label: index, or first:end.
+        For a message (g its receiving step, ``sent_by`` its sending step):
+        where the data lands (an out-of-place allgather sends input[0] from
+        every rank into output[rank]), unless that is scratch, whose slot
+        numbers mean nothing to the algorithm: then the chunk it was sent
+        from (an in-place alltoall's input[d], sent to rank d)."""
         step = self.steps[g]
         sl = step.dst if step.dst is not None else step.srcs[0] if step.srcs else None
+        if sent_by is not None and sl is not None and sl.buffer == "scratch":
+            sender = self.steps[sent_by]
+            sl = sender.srcs[0] if sender.srcs else sl
         if sl is None:
             return 0, ""
-        return sl.index, (str(sl.index) if sl.count == 1 else f"{sl.index}:{sl.index + sl.count}")
+        lo, hi = sl.index // self.m, (sl.index + sl.count - 1) // self.m + 1
+        return lo, (str(lo) if hi == lo + 1 else f"{lo}:{hi}")
 
     def colour(self, g: int, by_chunk_of: int | None = None):
         """Step g's colour (a message's: its sending step's phase, or the
         chunk of by_chunk_of, its receiving step)."""
         if self.by_phase:
             return _qualitative(self.plt, int(self.phase[g]), len(self.phases))
-        return _qualitative(self.plt, self.chunk_of(g if by_chunk_of is None else by_chunk_of)[0], 20)
+        if by_chunk_of is None:
+            return _qualitative(self.plt, self.chunk_of(g)[0], 20)
+        return _qualitative(self.plt, self.chunk_of(by_chunk_of, sent_by=g)[0], 20)
 
     # -- layout ------------------------------------------------------------------
     def _groups(self):
         """(title, messages, local steps) per panel."""
         sp = self.sp
-        msgs = np.arange(len(sp.msg_send))
+        msgs = self.shown
         if not self.facets:
             return [(None, msgs, self.local)]
         mp, lp = self.phase[sp.msg_send], self.phase[self.local]
@@ -261,13 +339,15 @@ class _Schedule:
             self._arrows(ax, msgs, pos)
             self._markers(ax, msgs, local, pos)
             self._labels(fig, ax, msgs, pos)
-        fig.text(0.5, 1 - 0.16 / height, f"{plan.name}: {plan.collective}, {n} ranks, {plan.num_steps()} steps, "
-                 f"{len(self.sp.msg_send)} messages", ha="center", va="top", fontsize=11)
+        copies = f", {self.m} instances drawn as one" if self.m > 1 else ""
+        fig.text(0.5, 1 - 0.16 / height, f"{plan.name}: {plan.collective}, {n} ranks, {self.nlev - 1} step{'s' if self.nlev != 2 else ''}, "
+                 f"{len(self.sp.msg_send)} messages{copies}", ha="center", va="top", fontsize=11)
         how = ("colour: the source line that sent it (phase)" if self.by_phase else
                "a panel per source line (the phases overlap), colour: chunk" if self.facets else
                "colour: chunk")
         bars = "; bars: switch ops over their group's lanes" if self.plan.first_switch_step() is not None else ""
-        fig.text(0.5, 1 - 0.43 / height, f"arrows: messages, {how}; numbers: chunks sent; dotted: waits for "
+        units = " (the algorithm's)" if self.m > 1 else ""
+        fig.text(0.5, 1 - 0.43 / height, f"arrows: messages, {how}; numbers: chunks sent{units}; dotted: waits for "
                  f"its receiver{bars}", ha="center", va="top", fontsize=8.5, color="0.3")
         self._legend(fig)
         save_figure(plt, fig, path, dpi=110)
@@ -281,12 +361,15 @@ class _Schedule:
         ax.set_yticklabels([f"rank {r}" for r in range(n)], fontsize=9)
         ax.set_ylim(n - 0.5, -0.5)
         ax.set_xlim(-0.6, self.x[-1] + 0.6)
-        ax.set_xticks(self.x)
-        ax.set_xticklabels([str(L) for L in range(self.nlev)])
-        ax.tick_params(axis="x", labelsize=8, labelbottom=last)
-        ax.grid(True, axis="x", alpha=0.3)
+        ax.set_xticks(self.x)                         # the boundaries between steps: grid lines
+        ax.set_xticklabels([])
+        ax.set_xticks((self.x[:-1] + self.x[1:]) / 2, minor=True)
+        ax.set_xticklabels([str(k + 1) for k in range(self.nlev - 1)], minor=True)
+        ax.tick_params(axis="x", which="minor", length=0, labelsize=8, labelbottom=last)
+        ax.grid(True, axis="x", which="major", alpha=0.3)
         if last:
-            ax.set_xlabel("logical round (a step runs once everything it waits for has run)", fontsize=9)
+            ax.set_xlabel("step of the algorithm (at most one message per connection; a message arrives at the "
+                          "end of its step)", fontsize=9)
 
     def _ends(self, m, pos):
         """A message's arrow: from its sender to its arrival point, and the receive step."""
@@ -366,7 +449,7 @@ class _Schedule:
         arrows.sort(key=lambda a: (abs(a[2][1] - a[1][1]), a[0]))
         for m, tail, head, _ in arrows:
             s, r = int(sp.msg_send[m]), int(sp.msg_recv[m])
-            text = self.chunk_of(r)[1]
+            text = self.chunk_of(r, sent_by=s)[1]
             if not text:
                 continue
             w = px * (0.6 * len(text) + 0.45)
@@ -443,30 +526,37 @@ def _phase_label(where, width: int = 64) -> str:
 
 
 def _draw_summary(plan, sp, level, path):
-    """Many ranks: chunks sent between each pair of ranks, and per logical
-    round the distances (receiver - sender mod n) messages travel: a ring
-    is a line at distance 1, halving-doubling a staircase of powers of two."""
+    """Many ranks, or many messages in a step: chunks (the algorithm's) sent
+    between each pair of ranks, and per step of the algorithm the distances
+    (receiver - sender mod n) messages travel: a ring is a line at distance
+    1, halving-doubling a staircase of powers of two, an all-pairs alltoall
+    one column of every distance."""
     plt = _plt()
     n = plan.num_ranks
+    m = _instances_of(plan)
     rank = sp.tb_rank[sp.step_tb]
     s, r = sp.msg_send, sp.msg_recv
     traffic = np.zeros((n, n))
-    np.add.at(traffic, (rank[s], rank[r]), sp.count[s])
-    nlev = int(level.max()) + 1
-    bins = min(nlev, 400)
+    np.add.at(traffic, (rank[s], rank[r]), sp.count[s] / m)
+    steps = int(level[s].max()) + 1 if len(s) else 1     # a message of step k leaves at column k
+    bins = min(steps, 400)
     dist = (rank[r] - rank[s]) % n
     by_dist = np.zeros((n, bins))
-    np.add.at(by_dist, (dist, level[s] * bins // nlev), sp.count[s])
+    np.add.at(by_dist, (dist, level[s] * bins // steps), sp.count[s] / m)
+    busiest = int(np.bincount(level[s]).max()) if len(s) else 0
+    why = f"more than {SHOW_RANKS} ranks" if n > SHOW_RANKS else f"{busiest} messages in one step"
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(15, 6.5), gridspec_kw={"width_ratios": [1, 1.5]})
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator
 
     im = a1.imshow(np.where(traffic > 0, traffic, np.nan), cmap="viridis", interpolation="nearest",
                    norm=_log_norm(traffic))
-    a1.set_title("chunks sent, sender (row) to receiver (column)")
+    a1.set_title("chunks sent, sender (row) to receiver (column)" + (f"; chunks of the algorithm ({m} instances)"
+                                                                        if m > 1 else "") + _every(traffic, "pair"),
+                 fontsize=10)
     a1.set_xlabel("receiver rank")
     a1.set_ylabel("sender rank")
     _log_colorbar(fig, im, a1)
-    x = np.linspace(0, nlev, bins + 1)
+    x = np.linspace(0.5, steps + 0.5, bins + 1)   # step k (from 1) centred on k
     y = np.arange(1, n + 1) - 0.5                 # distances 1 .. n-1
     im = a2.pcolormesh(x, y, np.where(by_dist[1:] > 0, by_dist[1:], np.nan), cmap="viridis", shading="flat",
                        norm=_log_norm(by_dist[1:]))
@@ -476,15 +566,26 @@ def _draw_summary(plan, sp, level, path):
     a2.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     a2.yaxis.set_minor_locator(NullLocator())
     a2.yaxis.set_minor_formatter(NullFormatter())
-    a2.set_title("chunks sent per logical round, by distance to the receiver")
-    a2.set_xlabel("logical round")
+    a2.set_title("chunks sent per step, by distance to the receiver" + _every(by_dist, "cell"), fontsize=10)
+    a2.set_xlabel("step of the algorithm (at most one message per connection)")
+    if steps <= 24:
+        a2.set_xticks(range(1, steps + 1))
     a2.set_ylabel("(receiver - sender) mod ranks")
     _log_colorbar(fig, im, a2)
-    fig.suptitle(f"{plan.name}: {plan.collective}, {n} ranks, {plan.num_steps()} steps, {len(s)} messages "
-                 f"(summary: more than {SHOW_RANKS} ranks)")
+    fig.suptitle(f"{plan.name}: {plan.collective}, {n} ranks, {steps} step{'s' if steps != 1 else ''}, {len(s)} "
+                 f"messages (summary: {why}; every message drawn up to {SHOW_RANKS} ranks and {SHOW_MESSAGES} "
+                 f"messages a step)")
     fig.tight_layout()
     save_figure(plt, fig, path, dpi=110)
     return fig
+
+
+def _every(values: np.ndarray, what: str) -> str:
+    """"; every pair: 1 chunk" where the coloured cells are all one value (its colour alone says little)."""
+    pos = np.unique(values[values > 0])
+    if len(pos) != 1:
+        return ""
+    return f"; every {what} coloured: {pos[0]:g} chunk{'' if pos[0] == 1 else 's'}"
 
 
 def _log_norm(values: np.ndarray):

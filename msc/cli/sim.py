@@ -67,6 +67,12 @@ def add_simulate_command(subparsers, load_plan: Callable) -> argparse.ArgumentPa
                    help="MSCCL++ plans (.json): auto: an export of msc's is lifted back to its msc plan and "
                         "simulated as that, any other plan runs in the one-sided model (msc.sim.onesided); lifted: "
                         "lift (plans in the shape msc's export writes); onesided: the one-sided model for every plan")
+    p.add_argument("--splits", metavar="STATS",
+                   help="alltoall plans: price an all_to_all_single with uneven splits as msc.torch runs it (padded "
+                        "to the largest piece) against the even call: uniform or skewed[:Z] (MoE routing, Zipf "
+                        "exponent Z; msc.sim.uneven)")
+    p.add_argument("--tokens", type=int, metavar="T",
+                   help="with --splits: tokens each rank routes per call (default 4096)")
     p.add_argument("--json", action="store_true", help="print the records as a JSON list")
     p.add_argument("--plot", metavar="FILE.png", help="draw busbw against size, a line per plan")
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show Python tracebacks")
@@ -109,6 +115,10 @@ def _check_simulate_args(args) -> None:
             raise UsageError("--nccl needs --topology (dgx-h100[:NODES], dgx-a100[:NODES], nvswitch, ib:NODES)")
     elif args.nccl_algo or args.nccl_proto:
         raise UsageError("--nccl-algo and --nccl-proto go with --nccl")
+    if args.splits is None and args.tokens is not None:
+        raise UsageError("--tokens goes with --splits")
+    if args.splits is not None and (args.nccl or args.model != "auto"):
+        raise UsageError("--splits prices msc plans of alltoall (not --nccl, not --model)")
 
 
 def _simulate_plans(args, requested, load_plan):
@@ -135,8 +145,14 @@ def _simulate_plans(args, requested, load_plan):
             continue
         plan = load_plan(path, **capacity_args(args), **collective_kw(args))
         topo = topology_from_args(args, plan.num_ranks)
-        records = Simulator(plan, topo, tile=args.tile, slots=simulated_slots(plan, path, args),
-                            dtype=args.dtype).records(requested, engine=args.engine)
+        sim = Simulator(plan, topo, tile=args.tile, slots=simulated_slots(plan, path, args), dtype=args.dtype)
+        if args.splits is not None:
+            records = _simulate_uneven(args, path, plan, sim, topo, requested)
+            everything += records
+            series.append((f"{plan.name} ({plan.protocol}, x{plan.instances}), {records[0]['splits']} splits",
+                           records))
+            continue
+        records = sim.records(requested, engine=args.engine)
         add_bound(records, plan.collective, plan.root, topo)     # bound_time, bound_pct (switch plans too)
         if mscclpp:
             for r in records:
@@ -152,6 +168,22 @@ def _simulate_plans(args, requested, load_plan):
                                      + f"on {topo.summary()} (predicted: nothing run)")
                   + ("\n" + BOUND_NOTE if columns else ""))
     return everything, series, topo
+
+
+def _simulate_uneven(args, path: str, plan, sim, topo, requested) -> list[dict]:
+    """``--splits``: the plan priced on padded units against the even call (msc.sim.uneven)."""
+    from msc.sim.uneven import COLUMNS, DEFAULT_TOKENS, NOTE, SplitStats, uneven_records
+    from msc.units import format_table
+
+    stats = SplitStats.parse(args.splits)
+    tokens = DEFAULT_TOKENS if args.tokens is None else args.tokens
+    records = uneven_records(sim, requested, stats, tokens, engine=args.engine)
+    if not args.json:
+        print(format_table(records, columns=COLUMNS,
+                           title=f"msc simulate {path} --splits {stats.label()}: alltoall with uneven splits, "
+                                 f"{plan.num_ranks} ranks, {tokens} tokens per rank, {plan.protocol}, x{plan.instances}, "
+                                 f"on {topo.summary()} (predicted: nothing run)") + "\n" + NOTE)
+    return records
 
 
 NCCL_NOTE = ("# NCCL's algorithm, protocol and channels per size by its tuning model (NCCL 2.30.7), run as "

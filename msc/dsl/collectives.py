@@ -273,6 +273,23 @@ class SendRecv(_Cached):
         return self._expect(src, lambda: (src,))
 
 
+def _extra_params(fn, fixed: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(names, required names) of ``fn``'s parameters after its first
+    ``fixed`` positional ones: the algorithm parameters it asks for."""
+    import inspect
+
+    if not callable(fn):
+        return (), ()
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return (), ()
+    if any(p.kind is p.VAR_POSITIONAL for p in params[:fixed + 1]):
+        return (), ()
+    rest = [p for p in params[fixed:] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    return tuple(p.name for p in rest), tuple(p.name for p in rest if p.default is p.empty)
+
+
 class CustomCollective(Collective):
     """A collective stated by the user.
 
@@ -282,6 +299,11 @@ class CustomCollective(Collective):
     twice means it must be reduced in twice), or None for "anything".
     ``precondition(rank, index, n, k)``: the label input chunk ``index`` of
     ``rank`` starts with, or None for "starts empty"; default ``(rank, index)``.
+
+    Each of these functions may also name parameters of the algorithm it
+    is traced with after those (``postcondition(rank, index, n, k,
+    gpus_per_node)``): ``msc.trace`` gives them the algorithm's values
+    (``with_params``), so a node size need not be written in twice.
 
     Example, each rank sends its input to the next rank (pipeline parallelism)::
 
@@ -300,11 +322,60 @@ class CustomCollective(Collective):
         precondition: Callable[[int, int, int, int], Label | None] | None = None,
     ):
         self.name = name
-        self._input = input_chunks
-        self._output = output_chunks
-        self._post = postcondition
-        self._pre = precondition
+        self._given = {"input_chunks": input_chunks, "output_chunks": output_chunks,
+                       "postcondition": postcondition, "precondition": precondition}
+        self.base: CustomCollective | None = None          # the definition this one binds parameters of
+        self._input = self._unbound("input_chunks", 2)
+        self._output = self._unbound("output_chunks", 2)
+        self._post = self._unbound("postcondition", 4)
+        self._pre = self._unbound("precondition", 4)
         self._cache: dict[tuple, Expected] = {}
+
+    _FIXED = {"input_chunks": 2, "output_chunks": 2, "postcondition": 4, "precondition": 4}
+
+    @property
+    def param_names(self) -> tuple[str, ...]:
+        """The algorithm parameters its functions ask for."""
+        return tuple(sorted({name for what, fn in self._given.items()
+                             for name in _extra_params(fn, self._FIXED[what])[0]}))
+
+    def _unbound(self, what: str, fixed: int):
+        """The function as given, or, where it requires algorithm parameters,
+        one that says they were not bound (asked outside ``msc.trace``)."""
+        fn = self._given[what]
+        required = _extra_params(fn, fixed)[1]
+        if not required:
+            return fn
+
+        def unbound(*args):
+            raise UsageError(f"collective {self.name!r}: {what} takes the algorithm parameter(s) "
+                             f"{', '.join(required)}, which only an algorithm gives: trace it (msc.trace, msc "
+                             f"compile), or bind them with {self.name}.with_params({required[0]}=...); a plan "
+                             f"compiled from it states its requirements itself")
+        return unbound
+
+    def with_params(self, params: dict | None = None, **more) -> CustomCollective:
+        """This collective with the algorithm parameters its functions ask
+        for fixed to ``params`` (those they do not give keep their defaults);
+        itself when none asks for any. Missing required ones are refused by
+        name."""
+        params = {**(params or {}), **more}
+        asked = {what: _extra_params(fn, self._FIXED[what]) for what, fn in self._given.items()}
+        if not any(names for names, _ in asked.values()):
+            return self
+        bound = {}
+        for what, fn in self._given.items():
+            names, required = asked[what]
+            missing = [x for x in required if x not in params]
+            if missing:
+                known = ", ".join(sorted(params)) or "none"
+                raise UsageError(f"collective {self.name!r}: {what} takes the parameter(s) {', '.join(missing)}, which "
+                                 f"the algorithm does not have (its parameters: {known})")
+            given = {x: params[x] for x in names if x in params}
+            bound[what] = (lambda fn=fn, given=given: lambda *args: fn(*args, **given))() if names else fn
+        copy = CustomCollective(self.name, **bound)
+        copy.base = self
+        return copy
 
     @staticmethod
     def _size(spec, n, k) -> int:

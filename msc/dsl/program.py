@@ -17,35 +17,37 @@ from __future__ import annotations
 import inspect
 import itertools
 from dataclasses import dataclass
-from operator import attrgetter
 from typing import Any, Callable, Iterable
 
-from msc.dsl.collectives import Collective, Layout, get_collective
+from msc.dsl.collectives import Collective, CustomCollective, Layout, get_collective
 from msc.errors import AlgorithmError, MscError, OperationError, SourceLine, UsageError
 from msc.ir import Op, OpKind
+from msc.ir.trace import OpTable, table_of
 from msc.ir.limits import MAX_BUFFER_CHUNKS, MAX_CHUNK_MOVES, MAX_RANKS, MAX_TOTAL_CHUNKS
 from msc.perf import pause_gc
 from msc.dsl.source_lines import (_LIBRARY_DIR, _PACKAGE_DIR, _display_path, _integer, _internal,  # noqa: F401
                                    _lines, _not_int, user_line)
 
-_new_op = tuple.__new__        # an Op without its Python-level __new__: tracing builds millions
 
 
 class Program:
     """The program being traced: ranks, buffers and the operations so far.
 
     ``num_ranks``, ``chunk_factor``, ``root`` and ``params`` describe the
-    instance; ``ops`` is the trace (a tuple once tracing has finished).
+    instance; ``ops`` is the trace as Op tuples (a tuple once tracing has
+    finished), built on first use from the table tracing records
+    (msc.ir.trace), which the bulk passes read as columns (``columns()``).
     """
 
     def __init__(self, name: str, layout: Layout, params: dict[str, Any] | None = None):
         self.name = name
         self.layout = layout
         self.params = dict(params or {})
-        self.ops: list[Op] | tuple[Op, ...] = []
+        self._table = OpTable()
+        self._rows = self._table.rows     # appended to by every copy and reduce
+        self._sealed_ops: tuple[Op, ...] | None = None
         self.scratch_sizes: dict[tuple[int, str], int] = {}
         self._sealed = False
-        self._columns = None              # (ops, OpColumns): the sealed ops as arrays, read once
         self._physical = layout.physical_sizes
         self._logical = layout.logical_sizes
         self._alias = layout.alias_table
@@ -84,25 +86,46 @@ class Program:
         """Chunks in logical ``buffer`` (None for a scratch buffer: it grows)."""
         return self.layout.logical_sizes.get(buffer)
 
+    @property
+    def ops(self) -> list[Op] | tuple[Op, ...]:
+        """The operations so far (a list while tracing; the caller must not
+        change it), a tuple once tracing has finished."""
+        if self._sealed:
+            if self._sealed_ops is None:
+                self._sealed_ops = tuple(self._table.ops())
+            return self._sealed_ops
+        return self._table.ops()
+
+    @ops.setter
+    def ops(self, ops) -> None:
+        self._table = table_of(ops)
+        self._rows = self._table.rows
+        self._sealed_ops = None
+        self.has_switch = any(op.group for op in ops)
+
+    @property
+    def num_ops(self) -> int:
+        """len(ops), without building the Op tuples."""
+        return len(self._table)
+
     def chunk_ops(self) -> int:
-        return sum(map(attrgetter("size"), self.ops))      # in C: millions of ops at scale
+        return self._table.chunk_ops()
 
     def columns(self):
         """The operations as numpy columns (msc.ir.columns.OpColumns), for the
         bulk passes; a sealed program reads them once for the verifier and
-        lowering both."""
+        lowering both (and keeps only them: its table's rows are dropped)."""
         from msc.ir.columns import OpColumns      # numpy: only where a pass runs in bulk
 
-        if self._columns is not None and self._columns[0] is self.ops:
-            return self._columns[1]
-        columns = OpColumns(self.ops)
         if self._sealed:
-            self._columns = (self.ops, columns)
-        return columns
+            columns = self._table.columns()
+            self._rows = self._table.rows             # (the rows read are dropped)
+            return columns
+        return OpColumns.from_rows(self._rows, self._table.extra)
 
     def __repr__(self) -> str:
         return (f"Program({self.name!r}, {self.collective}, ranks={self.num_ranks}, "
-                f"chunk_factor={self.chunk_factor}, inplace={self.inplace}, ops={len(self.ops)})")
+                f"chunk_factor={self.chunk_factor}, inplace={self.inplace}, ops={self.num_ops})")
 
     # -- the DSL ----------------------------------------------------------
     def chunk(self, rank: int, buffer: str, index: int, size: int = 1) -> Ref:
@@ -182,8 +205,10 @@ class Program:
         else:
             self._account(kind.value, size, dst, dbuf, di + size)
         self._renamed.append((sbuf != src.buffer) | (dbuf != dst.buffer) << 1)
-        self.ops.append(_new_op(Op, (kind, src.rank, sbuf, si, dst.rank, dbuf, di, size,
-                                     channel, sendtb, recvtb, user_line(3), ())))
+        rows = self._rows
+        rows.append((kind, src.rank, sbuf, si, dst.rank, dbuf, di, size, user_line(3)))
+        if channel is not None or sendtb is not None or recvtb is not None:
+            self._table.extra[len(rows) - 1] = (channel, sendtb, recvtb, ())
 
     def switch(self, ranks: Iterable[int] | None = None, *, channel: int | None = None):
         """The ranks ``ranks`` (default: all) as one switch domain: NVLS
@@ -219,8 +244,9 @@ class Program:
         self._account(what, size * len(members), Ref(self, rank, dbuf, di, size), dst[0], dst[1] + size)
         self.has_switch = True
         self._renamed.append(0)
-        self.ops.append(Op(kind, rank, src[0], src[1], rank, dst[0], dst[1], size, group.channel, None, None,
+        self._table.add(Op(kind, rank, src[0], src[1], rank, dst[0], dst[1], size, group.channel, None, None,
                            user_line(3), members))
+        self._rows = self._table.rows
 
     def _switch_side(self, kind: OpKind, rank: int, buffer: str, index: int, ranks, how: str) -> tuple[str, int]:
         """(physical buffer, index) of ``buffer[index]`` on each of ``ranks``:
@@ -261,7 +287,6 @@ class Program:
         self.scratch_sizes[key] = size
 
     def seal(self) -> None:
-        self.ops = tuple(self.ops)
         self._sealed = True
 
     def describe_op(self, index: int) -> str:
@@ -281,7 +306,7 @@ class Program:
         """A sealed copy of this program with other operations (for tests and tools)."""
         other = Program(self.name, self.layout, self.params)
         other.ops = tuple(ops)
-        other.has_switch = any(op.group for op in other.ops)
+        other.has_switch = any(op.group for op in ops)
         for op in other.ops:
             if op.dst_buffer not in self.layout.physical_sizes:
                 key = (op.dst_rank, op.dst_buffer)
@@ -694,7 +719,10 @@ def trace(alg: Algorithm, num_ranks: int, *, inplace: bool | None = None, **para
     if alg.collective.has_root and (type(root) is not int or not 0 <= root < num_ranks):
         raise AlgorithmError(f"algorithm {alg.name!r}: root {root!r} is not a rank (0..{num_ranks - 1})")
     k = alg.chunks(num_ranks, **params)
-    layout = alg.collective.layout(num_ranks, k, alg.inplace if inplace is None else bool(inplace), root)
+    collective = alg.collective
+    if isinstance(collective, CustomCollective):      # its functions may ask for the algorithm's parameters
+        collective = collective.with_params(bound)
+    layout = collective.layout(num_ranks, k, alg.inplace if inplace is None else bool(inplace), root)
     program = Program(alg.name, layout, bound)
     call_params = {k: v for k, v in bound.items() if k in inspect.signature(alg.fn).parameters}
     try:

@@ -34,6 +34,11 @@ entry that gives neither ``min_bytes`` nor ``max_bytes``).
 Entries for the same (collective, ranks, form, root) must not overlap:
 two plans for one call is an error when the registry is built, not a
 silent pick.
+
+Roots. A plan of a rooted collective (broadcast, reduce) serves every
+root: where no entry has the call's root, one with another root (the
+lowest) is turned to it by renaming its ranks (msc.lower.relabel.for_root)
+and verified the first time that root is asked for (``RootedEntry``).
 """
 from __future__ import annotations
 
@@ -147,6 +152,22 @@ class PlanEntry:
                 f"from {self.source}")
 
 
+class RootedEntry(PlanEntry):
+    """``base``'s plan turned to serve ``root`` (msc.lower.relabel.for_root),
+    verified when it is made: the first time a call asks for that root."""
+
+    def __init__(self, base: PlanEntry, root: int):
+        from msc.lower.relabel import for_root
+        from msc.verification.plan import verify_plan
+
+        turned = for_root(base.plan, root)
+        verify_plan(turned)
+        super().__init__(collective=base.collective, num_ranks=base.num_ranks, inplace=base.inplace, root=root,
+                         min_bytes=base.min_bytes, max_bytes=base.max_bytes,
+                         source=f"{base.source} (root {base.root} relabelled to {root})", plan=turned)
+        self.base = base
+
+
 def _describe_key(key) -> str:
     collective, n, inplace, root = key
     text = f"{collective} {n} ranks {'in place' if inplace else 'out of place'}"
@@ -212,6 +233,9 @@ class PlanRegistry:
         self._entries: list[PlanEntry] = []
         self.index: Path | None = None                # the plans.json it was read from, if any
         self.unlisted: tuple[str, ...] = ()           # plan files beside that index it has no entry for
+        self._rooted: dict[tuple[int, int], RootedEntry] = {}    # (id(entry), root) -> that entry turned
+        self.folder: Path | None = None               # the directory it was read from, if any
+        self.tuned_on: dict[int, str] = {}             # rank count -> the topology msc tune wrote entries for
         for entry in entries:
             self._insert(entry)
 
@@ -229,12 +253,14 @@ class PlanRegistry:
             listed = {Path(e.source.split(":", 1)[1]).name for e in reg._entries if e.source and ":" in e.source}
             reg.unlisted = tuple(sorted(p.name for p in path.iterdir() if p.suffix.lower() in (".plan", ".xml")
                                         and p.is_file() and p.name not in listed))
-            return reg
-        files = sorted(p for p in path.iterdir() if p.suffix.lower() in (".plan", ".xml") and p.is_file())
-        if not files:
-            raise UsageError(f"{path} holds no plans (no {INDEX}, no *.plan or *.xml files); write them with "
-                             f"`msc compile ALGORITHM --ranks N -o {path}/NAME.plan`")
-        return cls.from_files(files, verify=verify)
+        else:
+            files = sorted(p for p in path.iterdir() if p.suffix.lower() in (".plan", ".xml") and p.is_file())
+            if not files:
+                raise UsageError(f"{path} holds no plans (no {INDEX}, no *.plan or *.xml files); write them with "
+                                 f"`msc compile ALGORITHM --ranks N -o {path}/NAME.plan`")
+            reg = cls.from_files(files, verify=verify)
+        reg.folder = path
+        return reg
 
     @classmethod
     def from_files(cls, paths, *, verify: bool = True) -> PlanRegistry:
@@ -252,8 +278,13 @@ class PlanRegistry:
 
     @classmethod
     def from_index(cls, path, *, verify: bool = True) -> PlanRegistry:
-        reg = cls(_read_index(Path(path), verify))
+        data, entries = read_index(Path(path), verify)
+        reg = cls(entries)
         reg.index = Path(path)
+        items = data.get("plans") if isinstance(data, dict) else data
+        for item in items:
+            if isinstance(item.get("_topology"), str) and type(item.get("ranks")) is int:
+                reg.tuned_on.setdefault(item["ranks"], item["_topology"])
         return reg
 
     @classmethod
@@ -299,7 +330,9 @@ class PlanRegistry:
     def entry(self, collective: str, num_ranks: int, nbytes: int, inplace: bool = True, root: int = 0, *,
               exact: bool = False) -> PlanEntry:
         """The entry for a call: same form first, then (unless ``exact``)
-        the other form, which run_plan adapts with one copy."""
+        the other form, which run_plan adapts with one copy; for a rooted
+        collective with no entry of the call's root, (unless ``exact``) an
+        entry of another root turned to it (``RootedEntry``)."""
         coll = collective_key(collective)
         root = root if coll in ROOTED else 0
         forms = (inplace,) if exact else (inplace, not inplace)
@@ -307,6 +340,13 @@ class PlanRegistry:
             for e in self._entries:
                 if e.key == (coll, num_ranks, form, root) and e.covers(nbytes):
                     return e
+        if coll in ROOTED and not exact:
+            for form in forms:
+                others = [e for e in self._entries if e.key[:3] == (coll, num_ranks, form) and e.covers(nbytes)]
+                for e in sorted(others, key=lambda e: e.root):
+                    turned = self._turned(e, root)
+                    if turned is not None:
+                        return turned
         same = [e for e in self._entries if e.collective == coll] or self._entries
         listing = "; ".join(e.describe() for e in same) or "nothing (the registry is empty)"
         asked = _describe_key((coll, num_ranks, inplace, root))
@@ -321,6 +361,16 @@ class PlanRegistry:
                           f"{' in that form' if exact else ''}; the registry has: {listing}"
                           f"{f' (from {self.index})' if self.index is not None else ''}. {todo}", collective=coll, num_ranks=num_ranks, nbytes=nbytes, inplace=inplace,
                           root=root if coll in ROOTED else None, available=[e.describe() for e in same])
+
+    def _turned(self, entry: PlanEntry, root: int) -> RootedEntry | None:
+        """``entry`` turned to ``root``, made (and verified) once; None for
+        a plan that cannot be renamed (switch groups)."""
+        key = (id(entry), root)
+        if key not in self._rooted:
+            from msc.lower.relabel import can_relabel
+
+            self._rooted[key] = RootedEntry(entry, root) if can_relabel(entry.plan) else None
+        return self._rooted[key]
 
     def select(self, collective: str, num_ranks: int, nbytes: int, inplace: bool = True, root: int = 0, *,
                exact: bool = False) -> Plan:
@@ -348,6 +398,23 @@ class PlanRegistry:
 
     def describe(self) -> str:
         return "\n".join(e.describe() for e in self._entries) or "(no plans)"
+
+    def tune_command(self, collective: str, num_ranks: int, inplace: bool = True) -> str:
+        """The ``msc tune`` command that writes plans for every size of such
+        calls into this registry's folder: the library's algorithms of the
+        collective, on the topology the folder's index was tuned for (else a
+        ring), for the call's form (``--inplace out``; rooted plans serve
+        every root). A registry of no folder gets ``-o PLANS``."""
+        import shlex
+
+        from msc.dsl.loader import library_names
+
+        coll = collective_key(collective)
+        folder = self.folder or (self.index.parent if self.index is not None else None)
+        words = ["msc", "tune", *[name for name in library_names() if name.split("/")[0] == coll],
+                 "--ranks", str(num_ranks), "-t", self.tuned_on.get(num_ranks, f"ring:{num_ranks}"),
+                 "-o", "PLANS" if folder is None else str(folder), *([] if inplace else ["--inplace", "out"])]
+        return " ".join(shlex.quote(w) if w != "PLANS" else w for w in words)
 
 
 def _read_json(path: Path):

@@ -53,10 +53,10 @@ def bulk_plans(ops, scratch: list[int], num_ranks: int, priorities, plan_fields:
     None) from the first order it leaves to the pipeline (a program it does
     not cover is left at the first). ``scratch``: chunks per rank from
     allocate_scratch; ``plan_fields``: the Plan's other fields; ``columns``:
-    a function giving ``ops`` as OpColumns, where the caller has them."""
-    c = None if not ops else columns() if columns is not None else OpColumns(ops)
+    a function giving ``ops`` as OpColumns, where the caller has them (then ``ops`` may be None)."""
+    c = columns() if columns is not None else OpColumns(ops) if ops else None
     # every operation one chunk from one rank to another
-    if c is None or np.any(c.size != 1) or np.any(c.srank == c.drank) or not _fits_int64(c, num_ranks):
+    if c is None or not c.count or np.any(c.size != 1) or np.any(c.srank == c.drank) or not _fits_int64(c, num_ranks):
         yield priorities[0], None
         return
     n_ins = 2 * c.count

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from msc.dsl.collectives import COLLECTIVES, get_collective
-from msc.errors import MscError, PlanError, RuntimeLimitError
+from msc.errors import FormatError, MscError, PlanError, RuntimeLimitError
 from msc.ir import Plan, RankPlan, Slice, Step, StepOp
 from msc.lower.runtimes import Runtime, xml_runtime
 from msc.verification.plan_values import buffer_sizes, check_plan
@@ -95,9 +95,13 @@ def _resolve(rp: RankPlan, t: int, s: int, deps: list) -> list[tuple[int, int]]:
 
 
 def _expand(step: Step, rank: int, t: int, s: int) -> list[XStep]:
+    if step.op.xml is None and step.op.switch:
+        raise FormatError(f"{step.op.value}: the plan reduces or stores in the switch (NVLS: multimem loads and "
+                          f"stores, with barriers between them), which the MSCCL runtimes cannot do: MSCCL-IR has no "
+                          f"step type for it", kind="switch", rank=rank, tb=t, step=s)
     if step.op.xml is None:
-        raise PlanError(f"{step.op.value}: MSCCL-IR has no step type for this op, so the plan cannot be "
-                        f"exported to MSCCL XML", rank=rank, tb=t, step=s)
+        raise FormatError(f"{step.op.value}: MSCCL-IR has no step type for this op, so the plan cannot be exported "
+                          f"to MSCCL XML", kind="op", rank=rank, tb=t, step=s)
     if step.op is StepOp.REDUCE:
         return _expand_reduce(step, rank, t, s)
     src = step.srcs[0] if step.srcs else None
@@ -174,8 +178,11 @@ def check_counted_limits(plan: Plan, rt: Runtime, ranks: list, nchunks: int, mul
         for buf, mult in (("input", mult_in), ("output", mult_out)):
             have = sizes.get(buf, 0)
             if have and have * mult != nchunks:
-                raise PlanError(f"{buf} has {have} chunks but the runtime needs {nchunks // mult} "
-                                f"(nchunksperloop {nchunks} / {mult}) or 0", rank=r)
+                raise FormatError(
+                    f"MSCCL XML cannot describe this plan's buffers: it sizes the input and the output from one "
+                    f"chunk count (nchunksperloop {nchunks}: input {nchunks // mult_in} and output "
+                    f"{nchunks // mult_out} chunks per rank), and this plan's input has {sizes.get('input', 0)} and "
+                    f"its output {sizes.get('output', 0)}", kind="buffers", rank=r)
         if len(tb_steps) > rt.max_threadblocks:
             raise _limit("MSCCL_MAX_NUM_THREAD_BLOCKS", len(tb_steps), rt.max_threadblocks, "threadblocks", rt,
                          rank=r)

@@ -30,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from msc.lower.bulk import bulk_plans, fits
+from msc.lower.bulk_trace import allocate_scratch_columns, replicate_columns
 from msc.lower.dag import allocate_scratch, build_dag, compact_scratch, replicate
 from msc.errors import DeadlockError, LoweringError, RuntimeLimitError, UsageError
 from msc.lower.fusion import drop_dead_stores, forwarding_pairs, fuse_forwarding, fuse_local
@@ -45,7 +46,7 @@ from msc.verification.plan_values import check_plan, user_buffer_sizes
 from msc.verification.plan import check_races, verify_plan
 from msc.lower.runtimes import DEFAULT_TARGET, Runtime, get_runtime
 from msc.lower.schedule import PRIORITIES, build_plan, order
-from msc.lower.switch import SWITCH_PROTOCOLS, has_switch_ops, lower_switch
+from msc.lower.switch import SWITCH_PROTOCOLS, lower_switch
 
 MAX_SLOTS = 8    # the most slots per connection lowering tries: the MSCCL runtimes' NCCL_STEPS
 
@@ -87,39 +88,38 @@ def lower(program, options: LowerOptions = LowerOptions(), *, collective=None, b
     where bulk lowering would apply (the tests compare the two)."""
     layout = program.layout
     n = layout.num_ranks
-    physical = set(layout.physical_sizes)
-    if program.chunk_ops() * options.instances > MAX_CHUNK_MOVES:    # replicate makes an op per chunk and instance
+    chunk_ops = program.chunk_ops()
+    if chunk_ops * options.instances > MAX_CHUNK_MOVES:    # replicate makes an op per chunk and instance
         raise UsageError(f"with {options.instances} instance(s) the plan's steps would move at least "
-                         f"{program.chunk_ops() * options.instances} chunks, over msc's limit of {MAX_CHUNK_MOVES}: "
+                         f"{chunk_ops * options.instances} chunks, over msc's limit of {MAX_CHUNK_MOVES}: "
                          f"use fewer instances")
-    ops, scratch_sizes = replicate(program.ops, options.instances, program.scratch_sizes)
-    ops, scratch = allocate_scratch(ops, physical, scratch_sizes, n)
+    trace = _Trace(program, options.instances, bulk and fits(options))
+    scratch = trace.scratch
     fields = dict(name=program.name, collective=layout.name, chunk_factor=layout.chunk_factor * options.instances,
                   inplace=layout.inplace, input_chunks=layout.logical_sizes["input"] * options.instances,
                   output_chunks=layout.logical_sizes["output"] * options.instances, root=layout.root,
                   protocol=options.protocol, instances=options.instances, slots=1, tile=options.tile)
-    collective = collective or layout.collective
+    if collective is None or collective is getattr(layout.collective, "base", None):
+        collective = layout.collective             # (a definition given as is: the traced one has its parameters)
     if options.instances > 1 and isinstance(collective, CustomCollective):     # built-ins are stated for any k
         collective = replicated(collective, options.instances)
     target = get_runtime(options.runtime)
     room = min(target.connection_slots(options.protocol) or MAX_SLOTS, MAX_SLOTS)
-    # the program's own columns where replicate and allocate_scratch changed nothing
-    columns = program.columns if options.instances == 1 and not program.scratch_sizes else None
-    if has_switch_ops(ops):
-        return _lower_switch(ops, scratch, n, options, fields, collective, target, room)
+    if trace.has_switch:
+        return _lower_switch(trace.ops(), scratch, n, options, fields, collective, target, room)
     outcomes = []   # per attempt: (what, [(order, LoweringError | RuntimeLimitError | slots it needs | None)])
-    for what, opts, ways in _attempts(options, target, ops):
+    for what, opts, ways in _attempts(options, target, trace):
         tried = []
         outcomes.append((what, tried))
         use_bulk = bulk and ways == 1 and fits(opts)
         # the first order that fits wins, with the fewest slots it runs with
-        for priority, plan in _plans(ops, scratch, n, opts, fields, use_bulk, columns if ways == 1 else None, ways):
+        for priority, plan in _plans(trace, scratch, n, opts, fields, use_bulk, ways):
             if isinstance(plan, LoweringError):
                 tried.append((priority, plan))
                 continue
             if crosscheck.ENABLED:     # lowering builds valid plans by construction: tests check
                 check_plan(plan)
-            _check_totals(plan, 2 * program.chunk_ops() * options.instances > MAX_CHUNK_MOVES)
+            _check_totals(plan, 2 * chunk_ops * options.instances > MAX_CHUNK_MOVES)
             problem = _exceeds(plan, target)
             if problem is not None:
                 tried.append((priority, problem))
@@ -177,21 +177,60 @@ def _check_totals(plan: Plan, count_moves: bool) -> None:
         raise UsageError(f"the plan's steps would move {moved} chunks, over msc's limit of {MAX_CHUNK_MOVES}{fewer}")
 
 
-def _plans(ops, scratch, n, options: LowerOptions, fields: dict, use_bulk: bool, columns=None, ways: int = 1):
+class _Trace:
+    """The program's operations as lowering takes them (replicated over
+    ``instances``, named scratch buffers on one): as columns for bulk
+    lowering (msc.lower.bulk_trace) and as Op tuples for the pipeline, each
+    made only where it is used. ``bulk``: bulk lowering will be tried (the
+    scratch sizes are then read from the columns)."""
+
+    def __init__(self, program, instances: int, bulk: bool):
+        self.program, self.instances = program, instances
+        self.physical = set(program.layout.physical_sizes)
+        self.has_switch = program.has_switch
+        self._ops = self._columns = None
+        self.scratch = self.columns()[1] if bulk and not self.has_switch else self._op_list()[1]
+
+    def _op_list(self):
+        if self._ops is None:
+            p = self.program
+            ops, sizes = replicate(p.ops, self.instances, p.scratch_sizes)
+            self._ops = allocate_scratch(ops, self.physical, sizes, p.num_ranks)
+        return self._ops
+
+    def ops(self) -> list:
+        return self._op_list()[0]
+
+    def columns(self):
+        """(OpColumns, scratch chunks per rank)."""
+        if self._columns is None:
+            p = self.program
+            c, sizes = replicate_columns(p.columns(), self.instances, p.scratch_sizes)
+            self._columns = allocate_scratch_columns(c, self.physical, sizes, p.num_ranks)
+        return self._columns
+
+    def channels(self) -> int:
+        """Channels the operations name (1 + the highest)."""
+        if self._ops is None:
+            return 1 + int(self.columns()[0].channel.max(initial=0))
+        return 1 + max((op.channel or 0 for op in self.ops()), default=0)
+
+
+def _plans(trace: _Trace, scratch, n, options: LowerOptions, fields: dict, use_bulk: bool, ways: int = 1):
     """(priority, plan) for each of PRIORITIES in turn, or (priority,
     LoweringError) where no step order of that priority exists. Bulk
     lowering first where it applies; from the first order it leaves to the
     pipeline (None), the pipeline does the rest. ``ways``: spread_flows."""
     remaining = list(PRIORITIES)
     if use_bulk:
-        for priority, plan in bulk_plans(ops, scratch, n, PRIORITIES, fields, columns):
+        for priority, plan in bulk_plans(None, scratch, n, PRIORITIES, fields, lambda: trace.columns()[0]):
             if plan is None:
                 break
             remaining.remove(priority)
             yield priority, plan
         else:
             return
-    yield from _pipeline_plans(ops, scratch, n, options, fields, remaining, ways)
+    yield from _pipeline_plans(trace.ops(), scratch, n, options, fields, remaining, ways)
 
 
 def _pipeline_plans(ops, scratch, n, options: LowerOptions, fields: dict, priorities, ways: int = 1):
@@ -223,7 +262,7 @@ def _pipeline_plans(ops, scratch, n, options: LowerOptions, fields: dict, priori
         yield priority, build_plan(dag, steps, tb_of, placement, num_ranks=n, scratch=scratch, **fields)
 
 
-def _attempts(options: LowerOptions, target: Runtime, ops):
+def _attempts(options: LowerOptions, target: Runtime, trace: _Trace):
     """(what, options, ways) to lower with, in turn: as asked; for an MSCCL
     runtime, then flows spread over more channels (auto placement only) and
     no fusion."""
@@ -231,7 +270,7 @@ def _attempts(options: LowerOptions, target: Runtime, ops):
     if not target.xml:
         return
     if options.threadblocks == "auto":
-        channels = 1 + max((op.channel or 0 for op in ops), default=0)
+        channels = trace.channels()
         ways = 2
         while channels * ways <= target.max_channels:
             yield f"flows over {ways} channels", options, ways
@@ -301,9 +340,9 @@ def verified_with_fewest_slots(plan: Plan, collective) -> Plan | None:
     the plan once and finds that capacity without running it (exact: deadlock
     freedom depends on neither data nor order); where it cannot tell, each
     capacity is tried in turn from 1, as a deadlock shows early."""
-    check_races(plan, collective=collective)      # races do not depend on the capacity: once
     prepared = prepare(plan)
     slots = prepared.fewest_slots(MAX_SLOTS) or 1
+    check_races(plan, collective=collective, prepared=prepared)      # races do not depend on the capacity: once
     while slots <= MAX_SLOTS:
         candidate = replace(plan, slots=slots)
         try:

@@ -125,6 +125,7 @@ DEFAULT_TIMEOUT_S = 300.0
 MAX_TIMEOUT_S = 365 * 24 * 3600.0     # the CUDA runtime's limit too (msc.cuda.device.MAX_TIMEOUT_S)
 FIELDS = ("plan", "collective", "op", "dtype", "count", "transport", "backend", "device")
 _OK, _ERROR, _ABORT = b"=", b"E", b"!"       # a record's tag: a signature's digest, a local error, a claim
+_SHARE = b"S"                                # ... or what ``Gate.share`` gives every rank (alltoall's splits)
 _PREFIX = "msc-torch"
 _ERROR_CHARS = 2000
 
@@ -403,21 +404,44 @@ class Gate:
         if self.base is None:
             return self._agree_collectively(sig, seq, what)
         timeout = timeout_s(self.default_timeout)
-        mine = self.key(seq, self.rank)
-        got = self.store.compare_set(mine, b"", sig.record)
-        self.pending.append((seq, mine))
-        if got != sig.record:
-            self.stats["timeouts"] += 1
-            self._late(got, seq, what)
-        keys = [self.key(seq, r) for r in range(self.n)]
-        try:
-            records = self._read(keys, timeout)
-        except Exception as exc:      # the store's timeout (DistStoreError, RuntimeError), or a store failure
-            records = self._claim(keys, seq, timeout, exc)
+        records = self._exchange(seq, sig.record, timeout, what)
         if records.count(sig.record) == self.n:
             self._collect(seq)
             return
         self._judge(records, sig, seq, timeout, what)
+
+    def share(self, payload: bytes, what: str) -> list[bytes]:
+        """Every rank's ``payload`` (in rank order) once every rank of the
+        group makes a ``share`` call as its next msc call: one exchange of
+        the store, with the deadline, timeout claims and peer failures of
+        ``agree``. A rank making another msc call there (a served call's
+        agreement) makes every rank raise DisagreementError at once. Needs
+        the store (``self.base``)."""
+        seq = self.seq
+        self.seq += 1
+        self.stats["calls"] += 1
+        timeout = timeout_s(self.default_timeout)
+        records = self._exchange(seq, _SHARE + payload, timeout, what)
+        if all(v[:1] == _SHARE for v in records):
+            self._collect(seq)
+            return [v[1:] for v in records]
+        self._missing_or_failed(records, seq, timeout, what)
+        raise self._other_calls(records, seq, what)
+
+    def _exchange(self, seq: int, record: bytes, timeout: float, what: str) -> list[bytes]:
+        """Publish this rank's ``record`` for call ``seq`` and read every
+        rank's, claiming those that do not come within ``timeout``."""
+        mine = self.key(seq, self.rank)
+        got = self.store.compare_set(mine, b"", record)
+        self.pending.append((seq, mine))
+        if got != record:
+            self.stats["timeouts"] += 1
+            self._late(got, seq, what)
+        keys = [self.key(seq, r) for r in range(self.n)]
+        try:
+            return self._read(keys, timeout)
+        except Exception as exc:      # the store's timeout (DistStoreError, RuntimeError), or a store failure
+            return self._claim(keys, seq, timeout, exc)
 
     def fail(self, exc: BaseException) -> None:
         """This rank's call failed before communicating: publish the error
@@ -460,6 +484,35 @@ class Gate:
             seq=seq, missing=[self.rank], timeout_s=after if isinstance(after, (int, float)) else float("nan"))
 
     def _judge(self, records: list[bytes], sig: Signature, seq: int, timeout: float, what: str) -> None:
+        self._missing_or_failed(records, seq, timeout, what)
+        if any(v[:1] == _SHARE for v in records):        # a rank shares its splits for another kind of call
+            raise self._other_calls(records, seq, what)
+        # different digests: every rank saw the same records, so every rank publishes its full signature
+        self.stats["disagreements"] += 1
+        mine = self.key(seq, self.rank, "full/")
+        self.store.set(mine, sig.text().encode())
+        self.pending.append((seq, mine))
+        keys = [self.key(seq, r, "full/") for r in range(self.n)]
+        try:
+            texts = self._read(keys, timeout)
+        except Exception as exc:
+            raise AgreementError(f"msc.torch: the ranks of {self.name} disagree on msc call #{seq} ({what}), and "
+                                 f"not every rank published its call within {timeout:g} s: {exc}", seq=seq) from None
+        raise self._disagreement([json.loads(t) for t in texts], seq)
+
+    def _other_calls(self, records: list[bytes], seq: int, what: str) -> DisagreementError:
+        """Some ranks share (an all_to_all_single with splits), the others make a served call (or
+        the other way round): the same message on every rank, from the records every rank read."""
+        self.stats["disagreements"] += 1
+        kinds = ["an all_to_all_single with splits" if v[:1] == _SHARE else "a call without splits (its agreement)"
+                 for v in records]
+        return DisagreementError(
+            f"msc.torch: the ranks of {self.name} make different calls at msc call #{seq} ({what} here): "
+            f"{self._by_value(kinds)}. Every rank must make the same calls in the same order (give every rank's "
+            f"all_to_all_single split sizes, or none on any); nothing was sent", seq=seq, values={"call": kinds})
+
+    def _missing_or_failed(self, records: list[bytes], seq: int, timeout: float, what: str) -> None:
+        """Raise for records claimed after the timeout, then for ranks that failed before communicating."""
         missing = [r for r, v in enumerate(records) if v[:1] == _ABORT]
         if missing:
             self.stats["timeouts"] += 1
@@ -478,18 +531,6 @@ class Gate:
             text = "; ".join(f"{self.label(r)}: {msg}" for r, msg in failed.items())
             raise PeerFailedError(f"msc.torch: msc call #{seq} on {self.name} ({what}) failed on another rank before "
                                   f"anything was sent, so no rank runs it: {text}", seq=seq, failed=failed)
-        # different digests: every rank saw the same records, so every rank publishes its full signature
-        self.stats["disagreements"] += 1
-        mine = self.key(seq, self.rank, "full/")
-        self.store.set(mine, sig.text().encode())
-        self.pending.append((seq, mine))
-        keys = [self.key(seq, r, "full/") for r in range(self.n)]
-        try:
-            texts = self._read(keys, timeout)
-        except Exception as exc:
-            raise AgreementError(f"msc.torch: the ranks of {self.name} disagree on msc call #{seq} ({what}), and "
-                                 f"not every rank published its call within {timeout:g} s: {exc}", seq=seq) from None
-        raise self._disagreement([json.loads(t) for t in texts], seq)
 
     def _disagreement(self, values: list[list], seq: int) -> DisagreementError:
         """The same message on every rank: the fields that differ, every rank's value."""

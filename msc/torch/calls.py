@@ -25,7 +25,7 @@ import torch
 
 from msc.errors import UsageError
 from msc.ir import Plan
-from msc.torch import agree, backends
+from msc.torch import agree, backends, uneven
 from msc.torch.execute import DTYPES, DistTransport, Prepared, choose_transport, execute, op_name, prepare
 from msc.dsl.collectives import collective_key
 from msc.formats.registry import PlanRegistry
@@ -220,6 +220,9 @@ def _run(get_plan, input, output, *, op="sum", group=None, backend: str = "auto"
     rank, n = _group_info(group)
     gate = agree.gate(group, rank, n)
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    drain = getattr(pg, "drain", None)          # an msc group's served calls running behind the caller go first
+    if drain is not None:
+        drain()
     with agree.one_call_at_a_time(pg, _what(what or collective, input, output), gate):
         return _run_alone(get_plan, input, output, op, group, backend, transport, collective, engine_used, rank, n,
                           gate, pg)
@@ -287,28 +290,36 @@ _REGISTRIES: dict[str, PlanRegistry] = {}
 
 def pick(plans, collective: str, group, input, output, root: int = 0) -> Plan | Prepared:
     """The plan ``plans`` offers for this call."""
+    def size():
+        from msc.dsl.collectives import get_collective
+
+        rank, n = _group_info(group)
+        call = _Call(get_collective(collective), n, 1, rank, input, output)
+        return n, call.nbytes(), call.inplace
+    return pick_sized(plans, collective, size, root)
+
+
+def pick_sized(plans, collective: str, size, root: int = 0) -> Plan | Prepared:
+    """The plan ``plans`` offers for a call of ``collective`` whose size
+    ``size()`` gives as (ranks, bytes, in place), asked only of a registry."""
     found = registry_of(plans)
     if not isinstance(found, PlanRegistry):
         plan = found.plan if isinstance(found, Prepared) else found
         if collective_key(plan.collective) != collective_key(collective):
             raise UsageError(f"plan {plan.name!r} is a {plan.collective} plan, this call is {collective}")
         return found
-    rank, n = _group_info(group)
-    from msc.dsl.collectives import get_collective
-
-    call = _Call(get_collective(collective), n, 1, rank, input, output)
-    return found.select(collective, n, call.nbytes(), call.inplace, root)
+    n, nbytes, inplace = size()
+    return found.select(collective, n, nbytes, inplace, root)
 
 
-def _picked(plans, collective: str, group, input, output, root: int | None = None, what: str = ""):
+def _picked(plans, collective: str, group, input, output, root: int | None = None):
     """``get_plan`` for ``_run``: the plan ``plans`` offers for the call
     (picked inside the call, so that a NoPlanError is published to the
-    other ranks like any failure before communicating)."""
+    other ranks like any failure before communicating); a rooted plan of
+    another root turned to the call's (``for_root``)."""
     def get():
         plan = pick(plans, collective, group, input, output, root or 0)
-        if root is not None:
-            _check_root(plan, root, what)
-        return plan
+        return plan if root is None else for_root(plan, root)
     return get
 
 
@@ -330,24 +341,61 @@ def reduce_scatter(plans, output, input, op="sum", group=None, **kw) -> torch.Te
     return _run(_picked(plans, "reducescatter", group, input, output), input, output, op=op, group=group, **kw)
 
 
-def all_to_all(plans, output, input, group=None, **kw) -> torch.Tensor:
-    """As torch.distributed.all_to_all_single with equal splits."""
+def all_to_all(plans, output, input, output_split_sizes=None, input_split_sizes=None, group=None,
+               **kw) -> torch.Tensor:
+    """As torch.distributed.all_to_all_single: equal splits when no split
+    sizes are given (on every rank), else msc.torch.uneven's padded units."""
+    if output_split_sizes or input_split_sizes:
+        return _all_to_all_uneven(plans, output, input, output_split_sizes, input_split_sizes, group, **kw)
     return _run(_picked(plans, "alltoall", group, input, output), input, output, group=group, **kw)
 
 
+def _all_to_all_uneven(plans, output, input, output_split_sizes, input_split_sizes, group, **kw) -> torch.Tensor:
+    """With split sizes: the plan ``plans`` offers for the padded size
+    (``pad`` rows per pair) runs on padded units (msc.torch.uneven). Every
+    rank must call it."""
+    rank, n = _group_info(group)
+    if not output.is_contiguous():
+        raise UsageError("all_to_all_single: the output must be contiguous (as torch.distributed requires)")
+    splits = uneven.exchange(group, rank, n, output, input, output_split_sizes, input_split_sizes)
+    if splits.pad == 0:
+        return output                            # every split is empty, on every rank
+    nbytes = splits.padded_numel() * input.element_size()
+    plan = lambda: pick_sized(plans, "alltoall", lambda: (n, nbytes, False))  # noqa: E731
+    return uneven.run_padded(splits, lambda send, recv: _run(plan, send, recv, group=group, what="alltoall with splits",
+                                                             **kw), output, input)
+
+
 def broadcast(plans, tensor, src: int = 0, group=None, **kw) -> torch.Tensor:
-    """In place, as torch.distributed.broadcast; ``src`` is a group rank and
-    must be the plan's root."""
-    return _run(_picked(plans, "broadcast", group, tensor, None, src, "src"), tensor, None, group=group, **kw)
+    """In place, as torch.distributed.broadcast; ``src`` is a group rank (a
+    plan of another root is turned to it: ``for_root``)."""
+    return _run(_picked(plans, "broadcast", group, tensor, None, src), tensor, None, group=group, **kw)
 
 
 def reduce(plans, tensor, dst: int = 0, op="sum", group=None, **kw) -> torch.Tensor:
-    """In place, as torch.distributed.reduce; ``dst`` (a group rank) must
-    be the plan's root. Other ranks' tensors hold unspecified values after."""
-    return _run(_picked(plans, "reduce", group, tensor, None, dst, "dst"), tensor, None, op=op, group=group, **kw)
+    """In place, as torch.distributed.reduce; ``dst`` is a group rank (a plan
+    of another root is turned to it: ``for_root``). Other ranks' tensors
+    hold unspecified values after."""
+    return _run(_picked(plans, "reduce", group, tensor, None, dst), tensor, None, op=op, group=group, **kw)
 
 
-def _check_root(plan, root: int, what: str) -> None:
+_TURNED: dict[tuple[int, int], tuple[Plan, Plan]] = {}      # (id(plan), root) -> (plan, turned and verified)
+
+
+def for_root(plan, root: int):
+    """``plan`` (a Plan or Prepared) serving ``root``: as it is where its root
+    is that, else its ranks renamed (msc.lower.relabel.for_root) and the
+    result verified, once per plan and root."""
     p = plan.plan if isinstance(plan, Prepared) else plan
-    if p.root != root:
-        raise UsageError(f"plan {p.name!r} has root {p.root}, the call asks {what}={root}")
+    if p.root == root:
+        return plan
+    key = (id(p), root)
+    hit = _TURNED.get(key)
+    if hit is None or hit[0] is not p:
+        from msc.lower.relabel import for_root as turn
+        from msc.verification.plan import verify_plan
+
+        turned = turn(p, root)
+        verify_plan(turned)
+        hit = _TURNED[key] = (p, turned)
+    return hit[1]

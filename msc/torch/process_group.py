@@ -10,26 +10,30 @@ tensors, NCCL for CUDA tensors by default) with the reason counted in
 ``msc.torch.report()``. ``MSC_STRICT=1`` makes a pass-through of a
 collective that has any plan an error (``StrictModeError``) naming why.
 
-Served: all_reduce, all_gather_into_tensor, all_gather (list of equal
-tensors), reduce_scatter_tensor, reduce_scatter (list of equal tensors),
-all_to_all_single with equal (or no) splits, all_to_all (list of equal
-tensors), broadcast, reduce; their coalesced forms one call at a time. A
-call passes through when no plan covers it (collective, ranks, bytes,
-form, root), its dtype or op is not one msc runs (e.g. PREMUL_SUM, bitwise
-ops, complex or bool tensors), its tensors are empty, all_to_all splits
-are uneven, a list form's tensors differ in size, or one call names several
-tensors. Tensors that are not contiguous (strided views) are served through
+Served: all_reduce, all_gather_single (all_gather_into_tensor), all_gather
+(list of equal tensors), reduce_scatter_single (reduce_scatter_tensor),
+reduce_scatter (list of equal tensors), all_to_all_single (split sizes
+given: on padded units, msc.torch.uneven, counted as "alltoallv"),
+all_to_all (list of equal tensors), broadcast and reduce from any root (a
+plan of another root turned to it: msc.formats.registry); their coalesced
+forms one call at a time. A call passes through when no plan covers it
+(collective, ranks, bytes, form), its dtype or op is not one msc runs (e.g.
+PREMUL_SUM, bitwise ops, complex or bool tensors), its tensors are empty, a
+list form's tensors differ in size, or one call names several tensors. Tensors that are not contiguous (strided views) are served through
 contiguous copies, the result copied back (gloo, handed one, computes a
 wrong result); a written one whose elements share memory (an expanded view)
 is refused (gloo writes past its storage). Barrier, send/recv, gather, scatter
 always pass through (msc has no plans for them).
 
-Served calls run synchronously on the torch executor (and on the emulated
-device); on a GPU the CUDA runtime queues its kernel on the current stream.
-``async_op=True`` gets a Work that is already complete (wait() returns at
-once, get_future() is done): correct, but a served call does not overlap
-computation the way an asynchronous NCCL call does. Pass-through calls get
-the wrapped backend's own Work.
+Served calls made with ``async_op=True`` on CPU tensors (the torch
+executor, the emulated device) run on the group's worker thread, in the
+order they were made, and return a Work that completes when the call has
+run (``wait()`` raises its error); a synchronous served call first waits
+for the ones before it. msc's own messages go on a communicator of their
+own (a second fallback backend), so a call running behind the caller never
+interleaves with pass-through calls, which get the wrapped backend's own
+Work. On a GPU the CUDA runtime queues its kernel on the current stream:
+stream-ordered, with a complete Work, as before.
 
 The agreement check (msc.torch.agree) applies to served calls. Every rank
 decides alone whether msc serves a call, so the group's creation checks
@@ -48,7 +52,7 @@ from torch.distributed import PrefixStore
 
 from msc.dsl.collectives import get_collective
 from msc.errors import UsageError
-from msc.torch import calls, served
+from msc.torch import calls, served, uneven
 from msc.torch import settings as msc_settings
 from msc.torch.execute import op_name
 from msc.dsl.collectives import collective_key
@@ -72,6 +76,65 @@ class _Request:
     def __init__(self, collective, input, output, *, op="sum", root=None, after=None, result=()):
         self.collective, self.input, self.output = collective, input, output
         self.op, self.root, self.after, self.result = op, root, after, list(result)
+
+
+def _async(opts) -> bool:
+    """Whether the caller passed async_op=True (torch.distributed sets the options' asyncOp)."""
+    return bool(getattr(opts, "asyncOp", False)) if opts is not None else False
+
+
+class _Worker:
+    """One group's served calls made with async_op=True on CPU tensors, run
+    on a thread of their own in the order they were made (every rank makes
+    them in that order; their messages go on msc's own communicator). A
+    call's Work completes when it has run, with its error if it failed."""
+
+    def __init__(self, name: str):
+        import queue
+
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._pending = 0
+        self._idle = threading.Condition()
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, job, result) -> dist.Work:
+        fut = torch.futures.Future()
+        with self._idle:
+            self._pending += 1
+        self._jobs.put((job, fut, list(result)))
+        return _Pending(fut)
+
+    def _loop(self) -> None:
+        while True:
+            item = self._jobs.get()
+            if item is None:
+                return
+            job, fut, result = item
+            try:
+                job()
+            except BaseException as exc:          # the caller's wait() raises it
+                with self._idle:
+                    self._pending -= 1
+                    self._idle.notify_all()
+                fut.set_exception(exc)
+                continue
+            with self._idle:
+                self._pending -= 1
+                self._idle.notify_all()
+            fut.set_result(result)
+
+    def drain(self) -> None:
+        """Return once every call submitted so far has run (at once on the worker itself)."""
+        if threading.current_thread() is self._thread:
+            return
+        with self._idle:
+            self._idle.wait_for(lambda: self._pending == 0)
+
+    def stop(self) -> None:
+        self.drain()
+        self._jobs.put(None)
+        self._thread.join(timeout=60)
 
 
 def _nbytes(tensors) -> int:
@@ -100,8 +163,29 @@ def _all(works) -> dist.Work:
     works = [w for w in works if w is not None]
     if len(works) == 1:
         return works[0]
-    fut = torch.futures.collect_all([w.get_future() for w in works])
-    return torch._C._distributed_c10d._create_work_from_future(fut)
+    return _Pending(torch.futures.collect_all([w.get_future() for w in works]), works)
+
+
+class _Pending(dist.Work):
+    """A Work that completes with ``fut`` (a served call running behind the
+    caller, or several Works): ``wait()`` raises the call's error, which a
+    Work made by torch's ``_create_work_from_future`` would swallow."""
+
+    def __init__(self, fut, works=()):
+        super().__init__()
+        self._fut, self._works = fut, list(works)
+
+    def wait(self, timeout=None) -> bool:
+        for w in self._works:
+            w.wait()
+        self._fut.wait()
+        return True
+
+    def is_completed(self) -> bool:
+        return self._fut.done()
+
+    def get_future(self):
+        return self._fut
 
 
 def _make_backend(name: str, store, rank: int, size: int, timeout: timedelta):
@@ -134,8 +218,10 @@ class MscProcessGroup(dist.ProcessGroup):
         self._backends: dict[str, object] = {}
         self._entries: dict[tuple, object] = {}                # call shape -> registry entry or why none
         self._local = threading.local()
+        self._thread: _Worker | None = None                    # runs async served calls, made at the first
         _same_plans_everywhere(store, rank, size, timeout, self.registry, settings.plans)
         self._backend_for("cpu")                                # gloo connects all ranks now, as init does
+        self._backend_for("cpu", own=True)                      # msc's own messages: a communicator of their own
 
     # -- identity ----------------------------------------------------------------------------------
     def getBackendName(self) -> str:
@@ -153,16 +239,21 @@ class MscProcessGroup(dist.ProcessGroup):
         kind = "cuda" if getattr(device, "type", device) == "cuda" else "cpu"
         return self.settings.fallback[kind]
 
-    def _backend_for(self, device):
+    def _backend_for(self, device, own: bool = False):
+        """The fallback backend for ``device``; ``own``: the one that carries
+        msc's own messages while it serves a call (the executor's, the
+        runtime's bootstrap), apart from the pass-through calls, so that a
+        served call running behind the caller never interleaves with them."""
         name = self.fallback_name(device)
-        backend = self._backends.get(name)
+        key = f"own/{name}" if own else name
+        backend = self._backends.get(key)
         if backend is None:
-            store = PrefixStore(f"msc-fallback/{name}/", self._store)
-            backend = self._backends[name] = _make_backend(name, store, self.rank(), self.size(), self._timeout)
+            store = PrefixStore(f"msc-{'own' if own else 'fallback'}/{name}/", self._store)
+            backend = self._backends[key] = _make_backend(name, store, self.rank(), self.size(), self._timeout)
         return backend
 
     def _fallback(self, tensor):
-        return self._backend_for(tensor.device if tensor is not None else None)
+        return self._backend_for(tensor.device if tensor is not None else None, own=self._inside())
 
     # -- serve or pass -----------------------------------------------------------------------------
     @contextmanager
@@ -180,36 +271,52 @@ class MscProcessGroup(dist.ProcessGroup):
 
     def _has_plans(self, collective: str) -> bool:
         name = collective_key(collective)
+        name = "alltoall" if name == "alltoallv" else name           # served by alltoall plans
         return any(e.collective == name for e in self.registry)
 
-    def _pass(self, collective: str, tensors, reason: str, fallback, detail: str = ""):
+    def _pass(self, collective: str, tensors, reason: str, fallback, remedy=None):
+        """Pass the call through to the fallback, counted with its reason;
+        under MSC_STRICT raise instead, in one line, with ``remedy()`` (what
+        makes the missing plan) where given."""
         nbytes, dtype = _nbytes(tensors), _dtype(tensors)
         if self.settings.strict and self._has_plans(collective):
             where = self.fallback_name(next((t.device for t in tensors if t is not None), None))
             raise StrictModeError(
                 f"MSC_STRICT: {collective} of {format_size(nbytes)} {served.spelled(dtype)} over {self.size()} ranks "
-                f"would pass through to {where}: {reason}{f' ({detail})' if detail else ''}")
-        served.passed(collective, nbytes, dtype, reason)
+                f"would pass through to {where}: {reason}{f'; to make it: {remedy()}' if remedy else ''}")
+        served.passed(collective, _counted_size(collective, nbytes), dtype, reason)
         return fallback()
 
-    def _call(self, collective: str, tensors, fallback, request):
-        """``request()`` gives the _Request msc serves, or the reason it cannot."""
+    def _tune_hint(self, req: _Request):
+        """``remedy`` for a call no plan covers: the msc tune command that writes plans for it."""
+        def remedy():
+            try:
+                inplace = calls._Call(get_collective(req.collective), self.size(), 1, self.rank(), req.input,
+                                      req.output).inplace
+            except UsageError:
+                inplace = True
+            return self.registry.tune_command(req.collective, self.size(), inplace)
+        return remedy
+
+    def _call(self, collective: str, tensors, fallback, request, opts=None):
+        """``request()`` gives the _Request msc serves, or the reason it
+        cannot; ``opts``: the call's options (``asyncOp``: async_op)."""
         if self._inside():
             return fallback()
         req = request()
         if isinstance(req, str):
             return self._pass(collective, tensors, req, fallback)
-        return self._serve(req, tensors, fallback)
+        return self._serve(req, tensors, fallback, _async(opts))
 
-    def _serve(self, req: _Request, tensors, fallback):
+    def _serve(self, req: _Request, tensors, fallback, async_op: bool = False):
         name = req.collective
         given = [t for t in (req.input, req.output) if t is not None]
         if any(t.numel() == 0 for t in given):
             return self._pass(name, tensors, "empty tensor", fallback)
         # no plan for the size in either form: pass at once (the common pass-through, kept cheap)
         entry = self._entry(name, max(t.numel() * t.element_size() for t in given), True, req.root)
-        if isinstance(entry, tuple):
-            return self._pass(name, tensors, entry[0], fallback, detail=entry[1])
+        if isinstance(entry, str):
+            return self._pass(name, tensors, entry, fallback, remedy=self._tune_hint(req))
         req = _through_copies(req)
         try:
             op = op_name(req.op)
@@ -218,48 +325,77 @@ class MscProcessGroup(dist.ProcessGroup):
             return self._pass(name, tensors, str(exc), fallback)
         nbytes = call.nbytes()
         entry = self._entry(name, nbytes, call.inplace, req.root)
-        if isinstance(entry, tuple):
-            return self._pass(name, tensors, entry[0], fallback, detail=entry[1])
+        if isinstance(entry, str):
+            return self._pass(name, tensors, entry, fallback, remedy=self._tune_hint(req))
         plan = entry.plan
+
+        def job():
+            engine: list[str] = []
+            with self.serving():
+                calls._run(lambda: plan, req.input, req.output, op=op, group=self, backend=self.settings.engine,
+                           transport=self._transport(call.device), engine_used=engine, what=name)
+                if req.after is not None:
+                    req.after()
+            served.served(name, nbytes, call.dtype, _label(entry), _engine_label(engine[0]))
+        return self._run_served(job, req.result, async_op and call.device.type == "cpu")
+
+    # -- served calls in order: inline, or behind the caller on the group's worker thread --------------
+    def _run_served(self, job, result, background: bool):
+        """Run ``job`` (a served call) and return its Work: with
+        ``background`` (async_op on CPU tensors) on the group's worker thread,
+        the Work completing when it has run; else here, after the worker's
+        earlier calls (a group's served calls run in the order they are made,
+        as every rank makes them). On CUDA tensors the CUDA runtime queues its
+        kernel on the caller's stream: stream-ordered, done inline."""
+        if background:
+            return self._worker().submit(job, result)
+        self.drain()
+        job()
+        return _done(result)
+
+    def _worker(self) -> "_Worker":
+        if self._thread is None:
+            self._thread = _Worker(f"msc-served-{self.group_name or id(self)}")
+        return self._thread
+
+    def drain(self) -> None:
+        """Wait until the served calls running behind the caller are done
+        (nothing to wait for on the worker thread itself)."""
+        if self._thread is not None:
+            self._thread.drain()
+
+    def _transport(self, device) -> str:
+        """The torch executor's transport for tensors on ``device`` (msc.torch.execute.choose_transport)."""
         transport = self.settings.transport
         if transport == "auto":
-            transport = "mixed" if self.fallback_name(call.device) == "gloo" else "p2p"
-        engine: list[str] = []
-        with self.serving():
-            calls._run(lambda: plan, req.input, req.output, op=op, group=self, backend=self.settings.engine,
-                       transport=transport, engine_used=engine, what=name)
-            if req.after is not None:
-                req.after()
-        served.served(name, nbytes, call.dtype, _label(entry), _engine_label(engine[0]))
-        return _done(req.result)
+            transport = "mixed" if self.fallback_name(device) == "gloo" else "p2p"
+        return transport
 
     def _entry(self, name: str, nbytes: int, inplace: bool, root: int | None):
-        """The registry's entry for a call, or (reason, detail) when none
-        covers it; remembered per call shape (a miss builds a long message)."""
+        """The registry's entry for a call, or why none covers it;
+        remembered per call shape (a miss builds a long message)."""
         key = (name, nbytes, inplace, root)
         found = self._entries.get(key)
         if found is None:
             try:
                 found = self.registry.entry(name, self.size(), nbytes, inplace, root or 0)
-            except NoPlanError as exc:
-                found = (self._missing(name, nbytes, root), str(exc))
+            except NoPlanError:
+                found = self._missing(name, nbytes)
             if len(self._entries) >= _REMEMBERED:
                 self._entries.clear()
             self._entries[key] = found
         return found
 
-    def _missing(self, collective: str, nbytes: int, root: int | None) -> str:
+    def _missing(self, collective: str, nbytes: int) -> str:
         """Why no plan serves the call, shortest first: no plan of the
-        collective, none for this many ranks, none with this root, or none
-        covering this size."""
+        collective, none for this many ranks, or none covering this size
+        (a rooted plan serves every root: msc.formats.registry)."""
         mine = [e for e in self.registry if e.collective == collective]
         if not mine:
             return f"no {collective} plans"
         mine = [e for e in mine if e.num_ranks == self.size()]
         if not mine:
             return f"no {collective} plan for {self.size()} ranks"
-        if root is not None and not any(e.root == root for e in mine):
-            return f"no {collective} plan with root {root}"
         return f"no {collective} plan covers {format_size(nbytes)} bytes"
 
     # -- the collectives ---------------------------------------------------------------------------
@@ -267,19 +403,19 @@ class MscProcessGroup(dist.ProcessGroup):
         opts = opts if opts is not None else dist.AllreduceOptions()
         return self._call("allreduce", tensors, lambda: self._fallback(tensors[0]).allreduce(tensors, opts),
                           lambda: "several tensors in one call" if len(tensors) != 1 else
-                          _Request("allreduce", tensors[0], None, op=opts.reduceOp, result=tensors))
+                          _Request("allreduce", tensors[0], None, op=opts.reduceOp, result=tensors), opts)
 
     def allreduce_coalesced(self, tensors, opts=None):
         opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
         single = dist.AllreduceOptions()
-        single.reduceOp, single.timeout = opts.reduceOp, opts.timeout
+        single.reduceOp, single.timeout, single.asyncOp = opts.reduceOp, opts.timeout, _async(opts)
         return _all([self.allreduce([t], single) for t in tensors])
 
     def all_gather_single(self, output, input, opts=None):
         opts = opts if opts is not None else dist.AllgatherOptions()
         return self._call("allgather", [input, output],
                           lambda: self._fallback(input)._allgather_base(output, input, opts),
-                          lambda: _Request("allgather", input, output, result=[output]))
+                          lambda: _Request("allgather", input, output, result=[output]), opts)
 
     _allgather_base = all_gather_single
 
@@ -293,7 +429,7 @@ class MscProcessGroup(dist.ProcessGroup):
         flat = [t for ts in output_lists for t in ts]
         return self._call("allgather", [*inputs, *flat],
                           lambda: self._fallback(inputs[0]).allgather(output_lists, inputs, opts),
-                          lambda: self._gather_request(output_lists, inputs))
+                          lambda: self._gather_request(output_lists, inputs), opts)
 
     def _gather_request(self, output_lists, inputs):
         if len(inputs) != 1 or len(output_lists) != 1:
@@ -308,7 +444,7 @@ class MscProcessGroup(dist.ProcessGroup):
         opts = opts if opts is not None else dist.ReduceScatterOptions()
         return self._call("reducescatter", [input, output],
                           lambda: self._fallback(input)._reduce_scatter_base(output, input, opts),
-                          lambda: _Request("reducescatter", input, output, op=opts.reduceOp, result=[output]))
+                          lambda: _Request("reducescatter", input, output, op=opts.reduceOp, result=[output]), opts)
 
     _reduce_scatter_base = reduce_scatter_single
 
@@ -322,7 +458,7 @@ class MscProcessGroup(dist.ProcessGroup):
         flat = [t for ts in input_lists for t in ts]
         return self._call("reducescatter", [*flat, *outputs],
                           lambda: self._fallback(outputs[0]).reduce_scatter(outputs, input_lists, opts),
-                          lambda: self._scatter_request(outputs, input_lists, opts))
+                          lambda: self._scatter_request(outputs, input_lists, opts), opts)
 
     def _scatter_request(self, outputs, input_lists, opts):
         if len(outputs) != 1 or len(input_lists) != 1:
@@ -335,25 +471,58 @@ class MscProcessGroup(dist.ProcessGroup):
 
     def all_to_all_single(self, output, input, output_splits, input_splits, opts=None):
         opts = opts if opts is not None else dist.AllToAllOptions()
-        return self._call("alltoall", [input, output],
-                          lambda: self._fallback(input).alltoall_base(output, input, output_splits, input_splits,
-                                                                      opts),
-                          lambda: self._alltoall_request(output, input, output_splits, input_splits))
+
+        def fallback():
+            return self._fallback(input).alltoall_base(output, input, output_splits, input_splits, opts)
+        if (output_splits or input_splits) and not self._inside():
+            return self._serve_uneven(output, input, output_splits, input_splits, fallback, _async(opts))
+        return self._call("alltoall", [input, output], fallback,
+                          lambda: _Request("alltoall", input, output, result=[output]), opts)
 
     alltoall_base = all_to_all_single
 
-    def _alltoall_request(self, output, input, output_splits, input_splits):
-        n = self.size()
-        for splits, t in ((input_splits, input), (output_splits, output)):
-            if splits and (len(splits) != n or len(set(splits)) != 1 or sum(splits) != t.shape[0]):
-                return f"uneven splits {list(splits)}"
-        return _Request("alltoall", input, output, result=[output])
+    def _serve_uneven(self, output, input, output_splits, input_splits, fallback, async_op: bool = False):
+        """An all_to_all_single given split sizes (msc.torch.uneven): the
+        ranks exchange their splits, then every rank takes the same branch:
+        served on padded units by the alltoall plan for the padded size, or
+        passed through. Counted as "alltoallv". What is refused before the
+        exchange is the same on every rank (the plans, the dtype)."""
+        name, tensors, n = "alltoallv", [input, output], self.size()
+        if not any(e.collective == "alltoall" and e.num_ranks == n for e in self.registry):
+            return self._pass(name, tensors, self._missing("alltoall", 0), fallback,
+                              remedy=lambda: self.registry.tune_command("alltoall", n, False))
+        if input.dtype not in calls._SUPPORTED:
+            return self._pass(name, tensors, f"unsupported dtype {input.dtype}", fallback)
+        self.drain()                             # the exchange is a call of the group: after the earlier ones
+        with self.serving():
+            splits = uneven.exchange(self, self.rank(), n, output, input, output_splits, input_splits)
+        if splits.pad == 0:                                     # every split of every rank is empty
+            served.served(name, None, input.dtype, "nothing to move", "no engine")
+            return _done([output])
+        entry = self._entry("alltoall", splits.padded_numel() * input.element_size(), False, None)
+        if isinstance(entry, str):
+            return self._pass(name, tensors, f"{entry} (the splits padded to {splits.pad} rows per pair)", fallback,
+                              remedy=lambda: self.registry.tune_command("alltoall", n, False))
+        out = output if output.is_contiguous() else torch.empty_like(output, memory_format=torch.contiguous_format)
+
+        def job():
+            engine: list[str] = []
+            with self.serving():
+                uneven.run_padded(splits, lambda send, recv: calls._run(
+                    lambda: entry.plan, send, recv, group=self, backend=self.settings.engine,
+                    transport=self._transport(input.device), engine_used=engine, what="alltoall with splits"),
+                    out, input)
+            if out is not output:
+                output.copy_(out)
+            served.served(name, None, input.dtype, f"{_label(entry)} padded to the largest split",
+                          _engine_label(engine[0]))
+        return self._run_served(job, [output], async_op and input.device.type == "cpu")
 
     def alltoall(self, outputs, inputs, opts=None):
         opts = opts if opts is not None else dist.AllToAllOptions()
         return self._call("alltoall", [*inputs, *outputs],
                           lambda: self._fallback(inputs[0]).alltoall(outputs, inputs, opts),
-                          lambda: self._alltoall_list_request(outputs, inputs))
+                          lambda: self._alltoall_list_request(outputs, inputs), opts)
 
     def _alltoall_list_request(self, outputs, inputs):
         if not inputs or not _equal_list(inputs, inputs[0]) or not _equal_list(outputs, inputs[0]):
@@ -366,13 +535,14 @@ class MscProcessGroup(dist.ProcessGroup):
         opts = opts if opts is not None else dist.BroadcastOptions()
         return self._call("broadcast", tensors, lambda: self._fallback(tensors[0]).broadcast(tensors, opts),
                           lambda: "several tensors in one call" if len(tensors) != 1 else
-                          _Request("broadcast", tensors[0], None, root=opts.rootRank, result=tensors))
+                          _Request("broadcast", tensors[0], None, root=opts.rootRank, result=tensors), opts)
 
     def reduce(self, tensors, opts=None):
         opts = opts if opts is not None else dist.ReduceOptions()
         return self._call("reduce", tensors, lambda: self._fallback(tensors[0]).reduce(tensors, opts),
                           lambda: "several tensors in one call" if len(tensors) != 1 else
-                          _Request("reduce", tensors[0], None, op=opts.reduceOp, root=opts.rootRank, result=tensors))
+                          _Request("reduce", tensors[0], None, op=opts.reduceOp, root=opts.rootRank, result=tensors),
+                          opts)
 
     # -- what msc has no plans for: always the fallback ----------------------------------------------
     def _through(self, what: str, tensors, fallback):
@@ -432,14 +602,26 @@ class MscProcessGroup(dist.ProcessGroup):
         return _done([])
 
     def shutdown(self) -> None:
+        if self._thread is not None:
+            self._thread.stop()
         for backend in self._backends.values():
             stop = getattr(backend, "shutdown", None)
             if stop is not None:
                 stop()
 
 
+def _counted_size(collective: str, nbytes):
+    """The size a call is counted under in the report: none for alltoallv,
+    whose calls' sizes all differ (MoE: one per batch)."""
+    return None if collective == "alltoallv" else nbytes
+
+
 def _label(entry) -> str:
-    """The plan as the report names it: its file, else its name."""
+    """The plan as the report names it: its file, else its name (and the
+    root it was turned to, for another root's plan)."""
+    base = getattr(entry, "base", None)
+    if base is not None:
+        return f"{_label(base)} (root {base.root} relabelled to {entry.root})"
     source = str(entry.source)
     if source.startswith("<"):
         return entry.plan.name

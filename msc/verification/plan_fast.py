@@ -209,6 +209,61 @@ class PlanReading:
         return levels(self.N, np.concatenate([src, self.rcv[frees]]),          # in step order, as rcv is
                       np.concatenate([dst, self.arrays.send_steps[freed]]))
 
+    # -- races ----------------------------------------------------------------------
+    @pause_gc
+    def race_free(self) -> bool:
+        """True only if no two steps of a rank touch one chunk, one of them
+        writing, unordered by happens-before (msc.verification.plan's race
+        check would pass); False where this cannot tell."""
+        return self.readable and _judged(self._race_free, fallback=False)
+
+    def _race_free(self) -> bool:
+        # FastTrack over a topological order of the steps (any capacity's
+        # levels: their graph holds happens-before's edges and more): every
+        # access must follow its chunk's last write, and a write every read
+        # since. Two accesses in one level are unordered; across levels a
+        # pair in one threadblock is ordered by program order, one in two by
+        # a dependency from a step at or after the first to a step at or
+        # before the second (longer chains: declined, the executor decides).
+        level = next((v for v in self._levels.values() if v is not None), None)
+        if level is None:
+            level = levels(self.N, *self.edges)
+            need(level is not None)           # a cycle: the executor's static order finds it
+        arrays, ops = self.arrays, self.operands
+        count, step_rank = self.count, self.step_rank
+        nbuf = len(ops.buffer_names)
+        stride = 1 + int(max(ops.src_index.max(initial=0) + count[ops.src_owner].max(initial=0),
+                             ops.dst_index.max(initial=0) + count[ops.dst_owner].max(initial=0)))
+        _, _, read_cell = expand((step_rank[ops.src_owner] * nbuf + ops.src_buf) * stride + ops.src_index,
+                                 count[ops.src_owner])
+        read_row, _, _ = expand(ops.src_owner, count[ops.src_owner])
+        _, _, write_cell = expand((step_rank[ops.dst_owner] * nbuf + ops.dst_buf) * stride + ops.dst_index,
+                                  count[ops.dst_owner])
+        write_row, _, _ = expand(ops.dst_owner, count[ops.dst_owner])
+        ev_cell = np.concatenate([read_cell, write_cell])
+        ev_step = np.concatenate([ops.src_owner[read_row], ops.dst_owner[write_row]])
+        ev_write = np.concatenate([np.zeros(len(read_cell), bool), np.ones(len(write_cell), bool)])
+        del read_cell, write_cell, read_row, write_row
+        ev_level = level[ev_step]
+        num_levels = int(level.max()) + 1 if self.N else 1
+        need(int(ev_cell.max(initial=0)) + 1 < (1 << 62) // (2 * num_levels))
+        order = np.argsort((ev_cell * num_levels + ev_level) * 2 + ev_write, kind="stable")
+        s_cell, s_level, s_step, s_write = ev_cell[order], ev_level[order], ev_step[order], ev_write[order]
+        del ev_cell, ev_step, ev_write, ev_level, order
+        _no_race_within_a_level(s_cell, s_level, s_step, s_write)
+        before, after = writes_around(s_cell, s_write)
+        # (earlier step, later step) pairs that must be ordered: each access after its last write, each read
+        # before the next write; a step's own read and write are ordered. A write after reads of the last
+        # write follows that write through them: only a write right after it is checked against it.
+        m = len(s_cell)
+        has_before = (before >= 0) & (~s_write | (before == np.arange(m) - 1))
+        has_after = ~s_write & (after < m)
+        first = np.concatenate([s_step[before[has_before]], s_step[has_after]])
+        second = np.concatenate([s_step[has_before], s_step[after[has_after]]])
+        tb = arrays.step_tb
+        apart = tb[first] != tb[second]                # in one threadblock: program order (levels follow it)
+        return _ordered_by_a_dependency(first[apart], second[apart], tb, self.arrays)
+
     # -- the values -----------------------------------------------------------------
     def _accepts(self, plan: Plan, layout, capacity: int) -> bool:
         need(type(capacity) is int and capacity >= 1 and plan.num_ranks == self.n and self.well_formed)
@@ -425,6 +480,33 @@ def _initial_values(num_cells: int, leaves) -> np.ndarray:
         uniq, pos = np.unique(leaves.cells[::-1], return_index=True)
         initial[uniq] = leaves.leaf_ids[::-1][pos]
     return initial
+
+
+def _ordered_by_a_dependency(first, second, tb, arrays) -> bool:
+    """Whether for every pair some dependency runs from a step of
+    ``first``'s threadblock at or after it to a step of ``second``'s at or
+    before it (so ``first`` happens before ``second``)."""
+    if not first.size:
+        return True
+    pos = arrays.step_pos
+    owner, step = arrays.dep_owner, arrays.dep_step
+    if not owner.size:
+        return False
+    T = np.int64(arrays.num_tbs)
+    P = np.int64(int(np.diff(arrays.tb_start).max()) + 1)
+    need(int(T) * int(T) * int(P) < (1 << 62))
+    # per (waiting threadblock, awaited threadblock): dependencies by the waiting step's position, with the
+    # latest awaited position so far
+    group = tb[owner] * T + tb[step]
+    key = group * P + pos[owner]
+    o = np.argsort(key, kind="stable")
+    key, group, reach = key[o], group[o], pos[step][o]
+    reach = np.maximum.accumulate(group * P + reach) - group * P      # a running max within each group
+    want = tb[second] * T + tb[first]
+    at = np.searchsorted(key, want * P + pos[second], side="right") - 1
+    found = at >= 0
+    at = np.maximum(at, 0)
+    return bool((found & (group[at] == want) & (reach[at] >= pos[first])).all())
 
 
 def _no_race_within_a_level(s_cell, s_level, s_step, s_write) -> None:

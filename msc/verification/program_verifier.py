@@ -117,7 +117,8 @@ def verify(program) -> Report:
     line that last wrote the chunk (or that read a chunk nothing wrote)."""
     start = time.perf_counter()
     fast = None
-    if len(program.ops) >= BULK_FROM_OPS and not getattr(program, "has_switch", False):
+    count = _op_count(program)
+    if count >= BULK_FROM_OPS and not getattr(program, "has_switch", False):
         # numpy: not for small programs (the command line stays light)
         from msc.verification import program_verifier_fast
 
@@ -134,8 +135,14 @@ def verify(program) -> Report:
             raise AssertionError(f"msc.verification.program_verifier_fast checked {fast} outputs, verify {outputs}")
     else:
         outputs = fast
-    return Report(program.name, program.layout.name, program.layout.num_ranks, len(program.ops),
+    return Report(program.name, program.layout.name, program.layout.num_ranks, count,
                   program.chunk_ops(), outputs, time.perf_counter() - start)
+
+
+def _op_count(program) -> int:
+    """len(program.ops), without building a traced program's Op tuples (msc.dsl.program.Program.num_ops)."""
+    count = getattr(program, "num_ops", None)
+    return count if type(count) is int else len(program.ops)
 
 
 def _run(program) -> int:
