@@ -22,6 +22,8 @@ SESSION_CACHE = Path(os.environ["MSC_CACHE_DIR"])
 # command a test runs (a README block, a CLI process, a torchrun rank) imports msc, and compiling its
 # modules again costs about half of a short command's CPU time where PYTHONDONTWRITEBYTECODE is set.
 # Nothing lands in the source tree (the prefix keeps the .pyc files apart); removed when the session ends.
+# The prefix holds every module's bytecode, site-packages' too: the first import of torch compiles it
+# there once (about 3 CPU-s), each later process reads it.
 if "PYTHONPYCACHEPREFIX" not in os.environ:
     import sys
 
