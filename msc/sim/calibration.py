@@ -113,6 +113,9 @@ def _size_text(size: int) -> str:
 # Machines of the data that are not msc presets but are the same GPUs on NVSwitch: a K-GPU slice of
 # an 8x H100 node (NCCL finds the same ring graph on 2, 4 and 6 GPUs: nccl_model.md 4.3a).
 SLICE = re.compile(r"hgx-h100:(\d)gpu")
+# Machines of the data that are msc presets under another name: 8 H200 on NVSwitch (Azure ND H200 v5), two
+# nodes of 8 H20 with a 400 Gb/s NIC per GPU (nccl issue 1244).
+PRESET_OF = {"hgx-h200": "dgx-h200", "h20:2": "hgx-h20:2"}
 
 
 def topology_for(system: str):
@@ -122,6 +125,8 @@ def topology_for(system: str):
 
     if system.startswith(("dgx-h100", "dgx-a100")) and re.fullmatch(r"dgx-[ah]100(:\d+)?", system):
         return get_topology(system, None)
+    if system in PRESET_OF:
+        return get_topology(PRESET_OF[system], None)
     m = SLICE.fullmatch(system)
     if m:
         return dgx(H100, 1, 50.0, system, gpus_per_node=int(m[1]), description=f"{m[1]} H100 of one NVSwitch node")
@@ -253,6 +258,18 @@ GAPS: tuple[Gap, ...] = (
     Gap("dgx-a100:2", "alltoall is NCCL's grouped send/receive: across nodes each peer's messages go through the "
         "network proxy (49.8 us at 1 KB), a latency neither NCCL's tuning model nor msc's has",
         collective="alltoall", sizes=(1 << 10,)),
+    # H200 (dgx-h200: H100's model, nothing fitted): Azure's ND H200 v5 page shows the H100 page's two NVLS gaps
+    Gap("hgx-h200", NVLS_SMALL.replace("up to 16 KB (25.6 us at 1 KB)", "up to 512 KB (H200: 29.9 us at 1 KB)"),
+        algorithm="nvls", largest=512 << 10, source="Azure"),
+    Gap("hgx-h200", NVLS_MID.replace("NCCL 2.18.5's", "NCCL 2.20.5's (H200)").replace("(85 us against 53 at 8 MB)",
+                                                                                  "(1.34-1.51x at 8-32 MB)"),
+        algorithm="nvls", smallest=8 * MIB, largest=32 * MIB, source="Azure"),
+    Gap("h20:2", "across nodes msc's plan of NCCL's tree (LL128 here, 4-16 MB) is slower than NCCL's own model, by "
+        "1.6-3.6x on dgx-h100:2 (issue 38, part 1: the tree plan is not NCCL's tree kernel); here it predicts "
+        "0.32-0.66 of the measured busbw where NCCL's own model gives 1.16-1.52", smallest=4 * MIB, largest=16 * MIB,
+        source="1244"),
+    Gap("h20:2", "the reporter calls 128M-256M outliers (busbw falls from 268.9 GB/s at 64M to 227-245 before 312.75 "
+        "at 512M)", sizes=(128 * MIB, 256 * MIB), source="1244"),
     Gap("hgx-h100:4gpu", "one process drives the 4 GPUs (-g 4): from 128 KB to 1 MB its host launches and the "
         "kernels overlap only in part, where the model takes the larger of the two (HOST_LAUNCH_US)",
         collective="allreduce", smallest=128 << 10, largest=MIB, source="all_reduce.txt"),

@@ -23,8 +23,12 @@ Across nodes NCCL 2.21 also weighs NVLSTree (min(bwIntra, bwInter, or
 bwInter / 2 beyond 2 nodes) x channels, 25 us + 2 log2(nodes) x 14 us):
 not modelled here, since its multi-node graph's speeds come from NCCL's
 NIC search, which msc does not repeat; its choice there is ring or tree.
-Only the DGX-class presets (nodes of GPUs on NVSwitch, one NIC per GPU)
-have an NCCL model.
+NCCL's choice is modelled on nodes of H100, A100, H200, H20 or B200 GPUs
+on NVSwitch with one NIC per GPU, and on one GB200 NVL72 rack: the presets
+(dgx-*, hgx-*, gb200-nvl72) and TOML topologies of that form (``nodes``,
+``gpus_per_node``, ``nic_gbps``); ``unmodelled`` says why any other is not.
+Blackwell takes NCCL 2.30.7's constants (2.21 has none), and NVLS is weighed
+on Hopper only.
 """
 from __future__ import annotations
 
@@ -55,6 +59,16 @@ LL_MAX_BW_NODES = {"intel": (39.0, 20.4), "amd": (22.5, 19.0)}      # [3.3] 2 no
 RING_LL128_PER_CHANNEL = {"hopper": 36.7, "ampere": 20.0}           # [3.3]
 TREE_PER_CHANNEL = {"hopper": (38.7, 41.4, 36.0), "ampere": (24.0, 23.6, 17.8)}        # 1, 2, >= 3 nodes
 TREE_LL128_PER_CHANNEL = {"hopper": (36.7, 36.7, 29.0), "ampere": (20.0, 20.0, 20.0)}
+# Blackwell, which NCCL 2.21 predates: tuning.cc@v2.30.7 ncclTunerConstantsDefaults' Blackwell rows
+# (llMaxBws 2 x 141 on one node, perChMaxRingLL128Bws, perChMaxTreeBws, perChMaxTreeLL128Bws)
+LL_MAX_BW["blackwell"] = 282.0
+RING_LL128_PER_CHANNEL["blackwell"] = 40.0
+TREE_PER_CHANNEL["blackwell"] = (70.0, 42.8, 24.0)
+TREE_LL128_PER_CHANNEL["blackwell"] = (55.6, 31.67, 20.0)
+# Hosts other than x86: NCCL takes Intel's llMaxBw row (index 0 unless AMD, tuning.cc@v2.30.7) and a network
+# overhead of 1 us (getNetOverhead's default)
+LL_MAX_BW_NODES["arm"] = LL_MAX_BW_NODES["intel"]
+NET_OVERHEAD["arm"] = 1.0
 TREE_CORRECTION = {  # [1] index log2(bytes / 64), 64 B .. 256 MB
     "LL": (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0, 1.0),
     "LL128": (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1.0, 1.0),
@@ -93,10 +107,23 @@ class Graph:
 # (derived); on several nodes the ring's too (assumed).
 GRAPHS = {("h100", False): Graph(12, 30.0, 24), ("a100", False): Graph(12, 20.0, 24),
           ("h100", True): Graph(8, 45.0, 16), ("a100", True): Graph(8, 24.0, 16)}
-# GPU generation and host CPU (llMaxBw, network overhead): DGX H100 has Intel Xeon 8480C, DGX A100
-# AMD EPYC 7742 (NVIDIA's DGX H100 and DGX A100 datasheets).
-ARCH = {"h100": "hopper", "a100": "ampere"}
-CPU = {"h100": "intel", "a100": "amd"}
+# H200 and H20: H100's links as NCCL reads them (18 NVLinks of SM90, PCIe Gen5, 400 Gb/s NICs:
+# msc.sim.machines), so H100's graphs. B200 (derived as 4.3 does, NCCL 2.30.7's SM100 arrays and
+# 18 x 40.1 = 721.8 GB/s of NVLink): one node 8 x 90 (720), doubled to 16 x 45, 32 at run time; across
+# nodes one channel per NIC at the PCIe Gen5 path's 48 (8 x 48 = 384 fits the NVLinks), not doubled
+# (48 < 50 with 8 channels), 16 at run time. A GB200 NVL72 rack: one node of 72 such GPUs, the same
+# ring graph as B200's (the NVLinks, not the GPU count, bound it); across racks not derived.
+GRAPHS.update({(m, multi): GRAPHS["h100", multi] for m in ("h200", "h20") for multi in (False, True)})
+GRAPHS.update({("b200", False): Graph(16, 45.0, 32), ("b200", True): Graph(8, 48.0, 16),
+               ("gb200", False): Graph(16, 45.0, 32)})
+# The NIC line rate (GB/s) the multi-node graphs are derived for (4.3): another rate is another graph.
+GRAPH_NIC_GBPS = {"h100": 50.0, "a100": 25.0, "h200": 50.0, "h20": 50.0, "b200": 50.0}
+# GPU generation and host CPU (llMaxBw, network overhead): DGX H100 and DGX H200 have Intel Xeon 8480C,
+# DGX A100 AMD EPYC 7742, DGX B200 Intel Xeon 8570 (NVIDIA's datasheets and user guides); HGX H20: Intel
+# assumed; GB200: Grace (Arm).
+ARCH = {"h100": "hopper", "a100": "ampere", "h200": "hopper", "h20": "hopper", "b200": "blackwell",
+        "gb200": "blackwell"}
+CPU = {"h100": "intel", "a100": "amd", "h200": "intel", "h20": "intel", "b200": "intel", "gb200": "arm"}
 
 
 @dataclass(frozen=True)
@@ -123,13 +150,40 @@ class System:
 
 def system(topology: Topology) -> System:
     """NCCL's view of ``topology``; UsageError where msc has no NCCL model of it."""
-    machine = getattr(topology, "machine", None)
-    if not (isinstance(topology, Nodes) and machine in ARCH and topology.switches == 1
-            and topology.port_kind == "nvlink"):
-        raise UsageError(f"msc simulate --nccl models NCCL on nodes of H100 or A100 GPUs on NVSwitch "
-                         f"(dgx-h100, dgx-a100, nvswitch, ib), not on {topology.name!r}")
+    why = unmodelled(topology)
+    if why is not None:
+        raise UsageError(f"msc simulate --nccl cannot model NCCL's choice on {topology.name!r}: {why}")
     nodes = topology.num_ranks // topology.g
-    return System(machine, topology.num_ranks, nodes, GRAPHS[machine, nodes > 1])
+    return System(topology.machine, topology.num_ranks, nodes, GRAPHS[topology.machine, nodes > 1])
+
+
+def unmodelled(topology: Topology) -> str | None:
+    """Why msc cannot repeat NCCL's choice on ``topology`` (None: it can).
+    NCCL decides from the graphs its topology search finds, which msc
+    derives for nodes of GPUs on one NVSwitch with a NIC each (4.3)."""
+    machine = getattr(topology, "machine", None)
+    if not isinstance(topology, Nodes):
+        return ("NCCL decides from the graphs its topology search finds on the machine, which msc derives for "
+                "nodes of GPUs on NVSwitch with NICs only (dgx-*, hgx-*, gb200-nvl72, or a TOML file of nodes, "
+                "gpus_per_node and nic_gbps), not for a graph of links")
+    if machine not in ARCH:
+        return (f"it names no GPU ({', '.join(sorted(ARCH))}): NCCL's tuning constants are per GPU generation"
+                + (" (a TOML file's 'machine')" if machine is None else ""))
+    if topology.switches != 1 or topology.port_kind != "nvlink":
+        return "its GPUs sit on PCIe switches, whose NCCL graphs msc does not derive"
+    nodes = topology.num_ranks // topology.g
+    if nodes == 1:
+        return None if (machine, False) in GRAPHS else f"NCCL's graph on one node of {machine} is not derived"
+    if (machine, True) not in GRAPHS:
+        return f"NCCL's graph across nodes of {topology.g} {machine} (one NVLink domain each) is not derived"
+    if topology.g != 8 or topology.nics != topology.g:
+        return (f"NCCL's graphs across nodes are derived for 8 GPUs with a NIC each; these nodes have "
+                f"{topology.g} GPUs and {topology.nics} NIC(s), whose rings share NICs in a graph msc does not derive")
+    nic = topology.nic / 1e9
+    if abs(nic - GRAPH_NIC_GBPS[machine]) > 1e-9 * nic:
+        return (f"NCCL's graph across nodes of {machine} is derived for NICs of {GRAPH_NIC_GBPS[machine]:g} GB/s; "
+                f"these are {nic:g} GB/s, for which its search finds other channel speeds")
+    return None
 
 
 @dataclass(frozen=True)
@@ -170,15 +224,17 @@ def enabled(s: System, collective: str, algorithms=None, protocols=None) -> list
 
 def nvls_by_default(s: System, collective: str) -> bool:
     """Whether NCCL 2.21 weighs NVLS for ``collective`` without being asked:
-    allreduce on one H100 node (NVSwitch with SHARP; NCCL_NVLS_ENABLE
-    defaults to on where the driver and switch support multicast)."""
+    allreduce on one Hopper node (NVSwitch with SHARP; NCCL_NVLS_ENABLE
+    defaults to on where the driver and switch support multicast). Not on
+    Blackwell, whose NVLS NCCL 2.21's model (SM90 speeds, 370.8 GB/s of
+    links) does not describe."""
     return s.arch == "hopper" and s.nodes == 1 and collective == "allreduce"
 
 
 def _check_nvls(s: System, collective: str) -> None:
-    """NVLS as msc models it: allreduce on one node of H100 (NVSwitch with SHARP)."""
+    """NVLS as msc models it: allreduce on one node of Hopper GPUs (NVSwitch with SHARP)."""
     if s.arch != "hopper" or s.nodes != 1 or collective != "allreduce":
-        raise UsageError(f"msc models NCCL's NVLS for allreduce on one H100 node, not {collective} on "
+        raise UsageError(f"msc models NCCL's NVLS for allreduce on one Hopper node, not {collective} on "
                          f"{s.nodes} node(s) of {s.machine}")
 
 
