@@ -152,7 +152,7 @@ def system(topology: Topology) -> System:
     """NCCL's view of ``topology``; UsageError where msc has no NCCL model of it."""
     why = unmodelled(topology)
     if why is not None:
-        raise UsageError(f"msc simulate --nccl cannot model NCCL's choice on {topology.name!r}: {why}")
+        raise UsageError(f"msc cannot model NCCL's choice on {topology.name!r}: {why}")
     nodes = topology.num_ranks // topology.g
     return System(topology.machine, topology.num_ranks, nodes, GRAPHS[topology.machine, nodes > 1])
 

@@ -374,7 +374,7 @@ NODES_KEYS = {"nodes": None, "nics_per_node": None, "nic_gbps": (GBPS_MIN, GBPS_
               "nvls_gbps": (0.0, GBPS_MAX), "nvls_alpha_us": (0.0, ALPHA_US_MAX),
               "nvls_barrier_us": (0.0, ALPHA_US_MAX)}
 TOP_KEYS = {"name", "ranks", "description", "machine", "reduce_gbps", "copy_gbps", "threadblock_gbps",
-            "gpus_per_node", "forward", "link", "protocol"} | set(NODES_KEYS)
+            "gpus_per_node", "forward", "link", "protocol", "calibrated"} | set(NODES_KEYS)
 LINK_KEYS = {"from", "to", "alpha_us", "bandwidth_gbps", "shared", "duplex", "kind"}
 
 
@@ -410,7 +410,7 @@ def topology_from_dict(data: dict, source: str = "<topology>") -> Topology:
         raise bad(f"'ranks' must be an int >= 1, got {n!r}")
     if n > MAX_RANKS:
         raise bad(f"'ranks' is {n}, over msc's limit of {MAX_RANKS}")
-    for key in ("name", "description", "machine"):
+    for key in ("name", "description", "machine", "calibrated"):
         if key in data and not isinstance(data[key], str):
             raise bad(f"'{key}' must be a string, got {data[key]!r}")
     machine = _machine(data, bad)
@@ -442,8 +442,11 @@ def _machine(data: dict, bad):
 
 
 def _note(data: dict, machine) -> str:
-    """What the file takes from an uncalibrated machine, said once by every command that uses it."""
-    return f"{machine.note} (the values this file does not set)" if "machine" in data and machine.note else ""
+    """What the file takes from an uncalibrated machine, said once by every command that uses it (not
+    where it says what it was calibrated to: ``calibrated``, as msc calibrate writes)."""
+    if "machine" not in data or not machine.note or "calibrated" in data:
+        return ""
+    return f"{machine.note} (the values this file does not set)"
 
 
 def _count(data: dict, key: str, bad, most: int = MAX_RANKS) -> int:
@@ -467,7 +470,7 @@ def _nodes_from_dict(data: dict, source: str, bad) -> Nodes:
     nics = _count(data, "nics_per_node", bad, g) if "nics_per_node" in data else g
     if g % nics:
         raise bad(f"'nics_per_node' ({nics}) must divide gpus_per_node ({g}): each NIC serves as many GPUs")
-    for key in ("name", "description", "machine"):
+    for key in ("name", "description", "machine", "calibrated"):
         if key in data and not isinstance(data[key], str):
             raise bad(f"'{key}' must be a string, got {data[key]!r}")
     machine = _machine(data, bad)
