@@ -43,6 +43,7 @@ from msc.sim.topology import Nodes, Topology
 
 ALGORITHMS = ("ring", "tree", "nvls")
 COLLECTIVES = tuple(name for name, spec in SPECS.items() if spec.nccl)
+P2P = ("alltoall", "sendrecv")                      # NCCL's grouped send/receive, not its collectives
 KIB, MIB = 1024, 1024 * 1024
 
 # -- NCCL 2.21's constants (nccl_model.md section in brackets) ---------------------------------
@@ -303,8 +304,8 @@ def choose(s: System, collective: str, nbytes: int, *, algorithms=None, protocol
     """What NCCL runs for one call of ``nbytes`` (nccl-tests size)."""
     if collective not in COLLECTIVES:
         raise UsageError(f"msc simulate --nccl models {', '.join(COLLECTIVES)}, not {collective!r}")
-    if collective == "alltoall":
-        return _p2p_choice(s, nbytes)
+    if collective in P2P:
+        return _p2p_choice(s, nbytes // s.ranks if collective == "alltoall" else nbytes)
     pairs = enabled(s, collective, algorithms, protocols)
     times = [(nccl_time(s, collective, a, p, nbytes), a, p) for a, p in pairs]
     t, a, p = min(times)
@@ -329,11 +330,11 @@ def _channels(s: System, algorithm: str, protocol: str, nbytes: int) -> tuple[in
     return nc, nt
 
 
-def _p2p_choice(s: System, nbytes: int) -> Choice:
-    """Alltoall is NCCL's grouped send/receive, outside the tuning model:
-    LL for messages below NCCL_P2P_LL_THRESHOLD (16 KiB per peer), else
-    Simple [5]; one channel per peer pair here (msc's all-pairs plan)."""
-    per_peer = nbytes // s.ranks
+def _p2p_choice(s: System, per_peer: int) -> Choice:
+    """Alltoall and sendrecv are NCCL's grouped send/receive, outside the tuning
+    model: LL for messages below NCCL_P2P_LL_THRESHOLD (16 KiB per peer), else
+    Simple [5]; one channel per peer pair here (msc's all-pairs plan, or the
+    ring of sends to the next rank that nccl-tests' sendrecv_perf makes)."""
     return Choice("p2p", "LL" if per_peer < 16 * KIB else "Simple", 1, MAX_THREADS["Simple"], float("nan"))
 
 

@@ -46,7 +46,7 @@ def _lower(topology: Topology, collective: str, choice: nccl.Choice):
         alg, params = _library("allreduce/nccl_tree:nccl_tree"), dict(gpus_per_node=g, channels=max(1, choice.channels // 2),
                                                                        chunks=1)
     elif choice.algorithm == "p2p":
-        alg, params = _library("alltoall/allpairs:allpairs"), {}
+        alg, params = _library("alltoall/allpairs:allpairs" if collective == "alltoall" else "sendrecv/ring:ring"), {}
     elif choice.algorithm == "nvls":           # one switch threadblock per NVLS channel: instances
         program = msc.trace(_library("allreduce/nvls:nvls"), topology.num_ranks, inplace=False)
         return lower(program, LowerOptions(protocol=choice.protocol, instances=choice.channels))
