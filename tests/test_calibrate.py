@@ -76,6 +76,20 @@ def _old_layout(line: str) -> str:
     return " ".join(t[:4] + t[5:8] + ["0e+00"] + t[9:12] + ["0e+00"])
 
 
+HEAD = "# Collective test starting: all_reduce_perf\n"
+FIRST = ROWS.splitlines()[0]
+
+
+@pytest.mark.parametrize("text,message", [
+    (HEAD + FIRST[:60], "f:2: not a row of nccl-tests results .expected 1 or 2 groups"),
+    (HEAD + FIRST.replace("16.88", "fast"), "f:2: not a row .*its time 'fast' is not a number"),
+    (HEAD + FIRST.replace("       0    14.80", "       3    14.80"), "f:2: nccl-tests found 3 wrong result"),
+    (HEAD + "# Avg bus bandwidth : 0\n", "f: no rows of nccl-tests results"),
+    ("# Collective test starting: gather_perf\n" + ROWS, "f:1: gather_perf is not a test msc models NCCL for"),
+    (HEAD + "#  size count type redop root cputime algbw busbw #wrong cputime algbw busbw #wrong\n" + ROWS,
+     "f:3: the times are the host's CPU time"),
+    (ROWS, "f:1: a row, but which test printed it"),
+])
 def test_a_malformed_log_is_refused_naming_its_file_and_line(text, message):
     with pytest.raises(UsageError, match=message):
         parse(text, "f")

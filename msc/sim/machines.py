@@ -187,7 +187,8 @@ H20 = replace(H100, name="h20", description="H20",
 # - NVLS: the port rate at H100's fitted share of its line rate (308/450) times NCCL's NVLS efficiency
 #   of Blackwell over Hopper (0.74/0.85, nvlsEfficiency, tuning.cc@v2.30.7): 0.596 x 900 = 536 GB/s;
 #   H100's switch latencies. A check, not a fit: by the n + 1 rule 8 GPUs' NVLS allreduce is then
-#   2 x 7/9 x 536 = 834 GB/s busbw, where nccl issue 1807 measured "830+" on 8 B200 (NCCL 2.27.1).
+#   2 x 7/9 x 536 = 834 GB/s busbw (the library's nvls plan on 16 channels simulates 823-830 at 1-8 GiB),
+#   where nccl issue 1807 measured "830+" on 8 B200 (NCCL 2.27.1, its algorithm not stated).
 B200_NVLS_GBPS = NVLS_H100["nvls_gbps"] / H100.nvlink_gbps * 0.74 / 0.85 * 900.0
 B200 = Machine(
     "b200", reduce_gbps=H100.reduce_gbps * 1.5, copy_gbps=H100.copy_gbps * 1.5, threadblock_gbps=90.0,
