@@ -21,10 +21,12 @@ simulated time is piecewise linear in the latencies and in the inverses of
 the rates (a sum along the critical path of the schedule, which max-plus
 and max-min fair sharing keep), so those steps give its slopes, and the
 fit is a bounded linear least squares on them, in relative error weighted
-by the goal (10% from 1 MB, 20% below), with a small pull towards the
+by the goal (10% from 1 MB, 20% below) and robust (Huber's weights: rows
+far outside pull no harder than the bar), with a small pull towards the
 topology's values where the rows leave a direction free. The fitted point
-is simulated again; where the schedule's critical path changed, the fit
-starts over from there (``rounds``), keeping the best simulated point.
+is simulated again and, where the critical path changed there, fitted
+again from its simulated times with the first slopes (the chord method,
+``rounds`` in all), keeping the best simulated point.
 
 A measurement nccl-tests took with one process driving N GPUs (``-g N``,
 without CUDA graphs, ``-G``) is floored at N host launches (msc.sim.calibration.HOST_LAUNCH_US); sizes
@@ -205,10 +207,9 @@ class Fit:
 
 
 class _Sims:
-    """Simulated times (us) per (collective, size) on topologies, counted."""
+    """Simulated records per (collective, size) on topologies, counted."""
 
-    def __init__(self, points: list[tuple[str, int]]):
-        self.points = points
+    def __init__(self):
         self.count = 0
 
     def run(self, topology: Nodes, points) -> dict[tuple, dict]:
@@ -230,8 +231,8 @@ def fit(logs, topology: Topology, *, rounds: int = 3) -> Fit:
     nccl.system(topology)                       # UsageError, with the reason, where NCCL's choice is not modelled
     measured = measurements(logs, topology)
     points = sorted({(m.collective, m.size) for m in measured})
-    sims = _Sims(points)
-    all_knobs = [k for k in knobs(topology)]
+    sims = _Sims()
+    all_knobs = knobs(topology)
     before = {k.key: value(topology, k.key) for k in all_knobs}
     base = sims.run(topology, points)
     best_x, best_recs, best_score = dict(before), base, _score(measured, base)
@@ -276,7 +277,7 @@ def _weights(measured: list[Measured], recs: dict) -> list[float]:
     return out
 
 
-def _acts_on(knob: Knob, rec: dict, topology: Nodes) -> bool:
+def _acts_on(knob: Knob, rec: dict) -> bool:
     """Whether ``knob`` can change the simulated time of ``rec`` (its protocol's, its links')."""
     kind, *rest = knob.key.split(":")
     if kind in ("launch", "step", "bw") and rest[0] != rec["protocol"]:
@@ -293,7 +294,7 @@ def _slopes(topology: Nodes, x: dict, recs: dict, all_knobs: list[Knob], sims: _
     for knob in all_knobs:
         if knob.key.startswith("launch:"):
             continue
-        points = [p for p, rec in recs.items() if _acts_on(knob, rec, topology)]
+        points = [p for p, rec in recs.items() if _acts_on(knob, rec)]
         if not points:
             continue
         x0 = x[knob.key]
