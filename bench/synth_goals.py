@@ -90,8 +90,9 @@ def measure(job) -> dict:
     out = {"topology": topo.name, "spec": spec, "ranks": n, "collective": collective, "part": part,
            "sizes": list(SIZES)}
     if part == "library":
+        # each part runs in a (daemonic) worker of its own: its tune simulates in that process
         out["best"] = winners(tune(library_files(collective), n, topo, list(SIZES), protocols=PROTOCOLS,
-                                   refine=False, runner_up=False))
+                                   refine=False, runner_up=False, workers=1))
         out["nccl"] = nccl(collective, topo)
         out["bound_s"] = bounds(collective, topo)
     else:
@@ -99,7 +100,7 @@ def measure(job) -> dict:
 
         with tempfile.TemporaryDirectory() as tmp:
             files = synthesized_files(library_files(collective)[:1], topo, tmp)
-            out["best"] = winners(tune(files, n, topo, list(SIZES), protocols=PROTOCOLS, refine=False,
+            out["best"] = winners(tune(files, n, topo, list(SIZES), protocols=PROTOCOLS, refine=False, workers=1,
                                        runner_up=False))
     out["seconds"] = time.perf_counter() - start
     return out

@@ -161,3 +161,114 @@ def explicit_call_case(rank: int, n: int) -> dict:
 
     dist.all_reduce(y, group=stock_group())
     return {"equal": torch.equal(x, y), "rows": mt.served.counts()}
+
+
+def strided_case(rank: int, n: int) -> dict:
+    """Calls on tensors that are not contiguous (every other column of a
+    matrix): msc serves them through contiguous copies and writes the result
+    back, equal to gloo's on contiguous copies, the rest of the matrix as it
+    was; stock gloo handed the view itself computes a wrong result (counted).
+    A written expanded view (elements sharing memory) is refused."""
+    import torch
+    import torch.distributed as dist
+
+    import msc.torch as mt
+    from msc.errors import UsageError
+
+    mt.served.clear()
+    base = _data(rank, 7, 64 * 64).view(64, 64)
+    out = {}
+
+    def both(name, call, make):
+        """``call(group, *tensors)`` on msc's group with ``make()``'s tensors and on gloo's with contiguous
+        copies; equal where msc's were written, and nothing else of their bases changed."""
+        mine, theirs = make(), [t.contiguous() for t in make()]
+        bases = [t._base.clone() if t._base is not None else None for t in mine]
+        call(dist.group.WORLD, *mine)
+        call(stock_group(), *theirs)
+        equal = all(torch.equal(a, b) for a, b in zip(mine, theirs))
+        for t, before in zip(mine, bases):
+            if before is not None:                    # the base outside the view: untouched
+                outside = torch.ones_like(before, dtype=torch.bool)
+                outside.as_strided(t.shape, t.stride(), t.storage_offset())[...] = False
+                equal = equal and torch.equal(t._base[outside], before[outside])
+        out[name] = equal
+
+    both("all_reduce", lambda g, t: dist.all_reduce(t, group=g), lambda: [base.clone()[:, ::2]])
+    both("broadcast", lambda g, t: dist.broadcast(t, src=1, group=g), lambda: [base.clone()[::2, 1:9]])
+    both("all_gather_into_tensor", lambda g, o, i: dist.all_gather_into_tensor(o, i, group=g),
+         lambda: [torch.zeros(n * 32, 2)[:, 1], base.clone()[:32, 3]])
+    both("reduce_scatter_tensor", lambda g, o, i: dist.reduce_scatter_tensor(o, i, group=g),
+         lambda: [torch.zeros(32, 3)[:, 0], base.clone()[:, ::2].reshape(-1)[:32 * n]])
+    stock = base.clone()
+    dist.all_reduce(stock[:, ::2], group=stock_group())        # gloo handed the view itself
+    right = base.clone()
+    right[:, ::2] = base[:, ::2].contiguous()
+    dist.all_reduce(right, group=stock_group())
+    out["stock_wrong"] = int((stock[:, ::2] != right[:, ::2]).sum()) + int((stock[:, 1::2] != base[:, 1::2]).sum())
+    expanded = torch.ones(4).expand(8, 4)                     # gloo, handed it, writes past its 16 bytes
+    try:
+        dist.all_reduce(expanded)
+        out["expanded"] = "no error"
+    except UsageError as exc:
+        out["expanded"] = str(exc)
+    out["rows"] = mt.served.counts()
+    return out
+
+
+def two_threads_case(rank: int, n: int) -> dict:
+    """Rank 0 calls from two threads on one msc group at once (the second
+    while the first waits for rank 1): the second raises, naming both
+    threads; the first completes. Rank 1, left waiting for the call rank 0
+    refused, times out naming it. The group stays usable."""
+    import threading
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    import msc.torch as mt
+    from msc.torch import agree
+
+    agree.set_timeout(2.0)
+    out = {}
+    x, y = _data(rank, 8, 256), _data(rank, 9, 256)
+    want = x.clone()
+    dist.all_reduce(want, group=stock_group())
+    try:
+        if rank == 0:
+            def second():
+                time.sleep(0.3)
+                try:
+                    dist.all_reduce(y.clone())
+                    out["second"] = "no error"
+                except agree.ConcurrentCallError as exc:
+                    out["second"] = str(exc)
+            t = threading.Thread(target=second, name="worker-2")
+            t.start()
+            dist.all_reduce(x)
+            t.join()
+        else:
+            time.sleep(1.0)
+            dist.all_reduce(x)
+            try:
+                dist.all_reduce(y.clone())                  # rank 0's refused call: it never comes
+                out["second"] = "no error"
+            except agree.AgreementTimeoutError as exc:
+                out["second"] = str(exc)
+        out["first"] = torch.equal(x, want)
+        dist.barrier(group=stock_group())
+        if rank == 0:                                       # rank 1 gave up on this call number
+            try:
+                dist.all_reduce(y.clone())
+            except agree.AgreementTimeoutError:
+                out["caught_up"] = True
+        z = _data(rank, 10, 256)
+        stock = z.clone()
+        dist.all_reduce(z)
+        dist.all_reduce(stock, group=stock_group())
+        out["after"] = torch.equal(z, stock)
+    finally:
+        agree.set_timeout(None)
+    out["rows"] = mt.served.counts()
+    return out

@@ -4,6 +4,7 @@ import atexit
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +14,10 @@ import pytest
 if "MSC_CACHE_DIR" not in os.environ:
     os.environ["MSC_CACHE_DIR"] = tempfile.mkdtemp(prefix="msc-test-cache-")
     atexit.register(shutil.rmtree, os.environ["MSC_CACHE_DIR"], ignore_errors=True)
+# The session's cache, shared by every xdist worker (they inherit the variable) and every command a test
+# runs: its entries are keyed by their content (source, compiler, flags), so a kernel one test built is
+# one no other test builds again, and no test may damage it (copy it first: cold_cache).
+SESSION_CACHE = Path(os.environ["MSC_CACHE_DIR"])
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -37,3 +42,56 @@ def gloo2():
     pool = torchdist.Pool(2, timeout=180)
     yield pool
     pool.close()
+
+
+def pytest_sessionfinish(session):
+    """The forkserver torchdist's pools fork from is stopped and waited for (its workers, and the CPU
+    time they used, are this test process's, not orphans')."""
+    import sys
+
+    if "torchdist" in sys.modules:
+        sys.modules["torchdist"].stop_forkserver()
+
+
+@pytest.fixture(scope="session")
+def kernel_cache() -> Path:
+    """The session's kernel cache (SESSION_CACHE): for tests that only read and add entries."""
+    return SESSION_CACHE
+
+
+@pytest.fixture(scope="session")
+def _headers_built() -> Path | None:
+    """The session cache's precompiled headers for the emulated device (built once, by a kernel
+    build), or None where no compiler or no headers can be had."""
+    from msc.cuda import hostbuild
+
+    try:
+        compiler = hostbuild.find_compiler()
+    except Exception:                       # noqa: BLE001 - no compiler: the emulated device's tests skip
+        return None
+    import msc
+    from library import algorithms
+    from msc.cuda.compiler import compile_host
+    from msc.cuda.runtime import runtime_plan
+    from msc.lower.pipeline import LowerOptions, lower
+
+    plan = lower(msc.trace(algorithms(switch=False)["allreduce/ring:ring"], 2), LowerOptions(protocol="LL", tile=4096))
+    compile_host(runtime_plan(plan), cache=SESSION_CACHE)
+    found = sorted(SESSION_CACHE.glob("host/pch-*"))
+    return found[0] if compiler.gnu and found else None
+
+
+@pytest.fixture
+def cold_cache(tmp_path, _headers_built) -> Path:
+    """A cache of this test's own (tmp_path/cache) holding no kernel: the session cache's key and, where
+    g++ precompiles them, its standard headers, copied (a test may damage or plant anything in it; a
+    build in it pays for the kernel, not for the headers again)."""
+    cache = tmp_path / "cache"
+    (cache / "verified").mkdir(parents=True, mode=0o700)
+    key = SESSION_CACHE / "verified" / "key"
+    if key.is_file():
+        shutil.copy2(key, cache / "verified" / "key")
+    if _headers_built is not None:
+        shutil.copytree(_headers_built, cache / "host" / _headers_built.name,
+                        ignore=shutil.ignore_patterns("build.lock"))
+    return cache

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import msc
+from patience import patience
 from msc.errors import UsageError
 from msc.sim.protocols import LinkModel, Protocol
 from msc.sim.topology import Uniform
@@ -377,7 +378,7 @@ def test_a_python_warning_is_one_line_without_its_source(tmp_path):
     path.write_text(ALLGATHER.replace("import msc", "import warnings\nimport msc")
                     .replace("def direct(p):\n", "def direct(p):\n    warnings.warn(\"careful\")  # line 7\n"))
     done = subprocess.run([sys.executable, "-m", "msc.cli", "verify", "warns.py", "-n", "2"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=patience(120))
     assert done.returncode == 0, done.stderr
     assert done.stderr == "msc: warning: warns.py:7: UserWarning: careful\n"
 

@@ -14,7 +14,7 @@ import pytest
 from msc.cli.main import main
 from msc.errors import UsageError
 from msc.formats.nccl_tests import Log, Row, machine_of, parse, read_log
-from msc.sim.calibrate import fit, knobs, summary, value, with_values
+from msc.sim.calibrate import fit, knobs, summary, to_toml, value, with_values
 from msc.sim.nccl_sim import simulate_nccl
 from msc.sim.presets import get_topology
 from msc.sim.topology import load_topology
@@ -190,10 +190,16 @@ def test_calibrate_refuses_what_it_cannot_fit(tmp_path, capsys, change, message)
 
 
 @pytest.mark.slow
-def test_calibrate_across_two_nodes_fits_the_nics():
-    """Two nodes of 8 H100 (Nebius, dstack's page): the NIC's shares are fitted, and the fitted model
-    holds the rows NCCL's choice as msc models it can reach."""
+def test_calibrate_across_two_nodes_fits_the_nics(tmp_path):
+    """Two nodes of 8 H100 (Nebius, dstack's page): the NIC's shares and per-message cost are fitted,
+    the fitted model holds the rows (NCCL 2.30.7's choice: the tree to 1 MB, NVLSTree from 64 MB), and
+    the TOML written reads back with the fitted network values."""
     result = fit([read_log(DATA / "nebius-h100x16-all_reduce_perf.txt")], get_topology("dgx-h100:2", None))
-    assert {"bw:LL128:net", "bw:Simple:net"} & result.free
+    assert {"bw:LL128:net", "bw:Simple:net"} & result.free and "message:net" in result.free
     ok, held, before = summary(result)
     assert held == 10 and ok >= 9 and before <= 3
+    path = tmp_path / "mine.toml"
+    path.write_text(to_toml(result, name="mine", sources=["nebius"]))
+    mine, fitted = load_topology(path), result.topology
+    assert (mine.nic_message, mine.nic_alpha, mine.nic) == pytest.approx((fitted.nic_message, fitted.nic_alpha, fitted.nic))
+    assert mine.protocols == fitted.protocols

@@ -10,17 +10,19 @@ from pathlib import Path
 
 import pytest
 
+import clirun
 import msc
 
 from algfile import write
+from patience import patience
 
 REPO = Path(__file__).resolve().parent.parent
 RING = REPO / "algorithms" / "allreduce" / "ring.py"
 
 
+# in this process (tests/clirun.py); tests/test_cli_processes.py runs each command as a process
 def cli(*args, cwd=REPO) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "msc.cli", *map(str, args)], cwd=cwd,
-                          capture_output=True, text=True, timeout=120)
+    return clirun.msc(*args, cwd=cwd)
 
 
 def same_file(shown: str, path: Path) -> bool:
@@ -267,9 +269,22 @@ def test_cli_imports_no_numpy_torch_or_cuda():
     for code in ("import sys, msc.cli.main",
                  f"import sys, msc.cli.main; msc.cli.main.main(['verify', {str(RING)!r}, '-n', '4'])"):
         done = subprocess.run([sys.executable, "-c", f"{code}; print({HEAVY})"], cwd=REPO,
-                              capture_output=True, text=True, timeout=60)
+                              capture_output=True, text=True, timeout=patience(60))
         assert done.returncode == 0, done.stderr
         assert done.stdout.splitlines()[-1] == "[]", done.stdout
+
+
+def test_only_bfloat16_work_imports_ml_dtypes(tmp_path):
+    """ml_dtypes (numpy's bfloat16; 0.7 CPU-s to import) is imported by a command that works in
+    bfloat16, not by every command that runs or simulates a plan."""
+    calls = [["compile", "allreduce/ring", "-n", "4", "-o", "r.plan"], ["run", "r.plan", "-b", "1K", "-e", "4K"],
+             ["simulate", "r.plan", "-t", "ring:4"], ["bound", "allreduce", "-t", "ring:4"], None,
+             ["run", "r.plan", "-b", "1K", "-e", "1K", "-d", "bf16"], None]
+    code = "import sys, msc.cli.main\n" + "".join(
+        "print('ml_dtypes' in sys.modules)\n" if c is None else f"assert msc.cli.main.main({c!r}) == 0\n" for c in calls)
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=patience(120))
+    assert done.returncode == 0, done.stderr
+    assert [line for line in done.stdout.splitlines() if line in ("True", "False")] == ["False", "True"], done.stdout
 
 
 def test_import_names_the_size_range_a_plan_file_does_not_keep(tmp_path):

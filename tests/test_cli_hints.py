@@ -18,6 +18,7 @@ import msc
 from msc.errors import UsageError
 
 from algfile import load_one, write
+from patience import patience
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -284,11 +285,11 @@ def test_the_readme_describes_the_timeline_above_show_lanes():
 # -- 11. python -m msc --------------------------------------------------------------------------
 def test_python_dash_m_msc_runs_the_command():
     done = subprocess.run([sys.executable, "-m", "msc", "verify", "allreduce/ring", "-n", "4"], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=patience(120))
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("verified: ring (allreduce, 4 ranks")
     done = subprocess.run([sys.executable, "-m", "msc", "compile", "allreduce/rign", "-n", "4"], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=patience(120))
     assert done.returncode == 2 and "did you mean 'allreduce/ring'" in done.stderr
 
 
@@ -318,7 +319,7 @@ def test_tests_of_optional_dependencies_skip_without_them(tmp_path):
              "tests/test_readme.py::test_the_emulated_device_section_runs_as_written",
              "tests/test_torch_executor.py", "tests/test_pictures.py"]
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-rs", *tests],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=patience(300))
     summary = done.stdout.strip().splitlines()[-1]
     assert done.returncode == 0 and "passed" not in summary and "failed" not in summary, done.stdout[-3000:]
     for why in ("matplotlib", "torch", "C++20 compiler"):

@@ -49,6 +49,7 @@ import pytest
 import msc
 from cudaboot import check_run, deadlock_plan, np_dtype, queued_allreduces_are_right
 from library import algorithms
+from patience import patience
 from msc.cuda import Communicator, DeviceTimeoutError
 from msc.cuda.compiler import compile_host
 from msc.cuda.diagnose import BrokenCommunicatorError
@@ -138,8 +139,8 @@ OTHER_RANKS += [(key, ranks_for(key), PROTOCOLS[i % 2]) for i, key in enumerate(
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("emu-kernels")
+def cache(kernel_cache):
+    folder = kernel_cache
     jobs = [(key, N, protocol, "table", dtype, op) for key, protocol, dtype, op in default_cases()]
     jobs += [(key, N, protocol, "straight", "bfloat16", "sum") for key, protocol in STRAIGHT]
     jobs += [(key, n, protocol, "table", "float32", "sum") for key, n, protocol in OTHER_RANKS]
@@ -176,22 +177,18 @@ def sweep_cases():
     return [(key, protocol) for key in KEYS for protocol in PROTOCOLS]
 
 
-@pytest.fixture(scope="module")
-def sweep_cache(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("emu-sweep")
-    build_all([(key, ranks_for(key), protocol, form, dtype, op) for key, protocol in sweep_cases() for form in FORMS
-               for dtype, op in kernels_of(key, ranks_for(key), protocol)], folder)
-    return folder
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("key, protocol", sweep_cases())
-def test_sweep_every_form_dtype_op_and_count(key, protocol, sweep_cache):
+def test_sweep_every_form_dtype_op_and_count(key, protocol, kernel_cache):
     """The whole cross product for one algorithm and protocol."""
     seed, n = 0, ranks_for(key)
+    # this case's kernels, in parallel; xdist shards the cases, and a kernel another case built (the
+    # table form's, shared by every plan) is a hit in the session's cache
+    build_all([(key, n, protocol, form, dtype, op) for form in FORMS for dtype, op in kernels_of(key, n, protocol)],
+              kernel_cache)
     for form in FORMS:
         for dtype, op in kernels_of(key, n, protocol):
-            comm = comm_for(key, n, protocol, form, dtype, op, sweep_cache)
+            comm = comm_for(key, n, protocol, form, dtype, op, kernel_cache)
             ops = [o for o in OPS if check_op(comm.plan, o, dtype) == op]       # one data-movement kernel: all ops
             for o in ops:
                 for count in COUNTS:
@@ -213,14 +210,9 @@ def switch_sweep_cases():
     return out
 
 
-@pytest.fixture(scope="module")
-def switch_cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("emu-switch-sweep")
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("key, n, inplace, instances", switch_sweep_cases())
-def test_switch_sweep_every_form_dtype_and_op_the_switch_reduces(key, n, inplace, instances, switch_cache):
+def test_switch_sweep_every_form_dtype_and_op_the_switch_reduces(key, n, inplace, instances, kernel_cache):
     """Bit-exact against msc.executor for every (dtype, op) of msc.cuda.switch.supported_pairs
     (avg included: the switch's sum, then the division pass), both forms, counts that leave tails."""
     from test_switch_runtime import SWITCH_PAIRS, counts_for, switch_plan
@@ -228,7 +220,7 @@ def test_switch_sweep_every_form_dtype_and_op_the_switch_reduces(key, n, inplace
     plan, seed = switch_plan(key, n, inplace, instances), 100
     for form in FORMS:
         for dtype, op in SWITCH_PAIRS:
-            comm = Communicator(plan, "virtual", device="emu", form=form, cache=switch_cache, dtypes=(dtype,),
+            comm = Communicator(plan, "virtual", device="emu", form=form, cache=kernel_cache, dtypes=(dtype,),
                                 ops=(op,), timeout_s=60)
             for count in counts_for(plan, dtype):
                 check_run(comm, count, dtype, op, seed)
@@ -361,20 +353,24 @@ def test_the_vector_path_serves_misaligned_chunks(key, share, cache):
 
 
 def test_ll_flags_wrap_around_2_to_the_32(cache):
-    """LL's flag is the low 32 bits of a message's sequence number + 1.
-    After a first call fills every slot, shift every connection's counters
-    and every packet's flag by 2^32 - 5, as if 2^32 - 5 messages had passed:
-    the next calls cross the wrap and must still be right."""
+    """LL's flag is the low 32 bits of a message's sequence number + 1, and
+    a message's slot its sequence number modulo the slots. After a first
+    call fills every slot, shift every connection's counters and every
+    packet's flag as if messages had passed until the counters stand 5 below
+    2^32: the next call crosses the wrap (the flags' and the slot index's,
+    whose 64-bit remainder the kernel computes in 32-bit halves) and every
+    call must still be right."""
     plan = plan_for("allreduce/ring:ring", 4, "LL", 256)          # 64 floats a tile: many messages a call
     comm = Communicator(plan, "virtual", device="emu", cache=cache, timeout_s=30)
     check_run(comm, 4099, "float32", "sum", seed=0)
     comm.synchronize()
-    shift = (1 << 32) - 5
     be, arenas, bases = comm.backend, comm._arenas, comm._bases
     for c in comm.layout.connections:
-        for where in (bases[c.receiver] + arenas[c.receiver].tail[c.id], bases[c.sender] + arenas[c.sender].head[c.id]):
-            (v,) = struct.unpack("<Q", be.read(0, where, 8))
-            assert v >= comm.slots                              # every slot holds a packet of a message
+        ends = (bases[c.receiver] + arenas[c.receiver].tail[c.id], bases[c.sender] + arenas[c.sender].head[c.id])
+        (v,), (w,) = (struct.unpack("<Q", be.read(0, where, 8)) for where in ends)
+        assert v == w >= comm.slots                             # every message read, every slot holds one's packet
+        shift = (1 << 32) - 5 - v
+        for where in ends:
             be.write(0, where, struct.pack("<Q", v + shift))
         start = bases[c.receiver] + arenas[c.receiver].slots[c.id]
         size = comm._capacity.slots[c.id]
@@ -393,14 +389,14 @@ def test_ll_flags_wrap_around_2_to_the_32(cache):
 
 
 # -- the host build ---------------------------------------------------------------------------------
-def test_a_second_build_is_a_cache_hit_and_a_damaged_library_is_rebuilt(tmp_path):
+def test_a_second_build_is_a_cache_hit_and_a_damaged_library_is_rebuilt(cold_cache):
     plan = runtime_plan(plan_for("allgather/ring:ring", 2, "LL"))
-    first = compile_host(plan, cache=tmp_path)
+    first = compile_host(plan, cache=cold_cache)
     assert not first.cache_hit and first.library.is_file()
-    again = compile_host(plan, cache=tmp_path)
+    again = compile_host(plan, cache=cold_cache)
     assert again.cache_hit and again.library == first.library
     first.library.write_bytes(b"")                           # a truncated or forged entry is never loaded
-    rebuilt = compile_host(plan, cache=tmp_path)
+    rebuilt = compile_host(plan, cache=cold_cache)
     assert not rebuilt.cache_hit and rebuilt.library.stat().st_size > 1000
     assert first.library.with_name("kernel.cpp").read_text().startswith("// Generated by msc")
 
@@ -440,7 +436,7 @@ def test_a_constructor_starts_no_thread(cache):
         "Communicator(plan, 'virtual', device='emu', form='table', cache=Path({cache!r})).close()\n"
         "print(before, threading.active_count())\n"
     ).format(tests=str(Path(__file__).parent), cache=str(cache))
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=patience(300))
     assert done.returncode == 0, done.stderr[-2000:]
     before, after = map(int, done.stdout.split())
     assert after == before
@@ -555,15 +551,12 @@ def test_torchrun_peers_on_another_machine_are_named(gloo2):
 
 # -- msc run --backend emu ----------------------------------------------------------------------------
 def test_msc_run_on_the_emulated_device(tmp_path):
-    import subprocess
-    import sys
-
+    from clirun import msc as run_msc          # in this process (tests/test_cli_processes.py: as a process)
     from msc.formats.plan_text import save_plan
 
     save_plan(plan_for("reducescatter/allpairs:allpairs", 4, "LL"), tmp_path / "rs.plan")
-    done = subprocess.run([sys.executable, "-m", "msc.cli", "run", str(tmp_path / "rs.plan"), "--backend", "emu",
-                           "-b", "64", "-e", "64K", "-f", "32", "-d", "bf16", "-o", "max"],
-                          capture_output=True, text=True, timeout=300)
+    done = run_msc("run", tmp_path / "rs.plan", "--backend", "emu", "-b", "64", "-e", "64K", "-f", "32", "-d", "bf16",
+                   "-o", "max")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert "backend emu (the plan's CUDA kernel on the emulated device" in lines[0]
@@ -572,8 +565,7 @@ def test_msc_run_on_the_emulated_device(tmp_path):
     rows = [x.split() for x in lines if not x.startswith("#")]
     assert [r[0] for r in rows] == ["64", "2048", "65536"] and all(r[-1] == "0" for r in rows)
     assert "Out of bounds values : 0 OK" in done.stdout and "no bandwidth" in done.stdout
-    bad = subprocess.run([sys.executable, "-m", "msc.cli", "run", str(tmp_path / "rs.plan"), "--backend", "emu",
-                          "-d", "int64"], capture_output=True, text=True, timeout=300)
+    bad = run_msc("run", tmp_path / "rs.plan", "--backend", "emu", "-d", "int64")
     assert bad.returncode == 2 and "no data type 'int64'" in bad.stderr and "Traceback" not in bad.stderr
 
 

@@ -35,6 +35,7 @@ from msc.ir.ops import REDUCE_OP_NAMES
 from msc.lower.pipeline import LowerOptions, lower
 from cudaboot import runtime_layout
 from library import algorithms
+from patience import patience
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -434,7 +435,7 @@ def test_bench_without_a_gpu_exits_2(tmp_path):
 
     save_plan(_plan("allreduce/ring:ring", 4), plan)
     done = subprocess.run([sys.executable, "-m", "msc.cli", "bench", str(plan), "--backend", "cuda", "-e", "1M"],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
+                          cwd=REPO, capture_output=True, text=True, timeout=patience(120))
     assert done.returncode == 2, done.stderr
     assert "msc: error: the msc CUDA runtime needs an NVIDIA GPU and driver" in done.stderr
     assert "Traceback" not in done.stderr

@@ -64,8 +64,8 @@ def _plan(protocol: str):
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("static-kernels")
+def cache(kernel_cache):
+    return kernel_cache
 
 
 _FACTS: dict = {}

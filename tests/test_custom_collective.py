@@ -226,3 +226,49 @@ def test_in_place_custom_collective_with_a_larger_output_fails_cleanly():
     with pytest.raises(msc.MscError):
         msc.verify(msc.trace(incomplete, 3))
     assert msc.trace(incomplete, 3, inplace=False).layout.physical_sizes == {"input": 1, "output": 3}
+
+
+HALO = msc.CustomCollective("halo", input_chunks=1, output_chunks=2,
+                            postcondition=lambda r, i, n, k: [((r - 1) % n, 0)] if i == 0 else [((r + 1) % n, 0)])
+
+
+def _halo(swap: bool):
+    @msc.algorithm(HALO, inplace=False)
+    def halo(p):
+        """Each rank's input to its neighbours' outputs: output[0] from the
+        left, output[1] from the right (``swap``: the wrong way round)."""
+        n = p.num_ranks
+        for r in range(n):
+            p.chunk(r, "input", 0).copy((r + 1) % n, "output", 1 if swap else 0)
+            p.chunk(r, "input", 0).copy((r - 1) % n, "output", 0 if swap else 1)
+    return halo
+
+
+@pytest.mark.parametrize("protocol", ["Simple", "LL"])
+def test_a_collective_of_int_sizes_compiles_with_instances(protocol):
+    """A halo exchange stated with input_chunks=1, output_chunks=2 (ints)
+    compiled with --instances 1 only: at 2 or 4 lowering checked the plan
+    against the sizes as written ("output[1] is never written"). Instances
+    scale the layout as they replicate it, whichever way the sizes are written."""
+    from msc.lower.pipeline import LowerOptions, lower
+    from msc.verification.plan import verify_plan
+
+    program = msc.trace(_halo(swap=False), 4)
+    msc.verify(program)
+    for instances in (2, 4):
+        plan = lower(program, LowerOptions(protocol=protocol, instances=instances))
+        assert (plan.input_chunks, plan.output_chunks, plan.chunk_factor) == (instances, 2 * instances, instances)
+        # output chunk x of rank 0 holds input chunk x % instances of its left (x < instances) or right neighbour
+        assert plan.contract.post[0] == tuple(((3 if x < instances else 1, x % instances),)
+                                              for x in range(2 * instances))
+        verify_plan(plan)
+
+
+def test_a_wrong_halo_with_instances_is_still_wrong():
+    from msc.lower.pipeline import LowerOptions, lower
+
+    with pytest.raises(msc.VerificationError, match="rank 0 output\\[0\\]"):
+        msc.verify(msc.trace(_halo(swap=True), 4))
+    program = msc.trace(_halo(swap=True), 4)
+    with pytest.raises(msc.VerificationError, match="rank 0 output\\[0\\]"):
+        lower(program, LowerOptions(instances=2))

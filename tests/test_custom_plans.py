@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+import clirun
 import msc
 from algfile import write
 from emu_skip import needs_emu
@@ -59,9 +59,9 @@ DEFINITIONS = """
 """
 
 
+# in this process (tests/clirun.py); tests/test_cli_processes.py runs each command as a process
 def cli(*args, cwd) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "msc.cli", *map(str, args)], cwd=cwd, capture_output=True,
-                          text=True, timeout=300)
+    return clirun.msc(*args, cwd=cwd)
 
 
 def ok(done: subprocess.CompletedProcess) -> str:

@@ -241,6 +241,22 @@ def test_in_place_ops_use_physical_buffers(collective, logical, physical):
             (buffer, index, "scratch", 0), ("scratch", 0, buffer, index)]
 
 
+@pytest.mark.parametrize("collective,logical,physical", ALIASES)
+def test_in_place_ops_are_described_as_written(collective, logical, physical):
+    """Errors name the buffer the algorithm wrote (output[1]), not the
+    physical chunk it aliases in place (input[1])."""
+    rank, buffer, index = logical
+    other = 0 if rank else 1
+
+    def body(p, seen):
+        p.chunk(rank, buffer, index).copy(other, "scratch", 0)
+        p.chunk(other, "scratch", 0).copy(rank, buffer, index)
+
+    program, _ = run_dsl(collective, 3, body, k=2, inplace=True)
+    assert program.describe_op(0) == f"copy rank {rank} {buffer}[{index}] -> rank {other} scratch[0]"
+    assert program.describe_op(1) == f"copy rank {other} scratch[0] -> rank {rank} {buffer}[{index}]"
+
+
 # A copy of input to output that is the same chunk in place (n=3, k=2, rank 1).
 SELF_COPIES = [
     ("allgather", (1, "input", 1), (1, "output", 3)),

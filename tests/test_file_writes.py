@@ -10,13 +10,13 @@ import os
 import re
 import stat
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
+import clirun
 import msc
 from msc.formats.files import same_file, write_output
 from msc.lower.pipeline import lower
@@ -27,9 +27,9 @@ from msc.formats.xml_export import plan_to_xml
 REPO = Path(__file__).resolve().parent.parent
 
 
+# in this process (tests/clirun.py); tests/test_cli_processes.py runs each command as a process
 def cli(*args, cwd=REPO) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "msc.cli", *map(str, args)], cwd=cwd, capture_output=True,
-                          text=True, timeout=120)
+    return clirun.msc(*args, cwd=cwd)
 
 
 def ring_plan(n=3):

@@ -25,6 +25,7 @@ import pytest
 import msc
 from cudaboot import check_run
 from library import algorithms
+from patience import join, patience
 from msc.cuda import Communicator, emu, hostbuild, kcache
 from msc.cuda.compiler import compile_host, rendered
 from msc.cuda.runtime import runtime_plan
@@ -76,8 +77,8 @@ def marker(tmp_path, monkeypatch):
     return path
 
 
-def test_a_planted_library_is_never_loaded(tmp_path, marker):
-    cache = tmp_path / "cache"
+def test_a_planted_library_is_never_loaded(tmp_path, marker, cold_cache):
+    cache = cold_cache
     p = plan()
     first = compile_host(p, cache=cache)
     assert not first.cache_hit and first.library.is_file()
@@ -91,9 +92,9 @@ def test_a_planted_library_is_never_loaded(tmp_path, marker):
     assert compile_host(p, cache=cache).cache_hit              # and the rebuilt entry is the user's again
 
 
-def test_a_library_is_loaded_from_the_bytes_that_were_checked(tmp_path, marker):
+def test_a_library_is_loaded_from_the_bytes_that_were_checked(tmp_path, marker, cold_cache):
     """Swapping the cache's file after the check changes nothing: the private copy is loaded."""
-    cache = tmp_path / "cache"
+    cache = cold_cache
     p = plan()
     compile_host(p, cache=cache)
     hit = compile_host(p, cache=cache)
@@ -182,7 +183,7 @@ def test_a_fifo_planted_as_an_entry_is_a_miss_not_a_hang(tmp_path):
     got = []
     worker = threading.Thread(target=lambda: got.append(rendered(p, cache=cache)), daemon=True)
     worker.start()
-    worker.join(20)
+    join(worker, 20)
     assert got and not got[0].cache_hit and got[0].source == first.source
 
 
@@ -198,13 +199,13 @@ def test_a_library_without_msc_entry_points_is_named_not_a_traceback(tmp_path):
         emu.load(lib, None, "float32", "sum", True, hit_args_size(), b"not an ELF file")
 
 
-def test_a_full_kernel_cache_costs_the_cache_not_the_run(tmp_path, monkeypatch, capsys):
+def test_a_full_kernel_cache_costs_the_cache_not_the_run(tmp_path, monkeypatch, capsys, cold_cache):
     """Every write into the cache fails with ENOSPC: msc run --backend emu builds in a
-    temporary folder, runs, and warns once, naming the cache."""
+    temporary folder, runs, and warns once, naming the cache (which held the headers before it filled)."""
     from msc.cli.main import main
     from msc.formats.plan_text import save_plan
 
-    cache = tmp_path / "cache"
+    cache = cold_cache
     monkeypatch.setenv("MSC_CACHE_DIR", str(cache))
     save_plan(plan("allreduce/ring:ring", 2, "Simple"), tmp_path / "ring.plan")
     real = kcache.write_atomic
@@ -237,7 +238,7 @@ def test_a_cache_whose_folders_cannot_be_made_still_runs(tmp_path):
     save_plan(plan("allreduce/ring:ring", 2, "Simple"), tmp_path / "ring.plan")
     env = {**os.environ, "MSC_CACHE_DIR": str(cache)}
     done = subprocess.run([sys.executable, "-m", "msc.cli", "run", str(tmp_path / "ring.plan"), "--backend", "emu",
-                           "-b", "64", "-e", "64", "-f", "2"], capture_output=True, text=True, timeout=300, env=env)
+                           "-b", "64", "-e", "64", "-f", "2"], capture_output=True, text=True, timeout=patience(300), env=env)
     assert done.returncode == 0, done.stderr
     assert f"the kernel cache {cache} cannot be written" in done.stderr and "Traceback" not in done.stderr
     assert done.stderr.count("msc: the kernel cache") == 1

@@ -8,11 +8,11 @@ import copy
 import functools
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+import clirun
 import msc
 from msc.errors import DeadlockError, ExecutionError, PlanError, RaceError, RuntimeLimitError, VerificationError
 from msc.formats.diff import diff_plans
@@ -159,6 +159,67 @@ def test_unbalanced_signals_are_reported_for_the_next_call():
         check(doc)
 
 
+def _last_credit_nop(ops: list) -> int:
+    """The nop between a threadblock's last copy out of a scratch slot and the signal after it (the slot's credit)."""
+    return max(i for i in range(1, len(ops) - 1) if ops[i]["name"] == "nop" and ops[i + 1]["name"] == "signal"
+               and any(b.get("type") == "s" for b in ops[i - 1].get("src_buff", [])))
+
+
+@pytest.mark.parametrize("plan", ["ring", "pair_sum"])
+def test_a_last_credit_returned_before_the_slot_is_read_races_with_the_next_call(plan):
+    """The credit that guards the next call's first writes into a slot: the
+    next call runs in the model too, so thread 0 signalling it before the
+    other threads finished reading the slot is a race with that call."""
+    base = plan_to_mscclpp(library_plan("allreduce/ring:ring", 4, False, "Simple") if plan == "ring"
+                           else lower(msc.trace(neighbours, 4), LowerOptions()))
+    check(base)
+    for r in range(4):
+        doc = copy.deepcopy(base)
+        tb = next(t for t in doc["gpus"][r]["threadblocks"] if any(b.get("type") == "s" for op in t["ops"]
+                                                                      for b in op.get("src_buff", [])))
+        i = _last_credit_nop(tb["ops"])
+        del tb["ops"][i]
+        with pytest.raises(RaceError, match=rf"race on rank {r}'s scratch .* of call 2 writes it and rank {r} "
+                                            rf"threadblock \d+ operation {i - 1} \((copy|re|res)\) reads it"):
+            check(doc)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key", ["allreduce/ring:ring", "pair_sum", "broadcast/chain:chain", "sendrecv/ring:ring",
+                                 "reduce/tree:tree"])
+def test_every_single_nop_dropped_from_these_exports_is_refused(key):
+    """Simple exports where every nop guards something (elsewhere a nop can
+    be redundant: a semaphore released with one acquired before it)."""
+    from msc.errors import MscError
+
+    traced = msc.trace(neighbours, 4) if key == "pair_sum" else msc.trace(ALGORITHMS[key], 4, inplace=False)
+    base = plan_to_mscclpp(lower(traced, LowerOptions()))
+    drops = [(r, t, i) for r, gpu in enumerate(base["gpus"]) for t, tb in enumerate(gpu["threadblocks"])
+             for i, op in enumerate(tb["ops"]) if op["name"] == "nop"]
+    assert drops
+    for r, t, i in drops:
+        doc = copy.deepcopy(base)
+        del doc["gpus"][r]["threadblocks"][t]["ops"][i]
+        with pytest.raises(MscError):
+            check(doc)
+
+
+def test_an_ll_sender_that_hears_nothing_back_would_overwrite_packets_two_calls_on():
+    """LL: calls alternate the halves of the double scratch buffer, so the
+    call after next writes where this one's packets are; a broadcast's root
+    hears nothing from its receivers unless they signal it (the export's
+    credit: each receiving threadblock signals first, each sender waits last)."""
+    doc = plan_to_mscclpp(library_plan("broadcast/chain:chain", 4, False, "LL"))
+    check(doc)
+    for gpu in doc["gpus"]:
+        for tb in gpu["threadblocks"]:
+            assert tb["ops"][-1]["name"] == "wait" or tb["ops"][0]["name"] == "signal"
+            tb["ops"] = [op for op in tb["ops"] if op["name"] not in ("signal", "wait")]
+    with pytest.raises(RaceError, match=r"race on rank 1's scratch .* rank 0 threadblock 0 operation \d \(ppkt\) of "
+                                        r"call 3 writes it"):
+        check(doc)
+
+
 def test_a_peer_access_nothing_waits_for_is_reported():
     doc = allgather_2()
     for r in (0, 1):
@@ -202,9 +263,9 @@ def test_a_foreign_shape_verifies_but_is_not_read_as_an_msc_plan():
 
 
 # -- the command line ----------------------------------------------------------------------
+# in this process (tests/clirun.py); tests/test_cli_processes.py runs each command as a process
 def cli(*args, cwd) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "msc.cli", *map(str, args)], cwd=cwd, capture_output=True,
-                          text=True, timeout=120)
+    return clirun.msc(*args, cwd=cwd)
 
 
 def test_export_verify_diff_and_import_on_the_command_line(tmp_path):
@@ -270,6 +331,156 @@ def test_mutated_plans_are_refused_with_msc_errors_only():
         except MscError:
             refused += 1
     assert refused > 150
+
+
+def _tb0(d, **fields):
+    d["gpus"][0]["threadblocks"][0].update(fields)
+
+
+@pytest.mark.parametrize("change,field", [
+    (lambda d: d.update(msc_root=None), "msc_root"),
+    (lambda d: d.update(msc_root=[0]), "msc_root"),
+    (lambda d: d.update(msc_contract=0), "msc_contract"),
+    (lambda d: _tb0(d, msc_channel=[1]), "msc_channel"),
+    (lambda d: _tb0(d, msc_tb={"a": 1}), "msc_tb"),
+    (lambda d: _tb0(d, msc_group=["x"]), "msc_group"),
+    (lambda d: d["gpus"][1].update(msc_scratch="s"), "msc_scratch"),
+    (lambda d: d["gpus"][1].update(msc_barrier_channels=[99]), "msc_barrier_channels"),
+    (lambda d: d.update(msc_slots="junk"), "msc_slots"),
+    (lambda d: d.update(buffer_alignment=float("nan")), "NaN"),
+    (lambda d: d.update(buffer_alignment=32), "buffer_alignment"),
+])
+def test_mistyped_fields_are_one_line_errors_naming_them(change, field, tmp_path, capsys):
+    """Each was a Python traceback (msc_root, msc_contract, msc_channel,
+    msc_tb, msc_scratch: 7 sites in the model and the lift) or was taken
+    as it stood (junk msc_slots, buffer_alignment NaN)."""
+    from msc.cli.main import main
+
+    doc = plan_to_mscclpp(library_plan("allreduce/ring:ring", 4, True, "Simple"))
+    change(doc)
+    (tmp_path / "x.json").write_text(json.dumps(doc))
+    for argv in (["verify", "x.json"], ["import", "x.json", "-o", "x.plan"], ["simulate", "x.json", "-t", "ring:4"]):
+        assert main([a if not a.startswith("x.") else str(tmp_path / a) for a in argv]) == 2, argv
+        err = capsys.readouterr().err
+        assert field in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("field,make", [
+    ("ops", lambda text, n: text.replace('"ops": [', '"ops": [' + ",".join(['{"name": "nop"}'] * n) + ",", 1)),
+    ("channel_ids", lambda text, n: text.replace('"channel_ids": [0]', '"channel_ids": [' + ",".join("0" * n) + "]",
+                                                 1)),
+    ("msc_slots", lambda text, n: text[:-1] + ', "msc_slots": [' + ",".join("1" * n) + "]}"),
+])
+def test_a_plan_over_a_limit_is_refused_before_its_values_become_objects(field, make):
+    """Six million nops in one threadblock (96 MB, under the 1 GiB file
+    limit) took 67 s and 2.7 GB in json.loads before the 64-operation limit
+    was checked; the shape is measured first, at a few bytes a byte."""
+    import time
+    import tracemalloc
+
+    from msc.formats.json_shape import BLOCK
+
+    text = make(json.dumps(allgather_2()), 1_000_000)
+    tracemalloc.start()
+    start = time.process_time()
+    try:
+        with pytest.raises(PlanError, match=f"'{field}' at line 1: over 65536 items, more than any execution plan"):
+            parse_mscclpp(text)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert time.process_time() - start < 5
+    assert peak < 3 * len(text) + 64 * BLOCK          # the text as bytes, a block's measures (json.loads: 17x the nops)
+
+
+def test_the_shape_pass_measures_what_json_reads():
+    """Longest container, how many, how deep, against json's own reading, on
+    random documents full of quotes, backslashes and brackets in strings,
+    measured in blocks of 5 and 64 bytes (a block boundary anywhere)."""
+    import random
+
+    import msc.formats.json_shape as shape
+
+    def truth(doc, depth=1):
+        if not isinstance(doc, (list, dict)):
+            return 0, 0, 0
+        inner = [truth(v, depth + 1) for v in (doc if isinstance(doc, list) else doc.values())]
+        return (max([len(doc)] + [i[0] for i in inner]), 1 + sum(i[1] for i in inner),
+                max([depth] + [i[2] for i in inner]))
+
+    def passes(data, key, limit):
+        try:
+            shape.check_shape(data, **{"max_items": 1 << 30, "max_containers": 1 << 30, "max_depth": 1 << 30,
+                                       key: limit})
+            return True
+        except shape.ShapeError:
+            return False
+
+    rng = random.Random(5)
+    leaves = [1, 'a\\"b[', "x\\", "]},", True, None, 2.5, "", '\\\\\\"{', "\\"]
+
+    def doc(depth=0):
+        r = rng.random()
+        if depth > 4 or r < 0.3:
+            return rng.choice(leaves)
+        if r < 0.65:
+            return [doc(depth + 1) for _ in range(rng.randrange(6))]
+        return {f'k{i}"[': doc(depth + 1) for i in range(rng.randrange(6))}
+
+    block = shape.BLOCK
+    try:
+        for _ in range(8):
+            d = [doc(1) for _ in range(3)]
+            data = json.dumps(d, indent=rng.choice([None, 1])).encode()
+            for shape.BLOCK in (5, 64):
+                for key, value in zip(("max_items", "max_containers", "max_depth"), truth(d)):
+                    assert passes(data, key, value) and not passes(data, key, value - 1), (key, value, data)
+    finally:
+        shape.BLOCK = block
+
+
+@pytest.mark.slow
+def test_every_msc_field_of_every_wrong_type_is_an_msc_error():
+    """The executor's settings and every msc_* field of four exports (ring
+    Simple and LL, pair-sum, NVLS), each set to 14 wrong values: an MscError
+    or a plan that reads, verifies, lifts (or is refused by name) and
+    simulates, never another exception."""
+    from msc.errors import MscError
+    from msc.sim.onesided import OneSidedSimulator
+    from msc.sim.presets import get_topology
+
+    bases = [plan_to_mscclpp(library_plan("allreduce/ring:ring", 4, False, p)) for p in ("Simple", "LL")]
+    bases += [plan_to_mscclpp(lower(msc.trace(neighbours, 4), LowerOptions())),
+              plan_to_mscclpp(lower(msc.trace(algorithms()["allreduce/nvls:nvls"], 4), LowerOptions()))]
+    values = [None, -1, 0, 1.5, "x", "", [], [1], [[0]], {}, {"a": 1}, True, 2**70, float("nan")]
+    top = ["buffer_alignment", "num_threads_per_block", "min_message_size", "max_message_size", "reuse_resources",
+           "msc_slots", "msc_root", "msc_chunk_factor", "msc_tile", "msc_instances", "msc_contract"]
+
+    def holders(doc):
+        yield from ((doc, k) for k in top)
+        yield from ((doc["gpus"][1], k) for k in ("msc_scratch", "msc_barrier_channels"))
+        for tb in doc["gpus"][1]["threadblocks"][:2]:
+            yield from ((tb, k) for k in ("msc_tb", "msc_channel", "msc_part", "msc_group"))
+
+    tried = 0
+    for base in bases:
+        for i in range(sum(1 for _ in holders(base))):
+            for value in values:
+                doc = copy.deepcopy(base)
+                holder, key = list(holders(doc))[i]
+                holder[key] = value
+                tried += 1
+                try:
+                    osp = parse_mscclpp(json.dumps(doc))
+                    verify_mscclpp(osp)
+                    try:
+                        lift_plan(osp)
+                    except PlanError:
+                        pass
+                    OneSidedSimulator(osp, get_topology("ring:4", 4)).run([1 << 16])
+                except MscError:
+                    pass
+    assert tried > 1000
 
 
 # -- a custom collective travels with the plan -------------------------------------------------

@@ -9,11 +9,10 @@ from __future__ import annotations
 import copy
 import functools
 import json
-import subprocess
-import sys
 
 import pytest
 
+import clirun
 import msc
 from msc.errors import PlanError, RaceError, RuntimeLimitError
 from msc.formats.diff import diff_plans
@@ -116,7 +115,7 @@ def test_swred_reduces_into_a_scratch_region_at_one_offset_on_every_rank_then_co
 
 def test_the_exported_nvls_plan_verifies_from_the_command_line(tmp_path):
     plan_path, json_path = tmp_path / "nvls.plan", tmp_path / "nvls.json"
-    run = lambda *args: subprocess.run([sys.executable, "-m", "msc", *args], capture_output=True, text=True)
+    run = clirun.msc                  # in this process; tests/test_cli_processes.py runs each command as a process
     assert run("compile", "allreduce/nvls", "--ranks", "8", "-o", str(plan_path)).returncode == 0
     out = run("export", str(plan_path), "--format", "mscclpp", "-o", str(json_path))
     assert out.returncode == 0, out.stderr

@@ -12,11 +12,11 @@ import dataclasses
 import functools
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+import clirun
 import msc
 from msc.errors import PlanError, UsageError
 from msc.formats.mscclpp.export import plan_to_mscclpp_json
@@ -186,7 +186,7 @@ def library_pair(key: str, n: int, protocol: str):
 
 def reference_simulator(plan, topo) -> Simulator:
     """msc's simulator run as the export runs: a chunk in one piece (the executor moves whole chunks; msc's
-    runtime tiles them), the connection's slots (Simple: the plan's; LL: one per message, no credits)."""
+    runtime tiles them), the connection's slots (Simple: the plan's; LL: one per message)."""
     if plan.protocol == "LL":
         slots = max(sum(1 for s in tb.steps if s.op.sends) for rp in plan.ranks for tb in rp.threadblocks)
     else:
@@ -209,7 +209,7 @@ def test_every_library_export_agrees_with_msc_simulation_of_its_plan(protocol):
         for a, b in zip(one, ref):
             assert a.size == b.size, (key, n)
             ratio = a.seconds / b.seconds
-            if protocol == "LL":                 # no credits, no extra copies: the same schedule
+            if protocol == "LL":                 # no extra copies, and the credits pass at once: the same schedule
                 assert abs(ratio - 1) < 0.02, (key, n, a.size, ratio)
             else:                                # what the export adds costs time, never saves any
                 assert 0.999 < ratio < (1.35 if a.size < 64 * MB else 1.06), (key, n, a.size, ratio)
@@ -219,8 +219,9 @@ def test_every_library_export_agrees_with_msc_simulation_of_its_plan(protocol):
 
 
 # -- the command line ----------------------------------------------------------------------------
+# in this process (tests/clirun.py); tests/test_cli_processes.py runs each command as a process
 def cli(*args, cwd) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "msc", *map(str, args)], cwd=cwd, capture_output=True, text=True)
+    return clirun.msc(*args, cwd=cwd)
 
 
 def test_simulate_says_which_model_ran(tmp_path):

@@ -18,6 +18,7 @@ import time
 import pytest
 
 from msc.cuda import fdpass
+from patience import join, patience
 from msc.cuda.multicast import (DeviceFacts, GroupBuffer, capability_problems, check_multicast, open_group_buffer,
                                 rounded_size)
 from msc.errors import CapabilityError, UsageError
@@ -89,8 +90,9 @@ class FakeDriver:
         return fd
 
     def import_fd(self, fd):
-        os.lseek(fd, 0, os.SEEK_SET)
-        handle = int(os.read(fd, 64))
+        # pread: the members' descriptors share one file offset (threads of one process, descriptors of one
+        # memfd), so a seek and a read of one member could see another's read move it to the end
+        handle = int(os.pread(fd, 64, 0))
         self._record(self._dev(), "import_fd", handle)
         self.live.add(("import", self._dev(), handle))
         return handle
@@ -152,7 +154,7 @@ class ThreadGather:
                 board = self.boards.setdefault(tag, {})
                 board[member] = obj
                 self.cond.notify_all()
-                if not self.cond.wait_for(lambda: len(board) == self.n, timeout=30):
+                if not self.cond.wait_for(lambda: len(board) == self.n, timeout=patience(30)):
                     raise TimeoutError(f"gather {tag}: only {sorted(board)} came")
                 return [board[m] for m in range(self.n)]
         return gather
@@ -167,14 +169,14 @@ def run_group(n: int, driver: FakeDriver, nbytes: int = 3 * MIB, sizes=None):
         threading.current_thread().device = m
         try:
             results[m] = open_group_buffer(m, n, m, sizes[m] if sizes else nbytes, gather=gather.for_member(m),
-                                           driver=driver, timeout_s=10)
+                                           driver=driver, timeout_s=patience(10))
         except Exception as exc:
             results[m] = exc
     threads = [threading.Thread(target=member, args=(m,)) for m in range(n)]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(60)
+        join(t, 60)
     assert not any(t.is_alive() for t in threads)
     return results
 
@@ -187,7 +189,7 @@ def close_all(driver: FakeDriver, buffers: list[GroupBuffer]):
     for t in threads:
         t.start()
     for t in threads:
-        t.join(30)
+        join(t, 30)
 
 
 # -- the capability check ---------------------------------------------------------------------
@@ -276,14 +278,14 @@ def test_a_member_of_two_groups_binds_its_one_memory_to_each_groups_object():
         memory = None
         for name, m in plan:
             opened[name, device] = memory = open_group_buffer(
-                m, 2, device, 3 * MIB, gather=gathers[name].for_member(m), driver=driver, tag=name, timeout_s=10,
+                m, 2, device, 3 * MIB, gather=gathers[name].for_member(m), driver=driver, tag=name, timeout_s=patience(10),
                 memory=memory)
     threads = [threading.Thread(target=member, args=args) for args in
                ((0, (("A", 0), ("B", 0))), (1, (("A", 1),)), (2, (("B", 1),)))]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(60)
+        join(t, 60)
     assert len(opened) == 4, opened
     a0, b0 = opened["A", 0], opened["B", 0]
     created = [args for _, name, args in driver.log if name == "mc_create"]
@@ -303,7 +305,7 @@ def test_a_member_of_two_groups_binds_its_one_memory_to_each_groups_object():
     for t in closers:
         t.start()
     for t in closers:
-        t.join(30)
+        join(t, 30)
     assert driver.live == set()
     # B: its object's mapping, its bind, its object; then A: both mappings, its bind, the memory, its object
     assert driver.calls(0)[-11:] == ["unmap", "free_va", "mc_unbind", "release", "unmap", "free_va", "unmap", "free_va",
@@ -373,7 +375,7 @@ def test_fd_travels_over_the_socket():
     t = threading.Thread(target=lambda: got.append(fdpass.receive_fd(server.address, 10)))
     t.start()
     server.send(fd, [os.getpid()], 10)
-    t.join(10)
+    join(t, 10)
     server.close()
     assert got and got[0] != fd
     os.lseek(got[0], 0, os.SEEK_SET)
@@ -391,7 +393,7 @@ def test_fd_offer_to_an_unknown_process_times_out_naming_it():
     with pytest.raises(UsageError, match=r"process\(es\) 999999999 never came"):
         server.send(fd, [999999999], 0.5)          # this process connects, but it is not the one expected
     server.close()
-    t.join(10)
+    join(t, 10)
     os.close(fd)
     assert isinstance(got[0], UsageError)           # and it got nothing
 

@@ -42,14 +42,30 @@ def test_the_calibrated_machines_carry_no_note_and_the_sizes_are_checked():
 
 def test_blackwell_takes_nccl_s_blackwell_constants():
     """tuning.cc@v2.30.7: LL capped at 2 x 141 on one node, ring LL128 at 40 per search channel; the
-    B200 ring graph 16 x 45 (nccl.GRAPHS, derived)."""
+    B200 ring graph 16 x 45 (nccl.GRAPHS, derived). Blackwell's NVLS is not modelled: weighed on Hopper
+    only, and refused, saying so, where it is asked for."""
     s = nccl.system(get_topology("hgx-b200", None))
-    assert (s.arch, s.graph.channels, s.graph.bw, s.graph.runtime) == ("blackwell", 16, 45.0, 32)
-    assert nccl.bus_bandwidth(s, "ring", "LL") == 282.0
-    assert nccl.bus_bandwidth(s, "ring", "LL128") == pytest.approx(min(720 * 0.92, 16 * 40.0))
-    assert not nccl.nvls_by_default(s, "allreduce")            # NVLS weighed on Hopper only
-    assert nccl.nvls_by_default(nccl.system(get_topology("dgx-h200", None)), "allreduce")
+    assert (s.arch, s.graph.channels, s.graph.bw, s.graph.runtime, s.nvls) == ("blackwell", 16, 45.0, 32, None)
+    assert nccl.bus_bandwidth(s, "allgather", "ring", "LL") == 282.0
+    assert nccl.bus_bandwidth(s, "allgather", "ring", "LL128") == pytest.approx(min(720 * 0.92, 16 * 40.0))
+    assert nccl.available(s, "allreduce") == ["tree", "ring"]
+    with pytest.raises(UsageError, match="does not model NCCL's NVLS on b200 \\(blackwell\\): NCCL's NVLS graph"):
+        nccl.choose(s, "allreduce", 1 << 30, algorithms=["nvls"])
+    with pytest.raises(UsageError, match="NVLSTree on b200"):
+        nccl.choose(nccl.system(get_topology("hgx-b200:2", None)), "allreduce", 1 << 30, algorithms=["nvlstree"])
     assert nccl.system(get_topology("gb200-nvl72", None)).cpu == "arm"
+
+
+def test_h200_and_h20_take_h100_s_graphs_and_nvls():
+    """The same NVLink 4, switch and NICs as H100 (msc.sim.machines): NCCL's graphs and NVLS graphs are
+    H100's, so NVLS on one node and NVLSTree across nodes are weighed as on dgx-h100, and PAT with one
+    GPU per node."""
+    for name in ("dgx-h200", "hgx-h20"):
+        for nodes in ("", ":2"):
+            s, h100 = nccl.system(get_topology(name + nodes, None)), nccl.system(get_topology("dgx-h100" + nodes, None))
+            assert (s.graph, s.nvls, s.arch, s.cpu) == (h100.graph, h100.nvls, "hopper", "intel")
+            assert nccl.available(s, "allreduce") == nccl.available(h100, "allreduce")
+    assert "nvlstree" in nccl.available(nccl.system(get_topology("hgx-h20:2", None)), "allreduce")
 
 
 def _write(tmp_path, text, name="t.toml"):
@@ -74,15 +90,19 @@ def test_a_toml_file_of_nodes_is_the_preset_it_describes(tmp_path):
     keys = ("algorithm", "protocol", "channels", "time", "nccl_us")
     assert [[r[k] for k in keys] for r in simulate_nccl("allgather", mine, sizes)] == \
         [[r[k] for k in keys] for r in simulate_nccl("allgather", preset, sizes)]
+    # from 3 nodes on the machine's protocols for that many nodes (LL's NIC share), its per-message cost
+    three, preset = load_topology(_write(tmp_path, H100_NODES.replace("nodes = 2", "nodes = 3"))), get_topology("dgx-h100:3", None)
+    assert three.protocols == preset.protocols != mine.protocols and three.nic_message == preset.nic_message == 1e-6
 
 
 def test_a_toml_file_of_nodes_sets_what_it_names(tmp_path):
     t = load_topology(_write(tmp_path, H100_NODES + 'nic_alpha_us = 9.5\nnvlink_gbps = 400\nnvls_gbps = 300\n'
+                                                   'message_us = 2.5\n'
                                                    '[protocol.Simple]\nlaunch_us = 11.0\n[protocol.Simple.net]\n'
                                                    'bandwidth_factor = 0.9\n'))
     v = t.view("Simple")
     assert v.launch == pytest.approx(11e-6) and v.nic_alpha == pytest.approx(9.5e-6) and v.nic == pytest.approx(45 * GB)
-    assert t.port == 400 * GB and t.nvls_bandwidth == 300 * GB
+    assert t.port == 400 * GB and t.nvls_bandwidth == 300 * GB and t.nic_message == pytest.approx(2.5e-6)
 
 
 @pytest.mark.parametrize("text,message", [

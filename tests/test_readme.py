@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from emu_skip import needs_emu
+from patience import patience
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -33,7 +34,7 @@ def blocks(heading: str) -> list[tuple[str, str]]:
 def run_block(lang: str, code: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     cmd = ["bash", "-euo", "pipefail", "-c", code] if lang == "bash" else [sys.executable, "-c", code]
-    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=patience(300))
 
 
 @needs_emu

@@ -76,6 +76,32 @@ def test_a_switch_program_verifies_and_a_wrong_one_does_not(tmp_path):
 
 
 # -- lowering, the plan, the executor ----------------------------------------------------------------
+KEEP_AND_SUM = msc.CustomCollective("keep_and_sum", input_chunks=1, output_chunks=2,
+                                   postcondition=lambda r, i, n, k: [(r, 0)] if i == 0 else [(m, 0) for m in range(n)])
+
+
+@msc.algorithm(KEEP_AND_SUM, inplace=False)
+def keep_then_sum_through_the_switch(p):
+    """Each rank copies its input to output[0]; then rank 0 reads every
+    member's output[0] through the switch into its own output[1] and
+    multicasts that: the read comes after other ranks' writes (and nothing
+    else the switch writes meets them), which only a barrier orders."""
+    for r in range(p.num_ranks):
+        p.chunk(r, "input", 0).copy(r, "output", 0)
+    sw = p.switch()
+    sw.reduce(0, "output", 0).to("output", 1)
+    sw.store(p.chunk(0, "output", 1), "output", 1)
+
+
+def test_lowering_puts_a_barrier_between_members_writes_and_the_switch_reading_them():
+    plan = _plan(keep_then_sum_through_the_switch, 4)
+    for rp in plan.ranks:
+        [tb] = [tb for tb in rp.threadblocks if tb.group]
+        ops = [st.op for st in tb.steps]
+        assert ops.count(StepOp.BARRIER) == 3, (rp.rank, ops)     # the call's two and one before the read
+    verify_plan(plan)
+
+
 def test_nvls_lowers_to_one_switch_step_between_two_barriers_per_rank():
     plan = _plan(NVLS, 8)
     for rp in plan.ranks:
@@ -304,6 +330,32 @@ def test_two_ranks_multicasting_into_one_chunk_unordered_race():
         return [bar, both] + ([rest] if rest else []) + [bar]
     with pytest.raises(RaceError, match="race on rank \\d output\\[0\\].*writes it.*writes it"):
         verify_plan(_hand(steps))
+
+
+BAR = Step(StepOp.BARRIER, (), None, 1)
+SCRATCH = Slice("scratch", 0, 1)
+
+
+@pytest.mark.parametrize("case", ["switch read, member writes", "switch write, member reads",
+                                  "switch read, switch write"])
+def test_a_switch_read_unordered_with_a_write_races(case):
+    """One side only reads: rank 0 reaches every member's scratch[0] through
+    the switch while rank 1 (or, last case, rank 1 through the switch) does
+    the other half of a read-write pair there, with no barrier between."""
+    reads = Step(StepOp.SWRS, (SCRATCH,), Slice("output", 0, 1), 1)         # reads scratch[0] on every member
+    writes = Step(StepOp.SWST, (Slice("input", 0, 1),), SCRATCH, 1)          # writes it on every member
+    local_write = Step(StepOp.COPY, (Slice("input", 1, 1),), SCRATCH, 1)
+    local_read = Step(StepOp.COPY, (SCRATCH,), Slice("output", 1, 1), 1)
+    first, second = {"switch read, member writes": (reads, local_write),
+                     "switch write, member reads": (writes, local_read),
+                     "switch read, switch write": (reads, writes)}[case]
+
+    def steps(r):
+        return [BAR] + ([first] if r == 0 else [second] if r == 1 else []) + [BAR]
+    with pytest.raises(RaceError, match=r"race on rank 1 scratch\[0\]: rank [01] threadblock 0 step 1 \(\w+\) "
+                                        r"(reads|writes) it.* and rank [01] threadblock 0 step 1 .*(reads|writes) it") as exc:
+        verify_plan(_hand(steps))
+    assert "reads it" in str(exc.value) and "writes it" in str(exc.value)
 
 
 def test_barriers_waiting_on_each_other_across_channels_deadlock():

@@ -21,6 +21,7 @@ import zlib
 import numpy as np
 import pytest
 
+from patience import join, patience
 from msc.cuda.switch import SWITCH_TYPES, SwitchMemC, supported_pairs
 from msc.cuda.switch_probe import PROBE_MODES, ProbeArgsC, load_probe_host
 from msc.ir.ops import REDUCE_OPS
@@ -38,8 +39,8 @@ THREADS = 4
 
 
 @pytest.fixture(scope="module")
-def libs(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("switch-cache")
+def libs(kernel_cache):
+    cache = kernel_cache
     built = {}
 
     def get(dtype, op):
@@ -168,7 +169,7 @@ def test_group_barrier_waits_for_every_member(libs):
     flags = np.zeros(8 * n, np.uint64)
     error = np.zeros(8, np.uint32)
     for rnd in (1, 2):                                # counters only grow: round r waits for r * n
-        made = [barrier_args(flags, m, n, rnd * n, error, 30.0) for m in range(n)]
+        made = [barrier_args(flags, m, n, rnd * n, error, patience(30.0)) for m in range(n)]
         threads = [threading.Thread(target=run, args=(lib, a)) for a, _ in made]
         threads[0].start()
         time.sleep(0.3)
@@ -176,7 +177,7 @@ def test_group_barrier_waits_for_every_member(libs):
         for t in threads[1:]:
             t.start()
         for t in threads:
-            t.join(60)
+            join(t, 60)
         assert not any(t.is_alive() for t in threads)
         assert list(flags[::8]) == [rnd * n] * n
         assert error[0] == 0
@@ -192,7 +193,7 @@ def test_group_barrier_times_out_when_a_member_is_missing(libs):
     for t in threads:
         t.start()
     for t in threads:
-        t.join(60)
+        join(t, 60)
     assert error[0] == 1                              # MSC_TIMEOUT, recorded by the first to give up
     assert error[1] in (0, 1)                         # that member's rank
     assert list(flags[::8]) == [n - 1] * n            # both arrivals reached every copy

@@ -69,8 +69,8 @@ DEFAULT = [CASES[i % len(CASES)] + pair for i, pair in enumerate(SWITCH_PAIRS)]
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("switch-kernels")
+def cache(kernel_cache):
+    return kernel_cache
 
 
 def test_the_cases_cover_every_pair_the_switch_reduces():

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import json
 import random
-import subprocess
-import sys
 from collections import Counter
 
 import numpy as np
 import pytest
 
+import clirun
 import msc
 from msc.dsl.collectives import ROOTED
 from msc.errors import UsageError
@@ -163,8 +162,9 @@ def test_per_edge_prices_let_a_piece_cross_between_nodes_more_than_once():
     assert per_edge < per_tree.seconds_per_piece_byte * 0.96
 
 
+# in this process (tests/clirun.py); tests/test_cli_processes.py runs each command as a process
 def msc_cli(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "msc.cli", *args], capture_output=True, text=True, cwd=cwd)
+    return clirun.msc(*args, cwd=cwd)
 
 
 def test_the_command_writes_a_program_msc_compiles(tmp_path):
@@ -184,6 +184,14 @@ def test_the_command_writes_a_program_msc_compiles(tmp_path):
     given = msc_cli("synthesize", "broadcast", "-t", "pcie", "--root", "5", "--pieces", "2", "-o", "b.py",
                     cwd=tmp_path)
     assert given.returncode == 0 and "pieces as given" in given.stdout, given.stderr
+
+
+def test_the_regenerate_line_is_the_command_main_was_given(tmp_path):
+    """The words main() parsed, not sys.argv (pytest's here), and --debug left out."""
+    done = msc_cli("--debug", "synthesize", "broadcast", "-t", "pcie", "--root", "5", "--pieces", "2", "-o", "b.py",
+                   cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "\nRegenerate: msc synthesize broadcast -t pcie --root 5 --pieces 2 -o b.py\n" in (tmp_path / "b.py").read_text()
 
 
 def test_add_on_arrival_moves_the_additions_onto_the_receiving_threadblocks(tmp_path):

@@ -18,6 +18,7 @@ torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
 import torchdist  # noqa: E402
+from patience import patience  # noqa: E402
 from torchdist import library_plan  # noqa: E402
 
 from msc.torch import agree  # noqa: E402
@@ -38,7 +39,7 @@ def pool():
     yield p
     p.close()
     # the workers destroyed their groups and exited cleanly (a group msc kept alive would abort them at exit)
-    assert [proc.exitcode for proc in p.procs] == [0, 0]
+    assert [proc.exitcode for proc in p.procs] == [0, 0], p.unclean
 
 
 def test_different_calls_raise_on_every_rank_naming_both_values(pool):
@@ -62,7 +63,7 @@ def test_different_calls_raise_on_every_rank_naming_both_values(pool):
             assert expected[name] in message, (rank, name, message)
             assert "msc call #" in message and "nothing was sent" in message
             assert unchanged, (rank, name, "the tensor changed")          # no garbage
-            assert seconds < 5, (rank, name, seconds)                    # decided at once, not by the timeout
+            assert seconds < patience(5), (rank, name, seconds)          # decided at once, not by the timeout
     # both ranks report the same disagreement
     assert [m for _, _, m, _, _ in results[0]] == [m for _, _, m, _, _ in results[1]]
 
@@ -71,23 +72,23 @@ def test_a_call_that_fails_on_one_rank_fails_on_all_at_once(pool):
     (kind0, msg0, dt0), (kind1, msg1, dt1) = pool.run(torchdist.agree_local_failure_case, PATIENT)
     assert kind0 == "NoPlanError" and "no msc plan for allreduce" in msg0
     assert kind1 == "PeerFailedError" and "rank 0: NoPlanError: no msc plan for allreduce" in msg1
-    assert dt0 < 5 and dt1 < 5            # not the 30 s timeout
+    assert dt0 < patience(5) and dt1 < patience(5)            # not the 30 s timeout
 
 
 def test_a_rank_that_comes_too_late_is_named_and_the_group_goes_on(pool):
     (kind0, msg0, dt0, missing0), (kind1, msg1, dt1, missing1) = pool.run(torchdist.agree_stall_case, TIMEOUT)
     assert kind0 == "AgreementTimeoutError" and missing0 == [1], msg0
     assert f"rank 0 waited {TIMEOUT:g} s" in msg0 and "for rank 1, which did not make the call" in msg0
-    assert TIMEOUT <= dt0 < TIMEOUT + 0.5
+    assert TIMEOUT <= dt0 < TIMEOUT + patience(0.5)
     assert kind1 == "AgreementTimeoutError" and missing1 == [1]
     assert "rank 1 came to msc call" in msg1 and f"after rank 0 had waited {TIMEOUT} s" in msg1
-    assert dt1 < 1                         # its record was claimed: it learns at once
+    assert dt1 < patience(1)               # its record was claimed: it learns at once
 
 
 def test_a_rank_that_never_comes_is_named_within_the_timeout(pool):
     (kind, msg, dt), _ = pool.run(torchdist.agree_never_case, TIMEOUT)
     assert kind == "AgreementTimeoutError" and "for rank 1, which did not make the call" in msg
-    assert TIMEOUT <= dt < TIMEOUT + 0.5
+    assert TIMEOUT <= dt < TIMEOUT + patience(0.5)
 
 
 def test_repeated_calls_build_the_signature_once_and_leave_no_records(pool):
@@ -116,7 +117,7 @@ def test_over_a_file_store_too():
     try:
         (kind, msg, dt, missing), _ = p.run(torchdist.agree_stall_case, 0.5)
         assert kind == "AgreementTimeoutError" and missing == [1], msg
-        assert 0.5 <= dt < 1.0, dt
+        assert 0.5 <= dt < 0.5 + patience(0.5), dt
         for r in p.run(torchdist.agree_repeat_case, 20):
             assert r["after"]["calls"] - r["before"]["calls"] == 20 and r["left"] == [r["after"]["seq"] - 1]
     finally:

@@ -24,6 +24,7 @@ dist = pytest.importorskip("torch.distributed")
 import backendcases  # noqa: E402
 import torchdist  # noqa: E402
 from emu_skip import needs_emu  # noqa: E402
+from patience import join, patience  # noqa: E402
 from torchdist import library_plan  # noqa: E402
 
 from msc.dsl.collectives import COLLECTIVES  # noqa: E402
@@ -76,6 +77,30 @@ def test_every_call_form_is_served_with_gloos_results(pool):
         assert "msc has no plans for barrier" in why
         assert ("msc has no plans for send" if rank == 0 else "msc has no plans for recv") in why
         assert "served: allreduce-ring-r0-n2.plan on the torch executor" in r["report"]
+
+
+def test_strided_views_are_served_through_contiguous_copies(pool):
+    """all_reduce of base[:, ::2] (and broadcast, all_gather_into_tensor,
+    reduce_scatter_tensor on strided views) passed through to gloo, which
+    changed elements wrongly; msc now serves them right, counted as served."""
+    for rank, r in enumerate(pool.run(backendcases.strided_case)):
+        wrong = [k for k in ("all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor") if not r[k]]
+        assert not wrong, f"rank {rank}: {wrong}"
+        assert r["stock_wrong"] > 0                       # what msc no longer hands gloo (2048 of 4096 on the issue's)
+        served_calls = {row["collective"]: row["calls"] for row in r["rows"] if row["outcome"] == "served"}
+        assert served_calls == {"allreduce": 1, "broadcast": 1, "allgather": 1, "reducescatter": 1}, r["rows"]
+        assert not [row for row in r["rows"] if row["outcome"] == "passed"], r["rows"]
+        assert "allreduce: the tensor it writes has elements that share memory (an expanded view, shape (8, 4), " \
+               "strides (0, 1))" in r["expanded"], r["expanded"]
+
+
+def test_two_threads_calling_one_group_at_once_are_told_so(pool):
+    r0, r1 = pool.run(backendcases.two_threads_case)
+    assert "threads 'MainThread' (allreduce of 256 float32) and 'worker-2' (allreduce of 256 float32) of this " \
+           "process call collectives on one group at once" in r0["second"], r0["second"]
+    assert "give each thread its own group" in r0["second"]
+    assert "did not make the call" in r1["second"] and "rank 0: threads 'MainThread'" in r1["second"], r1["second"]
+    assert r0["first"] and r1["first"] and r0["caught_up"] and r0["after"] and r1["after"]
 
 
 def test_msc_torch_calls_on_an_msc_group_leave_the_report_alone(pool):
@@ -167,7 +192,7 @@ def test_importing_msc_torch_registers_the_backend_in_either_order(order):
     imports = "import msc.torch; import torch.distributed as dist" if order == "msc first" else \
         "import torch.distributed as dist; import msc.torch"
     code = f"{imports}; print('msc' in dist.Backend.backend_list, dist.Backend.MSC)"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=patience(120))
     assert done.returncode == 0 and done.stdout.split() == ["True", "msc"], done.stderr[-2000:]
 
 
@@ -178,7 +203,7 @@ def _torchrun(script: str, n: int, plans: Path, out: Path, *args, env=None) -> s
     return subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(n),
          str(ROOT / "examples" / script), "--check-stock", "--steps", "3", "--losses", str(out), *args],
-        capture_output=True, text=True, timeout=300, env=env)
+        capture_output=True, text=True, timeout=patience(300), env=env)
 
 
 def _tuned_plans(folder: Path, n: int) -> Path:
@@ -188,7 +213,7 @@ def _tuned_plans(folder: Path, n: int) -> Path:
                        ["allreduce/ring", "allreduce/allpairs"]):
         form = ["--inplace", "out"] if algorithms[0].startswith("reducescatter") else []     # as FSDP calls it
         done = subprocess.run([sys.executable, "-m", "msc.cli", "tune", *algorithms, "--ranks", str(n), "-t",
-                               f"ring:{n}", "-o", str(folder), *form], capture_output=True, text=True, timeout=300)
+                               f"ring:{n}", "-o", str(folder), *form], capture_output=True, text=True, timeout=patience(300))
         assert done.returncode == 0, done.stderr[-2000:]
     return folder
 
@@ -251,7 +276,7 @@ def test_device_mapped_form_and_the_report_at_exit(tmp_path):
                       "dist.destroy_process_group()\n")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MSC_PLANS": str(plans), "MSC_REPORT": "1"}
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           str(script)], capture_output=True, text=True, timeout=120, env=env)
+                           str(script)], capture_output=True, text=True, timeout=patience(120), env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert [(tmp_path / f"rank{r}").read_text() for r in range(2)] == ["MscProcessGroup 3.0"] * 2
     assert done.stdout.count("msc backend: 1 calls served by msc plans, 0 passed through") == 1
@@ -275,7 +300,7 @@ def test_ranks_with_different_plans_are_refused_when_the_group_is_made(tmp_path)
 
         def rank(r):
             try:
-                process_group._same_plans_everywhere(store, r, 2, timedelta(seconds=20),
+                process_group._same_plans_everywhere(store, r, 2, timedelta(seconds=patience(20)),
                                                      PlanRegistry.from_dir(dirs[r]), str(dirs[r]))
             except UsageError as exc:
                 errors[r] = str(exc)
@@ -283,7 +308,7 @@ def test_ranks_with_different_plans_are_refused_when_the_group_is_made(tmp_path)
         for t in threads:
             t.start()
         for t in threads:
-            t.join(30)
+            join(t, 30)
         if not refused:
             assert errors == {}
             continue

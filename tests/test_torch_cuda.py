@@ -23,6 +23,7 @@ dist = pytest.importorskip("torch.distributed")
 import torchdist  # noqa: E402
 from torchdist import library_plan  # noqa: E402
 from emu_skip import needs_emu  # noqa: E402
+from patience import patience  # noqa: E402
 
 import msc.torch as mt  # noqa: E402
 from msc.errors import UsageError  # noqa: E402
@@ -213,7 +214,7 @@ def test_train_ddp_example_on_the_emulated_runtime_matches_stock_ddp(tmp_path):
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
          str(ROOT / "examples" / "train_ddp.py"), "--plans", str(tmp_path), "--backend", "cuda", "--steps", "3",
          "--check-stock", "--tolerance", "0", "--losses", str(out)],
-        capture_output=True, text=True, timeout=240, env=env)
+        capture_output=True, text=True, timeout=patience(240), env=env)
     log = done.stdout[-3000:] + done.stderr[-3000:]
     assert done.returncode == 0 or TORCH_EXIT_CRASH in done.stderr, log
     result = json.loads(out.read_text())

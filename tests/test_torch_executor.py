@@ -23,6 +23,7 @@ dist = pytest.importorskip("torch.distributed")
 import torchdist  # noqa: E402  (tests/ helper: the worker pool and the cases it runs)
 from torchdist import COMBOS, algorithms, library_plan, np_dtype, to_numpy, to_torch  # noqa: E402
 from library import rotated  # noqa: E402
+from patience import patience  # noqa: E402
 
 import msc  # noqa: E402
 import msc.torch as mt  # noqa: E402
@@ -168,6 +169,28 @@ def test_op_names():
         op_name(dist.ReduceOp.BAND)
 
 
+def test_a_call_is_served_by_the_plan_of_its_nccl_tests_size(tmp_path, monkeypatch):
+    """The size a registry picks a plan by is nccl-tests': the larger buffer (an allgather's output, a
+    reducescatter's input), here an allgather of 4 x 4096 float32 elements: 64 KiB, its input 16 KiB
+    (bench/mutation_check.py's torch-bytes mutation picked by the input)."""
+    from msc.torch import calls
+
+    save_plan(library_plan("allgather/allpairs:allpairs", 4, False), tmp_path / "small.plan")
+    save_plan(library_plan("allgather/ring:ring", 4, False), tmp_path / "large.plan")
+    (tmp_path / "plans.json").write_text(json.dumps([{"file": "small.plan", "max_bytes": "64K"},
+                                                     {"file": "large.plan", "min_bytes": "64K"}]))
+    monkeypatch.setattr(calls, "_group_info", lambda group: (0, 4))       # rank 0 of 4, no process group
+    for count, name in ((4095, "allpairs"), (4096, "ring")):
+        got = calls.pick(str(tmp_path), "allgather", None, torch.ones(count), torch.empty(4 * count))
+        assert got.name == name, (count, got.name)
+    for collective, units_in, units_out in (("allreduce", 1, 1), ("reducescatter", 4, 1), ("alltoall", 4, 4),
+                                            ("broadcast", 1, 1)):
+        from msc.dsl.collectives import get_collective
+
+        call = calls._Call(get_collective(collective), 4, 1, 0, torch.ones(units_in * 10), torch.empty(units_out * 10))
+        assert call.nbytes() == max(units_in, units_out) * 10 * 4, collective
+
+
 # -- gloo processes -------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -266,7 +289,7 @@ def test_train_ddp_example_under_torchrun(tmp_path):
          str(ROOT / "examples" / "train_ddp.py"), "--plans", str(tmp_path), "--backend", "torch", "--steps", "3",
          "--check-stock",
          "--losses", str(out), "--quiet"],
-        capture_output=True, text=True, timeout=240, env=env)
+        capture_output=True, text=True, timeout=patience(240), env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["world"] == 2 and len(result["losses"]) == 3

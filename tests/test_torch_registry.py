@@ -225,3 +225,36 @@ def test_a_plan_the_index_does_not_list_is_named_with_the_index(tmp_path):
     assert f"(from {tmp_path / 'plans.json'})" in text
     assert f"add an entry for it to {tmp_path / 'plans.json'}" in text
     assert f"allreduce-ring-n2.plan in {tmp_path} is not listed in it" in text
+
+
+def test_a_plans_folder_others_can_write_is_warned_of_even_through_a_link(tmp_path, recwarn):
+    """The kernel cache uses only folders no one else can change; a plans
+    folder that was a link to a world-writable folder was read without a
+    word. msc verifies every plan it reads, so the warning says what such a
+    folder still gives away: which plans serve the calls."""
+    import os
+    import warnings
+
+    import msc.torch.registry as registry
+    from msc.torch import PlanFolderWarning
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    save_plan(plan("allreduce", "ring", 4), shared / "allreduce-ring-n4.plan")
+    mine = tmp_path / "mine"
+    mine.mkdir(mode=0o700)
+    save_plan(plan("allreduce", "ring", 4), mine / "allreduce-ring-n4.plan")
+    os.chmod(shared, 0o777)
+    (tmp_path / "plans").symlink_to(shared)
+    registry._warned.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                  # a folder only this user can change: no warning
+        PlanRegistry.from_dir(mine)
+    with pytest.warns(PlanFolderWarning, match=f"plans are read from {tmp_path}/plans \\(a link to {shared}\\), "
+                                               f"which is writable by others \\(mode 777\\): msc verifies each plan"):
+        assert len(PlanRegistry.from_dir(tmp_path / "plans")) == 1
+    os.chmod(shared, 0o755)
+    os.chmod(shared / "allreduce-ring-n4.plan", 0o666)
+    registry._warned.clear()
+    with pytest.warns(PlanFolderWarning, match="allreduce-ring-n4.plan, which is writable by others \\(mode 666\\)"):
+        PlanRegistry.from_dir(shared)

@@ -12,6 +12,7 @@ from msc.sim.presets import nvswitch
 from msc.sim.topology import Uniform
 from msc.sim.tune import format_tune, index_entries, tune, variants, write_plans
 
+from patience import join
 from test_simulate import plan_of, run_cli
 
 
@@ -250,6 +251,83 @@ def test_pool_raises_a_workers_error_here_and_stops():
     assert multiprocessing.active_children() == []
 
 
+def test_drive_waits_without_spinning(monkeypatch):
+    """A walk with one job done and one still running waits for the other
+    (msc.sim.parallel.drive once returned from wait() at once, again and
+    again, on the job already done: a busy loop beside the workers)."""
+    import threading
+    from concurrent.futures import Future
+
+    from msc.sim import parallel
+
+    class Late:
+        """A pool whose job "late" finishes 0.2 s after it is submitted, from another thread."""
+
+        def submit(self, fn, item, *args):
+            future = Future()
+            if item == "late":
+                threading.Timer(0.2, future.set_result, ("late done",)).start()
+            else:
+                future.set_result(fn(item))
+            return future
+
+        result = staticmethod(Future.result)
+
+    def walk():
+        results = yield [(str.upper, "soon"), (str.upper, "late")]
+        return results
+
+    calls = []
+    real_wait = parallel.wait
+    monkeypatch.setattr(parallel, "wait", lambda fs, **kw: calls.append(len(fs)) or real_wait(fs, **kw))
+    assert list(parallel.drive(Late(), [walk()])) == [(0, ["SOON", "late done"])]
+    assert calls == [1]              # once, on the job still running
+
+
 def test_workers_must_be_positive():
     with pytest.raises(UsageError, match="workers"):
         tune(["allreduce/ring"], 8, Uniform(8, 2.0, 100.0), [1 << 20], workers=0)
+
+
+def _write_after_a_pause(result, outdir, barrier, pause):
+    """A writer process: start with the others, and dwell between reading
+    plans.json and writing it (in each plan file's write) so they overlap."""
+    import time
+
+    import msc.formats.plan_text as plan_text
+
+    save = plan_text.save_plan
+
+    def slow_save(plan, path):
+        time.sleep(pause)
+        return save(plan, path)
+
+    plan_text.save_plan = slow_save
+    barrier.wait()
+    write_plans(result, outdir)
+
+
+def test_tunes_writing_one_folder_at_once_keep_every_collective(tmp_path):
+    """Three tunes of different collectives into one -o folder, at once: each
+    read plans.json, wrote its plan files and rewrote plans.json, and the
+    last one kept only what it had read (a collective's .plan files were then
+    left unlisted, and the backend passed its calls through). The folder is
+    locked across the read-merge-write."""
+    import multiprocessing
+
+    from msc.torch.registry import PlanRegistry
+
+    results = [tune([name], 4, Uniform(4, 1.0, 50.0), [4096], protocols=("Simple",), instances=(1,))
+               for name in ("allgather/ring", "reducescatter/ring", "allreduce/ring")]
+    ctx = multiprocessing.get_context("fork")
+    barrier = ctx.Barrier(len(results))
+    writers = [ctx.Process(target=_write_after_a_pause, args=(r, tmp_path, barrier, 0.3)) for r in results]
+    for w in writers:
+        w.start()
+    for w in writers:
+        join(w, 60)
+    assert [w.exitcode for w in writers] == [0, 0, 0]
+    listed = {e["file"] for e in json.loads((tmp_path / "plans.json").read_text())}
+    assert listed == {p.name for p in tmp_path.glob("*.plan")} and len(listed) == 3
+    assert {e.key[0] for e in PlanRegistry.from_dir(tmp_path)} == {"allgather", "reducescatter", "allreduce"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(listed | {"plans.json"})     # no lock file left

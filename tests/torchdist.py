@@ -1,11 +1,20 @@
 """A pool of torch.distributed (gloo, CPU) worker processes for tests.
 
 Starting processes and importing torch costs seconds, so a pool starts
-``n`` workers once (torch.multiprocessing, spawn) and runs many cases on
-them: ``pool.run(fn, *args)`` calls the module-level ``fn(rank, n, *args)``
-in every worker and returns the per-rank results, or raises with the
-workers' tracebacks. A case that hangs fails after ``timeout`` seconds and
-the pool is torn down (a deadlock must not hang the test run).
+``n`` workers once and runs many cases on them: ``pool.run(fn, *args)``
+calls the module-level ``fn(rank, n, *args)`` in every worker and returns
+the per-rank results, or raises with the workers' tracebacks. A case that
+hangs fails after ``timeout`` seconds of a quiet machine (wall time divided
+by the load per core as it passes: tests/patience.py), naming the case and
+the ranks that did not answer, and the pool is torn down (a deadlock must
+not hang the test run, and a loaded machine must not fail it).
+
+Workers are forked from a forkserver that imported torch once for the test
+process (torch.multiprocessing, forkserver with torch preloaded): a new
+worker costs a fork, not torch's 3 CPU-seconds of imports. The forkserver
+itself imports nothing else and starts no thread, and each worker takes the
+environment of the process that made its pool (as a spawned one would), not
+the forkserver's.
 """
 from __future__ import annotations
 
@@ -15,7 +24,13 @@ import tempfile
 import traceback
 
 
+# What the forkserver imports once: torch and its distributed package (no msc, no test module:
+# those a worker imports itself, with the environment its pool gives it).
+PRELOAD = ["torch", "torch.distributed"]
+
+
 def _worker(rank: int, n: int, init_method: str, jobs, results, backend: str = "gloo", env=None) -> None:
+    os.environ.clear()                  # the pool maker's environment, not the forkserver's
     os.environ.update(env or {})
     import torch
     import torch.distributed as dist
@@ -40,6 +55,15 @@ def _worker(rank: int, n: int, init_method: str, jobs, results, backend: str = "
     dist.destroy_process_group()
 
 
+def stop_forkserver() -> None:
+    """Stop the forkserver (if one started) and wait for it (multiprocessing has no public call for this)."""
+    from multiprocessing import forkserver
+
+    stop = getattr(forkserver._forkserver, "_stop", None)
+    if stop is not None:
+        stop()
+
+
 class Pool:
     """n gloo worker processes meeting through a FileStore, or (``tcp``) a
     TCPStore that rank 0 hosts, as under torchrun (a FileStore polls, and
@@ -49,7 +73,8 @@ class Pool:
         import torch.multiprocessing as mp
 
         self.n, self.timeout = n, timeout
-        ctx = mp.get_context("spawn")
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(PRELOAD)
         self._init_file = None
         if tcp:
             import socket
@@ -64,8 +89,9 @@ class Pool:
             init_method = f"file://{self._init_file}"
         self.jobs = [ctx.Queue() for _ in range(n)]
         self.results = ctx.Queue()
-        self.procs = [ctx.Process(target=_worker, args=(r, n, init_method, self.jobs[r], self.results, backend, env),
-                                  daemon=True) for r in range(n)]
+        environ = {**os.environ, **(env or {})}
+        self.procs = [ctx.Process(target=_worker, args=(r, n, init_method, self.jobs[r], self.results, backend,
+                                                        environ), daemon=True) for r in range(n)]
         for p in self.procs:
             p.start()
         self.broken = None
@@ -75,14 +101,22 @@ class Pool:
             raise RuntimeError(f"the pool is broken: {self.broken}")
         for q in self.jobs:
             q.put((fn, args))
-        out, errors = [None] * self.n, []
-        for _ in range(self.n):
+        from patience import Waiter
+
+        out, errors, waiting = [None] * self.n, [], set(range(self.n))
+        waiter = Waiter(self.timeout)
+        while waiting:
             try:
-                rank, ok, value = self.results.get(timeout=self.timeout)
+                rank, ok, value = self.results.get(timeout=waiter.slice())
             except queue.Empty:
-                self.broken = f"{fn.__name__}{args!r} did not finish in {self.timeout} s (deadlock?)"
-                self.close()
+                if not waiter.expired:
+                    continue
+                ranks = ", ".join(map(str, sorted(waiting)))
+                self.broken = (f"{fn.__name__}{args!r} did not finish in {self.timeout} s of a quiet machine "
+                               f"(load-scaled): rank(s) {ranks} of {self.n} never answered (deadlock?)")
+                self.close(patience_s=2)        # the workers are stuck in the case: no long goodbye
                 raise TimeoutError(self.broken) from None
+            waiting.discard(rank)
             if ok:
                 out[rank] = value
             else:
@@ -91,17 +125,24 @@ class Pool:
             raise AssertionError("\n".join(errors))
         return out
 
-    def close(self) -> None:
+    def close(self, patience_s: float = 30.0) -> None:
+        """Ask every worker to leave (it destroys its group and exits), wait ``patience_s`` seconds of a
+        quiet machine for each, then kill what is left; ``self.unclean`` says which ranks were killed."""
+        from patience import join
+
         for q, p in zip(self.jobs, self.procs):
             if p.is_alive():
                 try:
                     q.put(None)
                 except (OSError, ValueError):
                     pass
-        for p in self.procs:
-            p.join(timeout=5)
-            if p.is_alive():
+        self.unclean = []
+        for rank, p in enumerate(self.procs):
+            if not join(p, patience_s):
+                self.unclean.append(f"rank {rank} (pid {p.pid}) did not exit within {patience_s} s of a quiet "
+                                    f"machine after the pool closed: killed")
                 p.kill()
+                p.join()
         if self._init_file is not None:
             try:
                 os.unlink(self._init_file)

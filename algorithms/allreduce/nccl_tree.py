@@ -29,19 +29,27 @@ def nccl_tree(p: msc.Program, gpus_per_node=8, channels=8, chunks=2):
     and channel c + nChannels on tree 1, both through the channel's head;
     ncclTopoPreset: the chain treeIntra[0] -> treeIntra[1] -> .. inside
     the node), src/graph/search.cc (the tree pattern "NET n -> GPU a -> GPU
-    b -> .. -> GPU x", each channel on another NIC). Every rank first
-    copies its input to its output (one op; nothing in place), so partial
-    sums live in the output and both forms work.
+    b -> .. -> GPU x", each channel on another NIC). As NCCL's kernel does
+    (src/device/all_reduce.h, runTreeSplit), a leaf sends from its input
+    and a parent adds what it receives to its own input on the way into
+    its output, chunk by chunk on the chunk's channel: no rank copies its
+    whole input first, so a channel's chunks pipeline up the tree while
+    earlier ones come down. Works in place and out of place.
     """
     n, g = p.num_ranks, gpus_per_node
     trees = [(c, t, nccl_orders.node_tree(n, g, c % g, t)) for t in (0, 1) for c in range(channels)]
-    for r in range(n):
-        p.chunk(r, "input", 0, p.chunk_factor).copy(r, "output", 0)
     for k in range(chunks):
         for c, t, edges in trees:
             channel = t * channels + c
             index = channel * chunks + k
+            if not edges:            # one rank: nothing to reduce; out of place the output still needs the input
+                p.chunk(0, "input", index).copy(0, "output", index)
+                continue
+            partial = {}             # rank -> its partial sum of the chunk so far (in its output)
             for child, parent in edges:
-                p.chunk(parent, "output", index).reduce(p.chunk(child, "output", index), channel=channel)
+                sent = partial[child] if child in partial else p.chunk(child, "input", index)
+                mine = (partial[parent] if parent in partial
+                        else p.chunk(parent, "input", index).copy(parent, "output", index))
+                partial[parent] = mine.reduce(sent, channel=channel)
             for child, parent in reversed(edges):
                 p.chunk(parent, "output", index).copy(child, "output", index, channel=channel)

@@ -20,14 +20,18 @@ def rail_rings(p: msc.Program, rings=8, gpus_per_node=8, chunks=1):
 
     NCCL: its broadcast runs the ring of each channel as a chain from the
     root (src/device/broadcast.h); the rings are search.cc's, one per
-    channel and NIC. Works in place and out of place.
+    channel and NIC. As there, the root sends each chunk from its input
+    (and copies it to its own output) on the chunk's channel, so no
+    channel waits for a copy of the whole buffer. Works in place and out of
+    place.
     """
     n, root = p.num_ranks, p.root
-    p.chunk(root, "input", 0, p.chunk_factor).copy(root, "output", 0)
     for c, order in enumerate(nccl_orders.rail_rings(n, gpus_per_node, rings)):
         start = order.index(root)
         chain = order[start:] + order[:start]
         for k in range(chunks):
             index = c * chunks + k
+            p.chunk(root, "input", index).copy(root, "output", index)
             for hop in range(1, n):
-                p.chunk(chain[hop - 1], "output", index).copy(chain[hop], "output", index, channel=c)
+                src = p.chunk(chain[hop - 1], "input" if hop == 1 else "output", index)
+                src.copy(chain[hop], "output", index, channel=c)

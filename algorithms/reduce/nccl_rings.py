@@ -21,17 +21,22 @@ def rail_rings(p: msc.Program, rings=8, gpus_per_node=8, chunks=1):
 
     NCCL: its reduce runs the ring of each channel as a chain ending at the
     root (src/device/reduce.h); the rings are search.cc's, one per channel
-    and NIC. Every rank first copies its input to its output (one op;
-    nothing in place), so partial sums live in the output: works in both
-    forms.
+    and NIC. As there, the chain's first rank sends from its input and each
+    next one adds what it receives to its own input on the way into its
+    output, chunk by chunk on the chunk's channel (no rank copies its whole
+    input first, which would hold every channel's next tile behind the
+    first channel's): works in both forms.
     """
     n, root = p.num_ranks, p.root
-    for r in range(n):
-        p.chunk(r, "input", 0, p.chunk_factor).copy(r, "output", 0)
     for c, order in enumerate(nccl_orders.rail_rings(n, gpus_per_node, rings)):
         start = order.index(root) + 1
         chain = order[start:] + order[:start]          # ends at the root
         for k in range(chunks):
             index = c * chunks + k
+            if n == 1:          # nothing to reduce; out of place the output still needs the input
+                p.chunk(root, "input", index).copy(root, "output", index)
+                continue
+            partial = p.chunk(chain[0], "input", index)
             for hop in range(1, n):
-                p.chunk(chain[hop], "output", index).reduce(p.chunk(chain[hop - 1], "output", index), channel=c)
+                rank = chain[hop]
+                partial = p.chunk(rank, "input", index).copy(rank, "output", index).reduce(partial, channel=c)

@@ -131,14 +131,14 @@ def _table(result, args, logs, ok, held, before) -> str:
         lines.append(f"  {k.label:<34} {result.before[k.key]:9.4g} {after:9.4g}  {k.low:.4g}-{k.high:.4g} {k.unit}"
                      f" ({state})")
     width = max(len(m.where) for m in result.measured)
-    lines += ["#", f"# {'where':<{width}} {'column':>6} {'collective':>13} {'size':>6} {'algo':>5} {'proto':>6} "
+    lines += ["#", f"# {'where':<{width}} {'column':>6} {'collective':>13} {'size':>6} {'algo':>8} {'proto':>6} "
                    f"{'chan':>4} {'measured':>9} {'predicted':>9} {'pred/meas':>9} {'before':>6}",
-              f"# {'':<{width}} {'':>6} {'':>13} {'':>6} {'':>5} {'':>6} {'':>4} {'(us)':>9} {'(us)':>9}"]
+              f"# {'':<{width}} {'':>6} {'':>13} {'':>6} {'':>8} {'':>6} {'':>4} {'(us)':>9} {'(us)':>9}"]
     for i, m in enumerate(result.measured):
         rec = result.choice[m.collective, m.size]
         mark = "host-bound" if m.host_bound else ("" if result.within(i) else f"outside +-{m.tolerance:.0%}")
         lines.append(f"  {m.where:<{width}} {m.column.split('-')[0]:>6} {m.collective:>13} {format_size(m.size):>6} "
-                     f"{rec['algorithm'][:5]:>5} {rec['protocol']:>6} {rec['channels']:4d} {m.time_us:9.2f} "
+                     f"{rec['algorithm']:>8} {rec['protocol']:>6} {rec['channels']:4d} {m.time_us:9.2f} "
                      f"{result.predicted[i]:9.2f} {result.ratio(i):9.2f} {result.ratio(i, result.before_predicted):6.2f}"
                      f"  {mark}".rstrip())
     host = len(result.measured) - held

@@ -727,7 +727,7 @@ def main(argv: list[str] | None = None) -> int:
         parser = build_parser()
         parser.epilog = "Arguments after -- are passed to an MSCCLang script (msc verify/compile prog.py -- 8 1)."
         args = parser.parse_args(argv)
-        args.script_args = script_args
+        args.argv, args.script_args = argv, script_args
         return _run(args)
     except KeyboardInterrupt:
         if debug:

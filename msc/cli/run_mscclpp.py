@@ -55,7 +55,7 @@ def sweep_mscclpp(plan, *, min_bytes, max_bytes, factor: int, dtype: str, op: st
     from msc.dsl.collectives import REDUCING
     from msc.verification import reference
     from msc.verification.onesided import execute_onesided
-    from msc.verification.onesided_run import Layout
+    from msc.verification.onesided_run import Layout, check_inputs_fit
 
     layout = Layout(plan, collective, root)
     if not layout.checkable:
@@ -80,6 +80,7 @@ def sweep_mscclpp(plan, *, min_bytes, max_bytes, factor: int, dtype: str, op: st
     records = []
     for requested in sizes(low, parse_size(max_bytes), factor):
         chunk = requested // big // UNIT * UNIT
+        check_inputs_fit(plan, chunk)
         inputs = reference.random_inputs(rng, dt, "sum", plan.num_ranks, gpu.input_chunks * chunk // dt.itemsize)
         seconds = 0.0
         for _ in range(iters):

@@ -50,10 +50,10 @@ def add_simulate_command(subparsers, load_plan: Callable) -> argparse.ArgumentPa
     p.add_argument("plans", nargs="*", metavar="PLAN", help="plan file(s)")
     p.add_argument("--nccl", metavar="COLLECTIVE",
                    help="instead of plans: what NCCL would run per size (its algorithm, protocol and channels, by "
-                        "its tuning model) as an msc plan, simulated (the dgx-*, hgx-* and gb200-nvl72 presets, nvswitch, "
-                        "ib, and TOML files of nodes; NVLS on one Hopper node, no NVLSTree)")
+                        "its tuning model, NCCL 2.30.7) as an msc plan, simulated (the dgx-*, hgx-* and gb200-nvl72 presets, "
+                        "nvswitch, ib, and TOML files of nodes)")
     p.add_argument("--nccl-algo", metavar="ALGO", type=lambda t: _list(t, str),
-                   help="with --nccl: the algorithms NCCL may use, as NCCL_ALGO (ring, tree)")
+                   help="with --nccl: the algorithms NCCL may use, as NCCL_ALGO (tree, ring, nvls, nvlstree, pat)")
     p.add_argument("--nccl-proto", metavar="PROTO", type=lambda t: _list(t, protocol_arg),
                    help="with --nccl: the protocols NCCL may use, as NCCL_PROTO (LL, LL128, Simple; any case)")
     add_topology_args(p)
@@ -156,7 +156,7 @@ def _simulate_plans(args, requested, load_plan):
     return everything, series, topo
 
 
-NCCL_NOTE = ("# NCCL's algorithm, protocol and channels per size by its tuning model (NCCL 2.21: NVLS on one Hopper node, no NVLSTree), run as "
+NCCL_NOTE = ("# NCCL's algorithm, protocol and channels per size by its tuning model (NCCL 2.30.7), run as "
              "an msc plan and simulated; nccl: NCCL's own model's time")
 
 

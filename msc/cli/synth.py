@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import sys
 
 from msc.dsl.collectives import ROOTED
 from msc.errors import UsageError
@@ -63,7 +62,11 @@ def _run(args) -> int:
         raise UsageError(f"--name: {exc}") from None
     check_not_input(args.output, [args.topology], "-o")
     topo = bound_topology(args)
-    command = "msc synthesize " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 2 else ""
+    # the words main() parsed (not sys.argv: msc.cli.main.main(argv) may run inside another program)
+    words = [w for w in args.argv if w != "--debug"]
+    if args.command in words:
+        words.remove(args.command)
+    command = "msc synthesize " + " ".join(shlex.quote(a) for a in words) if words else ""
     summary = _synthesize(args, collective, topo, command)
     _write_and_verify(args, collective, topo, summary)
     if args.json:

@@ -337,6 +337,28 @@ class CustomCollective(Collective):
         return found
 
 
+def replicated(collective: CustomCollective, instances: int) -> CustomCollective:
+    """``collective`` as a plan of ``instances`` interleaved copies computes
+    it (msc.lower.dag.replicate: chunk i of copy j is chunk i*instances + j):
+    at chunk factor k*instances, buffers ``instances`` times as large, and
+    output chunk x holds what chunk x // instances held, each label's chunk
+    in copy x % instances. Sizes written as ints scale so too."""
+    m = instances
+    base = collective
+
+    def post(r, x, n, k):
+        labels = base._post(r, x // m, n, k // m)
+        return None if labels is None else [(o, c * m + x % m) for o, c in labels]
+
+    def pre(r, x, n, k):
+        label = base._pre(r, x // m, n, k // m)
+        return None if label is None else (label[0], label[1] * m + x % m)
+
+    return CustomCollective(base.name, input_chunks=lambda n, k: base.input_chunks(n, k // m) * m,
+                            output_chunks=lambda n, k: base.output_chunks(n, k // m) * m, postcondition=post,
+                            precondition=None if base._pre is None else pre)
+
+
 class StatedCollective(CustomCollective):
     """A custom collective read back from a plan's Contract (msc.ir): the
     tables hold its pre- and postcondition for that plan's rank count and

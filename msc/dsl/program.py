@@ -15,6 +15,7 @@ becomes an ``AlgorithmError`` at the user's line; ``KeyboardInterrupt`` and
 from __future__ import annotations
 
 import inspect
+import itertools
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any, Callable, Iterable
@@ -22,10 +23,12 @@ from typing import Any, Callable, Iterable
 from msc.dsl.collectives import Collective, Layout, get_collective
 from msc.errors import AlgorithmError, MscError, OperationError, SourceLine, UsageError
 from msc.ir import Op, OpKind
-from msc.ir.limits import MAX_BUFFER_CHUNKS, MAX_CHUNK_MOVES, MAX_TOTAL_CHUNKS
+from msc.ir.limits import MAX_BUFFER_CHUNKS, MAX_CHUNK_MOVES, MAX_RANKS, MAX_TOTAL_CHUNKS
 from msc.perf import pause_gc
 from msc.dsl.source_lines import (_LIBRARY_DIR, _PACKAGE_DIR, _display_path, _integer, _internal,  # noqa: F401
                                    _lines, _not_int, user_line)
+
+_new_op = tuple.__new__        # an Op without its Python-level __new__: tracing builds millions
 
 
 class Program:
@@ -46,12 +49,14 @@ class Program:
         self._physical = layout.physical_sizes
         self._logical = layout.logical_sizes
         self._alias = layout.alias_table
+        self._ranks = layout.num_ranks
         # chunks of every buffer of every rank, and chunks moved: bounded as the trace grows (msc.ir.limits)
         self._chunks = layout.num_ranks * sum(self._physical.values())
         self._moves = 0
-        # in place, the buffers each aliased op was written with (op index -> src buffer, index, dst
-        # buffer, index): errors name what the user wrote, not the physical buffer it maps to
-        self.written_as: dict[int, tuple[str, int, str, int]] = {}
+        # in place, per op (aligned with ops) whether its source (bit 1) and destination (bit 2) were
+        # named by the aliased buffer: errors name what the user wrote, not the physical buffer it
+        # maps to (one byte per op: a 1024-rank ring in place renames two million)
+        self._renamed = bytearray()
         self.has_switch = False           # some op is a switch op (NVLS): the bulk passes do not take it
 
     # -- description ------------------------------------------------------
@@ -105,9 +110,13 @@ class Program:
 
         Ranks, indices and sizes are ints or other integers (numpy's), never
         bools or floats; so are the hints and ``split``'s parts below."""
-        if type(rank) is not int or type(index) is not int or type(size) is not int:
-            rank, index, size = _integer(rank), _integer(index), _integer(size)
-        self._check_location(rank, buffer, index, size, "chunk")
+        if not (type(rank) is int and type(index) is int and type(size) is int and type(buffer) is str
+                and 0 <= rank < self._ranks and index >= 0 and size >= 1
+                and index + size <= self._logical.get(buffer, -1) and not self._sealed):
+            # not the common case (ints in range of a user buffer): coerce, check and say what is wrong
+            if type(rank) is not int or type(index) is not int or type(size) is not int:
+                rank, index, size = _integer(rank), _integer(index), _integer(size)
+            self._check_location(rank, buffer, index, size, "chunk")
         return Ref(self, rank, buffer, index, size)
 
     def _check_location(self, rank, buffer, index, size, what) -> None:
@@ -155,7 +164,8 @@ class Program:
                 sbuf, soff = target, offsets[src.rank]
             if dbuf == alias:
                 dbuf, doff = target, offsets[dst.rank]
-        si, di, size = src.index + soff, dst.index + doff, src.size
+        # (an unmoved index is the user's own int object: millions of ops keep one copy, not two)
+        si, di, size = src.index + soff if soff else src.index, dst.index + doff if doff else dst.index, src.size
         if dbuf == "input" and self._alias is None:
             raise OperationError(f"{kind.value}: writes rank {dst.rank} input[{dst.index}], but the input buffer is "
                                  f"read-only in the out-of-place form (write to 'output' or a scratch buffer)",
@@ -166,11 +176,14 @@ class Program:
             raise OperationError(f"{kind.value}: source rank {src.rank} {src.buffer}[{src.index}] and destination "
                                  f"{dst.buffer}[{dst.index}] (size {size}) overlap", rank=dst.rank,
                                  buffer=dst.buffer, index=dst.index, where=user_line(3))
-        self._account(kind.value, size, dst, dbuf, di + size)
-        if self._alias is not None and (sbuf, dbuf) != (src.buffer, dst.buffer):
-            self.written_as[len(self.ops)] = (src.buffer, src.index, dst.buffer, dst.index)
-        self.ops.append(Op(kind, src.rank, sbuf, si, dst.rank, dbuf, di, size,
-                           channel, sendtb, recvtb, user_line(3)))
+        moves = self._moves + size
+        if moves <= MAX_CHUNK_MOVES and dbuf in self._physical:     # _account's common case, inline
+            self._moves = moves
+        else:
+            self._account(kind.value, size, dst, dbuf, di + size)
+        self._renamed.append((sbuf != src.buffer) | (dbuf != dst.buffer) << 1)
+        self.ops.append(_new_op(Op, (kind, src.rank, sbuf, si, dst.rank, dbuf, di, size,
+                                     channel, sendtb, recvtb, user_line(3), ())))
 
     def switch(self, ranks: Iterable[int] | None = None, *, channel: int | None = None):
         """The ranks ``ranks`` (default: all) as one switch domain: NVLS
@@ -205,6 +218,7 @@ class Program:
                                  rank=rank, buffer=buf, where=user_line(3))
         self._account(what, size * len(members), Ref(self, rank, dbuf, di, size), dst[0], dst[1] + size)
         self.has_switch = True
+        self._renamed.append(0)
         self.ops.append(Op(kind, rank, src[0], src[1], rank, dst[0], dst[1], size, group.channel, None, None,
                            user_line(3), members))
 
@@ -254,10 +268,13 @@ class Program:
         """Operation ``index`` in the words the algorithm wrote it (in place:
         ``output[0]`` where that is what it named, not the input it aliases)."""
         op = self.ops[index]
-        names = self.written_as.get(index)
-        if names is not None and names != (op.src_buffer, op.src_index, op.dst_buffer, op.dst_index):
-            sb, si, db, di = names
-            op = op._replace(src_buffer=sb, src_index=si, dst_buffer=db, dst_index=di)
+        renamed = self._renamed[index] if index < len(self._renamed) else 0
+        if renamed:
+            alias, _, offsets = self._alias
+            if renamed & 1:
+                op = op._replace(src_buffer=alias, src_index=op.src_index - offsets[op.src_rank])
+            if renamed & 2:
+                op = op._replace(dst_buffer=alias, dst_index=op.dst_index - offsets[op.dst_rank])
         return op.describe()
 
     def with_ops(self, ops) -> Program:
@@ -306,10 +323,16 @@ class Ref:
         p = self.program
         buffer = self.buffer if buffer is None else buffer
         index = self.index if index is None else index
-        if type(dst_rank) is not int or type(index) is not int:
-            dst_rank, index = _integer(dst_rank), _integer(index)
-        p._check_location(dst_rank, buffer, index, self.size, "copy")
-        dst = Ref(p, dst_rank, getattr(buffer, "value", buffer), index, self.size)
+        size = self.size
+        if not (type(dst_rank) is int and type(index) is int and type(buffer) is str
+                and 0 <= dst_rank < p._ranks and index >= 0 and size >= 1
+                and index + size <= p._logical.get(buffer, -1) and not p._sealed):
+            # not the common case (ints in range of a user buffer): coerce, check and say what is wrong
+            if type(dst_rank) is not int or type(index) is not int:
+                dst_rank, index = _integer(dst_rank), _integer(index)
+            p._check_location(dst_rank, buffer, index, size, "copy")
+            buffer = getattr(buffer, "value", buffer)
+        dst = Ref(p, dst_rank, buffer, index, size)
         p._record(OpKind.COPY, self, dst, channel, sendtb, recvtb)
         return dst
 
@@ -512,8 +535,8 @@ def _rank_counts(ranks) -> Callable | frozenset | range | None:
     (a range, or a frozenset of ints >= 1); raises ValueError saying why not."""
     if ranks is None or callable(ranks):
         return ranks
-    if isinstance(ranks, range):
-        if len(ranks) == 0 or min(ranks) < 1:
+    if isinstance(ranks, range):          # arithmetic: min() and len() would walk or overflow a long one
+        if not ranks or (ranks[0] if ranks.step > 0 else ranks[-1]) < 1:
             raise ValueError(f"ranks={ranks!r} must hold rank counts >= 1 (and at least one)")
         return ranks
     if isinstance(ranks, (str, bytes, dict)):
@@ -524,11 +547,14 @@ def _rank_counts(ranks) -> Callable | frozenset | range | None:
         values = [one]
     else:
         try:
-            values = list(ranks)
+            values = list(itertools.islice(ranks, MAX_RANKS + 1))    # an endless iterator stops here
         except TypeError:
             raise ValueError(f"ranks= must be a predicate of the rank count (lambda n: ...), the rank counts "
                              f"(a list, tuple, set or range of ints) or one int; got {_safe_repr(ranks)} "
                              f"(a {type(ranks).__name__})") from None
+    if len(values) > MAX_RANKS:
+        raise ValueError(f"ranks= lists over {MAX_RANKS} rank counts (msc's limit of ranks; a range or a predicate "
+                         f"can say more)")
     counts = [_integer(v) for v in values]
     for value, count in zip(values, counts):
         if type(count) is not int or count < 1:
@@ -687,7 +713,7 @@ def _supported(alg: Algorithm, params: dict[str, Any]) -> str:
     where ``ranks=`` lists them, else those from 1 to 64."""
     allowed = alg.ranks
     if allowed is not None and not callable(allowed):
-        if isinstance(allowed, range) and len(allowed) > 4096:
+        if isinstance(allowed, range) and allowed[4096:]:
             return f"supported rank counts: {allowed.start} to {allowed[-1]} in steps of {allowed.step}"
         return f"supported rank counts: {_counts(sorted(allowed))}"
     sample = [n for n in range(1, 65) if _quiet(lambda n=n: alg.supports(n, **params))]

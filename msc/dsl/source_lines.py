@@ -18,12 +18,22 @@ def _internal(filename: str) -> bool:
     """Frames of msc itself (not the algorithm library a wheel ships inside it)."""
     return filename.startswith(_PACKAGE_DIR) and not filename.startswith(_LIBRARY_DIR)
 _lines: dict[tuple[str, int], SourceLine] = {}
+# id(code) -> (code, whether it is msc's own): tracing asks millions of times about a few code
+# objects; the entry holds the code object, so its id is not reused while the entry stands
+_codes: dict[int, tuple] = {}
+
+
+def _is_internal_code(code) -> bool:
+    hit = _codes.get(id(code))
+    if hit is None or hit[0] is not code:
+        hit = _codes[id(code)] = (code, _internal(code.co_filename))
+    return hit[1]
 
 
 def user_line(depth: int = 2) -> SourceLine | None:
     """The first frame outside the msc package: the user's line."""
     frame = sys._getframe(depth)
-    while frame is not None and _internal(frame.f_code.co_filename):
+    while frame is not None and _is_internal_code(frame.f_code):
         frame = frame.f_back
     if frame is None:
         return None

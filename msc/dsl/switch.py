@@ -20,6 +20,8 @@ meets another rank's access to the same chunk (msc.lower.switch).
 """
 from __future__ import annotations
 
+import itertools
+
 from msc.dsl.source_lines import _integer, user_line
 from msc.errors import OperationError
 from msc.ir import OpKind
@@ -97,12 +99,18 @@ class SwitchSum:
 def switch_group(program, ranks, channel) -> SwitchGroup:
     """``Program.switch``: the group of ``ranks`` (all when None), checked."""
     n = program.num_ranks
-    members = list(range(n)) if ranks is None else [_integer(r) for r in ranks]
+    try:                          # at most n + 1 members read: a longer (or endless) iterable cannot be a group
+        members = list(range(n)) if ranks is None else [_integer(r) for r in itertools.islice(ranks, n + 1)]
+    except TypeError:
+        raise OperationError(f"switch: ranks must be an iterable of ranks, got {ranks!r:.60}", where=user_line()) from None
+    if len(members) > n:
+        raise OperationError(f"switch: more than the program's {n} ranks in the group", where=user_line())
     bad = [r for r in members if type(r) is not int or not 0 <= r < n]
     if bad:
         raise OperationError(f"switch: {bad[0]!r} is not a rank (ranks are 0..{n - 1})", where=user_line())
     if len(set(members)) != len(members) or len(members) < 2:
-        raise OperationError(f"switch: a group needs at least two distinct ranks, got {members}", where=user_line())
+        raise OperationError(f"switch: a group needs at least two distinct ranks, got {members!r:.200}",
+                             where=user_line())
     channel = _integer(channel)
     if channel is not None and (type(channel) is not int or channel < 0):
         raise OperationError(f"switch: channel {channel!r} must be an int >= 0 or None", where=user_line())

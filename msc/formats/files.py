@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import stat
-from contextlib import suppress
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -60,6 +60,51 @@ def write_output(path: str | Path, data: str | bytes) -> Path:
             raise
         raise type(exc)(exc.errno, exc.strerror, os.fspath(path)) from None
     return path
+
+
+@contextmanager
+def folder_lock(folder: str | Path):
+    """An exclusive lock on ``folder`` for a read-merge-write of files in it
+    (plans.json: two writers would each keep only what they read), held until
+    the block ends or the process dies: fcntl.flock on the folder itself, so
+    nothing is left in it; on a file system that does not lock folders, on a
+    ``.msc.lock`` file in it. None without fcntl (Windows)."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            os.close(fd)
+            fd = os.open(os.path.join(folder, ".msc.lock"), os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+                         | getattr(os, "O_CLOEXEC", 0), 0o600)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)                   # releases the lock
+
+
+def others_can_change(path: str | Path) -> str | None:
+    """Why a user other than this one (or root) can change the file or
+    folder ``path`` names, links followed, or None: it is writable by its
+    group or by others, or another user owns it (the kernel cache's rule
+    for its own folders, msc.cuda.hostbuild._private). None where the
+    platform has no users (no os.getuid) or it cannot be read."""
+    if not hasattr(os, "getuid"):
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    if st.st_mode & 0o022:
+        return f"writable by {'others' if st.st_mode & 0o002 else 'its group'} (mode {stat.S_IMODE(st.st_mode):o})"
+    if st.st_uid not in (os.getuid(), 0):
+        return f"owned by user {st.st_uid}"
+    return None
 
 
 def same_file(a: str | Path, b: str | Path) -> bool:

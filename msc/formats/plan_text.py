@@ -57,14 +57,14 @@ def dump_plan(plan: Plan) -> str:
     if plan.contract is not None:
         out.append("")
         out += contract_lines(plan.contract)
+    notes: dict = {}             # id(SourceLine) -> its note (the plan holds every one while this runs)
     for rp in plan.ranks:
         out.append("")
         out.append(f"rank {rp.rank} scratch {rp.scratch}")
         for tb in rp.threadblocks:
             group = f" group {','.join(map(str, tb.group))}" if tb.group else ""
             out.append(f"  tb {tb.id} send {_peer(tb.send)} recv {_peer(tb.recv)} channel {tb.channel}{group}")
-            for i, step in enumerate(tb.steps):
-                out.append(f"    {i}: " + _step(step))
+            out += [f"    {i}: {_step(step, notes)}" for i, step in enumerate(tb.steps)]
     return "\n".join(out) + "\n"
 
 
@@ -76,16 +76,31 @@ def _slice(sl: Slice, count: int) -> str:
     return f"{sl.buffer}[{sl.index}]" if count == 1 else f"{sl.buffer}[{sl.index}:{sl.index + sl.count}]"
 
 
-def _step(step: Step) -> str:
-    text = step.op.value
+_OP_NAMES = {op: op.value for op in StepOp}     # (an Enum's .value is a property: slow per step)
+
+
+def _step(step: Step, notes: dict | None = None) -> str:
+    """A step's line after its number; ``notes`` caches each source line's note by identity."""
+    text = _OP_NAMES[step.op]
+    count = step.count
     if step.srcs:
-        text += " " + ", ".join(_slice(s, step.count) for s in step.srcs)
-    if step.dst is not None:
-        text += " -> " + _slice(step.dst, step.count)
+        if count == 1:
+            text += " " + ", ".join([f"{s.buffer}[{s.index}]" for s in step.srcs])
+        else:
+            text += " " + ", ".join([_slice(s, count) for s in step.srcs])
+    dst = step.dst
+    if dst is not None:
+        text += f" -> {dst.buffer}[{dst.index}]" if count == 1 else " -> " + _slice(dst, count)
     if step.deps:
-        text += " after " + ", ".join(f"{t}.{s}" for t, s in step.deps)
-    if step.where is not None:
-        text = f"{text:<44} @ {json.dumps(step.where.file)}:{step.where.line}"
+        text += " after " + ", ".join([f"{t}.{s}" for t, s in step.deps])
+    where = step.where
+    if where is not None:
+        note = None if notes is None else notes.get(id(where))
+        if note is None:
+            note = f" @ {json.dumps(where.file)}:{where.line}"
+            if notes is not None:
+                notes[id(where)] = note
+        text = f"{text:<44}{note}"
     return text
 
 

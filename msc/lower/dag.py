@@ -85,21 +85,18 @@ def replicate(ops, instances: int, scratch_sizes: dict) -> tuple[list[Op], dict]
     def shift(tb, j):
         return None if tb is None else tb + j * tbs
 
-    out = []
-    for op in ops:
-        for j in range(instances):
-            out.append(op._replace(src_index=op.src_index * instances + j, dst_index=op.dst_index * instances + j,
-                                   channel=j * channels + (op.channel or 0), sendtb=shift(op.sendtb, j),
-                                   recvtb=shift(op.recvtb, j)))
-    # an op of size s at index i covers i*K+j .. (i+s-1)*K+j with stride K: split into size-1 ops
+    # Ops built by tuple.__new__ from their fields (NamedTuple._replace is a Python-level call per
+    # op, millions here); an op of size s at index i covers i*K+j .. (i+s-1)*K+j with stride K:
+    # split into size-1 ops
+    new = tuple.__new__
     flat = []
-    for op in out:
-        if op.size == 1:
-            flat.append(op)
-        else:
-            for t in range(op.size):
-                flat.append(op._replace(src_index=op.src_index + t * instances,
-                                        dst_index=op.dst_index + t * instances, size=1))
+    for (kind, srank, sbuf, sidx, drank, dbuf, didx, size, channel, sendtb, recvtb, where, group) in ops:
+        for j in range(instances):
+            si, di, ch = sidx * instances + j, didx * instances + j, j * channels + (channel or 0)
+            stb, rtb = shift(sendtb, j), shift(recvtb, j)
+            for t in range(size):
+                flat.append(new(Op, (kind, srank, sbuf, si + t * instances, drank, dbuf, di + t * instances, 1, ch,
+                                     stb, rtb, where, group)))
     return flat, {key: size * instances for key, size in scratch_sizes.items()}
 
 

@@ -33,7 +33,7 @@ from msc.lower.bulk import bulk_plans, fits
 from msc.lower.dag import allocate_scratch, build_dag, compact_scratch, replicate
 from msc.errors import DeadlockError, LoweringError, RuntimeLimitError, UsageError
 from msc.lower.fusion import drop_dead_stores, forwarding_pairs, fuse_forwarding, fuse_local
-from msc.dsl.collectives import BUILTIN, contract_of
+from msc.dsl.collectives import BUILTIN, CustomCollective, contract_of, replicated
 from msc.ir import Plan
 from msc.ir.limits import MAX_CHUNK_MOVES, MAX_INSTANCES, MAX_TILE_BYTES, MAX_TOTAL_CHUNKS, check
 from msc.ir.ops import DEFAULT_PROTOCOL, PROTOCOL_NAMES, protocol_name
@@ -99,6 +99,8 @@ def lower(program, options: LowerOptions = LowerOptions(), *, collective=None, b
                   output_chunks=layout.logical_sizes["output"] * options.instances, root=layout.root,
                   protocol=options.protocol, instances=options.instances, slots=1, tile=options.tile)
     collective = collective or layout.collective
+    if options.instances > 1 and isinstance(collective, CustomCollective):     # built-ins are stated for any k
+        collective = replicated(collective, options.instances)
     target = get_runtime(options.runtime)
     room = min(target.connection_slots(options.protocol) or MAX_SLOTS, MAX_SLOTS)
     # the program's own columns where replicate and allocate_scratch changed nothing

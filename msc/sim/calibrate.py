@@ -12,6 +12,8 @@ its physical range:
   iteration (``step_us``), the share of NVLink's and of a NIC's line rate it
   carries (the NIC's rate as the network sees it);
 - per kind of link: Simple's hop latency over NVLink and over the network;
+- across nodes: the least time a message holds both NICs (``message_us``,
+  the host's network post overhead);
 - where the switch reduces (NVLS): its port rate and barrier latency.
 
 Simulating costs the most, so the fit simulates each measured size once
@@ -61,7 +63,7 @@ STEP_US_MAX = 10.0                      # a message's fixed cost: a flag posted 
 @dataclass(frozen=True)
 class Knob:
     """A parameter the fit moves: ``key`` (launch:P, step:P, alpha:KIND,
-    bw:P:KIND, nvls:gbps, nvls:barrier), its range and unit, and whether the
+    bw:P:KIND, message:net, nvls:gbps, nvls:barrier), its range and unit, and whether the
     simulated time is linear in its inverse (a rate) or in itself."""
 
     key: str
@@ -75,12 +77,14 @@ class Knob:
     def label(self) -> str:
         kind, *rest = self.key.split(":")
         return {"launch": "{} launch_us", "step": "{} step_us", "alpha": "{} hop alpha_us (Simple's)",
-                "bw": "{} {} bandwidth_factor", "nvls": "NVLS {}"}[kind].format(*rest)
+                "bw": "{} {} bandwidth_factor", "message": "net message_us",
+                "nvls": "NVLS {}"}[kind].format(*rest)
 
 
 def knobs(topology: Nodes) -> list[Knob]:
     """The parameters of ``topology`` a fit may move, with their physical ranges."""
     machine = MACHINES[topology.machine]
+    shares = machine.protocols_for(topology.nodes)      # the machine's on this many nodes (LL's NIC share)
     out = []
     for p in topology.protocols:
         launch = LAUNCH_US[p]
@@ -90,13 +94,17 @@ def knobs(topology: Nodes) -> list[Knob]:
                         "0 to 10 us: a flag posted and waited on per message"))
         kinds = ["nvlink"] + (["net"] if topology.nodes > 1 else [])
         for kind in kinds:
-            share = machine.protocols[p].links[kind].bandwidth_factor
+            share = shares[p].links[kind].bandwidth_factor
             out.append(Knob(f"bw:{p}:{kind}", share / 4, PAYLOAD[p], "", True,
                             f"a quarter of {machine.name}'s {share:.3g} to {p}'s payload share {PAYLOAD[p]:.3g}"))
     for kind in ["nvlink"] + (["net"] if topology.nodes > 1 else []):
         hop = HOP_US[kind]["Simple"]
         out.append(Knob(f"alpha:{kind}", hop / 2, hop * 2, "us", False,
                         f"within 2x of NCCL's Simple hop latency {hop:g} us (tuning.cc)"))
+    if topology.nodes > 1:
+        post = machine.message_us
+        out.append(Knob("message:net", post / 2, post * 2, "us", False,
+                        f"within 2x of NCCL's network post overhead {post:g} us on {machine.name}'s host (tuning.cc)"))
     if topology.nvls_bandwidth:
         port = topology.port / GB
         out.append(Knob("nvls:gbps", machine.nvls_gbps / 4 if machine.nvls_gbps else port / 4, port, "GB/s", True,
@@ -117,6 +125,8 @@ def value(topology: Nodes, key: str) -> float:
         return topology.protocols[rest[0]].links[rest[1]].bandwidth_factor
     if kind == "alpha":
         return (topology.port_alpha if rest[0] == "nvlink" else topology.nic_alpha) / US
+    if kind == "message":
+        return topology.nic_message / US
     return topology.nvls_bandwidth / GB if rest[0] == "gbps" else topology.nvls_barrier / US
 
 
@@ -137,6 +147,8 @@ def with_values(topology: Nodes, values: dict[str, float]) -> Nodes:
             protocols[rest[0]] = replace(proto, links=links)
         elif kind == "alpha":
             setattr(t, "port_alpha" if rest[0] == "nvlink" else "nic_alpha", x * US)
+        elif kind == "message":
+            t.proxy = t.nic_message = x * US
         elif rest[0] == "gbps":
             t.nvls_bandwidth = x * GB
         else:
@@ -385,6 +397,8 @@ def to_toml(result: Fit, *, name: str, sources: list[str]) -> str:
         lines.append(f"nics_per_node = {t.nics}")
     if t.nic:
         lines.append(f"nic_gbps = {_toml_value(t.nic / GB)}")
+    if t.nodes > 1:
+        lines.append(f"message_us = {_toml_value(t.nic_message / US)}" + _mark(comment, "message:net"))
     lines += [f"nic_alpha_us = {_toml_value(t.nic_alpha / US)}" + _mark(comment, "alpha:net"),
               f"nvlink_gbps = {_toml_value(t.port / GB)}",
               f"nvlink_alpha_us = {_toml_value(t.port_alpha / US)}" + _mark(comment, "alpha:nvlink"),

@@ -110,13 +110,16 @@ class EventSim:
     iteration; ``alpha[c]``: its latency. A step's flow (its send
     connection, or for a switch op a flow of its own, numbered after the
     connections) has ``cap[f]``, ``res[f]`` and ``wts[f]``: its private
-    rate cap, shared links and bytes per byte on each (None: 1 each);
-    ``capacity[r]``: link rates; ``names[t]``: (rank, threadblock id) of
-    threadblock t, for errors."""
+    rate cap, shared links and bytes per byte on each (None: 1 each), and
+    ``floors[f]`` the least bytes a message of it counts for (its route's
+    per-message time at its own rate; None: 0); ``capacity[r]``: link
+    rates; ``names[t]``: (rank, threadblock id) of threadblock t, for
+    errors."""
 
-    def __init__(self, steps, per_iter, alpha, cap, res, capacity, slots, names, wts=None):
+    def __init__(self, steps, per_iter, alpha, cap, res, capacity, slots, names, wts=None, floors=None):
         self.steps, self.per_iter, self.alpha, self.cap, self.res = steps, per_iter, alpha, cap, res
         self.wts = wts if wts is not None else [None] * len(res)
+        self.floors = floors if floors is not None and any(floors) else None
         self.capacity, self.slots, self.names = capacity, slots, names
         # max-min rates per multiset of connections with flows (sorted tuple -> {conn: rate}): a
         # flow's rate depends only on its connection's cap and links and on the others', so
@@ -141,14 +144,14 @@ class _Replay:
     (``done``); per connection its arrived messages and returned slots; the
     event heap; the flows on each shared link (``members``)."""
 
-    __slots__ = ("alpha", "arrived", "cap", "capacity", "credits", "cur", "dirty", "done", "end", "heap", "iters",
-                 "lens", "log", "members", "now", "nxt", "per_iter", "rates", "record", "res", "seq", "slots", "steps", "tlen",
-                 "waiting", "wts")
+    __slots__ = ("alpha", "arrived", "cap", "capacity", "credits", "cur", "dirty", "done", "end", "floors", "heap",
+                 "iters", "lens", "log", "members", "now", "nxt", "per_iter", "rates", "record", "res", "seq", "slots",
+                 "steps", "tlen", "waiting", "wts")
 
     def __init__(self, sim: EventSim, tlen: list[float], record: bool):
         self.steps, self.per_iter, self.alpha, self.slots = sim.steps, sim.per_iter, sim.alpha, sim.slots
         self.res, self.cap, self.capacity, self.wts = sim.res, sim.cap, sim.capacity, sim.wts
-        self.rates = sim.rates
+        self.rates, self.floors = sim.rates, sim.floors
         self.tlen, self.iters, self.record = tlen, len(tlen), record
         ntb, nconn = len(sim.steps), len(sim.per_iter)
         self.lens = [len(s) for s in sim.steps]
@@ -205,7 +208,10 @@ class _Replay:
         if fc < 0:
             self.finish(tb)
             return
-        f = _Flow(tb, nbytes * self.tlen[it], self.res[fc], self.cap[fc], now, fc, self.wts[fc])
+        size = nbytes * self.tlen[it]
+        if self.floors is not None and size > 0:
+            size = max(size, self.floors[fc])
+        f = _Flow(tb, size, self.res[fc], self.cap[fc], now, fc, self.wts[fc])
         if not f.res:
             f.rate = f.cap
             self.push(now + f.rem / f.rate, _FLOW, (f, 0))

@@ -179,7 +179,7 @@ def _jump(levels, E, hist, it, iters, tlen, W, G, zero, absent, uniform) -> int:
     act = np.ones(1)
     m = room
     t_tol = 1e-12 * float(E[:W * G].max(initial=0.0))
-    for nodes, s, dl, w, group, cn, tn, dmax, wpos, neg, fx in levels:
+    for nodes, s, dl, w, group, cn, tn, dmax, wpos, neg, fx, fl in levels:
         vals = _sources(E, s, dl, w, dmax, neg, it, W, G, zero, absent, act)
         start = np.maximum.reduceat(vals, group)
         counts = np.diff(np.append(group, len(vals)))
@@ -206,12 +206,15 @@ class FastResult:
 
 
 def prepare(lay: Layers, conn_alpha: np.ndarray, comp: np.ndarray, tx: np.ndarray,
-            watch: np.ndarray | None = None, fixed: np.ndarray | None = None) -> list:
+            watch: np.ndarray | None = None, fixed: np.ndarray | None = None,
+            tx_floor: np.ndarray | None = None) -> list:
     """Per level, what evaluate needs (independent of the sizes: build once
     per plan and model). ``comp``/``tx``: seconds per byte of tile of each
     step's compute and transmission; ``watch``: steps whose transmissions
     evaluate records (for the contention check); ``fixed``: seconds each
-    step takes per iteration whatever its size (before it transmits)."""
+    step takes per iteration whatever its size (before it transmits);
+    ``tx_floor``: the least seconds a transmission takes (a route's
+    per-message time)."""
     padded = np.append(conn_alpha, 0.0)                # index -1: no connection, no latency
     w_all = padded[lay.conn]
     levels = []
@@ -224,10 +227,12 @@ def prepare(lay: Layers, conn_alpha: np.ndarray, comp: np.ndarray, tx: np.ndarra
         neg = np.flatnonzero(s < 0)
         cn, tn = comp[nodes], tx[nodes]
         fx = fixed[nodes] if fixed is not None else None
+        fl = tx_floor[nodes] if tx_floor is not None else None
         wpos = np.flatnonzero(watch[nodes]) if watch is not None else np.zeros(0, dtype=np.int64)
         levels.append((nodes, s, d, w[:, None] if w.any() else None, lay.group[L], cn if cn.any() else None,
                        tn if tn.any() else None, int(d.max(initial=0)), wpos if len(wpos) else None,
-                       neg if len(neg) else None, fx if fx is not None and fx.any() else None))
+                       neg if len(neg) else None, fx if fx is not None and fx.any() else None,
+                       fl if fl is not None and fl.any() else None))
     return levels
 
 
@@ -259,7 +264,7 @@ def evaluate(lay: Layers, levels: list, tlen: np.ndarray, watching: bool = False
             per_level = terms[key] = _terms(levels, tl, nsz)
         act = per_level[-1]
         r = it % W
-        for L, (nodes, s, d, w, group, cn, tn, dmax, wpos, neg, fx) in enumerate(levels):
+        for L, (nodes, s, d, w, group, cn, tn, dmax, wpos, neg, fx, fl) in enumerate(levels):
             wt, on_compute, on_fixed, on_tx = per_level[L]
             if dmax > it:                    # sources before the first iteration do not exist
                 vals = _sources(E, s, d, w, dmax, neg, it, W, G, zero, absent, act)
@@ -300,7 +305,7 @@ def _columns(levels, W: int, G: int, zero: int):
     """Per level and iteration modulo W: the columns of E its edges read
     (once every source iteration exists) and the columns it writes."""
     cols, dests = [], []
-    for nodes, s, d, w, group, cn, tn, dmax, wpos, neg, fx in levels:
+    for nodes, s, d, w, group, cn, tn, dmax, wpos, neg, fx, fl in levels:
         per_r = []
         for r in range(W):
             c = ((r - d) % W) * G + s if dmax else s + r * G
@@ -323,11 +328,14 @@ def _terms(levels, tl: np.ndarray, nsz: int) -> list:
     def per_size(x):
         return x if nsz > 1 else x[:, 0]
     out = []
-    for nodes, s, d, w, group, cn, tn, dmax, wpos, neg, fx in levels:
+    for nodes, s, d, w, group, cn, tn, dmax, wpos, neg, fx, fl in levels:
+        tx = np.multiply.outer(tn, tl) if tn is not None else None
+        if tx is not None and fl is not None:
+            tx = np.maximum(tx, np.multiply.outer(fl, act))
         out.append((per_size(w * act) if w is not None else None,
                     per_size(np.multiply.outer(cn, tl)) if cn is not None else None,
                     per_size(np.multiply.outer(fx, act)) if fx is not None else None,
-                    per_size(np.multiply.outer(tn, tl)) if tn is not None else None))
+                    per_size(tx) if tx is not None else None))
     out.append(act)
     return out
 

@@ -32,17 +32,37 @@ class Machine:
     protocols: dict
     nvlink_gbps: float          # per GPU and direction, through the NVSwitch
     nvlink_alpha_us: float      # Simple's latency of an NVLink hop
-    proxy_us: float             # NCCL's network post overhead on the host (x3 for Simple): on several
-    description: str            # nodes no hop inside a node is faster (tuning.cc netOverhead)
+    proxy_us: float             # NCCL's network post overhead on the host (tuning.cc netOverhead)
+    description: str
     nvls_gbps: float = 0.0      # NVLS: per GPU port and direction when the switch reduces; 0: no NVLS
     nvls_alpha_us: float = 0.0  # NVLS: latency of a switch reduce or store
     nvls_barrier_us: float = 0.0    # NVLS: latency of a barrier of a switch group
+    ll_net_many: float = 0.0        # LL's share of a NIC's line rate from 3 nodes on (0: as on 2)
     uncalibrated: str = ""      # why no measurement of this GPU is fitted ("": the calibration holds it)
 
     @property
     def note(self) -> str:
         """The one line every command prints about a topology of these GPUs ("" where they are calibrated)."""
         return f"{self.description} is uncalibrated: {self.uncalibrated}" if self.uncalibrated else ""
+
+    def protocols_for(self, nodes: int) -> dict:
+        """The protocols on ``nodes`` nodes: from 3 nodes on, LL's share of a NIC is ``ll_net_many``
+        (NCCL's llMaxBw has a column for 1, 2 and >= 3 nodes, tuning.cc)."""
+        if nodes < 3 or not self.ll_net_many:
+            return self.protocols
+        ll = self.protocols["LL"]
+        net = replace(ll.links["net"], bandwidth_factor=self.ll_net_many)
+        return {**self.protocols, "LL": replace(ll, links={**ll.links, "net": net})}
+
+    @property
+    def message_us(self) -> float:
+        """The least time a message across nodes holds its NICs (msc.sim.topology.Nodes): NCCL's post
+        overhead, what its model charges every step of a multi-node ring (tuning.cc: "inter-node rings
+        still have to launch nsteps * net overhead"), here per message the host proxy posts. It holds a
+        one-channel ring across two A100 nodes at 1 KB within 14% of NCCL 2.17's measured allgather (the
+        MSCCL++ NDmv4 page). The NIC itself is not the limit: no citable ConnectX-7 message rate was
+        found here, and NCCL's own constant is the host's."""
+        return self.proxy_us
 
 
 def _protocol(launch_us: float, threadblock_gbps: float, tile: int, step_us: float = 0.0,
@@ -101,7 +121,8 @@ def _machine_protocols(simple: dict, ll: dict, threadblock_gbps: float, ll128_th
 # line rate. With the protocol overhead (~20%) NCCL can get an effective NVLink bandwidth of
 # 370GB/s" (nccl-tests issue 212). LL: NCCL caps ring LL on one Hopper node at 141 GB/s (llMaxBw,
 # tuning.cc): 141/450. An NDR NIC (50 GB/s line) carries 46-48 GB/s (nccl-tests issue 290): 0.94;
-# LL across two nodes is capped at 39 GB/s bus bandwidth on Intel hosts (llMaxBw): 39/400 of 8 NICs.
+# LL across two nodes is capped at 39 GB/s bus bandwidth on Intel hosts (llMaxBw): 39/400 of 8 NICs,
+# from 3 nodes on at 20.4 (llMaxBw's N4 column): 20.4/400.
 # PCIe (the pcie kind; no H100 row measures it): Simple as NVLink's, LL a third of it.
 # A threadblock: NCCL's search gives a Hopper channel at most 60 GB/s (search.cc's speed array);
 # LL128 36.7 (perChMaxRingLL128Bw). Reductions and copies per threadblock: fast enough not to
@@ -124,13 +145,13 @@ H100 = Machine(
                                  ll={"nvlink": 141 / 450, "pcie": 0.82 / 3, "net": 39 / 400},
                                  threadblock_gbps=60.0, ll128_threadblock_gbps=36.7),
     nvlink_gbps=450.0, nvlink_alpha_us=HOP_US["nvlink"]["Simple"], proxy_us=1.0,
-    description="H100 SXM", **NVLS_H100)
+    description="H100 SXM", ll_net_many=20.4 / 400, **NVLS_H100)
 
 # -- A100 SXM (DGX A100: 8 GPUs on NVSwitch, 8 HDR 200 Gb/s NICs, AMD EPYC 7742) --------------------
 # NVLink3: 12 links x 25 GB/s = 300 GB/s per direction. Simple carries 0.845 of it: NCCL's
 # allgather reaches 253.59 GB/s busbw at 1 GiB on 8 A100 (microsoft/mscclpp
 # docs/performance-ndmv4.md, NCCL 2.17.1). LL: llMaxBw 87.7 on one Ampere node, 22.5 across two
-# nodes of AMD hosts. An HDR NIC (25 GB/s line) carries 24 (nccl-tests issue 119; "8x200Gbit/s IB
+# nodes of AMD hosts, 19.0 from 3. An HDR NIC (25 GB/s line) carries 24 (nccl-tests issue 119; "8x200Gbit/s IB
 # cards ... 192GB/s AllReduce BusBW", nccl issue 812): 0.96. Threadblock: 40 GB/s (the Ampere search's
 # top speed), LL128 20 (perChMaxRingLL128Bw). A threadblock adds at 107 GB/s: with it the ring
 # allreduce is 0.91 of the allgather, as measured on the same machine (231.45 vs 253.59 GB/s at 1 GiB,
@@ -141,7 +162,7 @@ A100 = Machine(
                                  ll={"nvlink": 87.7 / 300, "pcie": 0.845 / 3, "net": 22.5 / 200},
                                  threadblock_gbps=40.0, ll128_threadblock_gbps=20.0),
     nvlink_gbps=300.0, nvlink_alpha_us=HOP_US["nvlink"]["Simple"], proxy_us=2.0,
-    description="A100 SXM")
+    description="A100 SXM", ll_net_many=19.0 / 200)
 
 TEXTBOOK = Machine("textbook", reduce_gbps=math.inf, copy_gbps=math.inf, threadblock_gbps=math.inf,
                    protocols=dict(DEFAULT_PROTOCOLS), nvlink_gbps=0.0, nvlink_alpha_us=0.0, proxy_us=0.0,
@@ -180,7 +201,7 @@ H20 = replace(H100, name="h20", description="H20",
 # - Simple carries H100's 0.82 of NVLink (NCCL's protocol overhead, "~20%", nccl-tests issue 212);
 #   a NIC the same 0.94 (the same ConnectX-7).
 # - LL: NCCL caps it at 2 x 141 = 282 GB/s on one Blackwell node (llMaxBws, src/graph/tuning.cc@v2.30.7):
-#   282/900; across nodes by the host's row, Intel's as on H100.
+#   282/900; across nodes by the host's row, Intel's as on H100 (39 on 2 nodes, 20.4 from 3).
 # - A threadblock: 90 GB/s, the top of NCCL's SM100 intra-node speed array (search.cc@v2.30.7), as H100's
 #   60 is SM90's; LL128 40 (perChMaxRingLL128Bws, Blackwell). Reductions and copies: H100's x 1.5, so
 #   that they limit a 90 GB/s channel no more than H100's do a 60 one.
@@ -196,6 +217,7 @@ B200 = Machine(
                                  ll={"nvlink": 282 / 900, "pcie": 0.82 / 3, "net": 39 / 400},
                                  threadblock_gbps=90.0, ll128_threadblock_gbps=40.0),
     nvlink_gbps=900.0, nvlink_alpha_us=HOP_US["nvlink"]["Simple"], proxy_us=1.0, description="B200",
+    ll_net_many=20.4 / 400,
     nvls_gbps=round(B200_NVLS_GBPS, 1), nvls_alpha_us=NVLS_H100["nvls_alpha_us"],
     nvls_barrier_us=NVLS_H100["nvls_barrier_us"],
     uncalibrated="NVLink 5's line rate with NCCL's Blackwell constants and H100's protocol shares; no B200 "

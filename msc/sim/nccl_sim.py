@@ -3,7 +3,9 @@
 
 Per size: NCCL's algorithm, protocol and channels; the plan that does the
 same (one library ring or tree per channel: algorithms/*/nccl_rings.py'
-rail_rings, algorithms/allreduce/nccl_tree.py, alltoall/allpairs); and
+rail_rings, algorithms/allreduce/nccl_tree.py; the switch plans allreduce/
+nvls.py and nvls_tree.py and PAT's algorithms/*/pat.py on as many channels
+as NCCL runs; alltoall/allpairs and sendrecv/ring for grouped send/receive); and
 msc's simulation of it with NCCL's slices as tiles and its buffers' slots.
 Plans are lowered once per (algorithm, protocol, channels).
 """
@@ -41,21 +43,52 @@ def _lower(topology: Topology, collective: str, choice: nccl.Choice):
     from msc.lower.pipeline import LowerOptions, lower
 
     g = topology.gpus_per_node
+    instances = 1
     if choice.algorithm == "tree":
         # channel c and c + channels are the two trees' [nccl_model.md 4.4]: half the channels each
         alg, params = _library("allreduce/nccl_tree:nccl_tree"), dict(gpus_per_node=g, channels=max(1, choice.channels // 2),
                                                                        chunks=1)
     elif choice.algorithm == "p2p":
         alg, params = _library("alltoall/allpairs:allpairs" if collective == "alltoall" else "sendrecv/ring:ring"), {}
-    elif choice.algorithm == "nvls":           # one switch threadblock per NVLS channel: instances
-        program = msc.trace(_library("allreduce/nvls:nvls"), topology.num_ranks, inplace=False)
-        return lower(program, LowerOptions(protocol=choice.protocol, instances=choice.channels))
+    elif choice.algorithm in ("nvls", "nvlstree", "pat"):
+        # a switch threadblock per NVLS channel, and PAT's steps on every channel: instances
+        if collective != "allreduce" and choice.algorithm != "pat":
+            raise UsageError(f"the library has no NVLS {collective} to run NCCL's choice with (NCCL's model never "
+                             f"prefers it to the ring on these machines)")
+        name = {"nvls": "allreduce/nvls:nvls", "nvlstree": "allreduce/nvls_tree:nvls_tree",
+                "pat": f"{collective}/pat:pat"}[choice.algorithm]
+        alg, params, instances = _library(name), {}, choice.channels
+        if choice.algorithm == "nvlstree":       # an instance carries both trees, NCCL a tree per channel
+            params, instances = dict(gpus_per_node=g, trees=2, btree=True), max(1, choice.channels // 2)
     else:
         alg, params = _library(f"{collective}/nccl_rings:rail_rings"), dict(rings=choice.channels, gpus_per_node=g)
         if "slices" in alg.params:
             params["slices"] = nccl.slices(choice)
     program = msc.trace(alg, topology.num_ranks, inplace=False, **params)    # NCCL needs no staging copies
-    return lower(program, LowerOptions(protocol=choice.protocol, instances=1))
+    return lower(program, LowerOptions(protocol=choice.protocol, instances=instances))
+
+
+def tree_shares(plan, topology: Topology, choice: nccl.Choice) -> list[float]:
+    """Per connection of ``plan`` (NCCL's tree, lowered by _lower): the share
+    of a channel's threadblock rate its sender has in NCCL's tree kernel,
+    whose threads are split between the reduction up and the broadcast down
+    (nccl.TREE_RATE_SHARE each way), except the root's sends (its one op has
+    every thread)."""
+    from msc.dsl import nccl_orders
+    from msc.sim.sim_plan import compile_plan
+
+    sp = compile_plan(plan)
+    n, g = topology.num_ranks, topology.gpus_per_node
+    per_tree = max(1, choice.channels // 2)
+    parents: dict = {}
+    for channel in range(2 * per_tree):
+        tree, c = divmod(channel, per_tree)
+        parents[channel] = dict(nccl_orders.node_tree(n, g, c % g, tree))
+    shares = []
+    for src, ch in zip(sp.conn_src.tolist(), sp.conn_ch.tolist()):
+        rooted = src not in parents[ch % (2 * per_tree)]             # the root has no parent
+        shares.append(1.0 if rooted else nccl.TREE_RATE_SHARE)
+    return shares
 
 
 def simulate_nccl(collective: str, topology: Topology, sizes: list[int], *, dtype: str = "float",
@@ -64,17 +97,27 @@ def simulate_nccl(collective: str, topology: Topology, sizes: list[int], *, dtyp
     size, plus NCCL's ``algorithm``, ``protocol``, ``channels`` and its own
     model's time ``nccl_us``."""
     s = nccl.system(topology)
-    sims: dict = {}
+    shares: dict = {}           # (algorithm, protocol, channels) -> per connection, a threadblock's share
+    sims: dict = {}             # that + (slots, per-message us) -> Simulator
     out = []
     for size in sizes:
         choice = nccl.choose(s, collective, max(size, 1), algorithms=algorithms, protocols=protocols)
         plan = plan_for(topology, collective, choice)
         key = (choice.algorithm, choice.protocol, choice.channels)
-        if key not in sims:
-            sims[key] = Simulator(plan, topology, slots=nccl.SLOTS[choice.protocol], dtype=dtype)
-        tile = nccl.tile(s, choice, sims[key].chunk_geometry(size)[2])
-        [record] = sims[key].retiled(tile).records([size])
+        if key not in shares:
+            shares[key] = tree_shares(plan, topology, choice) if choice.algorithm == "tree" else None
+            sims[key] = Simulator(plan, topology, slots=nccl.SLOTS[choice.protocol], dtype=dtype, shares=shares[key])
+        sim = sims[key]
+        how = nccl.pipeline(s, collective, choice, sim.chunk_geometry(size)[2], max(size, 1),
+                            sim.view.step_overhead * 1e6)
+        if how.slots != sim.slots or how.step_us is not None:
+            variant = key + (how.slots, how.step_us, how.tile, how.network_step)
+            if variant not in sims:
+                sims[variant] = Simulator(sim.sp, topology, tile=how.tile, slots=how.slots, dtype=dtype,
+                                          step_us=how.step_us, shares=shares[key], network_step=how.network_step)
+            sim = sims[variant]
+        [record] = sim.retiled(how.tile).records([size])
         record.update(plan=f"nccl {choice.algorithm}", algorithm=choice.algorithm, protocol=choice.protocol,
-                      channels=choice.channels, nccl_us=choice.nccl_us, tile=tile)
+                      channels=choice.channels, nccl_us=choice.nccl_us, tile=how.tile)
         out.append(record)
     return out

@@ -137,8 +137,13 @@ def drive(pool: Pool, walks: list):
             finished.append((k, value))
     yield from finished
     while pending:
-        wait([f for fs in pending.values() for f in fs], return_when=FIRST_COMPLETED)
-        for k in [k for k, fs in pending.items() if all(f.done() for f in fs)]:
+        ready = [k for k, fs in pending.items() if all(f.done() for f in fs)]
+        if not ready:
+            # wait on the jobs still running only: a walk with some of its jobs done would
+            # otherwise return at once, again and again (a busy loop on a core the workers need)
+            wait([f for fs in pending.values() for f in fs if not f.done()], return_when=FIRST_COMPLETED)
+            continue
+        for k in ready:
             results = [pool.result(f) for f in pending.pop(k)]
             value, ended = advance(k, results)
             if ended:

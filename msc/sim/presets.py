@@ -31,8 +31,9 @@ def _nvls(m: Machine) -> dict:
 
 def dgx(machine: Machine, nodes: int, nic_gbps: float, name: str, gpus_per_node: int = 8, **kw) -> Nodes:
     """``nodes`` nodes of ``gpus_per_node`` GPUs on NVSwitch, one NIC of ``nic_gbps`` per GPU."""
+    gpu = dict(_gpu(machine), protocols=machine.protocols_for(nodes))
     return Nodes(name, nodes, gpus_per_node, port_gbps=machine.nvlink_gbps, port_alpha_us=machine.nvlink_alpha_us,
-                 nic_gbps=nic_gbps, nic_alpha_us=NIC_ALPHA_US, proxy_us=machine.proxy_us, **_gpu(machine),
+                 nic_gbps=nic_gbps, nic_alpha_us=NIC_ALPHA_US, message_us=machine.message_us, **gpu,
                  **_nvls(machine), **kw)
 
 

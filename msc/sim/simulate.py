@@ -64,11 +64,22 @@ class Simulator:
     protocol's); ``slots``: messages in flight per connection (default: what
     msc's own runtime gives the plan, max(plan.slots, 8): plan.slots is only
     the fewest it was verified with; pass plan.slots for a plan that will run
-    where connections hold just that, e.g. MSCCL XML). The plan's arrays and
-    layers are built once and reused."""
+    where connections hold just that, e.g. MSCCL XML); ``step_us``: what a
+    message costs its threadblocks per tile iteration (default: the
+    protocol's, Protocol.step_us); ``shares``: per connection (SimPlan's
+    order), the share of a threadblock's rate its sender has (default 1: a
+    threadblock per connection; less where a plan's threadblocks stand for
+    parts of one, as NCCL's tree splits a channel's threads between its
+    reduction up and its broadcast down); ``network_step``: where a plan's
+    messages are pieces of larger network messages (NCCL's steps, whose
+    proxy posts a step once it is whole), the bytes of one: a piece across
+    nodes pays its share of the route's per-message time (Route.message)
+    and arrives when its whole step would have. The plan's
+    arrays and layers are built once and reused."""
 
     def __init__(self, plan: Plan | SimPlan, topology: Topology, *, tile: int | None = None,
-                 slots: int | None = None, dtype: str = "float"):
+                 slots: int | None = None, dtype: str = "float", step_us: float | None = None, shares=None,
+                 network_step: int | None = None):
         sp = plan if isinstance(plan, SimPlan) else compile_plan(plan)
         plan = sp.plan
         if topology.num_ranks != plan.num_ranks:
@@ -80,6 +91,8 @@ class Simulator:
         view = topology.view(plan.protocol)          # latencies and rates as the plan's protocol sees them
         self.sp, self.plan, self.topology, self.view = sp, plan, topology, view
         self.tile = tile or plan.tile or view.tile
+        if network_step is not None and (type(network_step) is not int or network_step < self.tile):
+            raise UsageError(f"network_step must be an int >= the tile ({self.tile}), got {network_step!r}")
         self.slots = slots or runtime_slots(plan)
         self.launch = view.launch
         self.type_name, dt = parse_dtype(dtype)
@@ -88,9 +101,13 @@ class Simulator:
         self.alpha = np.array([r.alpha for r in routes])
         # per flow (a connection's transmissions; past them, a switch threadblock's ops of one kind):
         # its private rate cap, shared links and the weight of a byte on each (None: 1 on every one)
-        self.cap = [min(r.bandwidth, view.threadblock_bandwidth) for r in routes]
+        shares = [1.0] * len(routes) if shares is None else list(shares)
+        if len(shares) != len(routes) or not all(0 < x <= 1 for x in shares):
+            raise UsageError(f"shares: one in (0, 1] per connection ({len(routes)}), got {len(shares)}")
+        self.cap = [min(r.bandwidth, view.threadblock_bandwidth * x) for r, x in zip(routes, shares)]
         self.res = [r.resources for r in routes]
         self.wts: list = [None] * len(routes)
+        self.message = [r.message for r in routes]        # per flow: the least time a message holds its links
         send_conn = np.full(sp.num_steps, -1, dtype=np.int64)
         send_conn[sp.msg_send] = np.repeat(np.arange(len(routes)), np.diff(sp.conn_ptr))
         self.send_conn = self.flow_conn = send_conn     # flow_conn: per step, the flow it transmits on
@@ -102,11 +119,22 @@ class Simulator:
                                      for c, res, wts in zip(self.cap, self.res, self.wts)])
         if len(rate) and not (rate > 0).all():
             raise UsageError(f"topology {topology.name!r} gives a connection no bandwidth")
+        if network_step is not None:             # pieces of a network step: its wait and its share of the post
+            piece = self.tile / network_step
+            netted = [i for i, m in enumerate(self.message[:len(routes)]) if m > 0]
+            for i in netted:                     # the piece arrives when its whole step would have, alone
+                whole = max(network_step / rate[i], self.message[i])
+                self.message[i] *= piece
+                self.alpha[i] += whole - max(self.tile / rate[i], self.message[i])
         self.comp = sp.count * (topology.gamma * sp.nred + topology.delta * sp.ncopy)
         # a threadblock's own time per message and iteration: the protocol's synchronization
-        self.fixed = np.where((sp.sends | sp.recvs).astype(bool), view.step_overhead, 0.0)
+        step = view.step_overhead if step_us is None else step_us * 1e-6
+        self.fixed = np.where((sp.sends | sp.recvs).astype(bool), step, 0.0)
         flow = self.flow_conn
         self.tx = np.where(flow >= 0, sp.count / (rate[np.maximum(flow, 0)] if len(rate) else 1.0), 0.0)
+        # a message shorter than its route's per-message time still holds the links that long (Route.message)
+        message = np.asarray(self.message + [0.0])
+        self.tx_floor = message[flow] if message.any() else None
         if sp.switch_op is not None:
             self._switch_latencies(sp, view)
         self._watch_setup()
@@ -153,6 +181,7 @@ class Simulator:
                 self.res.append(tuple(links))
                 self.wts.append(tuple(k * view.capacity[r] / view.nvls_bandwidth for r, k in links.items()))
                 self.cap.append(view.threadblock_bandwidth)
+                self.message.append(0.0)
             flow_conn[g] = flows[(t, kind)]
         self.flow_conn = flow_conn
 
@@ -232,7 +261,7 @@ class Simulator:
             return self._launched(out)
         if self._layers is None:
             self._layers = layers(self.sp, self.slots)
-            self._levels = prepare(self._layers, self.alpha, self.comp, self.tx, self.watch, self.fixed)
+            self._levels = prepare(self._layers, self.alpha, self.comp, self.tx, self.watch, self.fixed, self.tx_floor)
         contended = []                # sizes whose transfers shared a link: the event engine's
         for batch in self._batches(todo, iters):
             imax = max(iters[i] for i in batch)
@@ -337,8 +366,10 @@ class Simulator:
                             self.flow_conn.tolist()))
             steps = [rows[a:b] for a, b in zip(sp.tb_start[:-1].tolist(), sp.tb_start[1:].tolist())]
             names = list(zip(sp.tb_rank.tolist(), sp.tb_local.tolist()))
+            # a message's least time on its links as bytes at the flow's own rate (Route.message)
+            floors = [m * r for m, r in zip(self.message, self.rate.tolist())]
             self._events = EventSim(steps, per_iter.tolist(), self.alpha.tolist(), self.cap, self.res,
-                                    self.capacity, self.slots, names, self.wts)
+                                    self.capacity, self.slots, names, self.wts, floors)
         return self._events
 
     def _events_time(self, q: float) -> float:

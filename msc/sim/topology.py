@@ -40,11 +40,14 @@ from msc.sim.protocols import (ALPHA_US_MAX, DEFAULT_PROTOCOLS, GB, GBPS_MAX, GB
 @dataclass(frozen=True)
 class Route:
     """The path of a transfer: total latency (s), the rate its unshared links
-    allow (bytes/s, inf if none limits it), and the shared links it crosses."""
+    allow (bytes/s, inf if none limits it), the shared links it crosses, and
+    the least time a message holds them (s; 0: none): a per-message cost,
+    such as the host proxy posting each network message (Nodes)."""
 
     alpha: float
     bandwidth: float
     resources: tuple[int, ...]
+    message: float = 0.0
 
 
 class Topology:
@@ -203,29 +206,35 @@ class Nodes(Topology):
     taken as faster than the NIC); the fabric core is taken as non-blocking.
     A node has a NIC per GPU, or ``nics_per_node`` that its GPUs share in
     equal groups of neighbours (GPUs 0-1 on NIC 0 where 4 NICs serve 8).
-    On more than one node no hop inside a node is faster than ``proxy_us``
-    (three times that with Simple): NCCL's network post overhead, which its
-    model puts on every intra-node step of a multi-node ring (tuning.cc)."""
+
+    A message across nodes holds both NICs for at least ``message_us``,
+    whatever its size: the host's network proxy posts each message, and
+    its receive, one after another (msc.sim.machines Machine.message_us,
+    from NCCL's network post overhead). So a rank's messages across nodes
+    pass one per that time at most, many small messages to many peers
+    queue, and a multi-node ring's every step waits for its network hop
+    (as NCCL's model has it, tuning.cc)."""
 
     def __init__(self, name, nodes, gpus_per_node, *, port_gbps, port_alpha_us, nic_gbps=None, nic_alpha_us=None,
-                 pcie_switches=1, uplink_gbps=None, uplink_alpha_us=0.0, port_kind="nvlink", proxy_us=0.0,
+                 pcie_switches=1, uplink_gbps=None, uplink_alpha_us=0.0, port_kind="nvlink", message_us=0.0,
                  nics_per_node=None, **kw):
         super().__init__(name, nodes * gpus_per_node, gpus_per_node=gpus_per_node, **kw)
         self.nics = nics_per_node or gpus_per_node
         if gpus_per_node % self.nics:
             raise UsageError(f"topology {name!r}: {self.nics} NICs per node do not split {gpus_per_node} GPUs evenly")
-        self.nodes, self.proxy = nodes, proxy_us * US
+        self.nodes, self.proxy = nodes, message_us * US
         self.g, self.port, self.port_alpha = gpus_per_node, port_gbps * GB, port_alpha_us * US
         self.port_kind = _kind(port_kind)
         self.nic = (nic_gbps or 0) * GB
         self.nic_alpha = (nic_alpha_us or 0) * US
+        self.nic_message = self.proxy
         self.switches, self.uplink, self.uplink_alpha = pcie_switches, (uplink_gbps or 0) * GB, uplink_alpha_us * US
 
     def _route(self, src, dst):
         g = self.g
         if src // g != dst // g:
             return Route(self.nic_alpha, math.inf, (self._resource(f"{self._nic(src)}.out", self.nic),
-                                                    self._resource(f"{self._nic(dst)}.in", self.nic)))
+                                                    self._resource(f"{self._nic(dst)}.in", self.nic)), self.nic_message)
         res = [self._resource(f"gpu{src}.out", self.port)]
         alpha = self.port_alpha
         per = g // self.switches
@@ -251,8 +260,6 @@ class Nodes(Topology):
 
     def _scale(self, model, protocol):
         self.port_alpha, self.port = _scaled(model, self.port_kind, self.port_alpha, self.port)
-        if self.nodes > 1:          # the host's network proxy paces every hop of a multi-node schedule
-            self.port_alpha = max(self.port_alpha, self.proxy * (3 if protocol == "Simple" else 1))
         self.nic_alpha, self.nic = _scaled(model, "net", self.nic_alpha, self.nic)
         self.uplink_alpha, self.uplink = _scaled(model, "pcie", self.uplink_alpha, self.uplink)
 
@@ -370,6 +377,7 @@ NIC_ALPHA_US = HOP_US["net"]["Simple"]          # NCCL's network hop latency wit
 # The nodes form (``nodes = N``, no [[link]]): N nodes of gpus_per_node GPUs on one switch of NVLink
 # ports, joined by NICs (Nodes). Each key and its range; left out, the machine's value (NICs: one per GPU).
 NODES_KEYS = {"nodes": None, "nics_per_node": None, "nic_gbps": (GBPS_MIN, GBPS_MAX), "nic_alpha_us": (0.0, ALPHA_US_MAX),
+              "message_us": (0.0, ALPHA_US_MAX),
               "nvlink_gbps": (GBPS_MIN, GBPS_MAX), "nvlink_alpha_us": (0.0, ALPHA_US_MAX),
               "nvls_gbps": (0.0, GBPS_MAX), "nvls_alpha_us": (0.0, ALPHA_US_MAX),
               "nvls_barrier_us": (0.0, ALPHA_US_MAX)}
@@ -486,7 +494,8 @@ def _nodes_from_dict(data: dict, source: str, bad) -> Nodes:
     port = values.get("nvlink_gbps", machine.nvlink_gbps)
     if not port:
         raise bad(f"machine {machine.name!r} has no NVLink rate: give 'nvlink_gbps' (GB/s per GPU and direction)")
-    protocols = protocols_from_tables(data.get("protocol", {}), machine.protocols, bad)
+    # the machine's protocols on this many nodes (LL's share of a NIC from 3 on), under the file's tables
+    protocols = protocols_from_tables(data.get("protocol", {}), machine.protocols_for(nodes), bad)
     kw = dict(reduce_gbps=machine.reduce_gbps, copy_gbps=machine.copy_gbps, threadblock_gbps=machine.threadblock_gbps)
     kw.update({k: data[k] for k in ("reduce_gbps", "copy_gbps", "threadblock_gbps") if k in data})
     nvls = {k: values.get(k, getattr(machine, k)) for k in ("nvls_gbps", "nvls_alpha_us", "nvls_barrier_us")}
@@ -497,7 +506,7 @@ def _nodes_from_dict(data: dict, source: str, bad) -> Nodes:
     try:
         return Nodes(name, nodes, g, port_gbps=port, port_alpha_us=values.get("nvlink_alpha_us", machine.nvlink_alpha_us),
                      nic_gbps=values.get("nic_gbps"), nic_alpha_us=values.get("nic_alpha_us", NIC_ALPHA_US),
-                     proxy_us=machine.proxy_us, nics_per_node=nics, protocols=protocols,
+                     message_us=values.get("message_us", machine.message_us), nics_per_node=nics, protocols=protocols,
                      description=str(data.get("description", text)), machine=machine.name if "machine" in data else None,
                      note=_note(data, machine), **nvls, **kw)
     except UsageError as exc:

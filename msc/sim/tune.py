@@ -440,17 +440,20 @@ def write_plans(result: TuneResult, outdir: str | Path) -> list[dict]:
     """The chosen plans as .plan files and their ranges in plans.json (each
     file written whole or not at all, plans.json last). An existing
     plans.json keeps its entries for other calls (collective, ranks, form,
-    root); those for the calls tuned are replaced. Returns the new entries."""
-    from msc.formats.files import write_output
+    root); those for the calls tuned are replaced. The folder is locked from
+    reading plans.json to writing it, so tunes into one folder at once each
+    merge into what the one before wrote. Returns the new entries."""
+    from msc.formats.files import folder_lock, write_output
     from msc.formats.plan_text import save_plan
 
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
     entries = index_entries(result)
-    index = merged_index(outdir / "plans.json", entries)       # checked before anything is written
-    for entry, (_, _, i) in zip(entries, result.ranges):
-        save_plan(result.candidates[i].plan, outdir / entry["file"])
-    write_output(outdir / "plans.json", json.dumps(index, indent=2) + "\n")
+    with folder_lock(outdir):
+        index = merged_index(outdir / "plans.json", entries)       # checked before anything is written
+        for entry, (_, _, i) in zip(entries, result.ranges):
+            save_plan(result.candidates[i].plan, outdir / entry["file"])
+        write_output(outdir / "plans.json", json.dumps(index, indent=2) + "\n")
     return entries
 
 

@@ -50,7 +50,7 @@ from __future__ import annotations
 import importlib
 
 from msc.torch import backend_registration
-from msc.torch.registry import NoPlanError, PlanEntry, PlanRegistry
+from msc.torch.registry import NoPlanError, PlanEntry, PlanFolderWarning, PlanRegistry
 from msc.torch.served import report
 from msc.torch.settings import configure
 
@@ -83,4 +83,4 @@ def __getattr__(name: str):
 
 backend_registration.install()          # dist.init_process_group("msc") works once torch.distributed loads
 
-__all__ = ["NoPlanError", "PlanEntry", "PlanRegistry", "configure", "report", *_LAZY]
+__all__ = ["NoPlanError", "PlanEntry", "PlanFolderWarning", "PlanRegistry", "configure", "report", *_LAZY]

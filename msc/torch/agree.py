@@ -99,7 +99,11 @@ disagreement is undefined behaviour again, as for torch.distributed's own
 collectives. A rank with the check on waiting for one with it off reports
 that rank as missing.
 
-Not thread-safe: one call at a time per process and group, as collectives.
+One call at a time per process and group: a call from a second thread
+while one runs raises ``ConcurrentCallError`` naming both threads (without
+it the threads' calls took each other's call numbers, and a peer waiting
+for a call reported that rank as not making it), and the rank says so in
+the store, so a peer's timeout names it too.
 """
 from __future__ import annotations
 
@@ -107,8 +111,10 @@ import hashlib
 import json
 import os
 import re
+import threading
 import time
 import weakref
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import timedelta
 
@@ -157,6 +163,48 @@ class PeerFailedError(AgreementError):
     def __init__(self, message: str, *, seq: int, failed: dict[int, str]):
         self.failed = failed
         super().__init__(message, seq=seq)
+
+
+class ConcurrentCallError(UsageError):
+    """Two threads of one process called collectives on one group at once:
+    a group's calls are one sequence, counted alike on every rank."""
+
+
+# -- one call at a time per group -------------------------------------------------------------------
+
+_BUSY: dict[int, list] = {}                 # id(group) -> [thread ident, thread name, what, depth]
+_BUSY_LOCK = threading.Lock()
+_CONCURRENT = "concurrent"                  # the store key (under a gate's prefix) a rank says so under
+
+
+@contextmanager
+def one_call_at_a_time(pg, what: str, gate: "Gate | None"):
+    """While a call on ``pg`` runs, another thread's call on it raises
+    ConcurrentCallError naming both (the first goes on); the rank also says
+    so in the store, so that a peer left waiting for the refused call names
+    it in its timeout. A thread's own nested calls pass."""
+    me = threading.current_thread()
+    with _BUSY_LOCK:
+        busy = _BUSY.get(id(pg))
+        if busy is not None and busy[0] != me.ident:
+            text = (f"threads {busy[1]!r} ({busy[2]}) and {me.name!r} ({what}) of this process call collectives on "
+                    f"one group at once")
+            if gate is not None:
+                gate.say_concurrent(text)
+            raise ConcurrentCallError(
+                f"msc.torch: {text}{'' if gate is None else f' ({gate.label(gate.rank)}, {gate.name})'}: a group's "
+                f"calls are one sequence, which every rank must make in the same order; call from one thread, or "
+                f"give each thread its own group (torch.distributed.new_group, made in the same order on every rank)")
+        if busy is None:
+            busy = _BUSY[id(pg)] = [me.ident, me.name, what, 0]
+        busy[3] += 1
+    try:
+        yield
+    finally:
+        with _BUSY_LOCK:
+            busy[3] -= 1
+            if not busy[3]:
+                del _BUSY[id(pg)]
 
 
 # -- settings ---------------------------------------------------------------------------------------
@@ -329,6 +377,28 @@ class Gate:
                 keep.append((s, key))
         self.pending = keep
 
+    def say_concurrent(self, text: str) -> None:
+        """Tell the peers this rank refused a call made from a second thread. Never raises."""
+        if self.base is not None:
+            try:
+                self.store.set(f"{self.prefix}{_CONCURRENT}/{self.rank}", text.encode())
+            except Exception:
+                pass
+
+    def concurrent(self) -> str:
+        """What the ranks that refused a second thread's call said, for a timeout's message ('' if none)."""
+        if self.base is None:
+            return ""
+        said = []
+        for r in range(self.n):
+            key = f"{self.prefix}{_CONCURRENT}/{r}"
+            try:
+                if self.store.check([key]):
+                    said.append(f"{self.label(r)}: {self.store.get(key).decode(errors='replace')}")
+            except Exception:
+                pass
+        return f"; and {'; '.join(said)}: a call refused there never comes" if said else ""
+
     def label(self, r: int) -> str:
         return f"rank {r}" if self.world else f"rank {r} (global {self.global_ranks[r]})"
 
@@ -395,7 +465,7 @@ class Gate:
             f"msc.torch: {self.label(self.rank)} came to msc call #{seq} on {self.name} ({what}) after "
             f"{self.label(by) if isinstance(by, int) else 'a rank'} had waited {after} s for it and given up: the "
             f"ranks' calls did not meet. Every rank must make the same msc calls in the same order; a rank that is "
-            f"only slow needs a longer timeout (MSC_TORCH_TIMEOUT, msc.torch.agree.set_timeout)",
+            f"only slow needs a longer timeout (MSC_TORCH_TIMEOUT, msc.torch.agree.set_timeout){self.concurrent()}",
             seq=seq, missing=[self.rank], timeout_s=after if isinstance(after, (int, float)) else float("nan"))
 
     def _judge(self, records: list[bytes], sig: Signature, seq: int, timeout: float, what: str) -> None:
@@ -408,7 +478,7 @@ class Gate:
                 f"for {who}, which did not make the call. Every rank of the group must make the same msc calls in "
                 f"the same order (a rank that failed before its call, or runs with MSC_TORCH_AGREE=0, never comes); "
                 f"a rank that is only slow needs a longer timeout (MSC_TORCH_TIMEOUT, msc.torch.agree.set_timeout, "
-                f"init_process_group(timeout=...))",
+                f"init_process_group(timeout=...)){self.concurrent()}",
                 seq=seq, missing=missing, timeout_s=timeout)
         self._collect(seq)            # every record is its rank's own: every rank is done with earlier calls
         failed = {r: v[1:].decode(errors="replace") for r, v in enumerate(records) if v[:1] == _ERROR}
@@ -529,6 +599,6 @@ def stats(group=None) -> dict:
             "signatures_built": SIGNATURES_BUILT}
 
 
-__all__ = ["AgreementError", "AgreementTimeoutError", "DEFAULT_TIMEOUT_S", "DisagreementError", "FIELDS", "Gate",
-           "PeerFailedError", "Signature", "enabled", "gate", "plan_digest", "set_timeout", "signature",
-           "stats", "timeout_s"]
+__all__ = ["AgreementError", "AgreementTimeoutError", "ConcurrentCallError", "DEFAULT_TIMEOUT_S", "DisagreementError", "FIELDS", "Gate",
+           "PeerFailedError", "Signature", "enabled", "gate", "one_call_at_a_time", "plan_digest", "set_timeout",
+           "signature", "stats", "timeout_s"]

@@ -208,15 +208,31 @@ def run_plan(plan, input: torch.Tensor | None, output: torch.Tensor | None = Non
 
 
 def _run(get_plan, input, output, *, op="sum", group=None, backend: str = "auto", transport: str = "auto",
-         collective=None, engine_used: list | None = None) -> torch.Tensor:
+         collective=None, engine_used: list | None = None, what: str | None = None) -> torch.Tensor:
     """A call: ``get_plan()`` (the plan, or what ``prepare`` takes), the
     checks, the ranks' agreement (msc.torch.agree), then the engine. What
     fails on this rank before the agreement is published to the other
     ranks (``Gate.fail``), so that they raise at once instead of waiting
     for this rank until the timeout. The engine chosen ("torch" or
     "cuda") is appended to ``engine_used`` where given."""
+    import torch.distributed as dist
+
     rank, n = _group_info(group)
     gate = agree.gate(group, rank, n)
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    with agree.one_call_at_a_time(pg, _what(what or collective, input, output), gate):
+        return _run_alone(get_plan, input, output, op, group, backend, transport, collective, engine_used, rank, n,
+                          gate, pg)
+
+
+def _what(collective, input, output) -> str:
+    """A call as a ConcurrentCallError names it."""
+    name = getattr(collective, "name", collective) or "a collective"
+    t = input if input is not None else output
+    return f"{name} of {t.numel()} {str(t.dtype).replace('torch.', '')}" if isinstance(t, torch.Tensor) else name
+
+
+def _run_alone(get_plan, input, output, op, group, backend, transport, collective, engine_used, rank, n, gate, pg):
     try:
         prepared = prepare(get_plan(), collective)
         if prepared.plan.num_ranks != n:
@@ -236,9 +252,6 @@ def _run(get_plan, input, output, *, op="sum", group=None, backend: str = "auto"
     if engine_used is not None:
         engine_used.append(chosen)
     # on the msc backend (msc.torch.process_group) msc's own messages go to its fallback, uncounted
-    import torch.distributed as dist
-
-    pg = group if group is not None else dist.distributed_c10d._get_default_group()
     with getattr(pg, "serving", nullcontext)():
         if chosen == "cuda":
             _physical(prepared, call, backends.cuda_runner(prepared, call, op, group))   # the msc CUDA runtime

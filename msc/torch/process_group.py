@@ -16,9 +16,12 @@ all_to_all_single with equal (or no) splits, all_to_all (list of equal
 tensors), broadcast, reduce; their coalesced forms one call at a time. A
 call passes through when no plan covers it (collective, ranks, bytes,
 form, root), its dtype or op is not one msc runs (e.g. PREMUL_SUM, bitwise
-ops, complex or bool tensors), its tensors are not contiguous or are
-empty, all_to_all splits are uneven, a list form's tensors differ in size,
-or one call names several tensors. Barrier, send/recv, gather, scatter
+ops, complex or bool tensors), its tensors are empty, all_to_all splits
+are uneven, a list form's tensors differ in size, or one call names several
+tensors. Tensors that are not contiguous (strided views) are served through
+contiguous copies, the result copied back (gloo, handed one, computes a
+wrong result); a written one whose elements share memory (an expanded view)
+is refused (gloo writes past its storage). Barrier, send/recv, gather, scatter
 always pass through (msc has no plans for them).
 
 Served calls run synchronously on the torch executor (and on the emulated
@@ -207,6 +210,7 @@ class MscProcessGroup(dist.ProcessGroup):
         entry = self._entry(name, max(t.numel() * t.element_size() for t in given), True, req.root)
         if isinstance(entry, tuple):
             return self._pass(name, tensors, entry[0], fallback, detail=entry[1])
+        req = _through_copies(req)
         try:
             op = op_name(req.op)
             call = calls._Call(get_collective(name), self.size(), 1, self.rank(), req.input, req.output)
@@ -223,7 +227,7 @@ class MscProcessGroup(dist.ProcessGroup):
         engine: list[str] = []
         with self.serving():
             calls._run(lambda: plan, req.input, req.output, op=op, group=self, backend=self.settings.engine,
-                       transport=transport, engine_used=engine)
+                       transport=transport, engine_used=engine, what=name)
             if req.after is not None:
                 req.after()
         served.served(name, nbytes, call.dtype, _label(entry), _engine_label(engine[0]))
@@ -475,6 +479,45 @@ def _same_plans_everywhere(store, rank: int, size: int, timeout: timedelta, regi
                          f"calls msc serves): {listing}")
 
 
+def _through_copies(req: _Request) -> _Request:
+    """A call on tensors that are not contiguous (a strided view, such as
+    ``base[:, ::2]``), served on contiguous copies with the result copied
+    back after (torch.distributed requires contiguous tensors; gloo, handed
+    one, computes a wrong result). A written tensor whose elements may share
+    memory (an expanded view) is refused: no result can be written to it,
+    and gloo, handed one, writes past its storage (the heap is corrupted)."""
+    inp, out = req.input, req.output
+    if all(t is None or t.is_contiguous() for t in (inp, out)):
+        return req
+    written = inp if out is None else out          # the in-place forms write their input
+    if not written.is_contiguous() and _may_overlap(written):
+        raise UsageError(f"{req.collective}: the tensor it writes has elements that share memory (an expanded view, "
+                         f"shape {tuple(written.shape)}, strides {written.stride()}): no result can be written to it "
+                         f"(and a backend handed it writes past its storage); pass a tensor of its own (.clone())")
+    new_in = None if inp is None else inp.contiguous()
+    new_out = None if out is None else out.contiguous()
+    result, then = (new_in if out is None else new_out), req.after
+
+    def after():
+        if result is not written:
+            written.copy_(result)
+        if then is not None:
+            then()
+    return _Request(req.collective, new_in, new_out, op=req.op, root=req.root, after=after, result=req.result)
+
+
+def _may_overlap(t) -> bool:
+    """Whether two elements of ``t`` may be one: not if each dimension's
+    stride (in increasing order) steps past everything the smaller ones span."""
+    span = 0
+    dims = sorted(((sz, st) for sz, st in zip(t.shape, t.stride()) if sz > 1), key=lambda d: d[1])
+    for size, stride in dims:
+        if stride <= span:
+            return True
+        span += stride * (size - 1)
+    return False
+
+
 def _copy_out(whole, outs):
     """What a list form does after the call: ``whole``'s equal consecutive
     pieces copied into the list's tensors."""
@@ -486,8 +529,10 @@ def _copy_out(whole, outs):
 
 
 def _equal_list(tensors, like) -> bool:
+    """The list's tensors are like ``like`` (strided views too: they are read
+    by torch.cat and written by copy_, unless their elements may overlap)."""
     return all(t.numel() == like.numel() and t.dtype == like.dtype and t.device == like.device
-               and t.is_contiguous() for t in tensors)
+               and (t.is_contiguous() or not _may_overlap(t)) for t in tensors)     # (expanded: gloo says why)
 
 
 # -- the backend's creator ----------------------------------------------------------------------------

@@ -167,10 +167,42 @@ def file_range(path: Path) -> tuple[int, int | None]:
     return xml_byte_range(text, path=str(path))
 
 
+class PlanFolderWarning(UserWarning):
+    """Plans are read from where users other than this one can change them."""
+
+
+_warned: set[str] = set()
+
+
+def _check_trust(path: Path) -> None:
+    """Warn (once a place) where a plan file or index, or the folder it is
+    in, can be changed by another user. What a plans folder trusts: nothing
+    about a plan's results (msc verifies every plan it reads: none gives a
+    wrong result or races), but which plans serve which calls, and so how
+    fast they run and what passes through, is whoever can write there."""
+    import os
+    import warnings
+
+    from msc.formats.files import others_can_change
+
+    for place in (path.parent, path):
+        why = others_can_change(place)
+        real = os.path.realpath(place)
+        if why is None or real in _warned:
+            continue
+        _warned.add(real)
+        link = f" (a link to {real})" if os.path.abspath(place) != real else ""
+        warnings.warn(f"msc: plans are read from {place}{link}, which is {why}: msc verifies each plan it reads, so "
+                      f"none gives a wrong result, but whoever can write there chooses which plans serve your calls; "
+                      f"keep plans where only you can write", PlanFolderWarning, stacklevel=4)
+
+
 def _load(path: Path, verify: bool) -> Plan:
     from msc.formats.load import load_plan
 
-    return load_plan(path, verify=verify)
+    plan = load_plan(path, verify=verify)
+    _check_trust(path)                    # of what was read (a device or a FIFO is refused by the reader)
+    return plan
 
 
 class PlanRegistry:
@@ -320,7 +352,9 @@ class PlanRegistry:
 
 def _read_json(path: Path):
     try:
-        return json.loads(read_input(path, MAX_TEXT_FILE_BYTES, what="plans.json").decode())
+        data = json.loads(read_input(path, MAX_TEXT_FILE_BYTES, what="plans.json").decode())
+        _check_trust(path)
+        return data
     except json.JSONDecodeError as exc:
         raise UsageError(f"{path}:{exc.lineno}:{exc.colno}: not JSON: {exc.msg}") from None
     except UnicodeDecodeError as exc:

@@ -54,7 +54,8 @@ import numpy as np
 
 from msc.errors import ExecutionError, RaceError
 from msc.ir.onesided import OneSidedPlan, Operand
-from msc.verification.onesided_run import ELEMENT, Access, Layout, Machine, Run, chunk_bytes_for
+from msc.verification.onesided_run import (ELEMENT, Access, Layout, Machine, Run, calls_for, check_inputs_fit,
+                                           chunk_bytes_for)
 
 
 @dataclass(frozen=True)
@@ -89,8 +90,16 @@ def _name(run: Run, g: int) -> str:
 
 
 def check_races(run: Run, chunk: int) -> None:
-    for (rank, key), accesses in sorted(run.m.state.accesses.items(), key=lambda kv: kv[0]):
-        accesses = sorted(accesses, key=lambda a: a.lo)
+    """Races within the first call, then with the next calls' too (in the
+    executor's scratch, shared by the calls)."""
+    if run.calls > 1:
+        _races(run, chunk, lambda a: a.call == 0)
+    _races(run, chunk, lambda a: True)
+
+
+def _races(run: Run, chunk: int, taken) -> None:
+    for (rank, key), accesses in sorted(run.m.state.accesses.items(), key=lambda kv: (run.m.key_call[kv[0][1]], kv[0])):
+        accesses = sorted((a for a in accesses if taken(a)), key=lambda a: a.lo)
         active: list[Access] = []
         for a in accesses:
             active = [x for x in active if x.hi > a.lo]
@@ -108,11 +117,10 @@ def check_races(run: Run, chunk: int) -> None:
 
 
 def check_finished(run: Run) -> None:
-    """A peer's access to a rank's buffer must come before that rank's kernel ends."""
-    ends = _ends(run)
+    """A peer's access to a rank's buffer must come before that rank's kernel (of the call) ends."""
     for (rank, key), accesses in sorted(run.m.state.accesses.items(), key=lambda kv: kv[0]):
         for a in accesses:
-            if a.remote_from is not None and ends[rank][a.g] < a.seq:
+            if a.remote_from is not None and run.ends(a.call)[rank][a.g] < a.seq:
                 raise RaceError(f"{_name(run, a.g)} {a.who} {'writes' if a.write else 'reads'} rank {rank}'s {key} "
                                 f"(bytes {a.lo}..{a.hi}) and nothing on rank {rank} waits for it: rank {rank}'s kernel "
                                 f"can finish, and its caller reuse the buffer, first",
@@ -125,29 +133,16 @@ def check_flushed(run: Run) -> None:
     transfer) tells the rank it is done, else its caller may reuse the
     source while the proxy still reads it. (Scratch is the executor's,
     kept apart across calls as for memory-channel puts.)"""
-    ends = _ends(run)
     for (rank, key), accesses in sorted(run.m.state.accesses.items(), key=lambda kv: kv[0]):
-        if key == "scratch":
+        if key.startswith("scratch"):
             continue
         for a in accesses:
-            if run.blocks[a.g].proxy is not None and a.remote_from is None and ends[rank][a.g] < a.seq:
+            if run.blocks[a.g].proxy is not None and a.remote_from is None and run.ends(a.call)[rank][a.g] < a.seq:
                 raise RaceError(f"{_name(run, a.g)} {a.who} reads rank {rank}'s {key} (bytes {a.lo}..{a.hi}) and "
                                 f"nothing tells rank {rank} the transfer is done (no flush of that port channel, no "
                                 f"signal back after it): its kernel can return, and its caller overwrite the "
                                 f"source, while the proxy still reads it",
                                 ((run.blocks[a.g].rank, run.blocks[a.g].tb, a.who),), rank=rank, buffer=key)
-
-
-def _ends(run: Run) -> dict:
-    """rank -> what its threadblocks know when the kernel returns (proxies excluded: they outlive it)."""
-    ends = {}
-    for b in run.blocks:
-        if b.proxy is not None:
-            continue
-        clock = np.maximum(b.known, b.pending)
-        clock[b.g] = b.seq
-        ends[b.rank] = clock if b.rank not in ends else np.maximum(ends[b.rank], clock)
-    return ends
 
 
 def check_started(run: Run) -> None:
@@ -157,11 +152,11 @@ def check_started(run: Run) -> None:
     call). MSCCL++'s plans sync the members first (signal/wait). Scratch is
     the executor's, kept apart across calls as for memory-channel puts."""
     for (rank, key), accesses in sorted(run.m.state.accesses.items(), key=lambda kv: kv[0]):
-        if key == "scratch":
+        if key.startswith("scratch"):
             continue
         for a in accesses:
             if a.switch and a.remote_from is not None and not any(
-                    a.clock[b.g] >= 1 for b in run.blocks if b.rank == rank):
+                    a.clock[b.g] >= run.starts[a.call][b.g] for b in run.blocks if b.rank == rank):
                 raise RaceError(f"{_name(run, a.g)} {a.who} {'writes' if a.write else 'reads'} rank {rank}'s {key} "
                                 f"(bytes {a.lo}..{a.hi}) through the switch before anything shows rank {rank}'s call "
                                 f"has begun: rank {rank} may still be in its previous call or not yet have its input",
@@ -170,10 +165,11 @@ def check_started(run: Run) -> None:
 
 def check_balance(run: Run) -> None:
     """The executor keeps channel and device semaphores across calls: every
-    call must leave them as it found them."""
+    call must leave them as it found them. (The run's calls each ran every
+    operation of the plan once: the counts of one are the total's share.)"""
     st = run.m.state
     for key in sorted(set(st.signals) | set(st.waits)):
-        sent, waited = len(st.signals.get(key, ())), st.waits.get(key, 0)
+        sent, waited = len(st.signals.get(key, ())) // run.calls, st.waits.get(key, 0) // run.calls
         if sent != waited:
             src, dst, q, kind = key
             raise ExecutionError(f"rank {src} signals its {kind} channel {q} to rank {dst} {sent} time(s) but rank {dst} "
@@ -181,37 +177,39 @@ def check_balance(run: Run) -> None:
                                  f"call, whose waits then pass early (or hang)", rank=src)
     for gpu in run.plan.gpus:
         for s, value in enumerate(gpu.semaphores):
-            if st.sems[(gpu.rank, s)] != value:
-                raise ExecutionError(f"device semaphore {s} starts at {value} and ends at {st.sems[(gpu.rank, s)]}: "
+            end = value + (st.sems[(gpu.rank, s)] - value) // run.calls
+            if end != value:
+                raise ExecutionError(f"device semaphore {s} starts at {value} and ends at {end}: "
                                      f"the next call starts from the wrong value", rank=gpu.rank)
 
 
-def execute_onesided(plan: OneSidedPlan, layout: Layout, chunk: int, inputs: list[np.ndarray]):
+def execute_onesided(plan: OneSidedPlan, layout: Layout, chunk: int, inputs: list[np.ndarray], calls: int = 1):
     """Run ``plan`` on per-rank logical ``inputs`` (one dtype) at ``chunk``
-    bytes a chunk: (the per-rank logical outputs, the Run, the Machine).
-    Raises DeadlockError where it cannot finish."""
-    machine = Machine(plan, layout, chunk, inputs[0].dtype)
-    for gpu, x in zip(plan.gpus, inputs):
-        key, lo, hi = machine.where(Operand(gpu.rank, "input", 0, gpu.input_chunks), None, 0, 1 << 62, "input")
-        machine.view(gpu.rank, key, lo, hi)[:] = x
+    bytes a chunk, ``calls`` calls back to back on the same inputs: (the
+    per-rank logical outputs of the first, the Run, the Machine: its
+    outputs(call) has each call's). Raises DeadlockError where it cannot finish."""
+    machine = Machine(plan, layout, chunk, inputs[0].dtype, calls)
+    for call in range(calls):
+        for gpu, x in zip(plan.gpus, inputs):
+            key, lo, hi = machine.where(Operand(gpu.rank, "input", 0, gpu.input_chunks), None, 0, 1 << 62, "input",
+                                        call)
+            machine.view(gpu.rank, key, lo, hi)[:] = x
     run = Run(plan, machine)
     run.run()
-    outputs = []
-    for gpu in plan.gpus:
-        key, lo, hi = machine.where(Operand(gpu.rank, "output", 0, gpu.output_chunks), None, 0, 1 << 62, "output")
-        outputs.append(machine.view(gpu.rank, key, lo, hi).copy())
-    return outputs, run, machine
+    return machine.outputs(0), run, machine
 
 
-def check_results(machine: Machine, layout: Layout, inputs: list[np.ndarray], outputs: list[np.ndarray]) -> None:
+def check_results(machine: Machine, layout: Layout, inputs: list[np.ndarray], outputs: list[np.ndarray],
+                  call: int = 0) -> None:
     from msc.errors import VerificationError
     from msc.verification.reference import expected_outputs
 
+    where = f" in call {call + 1}" if call else ""
     if not layout.builtin:                   # a custom collective: its stated pre- and postconditions
         per_unit = layout.k * machine.chunk // machine.dtype.itemsize
         for gpu, bad in zip(machine.plan.gpus, layout.wrong(inputs, outputs, per_unit)):
             if bad:
-                raise VerificationError(f"wrong result on rank {gpu.rank}: {bad} output element(s) are not what "
+                raise VerificationError(f"wrong result on rank {gpu.rank}{where}: {bad} output element(s) are not what "
                                         f"{layout.collective.name} requires, with random integer inputs at "
                                         f"{machine.chunk}-byte chunks", rank=gpu.rank, buffer="output")
         return
@@ -222,7 +220,7 @@ def check_results(machine: Machine, layout: Layout, inputs: list[np.ndarray], ou
             continue
         bad = int(np.flatnonzero(got != want)[0]) if got.shape == want.shape else 0
         found = "nothing written" if got[bad] == machine.poison else str(got[bad])
-        raise VerificationError(f"wrong result on rank {gpu.rank}: output chunk {bad // per_chunk} (element {bad}) "
+        raise VerificationError(f"wrong result on rank {gpu.rank}{where}: output chunk {bad // per_chunk} (element {bad}) "
                                 f"of the {layout.collective.name}, with random integer inputs at {machine.chunk}-byte "
                                 f"chunks", rank=gpu.rank, buffer="output", index=bad // per_chunk,
                                 expected=str(want[bad]), found=found)
@@ -239,15 +237,17 @@ def verify_onesided(plan: OneSidedPlan, *, collective=None, root: int | None = N
     start = time.perf_counter()
     layout = Layout(plan, collective, root)
     chunk = chunk or chunk_bytes_for(plan)
+    check_inputs_fit(plan, chunk, calls_for(plan))
     length = plan.gpus[0].input_chunks * chunk // ELEMENT.itemsize
     inputs = random_inputs(np.random.default_rng(seed), ELEMENT, "sum", layout.n, length)
-    outputs, run, machine = execute_onesided(plan, layout, chunk, inputs)
+    _, run, machine = execute_onesided(plan, layout, chunk, inputs, calls_for(plan))
+    check_balance(run)                       # first: an unbalanced call lets the next one's waits pass early
     check_races(run, chunk)
     check_started(run)
     check_finished(run)
-    check_balance(run)
     if layout.checkable:
-        check_results(machine, layout, inputs, outputs)
+        for call in range(run.calls):
+            check_results(machine, layout, inputs, machine.outputs(call), call)
     check_flushed(run)
     ops = sum(op.count for gpu in plan.gpus for ops in gpu.threadblocks for op in ops)
     return OneSidedReport(plan.name, plan.collective, plan.num_ranks, len(run.blocks), ops, run.events, chunk,

@@ -2,8 +2,11 @@
 buffers of every rank, the channel and device semaphores, barriers and
 packets, and a scheduler that runs each threadblock until it blocks, keeping
 a vector clock per threadblock and recording every access with the clock it
-happened at. msc.verification.onesided checks what a run recorded; its
-docstring gives the model."""
+happened at. A run can be several calls back to back: what the executor
+keeps between calls (scratch, semaphores) is shared, each call has its
+caller's own input and output, and a rank's kernel ends (all its
+threadblocks) before its next call begins. msc.verification.onesided checks
+what a run recorded; its docstring gives the model."""
 from __future__ import annotations
 
 import math
@@ -25,13 +28,25 @@ PACKET_READS = {"rppkt": 1, "upkt": 1, "repkt": None, "respkt": None, "recpkt": 
 
 @dataclass
 class Instance:
-    """One execution of an operation: a pipeline's body runs once per slice."""
+    """One execution of an operation: a pipeline's body runs once per slice; ``call``: which of the run's calls."""
 
     op: Operation
     index: int
     offset: int = 0
     unit: int = 1 << 62
     label: str = ""
+    call: int = 0
+
+
+END_OF_CALL = Operation("end of call")          # a rank's kernel returns: all its threadblocks, before its next call
+
+
+def calls_for(plan: OneSidedPlan) -> int:
+    """How many calls msc verify runs back to back: two, so what one call
+    leaves in the executor's scratch and semaphores meets the next call's
+    operations; three with a double scratch buffer (calls alternate halves:
+    the third is the first to reuse the first's half)."""
+    return 3 if plan.double_scratch else 2
 
 
 @dataclass
@@ -52,6 +67,12 @@ class Block:
         clock[self.g] = self.synced
         return clock
 
+    def finished(self) -> np.ndarray:
+        """What the block knows once all its threads are done (its kernel's end)."""
+        clock = np.maximum(self.known, self.pending)
+        clock[self.g] = self.seq
+        return clock
+
 
 @dataclass
 class Access:
@@ -64,6 +85,7 @@ class Access:
     who: str
     remote_from: int | None = None      # the accessing rank, when it is not the buffer's owner
     switch: bool = False                # through a switch channel (multimem)
+    call: int = 0                       # the accessing operation's call
 
 
 @dataclass
@@ -88,6 +110,18 @@ def chunk_bytes_for(plan: OneSidedPlan) -> int:
     return size
 
 
+def check_model_bytes(total: int, chunk: int, calls: int) -> None:
+    if total > MAX_MODEL_BYTES:
+        raise PlanError(f"the plan's buffers take {total} bytes at {chunk}-byte chunks over {calls} call(s), over "
+                        f"the {MAX_MODEL_BYTES} msc's model of the executor runs it with")
+
+
+def check_inputs_fit(plan: OneSidedPlan, chunk: int, calls: int = 1) -> None:
+    """Before the inputs are made: every call's inputs fit in the model (its
+    buffers hold at least them; the Machine counts the rest)."""
+    check_model_bytes(sum(g.input_chunks for g in plan.gpus) * chunk * calls, chunk, calls)
+
+
 def poison(dtype: np.dtype):
     """What unwritten output and scratch hold: NaN for floats, a value far from any input for integers."""
     if dtype.kind == "f" or dtype.name == "bfloat16":
@@ -106,23 +140,34 @@ def _slice(lo: int, size: int, group) -> tuple[int, int]:
 
 
 class Machine:
-    """The buffers and synchronisation of every rank during one run."""
+    """The buffers and synchronisation of every rank during one run of ``calls`` calls."""
 
-    def __init__(self, plan: OneSidedPlan, layout, chunk: int, dtype=ELEMENT):
-        self.plan, self.layout, self.chunk = plan, layout, chunk
+    def __init__(self, plan: OneSidedPlan, layout, chunk: int, dtype=ELEMENT, calls: int = 1):
+        self.plan, self.layout, self.chunk, self.calls = plan, layout, chunk, calls
         self.dtype = np.dtype(dtype)
         self.poison = poison(self.dtype)
         self.mem: dict = {}
-        self.packets: dict = {}       # (rank, buffer key) -> (payload, writer event index or -1)
+        self.key_call: dict = {}      # buffer key -> the first call that uses it (scratch: shared by calls)
+        self.packets: dict = {}       # (rank, buffer key, call) -> (payload, writer event index or -1)
         self.writers: list = []       # packet writer events: (g, seq, clock)
         self.state = State()
-        total = sum(sum(self.physical(gpu).values()) for gpu in plan.gpus) * chunk
-        if total > MAX_MODEL_BYTES:
-            raise PlanError(f"the plan's buffers take {total} bytes at {chunk}-byte chunks, over the {MAX_MODEL_BYTES} "
-                            f"msc's model of the executor runs it with")
-        for gpu in plan.gpus:
-            for key, chunks in self.physical(gpu).items():
+        sizes = [{self.key(buffer, c): chunks for c in range(calls) for buffer, chunks in self.physical(gpu).items()}
+                 for gpu in plan.gpus]
+        check_model_bytes(sum(sum(s.values()) for s in sizes) * chunk, chunk, calls)
+        for gpu, physical in zip(plan.gpus, sizes):
+            for key, chunks in physical.items():
                 self.mem[(gpu.rank, key)] = np.full(chunks * chunk // self.dtype.itemsize, self.poison, self.dtype)
+
+    def key(self, buffer: str, call: int) -> str:
+        """The buffer a call's operand reaches: the executor's scratch is the
+        same in every call (a double scratch buffer's calls alternate
+        halves); input and output are each call's caller's."""
+        if buffer == "scratch":
+            key = "scratch (its other half)" if self.plan.double_scratch and call % 2 else "scratch"
+        else:
+            key = buffer if call == 0 else f"{buffer} (call {call + 1})"
+        self.key_call.setdefault(key, call)
+        return key
 
     def physical(self, gpu) -> dict[str, int]:
         sizes = {"input": gpu.input_chunks, "output": gpu.output_chunks, "scratch": gpu.scratch_chunks}
@@ -132,13 +177,14 @@ class Machine:
             del sizes[alias]
         return sizes
 
-    def where(self, operand: Operand, group, offset: int, unit: int, who: str) -> tuple[str, int, int]:
-        """(buffer key, first byte, end byte) of an operand in its physical buffer."""
+    def where(self, operand: Operand, group, offset: int, unit: int, who: str, call: int = 0) -> tuple[str, int, int]:
+        """(buffer key, first byte, end byte) of an operand in its physical buffer in ``call``."""
         key, base = operand.buffer, 0
         if self.plan.inplace:
             alias, target, at = self.layout.alias(operand.rank)
             if key == alias:
                 key, base = target, at * self.chunk
+        key = self.key(key, call)
         lo, hi = _slice(base + operand.index * self.chunk, operand.size * self.chunk, group)
         lo = min(lo + offset, hi)
         hi = min(hi, lo + unit)
@@ -148,22 +194,33 @@ class Machine:
                             f"({(0 if arr is None else arr.size * self.dtype.itemsize) // self.chunk} chunks)")
         return key, lo, hi
 
+    def outputs(self, call: int) -> list[np.ndarray]:
+        """Each rank's logical output after ``call``."""
+        out = []
+        for gpu in self.plan.gpus:
+            key, lo, hi = self.where(Operand(gpu.rank, "output", 0, gpu.output_chunks), None, 0, 1 << 62, "output", call)
+            out.append(self.view(gpu.rank, key, lo, hi).copy())
+        return out
+
     def view(self, rank: int, key: str, lo: int, hi: int) -> np.ndarray:
         s = self.dtype.itemsize
         return self.mem[(rank, key)][lo // s:hi // s]
 
-    def packet_store(self, rank: int, key: str):
-        if (rank, key) not in self.packets:
+    def packet_store(self, rank: int, key: str, call: int = 0):
+        """A call's packets in a buffer: their flag is the call's, so a read
+        takes only packets its own call wrote (the bytes are shared: the
+        accesses recorded say when calls overlap)."""
+        if (rank, key, call) not in self.packets:
             n = self.mem[(rank, key)].size
-            self.packets[(rank, key)] = (np.full(n, self.poison, self.dtype), np.full(n, -1, np.int64))
-        return self.packets[(rank, key)]
+            self.packets[(rank, key, call)] = (np.full(n, self.poison, self.dtype), np.full(n, -1, np.int64))
+        return self.packets[(rank, key, call)]
 
-    def record(self, rank, key, lo, hi, write, block, clock, who, packet=False, switch=False):
+    def record(self, rank, key, lo, hi, write, block, clock, who, packet=False, switch=False, call=0):
         if packet:                   # packets take twice the bytes they carry, in the same buffer
             lo, hi = 2 * lo, 2 * hi
         remote = block.rank if block.rank != rank else None
         self.state.accesses.setdefault((rank, key), []).append(
-            Access(lo, hi, write, block.g, block.seq, clock, who, remote, switch))
+            Access(lo, hi, write, block.g, block.seq, clock, who, remote, switch, call))
 
 
 class Layout:
@@ -184,11 +241,14 @@ class Layout:
         self.k = self._chunk_factor(gpu.input_chunks, gpu.output_chunks)
 
     def _chunk_factor(self, inputs: int, outputs: int) -> int | None:
+        """The chunk factor at which the collective has these buffer sizes
+        (the sizes grow with it: no larger one than the sizes, nor msc's limit)."""
         from msc.errors import MscError
+        from msc.ir.limits import MAX_CHUNK_FACTOR
 
         if self.collective is None:
             return None
-        for k in range(1, max(inputs, outputs, 1) + 1):
+        for k in range(1, min(max(inputs, outputs, 1), MAX_CHUNK_FACTOR) + 1):
             try:
                 sizes = (self.collective.input_chunks(self.n, k), self.collective.output_chunks(self.n, k))
             except MscError:             # a collective known at one chunk factor only (read from a plan)
@@ -225,13 +285,14 @@ class Layout:
         return ("output", "input", 0)
 
 
-def _program(ops, chunk: int, gpu) -> list[Instance]:
+def _program(ops, chunk: int, gpu, call: int = 0) -> list[Instance]:
     """A threadblock's operations as the executor runs them: a pipeline's body
     once per slice of unit_size bytes over num_chunks chunks."""
     out = []
+    of = f" of call {call + 1}" if call else ""
     for i, op in enumerate(ops):
         if not op.body:
-            out.append(Instance(op, i, label=f"operation {i} ({op.name})"))
+            out.append(Instance(op, i, label=f"operation {i} ({op.name}){of}", call=call))
             continue
         if op.unit_size % UNIT:
             raise PlanError(f"operation {i}: pipeline unit_size {op.unit_size} is not a multiple of the executor's "
@@ -243,22 +304,29 @@ def _program(ops, chunk: int, gpu) -> list[Instance]:
         for it in range(iterations):
             for j, inner in enumerate(op.body):
                 out.append(Instance(inner, i, it * op.unit_size, op.unit_size,
-                                    f"operation {i} (pipeline, its operation {j} {inner.name}, slice {it})"))
+                                    f"operation {i} (pipeline, its operation {j} {inner.name}, slice {it}){of}", call))
     return out
 
 
 class Run:
-    """One execution of a plan on the Machine's data."""
+    """One execution of a plan on the Machine's data, its calls back to back."""
 
     def __init__(self, plan: OneSidedPlan, machine: Machine):
         self.plan, self.m, st = plan, machine, machine.state
+        self.calls = machine.calls
         self.blocks = []
         for gpu in plan.gpus:
             for t, ops in enumerate(gpu.threadblocks):
                 self.blocks.append(Block(gpu.rank, t, len(self.blocks), _program(ops, machine.chunk, gpu), None, None))
-        if sum(len(b.program) for b in self.blocks) > MAX_INSTANCES:
+        if sum(len(b.program) for b in self.blocks) > MAX_INSTANCES:      # one call's, before the next are made
             raise PlanError(f"the plan runs over {MAX_INSTANCES} operations (pipelines' slices counted), more than "
                             f"msc's model of the executor runs")
+        for b in self.blocks:
+            ops = plan.gpus[b.rank].threadblocks[b.tb]
+            for c in range(1, self.calls):
+                b.program += [Instance(END_OF_CALL, -1, label=f"the end of call {c}", call=c)]
+                b.program += _program(ops, machine.chunk, plan.gpus[b.rank], c)
+        self.threadblocks = {gpu.rank: len(gpu.threadblocks) for gpu in plan.gpus}
         self.agents = {}                  # (g, port channel) -> the proxy Block doing that threadblock's transfers
         for b in list(self.blocks):
             for c in sorted({c for inst in b.program if inst.op.port for c in inst.op.channels}):
@@ -271,6 +339,8 @@ class Run:
             for s, value in enumerate(gpu.semaphores):
                 st.sems[(gpu.rank, s)] = value
         self.events = 0
+        self.starts = np.ones((self.calls, len(self.blocks)), np.int64)  # a block's first step of each call
+        self.call_ends: list[dict] = [{} for _ in range(self.calls)]     # call -> rank -> what its kernel's end knows
 
     # -- scheduling ----------------------------------------------------------------
     def run(self) -> None:
@@ -285,6 +355,14 @@ class Run:
         stuck = [b for b in self.blocks if b.pc < len(b.program)]
         if stuck:
             raise self.deadlock(stuck)
+        for b in self.blocks:
+            if b.proxy is None:
+                self.call_ends[-1][b.rank] = np.maximum(self.call_ends[-1].get(b.rank, 0), b.finished())
+
+    def ends(self, call: int) -> dict:
+        """rank -> what its threadblocks know when its kernel of ``call``
+        returns (proxies excluded: they outlive it)."""
+        return self.call_ends[call]
 
     def deadlock(self, stuck) -> DeadlockError:
         lines = [f"rank {b.rank} threadblock {b.tb} {b.program[b.pc].label}: {self.blocked_on(b)}" for b in stuck]
@@ -305,6 +383,8 @@ class Run:
         if op.name == "barrier":
             have = len(self.m.state.barriers.get((b.rank, op.barrier[0]), ()))
             return f"barrier {op.barrier[0]} for {op.barrier[1]} threadblocks, which only {have} reach"
+        if op is END_OF_CALL:
+            return "its kernel's other threadblocks do not finish the call"
         return "reads packets that no operation writes in this call"
 
     def wait_key(self, rank: int, channel: int, port: bool = False) -> tuple[int, int, int, str]:
@@ -341,7 +421,9 @@ class Run:
             b.seq += 1
             return True
         if name == "barrier":
-            return self.barrier(b, op)
+            return self.barrier(b, (b.rank, op.barrier[0]), op.barrier[1], Block.published)
+        if op is END_OF_CALL:
+            return self.end_of_call(b, inst.call)
         if (name in PACKET_READS or (op.port and name == "ppkt")) and not self.packets_ready(b, inst):
             return False
         b.seq += 1
@@ -354,7 +436,9 @@ class Run:
                 raise PlanError(f"{inst.label}: device semaphore {k[1]} is not one of the rank's "
                                 f"{len(self.plan.gpus[b.rank].semaphores)}", rank=b.rank, tb=b.tb)
 
-    def barrier(self, b: Block, op: Operation) -> bool:
+    def barrier(self, b: Block, key, count: int, clock_of) -> bool:
+        """``count`` threadblocks meet at ``key``; each leaves knowing
+        ``clock_of`` of every one of them."""
         st = self.m.state
         if b.g in st.released:
             clock = st.released.pop(b.g)
@@ -363,18 +447,28 @@ class Run:
             b.pending[:] = 0
             b.known[b.g] = b.synced = b.seq
             return True
-        arrived = st.barriers.setdefault((b.rank, op.barrier[0]), [])
+        arrived = st.barriers.setdefault(key, [])
         if b not in arrived:
             arrived.append(b)
-        if len(arrived) < op.barrier[1]:
+        if len(arrived) < count:
             return False
-        joined = np.max([x.published() for x in arrived], axis=0)
+        joined = np.max([clock_of(x) for x in arrived], axis=0)
         for x in arrived:
             joined[x.g] = max(joined[x.g], x.seq)
         for x in arrived:
             st.released[x.g] = joined
-        st.barriers[(b.rank, op.barrier[0])] = []
-        return self.barrier(b, op)
+        st.barriers[key] = []
+        return self.barrier(b, key, count, clock_of)
+
+    def end_of_call(self, b: Block, call: int) -> bool:
+        """A rank's kernel returns when all its threadblocks have, everything
+        they did complete; its next call starts from there (proxies go on)."""
+        if not self.barrier(b, (b.rank, "end of call", call), self.threadblocks[b.rank], Block.finished):
+            return False
+        self.call_ends[call - 1][b.rank] = b.known.copy()
+        self.call_ends[call - 1][b.rank][b.g] = b.seq - 1
+        self.starts[call][b.g] = b.seq + 1
+        return True
 
     def execute(self, b: Block, inst: Instance) -> None:
         op, st = inst.op, self.m.state
@@ -400,8 +494,8 @@ class Run:
 
     def packets_ready(self, b: Block, inst: Instance) -> bool:
         for operand in packet_sources(inst.op) if not (inst.op.port and inst.op.name == "ppkt") else inst.op.srcs:
-            key, lo, hi = self.m.where(scratch_of(operand, b.rank), inst.op.group, 0, 1 << 62, inst.label)
-            _, writer = self.m.packet_store(b.rank, key)
+            key, lo, hi = self.m.where(scratch_of(operand, b.rank), inst.op.group, 0, 1 << 62, inst.label, inst.call)
+            _, writer = self.m.packet_store(b.rank, key, inst.call)
             s = self.m.dtype.itemsize
             if (writer[lo // s:hi // s] < 0).any():
                 return False
@@ -435,18 +529,20 @@ class DataOp:
         if operand.remote and operand.rank == self.b.rank:
             raise PlanError(f"{inst.label}: a remote buffer of its own rank", rank=self.b.rank, tb=self.b.tb)
         try:
-            return self.m.where(operand, inst.op.group, inst.offset, inst.unit, inst.label)
+            return self.m.where(operand, inst.op.group, inst.offset, inst.unit, inst.label, inst.call)
         except PlanError as exc:
             raise PlanError(str(exc), rank=self.b.rank, tb=self.b.tb) from None
 
     def read(self, operand: Operand) -> np.ndarray:
         key, lo, hi = self.locate(operand)
-        self.m.record(operand.rank, key, lo, hi, False, self.actor, self.clock, self.inst.label, switch=self.switch)
+        self.m.record(operand.rank, key, lo, hi, False, self.actor, self.clock, self.inst.label, switch=self.switch,
+                      call=self.inst.call)
         return self.m.view(operand.rank, key, lo, hi).copy()
 
     def write(self, operand: Operand, values: np.ndarray) -> None:
         key, lo, hi = self.locate(operand)
-        self.m.record(operand.rank, key, lo, hi, True, self.actor, self.clock, self.inst.label, switch=self.switch)
+        self.m.record(operand.rank, key, lo, hi, True, self.actor, self.clock, self.inst.label, switch=self.switch,
+                      call=self.inst.call)
         self.m.view(operand.rank, key, lo, hi)[:] = self.fit(values, hi - lo, operand)
 
     def fit(self, values: np.ndarray, nbytes: int, operand: Operand) -> np.ndarray:
@@ -458,25 +554,26 @@ class DataOp:
 
     def read_packets(self, operand: Operand) -> np.ndarray:
         key, lo, hi = self.locate(scratch_of(operand, self.b.rank))
-        payload, writer = self.m.packet_store(self.b.rank, key)
+        payload, writer = self.m.packet_store(self.b.rank, key, self.inst.call)
         s = self.m.dtype.itemsize
         for w in np.unique(writer[lo // s:hi // s]):
             g, seq, clock = self.m.writers[w]
             np.maximum(self.clock, clock, out=self.clock)
             self.clock[g] = max(self.clock[g], seq)
             np.maximum(self.b.pending, self.clock, out=self.b.pending)
-        self.m.record(self.b.rank, key, lo, hi, False, self.actor, self.clock, self.inst.label, packet=True)
+        self.m.record(self.b.rank, key, lo, hi, False, self.actor, self.clock, self.inst.label, packet=True,
+                      call=self.inst.call)
         return payload[lo // s:hi // s].copy()
 
     def write_packets(self, operand: Operand, values: np.ndarray) -> None:
         key, lo, hi = self.locate(operand)
-        payload, writer = self.m.packet_store(operand.rank, key)
+        payload, writer = self.m.packet_store(operand.rank, key, self.inst.call)
         s = self.m.dtype.itemsize
         payload[lo // s:hi // s] = self.fit(values, hi - lo, operand)
         writer[lo // s:hi // s] = len(self.m.writers)
         self.m.writers.append((self.actor.g, self.actor.seq, self.clock.copy()))
         self.m.record(operand.rank, key, lo, hi, True, self.actor, self.clock, self.inst.label, packet=True,
-                      switch=self.switch)
+                      switch=self.switch, call=self.inst.call)
 
     def source(self, i: int) -> Operand:
         """Put's i-th source: the first source's buffer at the i-th source's chunks (handlePut)."""
@@ -563,8 +660,9 @@ class DataOp:
             raise PlanError(f"{self.inst.label}: ppkt on a port channel copies packets from {operand}; msc models "
                             f"packets in scratch only", rank=self.b.rank, tb=self.b.tb)
         key, lo, hi = self.locate(operand)
-        payload, _ = self.m.packet_store(self.b.rank, key)
-        self.m.record(self.b.rank, key, lo, hi, False, self.actor, self.clock, self.inst.label, packet=True)
+        payload, _ = self.m.packet_store(self.b.rank, key, self.inst.call)
+        self.m.record(self.b.rank, key, lo, hi, False, self.actor, self.clock, self.inst.label, packet=True,
+                      call=self.inst.call)
         s = self.m.dtype.itemsize
         return payload[lo // s:hi // s].copy()
 

@@ -18,8 +18,14 @@ are ``res`` (reduce, keep, and write to the peer), rrc is ``re``.
 
 LL: packets (``ppkt`` sends, ``upkt`` receives, ``repkt``/``respkt`` reduce,
 ``rppkt`` forwards), one scratch slot per message: a packet carries its own
-flag, so no signal, wait or credit is needed; the double scratch buffer keeps
-consecutive calls apart. LL128 has no MSCCL++ counterpart and is refused.
+flag, so no signal or wait guards the data; the double scratch buffer keeps
+consecutive calls apart. The call after next writes the same half again, and
+a sender that hears nothing from its receiver (a broadcast's root) could run
+two calls ahead and overwrite packets not yet read: so a receiving
+threadblock signals first (its rank's previous call has ended) and the sender
+waits for that before its kernel returns; a call's packets are then written
+after the receiver ended the call before last. LL128 has no MSCCL++
+counterpart and is refused.
 
 Threadblocks keep msc's order and ids. The executor puts no __syncthreads
 between operations, so a ``nop`` separates a wait from the data it guards and
@@ -251,6 +257,11 @@ class _BlockWriter:
         if self.send is not None and not self.w.ll:      # the last credits: the receiver is done with every slot
             drain = len(self.send.counts) - max(0, len(self.send.counts) - self.w.plan.slots)
             groups.append([self.sync("wait", [self.send]) for _ in range(drain)])
+        if self.w.ll:            # the receiver has begun this call, so it is done with the last one ...
+            if self.recv is not None:
+                groups.insert(0, [self.sync("signal", [self.recv])])
+            if self.send is not None:
+                groups.append([self.sync("wait", [self.send])])     # ... before the sender's kernel returns
         return [g for g in groups if g]
 
     def sync(self, name: str, conns: list) -> dict:

@@ -84,7 +84,7 @@ def contract_of_plan(osp: OneSidedPlan) -> Contract | None:
     """The custom collective's requirements msc recorded in the plan (msc_contract), or None."""
     import re
 
-    from msc.formats.contract_text import build_contract
+    from msc.formats.contract_text import build_contract, check_contract
 
     rows = osp.meta_value("msc_contract")
     if rows is None:
@@ -95,7 +95,10 @@ def contract_of_plan(osp: OneSidedPlan) -> Contract | None:
         if m is None:
             raise PlanError(f"msc_contract: {str(row)[:40]!r} is not a row 'post R: ...' or 'pre R: ...'")
         parsed.append((m[1], int(m[2]), m[3].split(), None))
-    return build_contract(parsed)
+    contract = build_contract(parsed)
+    gpu = osp.gpus[0]
+    check_contract(contract, osp.num_ranks, gpu.input_chunks, gpu.output_chunks)    # rows for these ranks and sizes
+    return contract
 
 
 def _slots(osp: OneSidedPlan) -> dict:

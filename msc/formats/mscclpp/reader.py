@@ -22,19 +22,42 @@ from __future__ import annotations
 import json
 
 from msc.errors import PlanError
+from msc.formats.mscclpp.meta import GPU, PLAN, THREADBLOCK, check_fields
+from msc.ir.limits import MAX_BUFFER_CHUNKS
 from msc.ir.onesided import KNOWN_OPS, PIPELINE, SWITCH_OPS, UNSUPPORTED_OPS, Gpu, OneSidedPlan, Operand, Operation
 
 BUFFERS = {"i": "input", "o": "output", "s": "scratch"}
 PROTOCOLS = ("Simple", "LL")
 
 
+# No array or object of a plan within msc's limits is longer (gpus, peers and contract rows are per rank, a
+# threadblock has 64 operations), nor has a plan more of them (a 256-rank ring allreduce exported: 2.2 million).
+MAX_ITEMS = 1 << 16
+MAX_CONTAINERS = 1 << 24
+MAX_DEPTH = 32                             # a plan nests 8 deep (gpus, threadblocks, ops, a pipeline's ops, operands)
+
+
 def parse_mscclpp(data: bytes | str, *, path: str | None = None) -> OneSidedPlan:
-    """The one-sided plan of an MSCCL++ JSON text (not checked: see msc.verification.onesided)."""
+    """The one-sided plan of an MSCCL++ JSON text (not checked: see msc.verification.onesided).
+    Its shape is measured first, so a plan over a limit is refused before
+    json.loads makes an object of every value."""
+    from msc.formats.json_shape import ShapeError, check_shape, where
+
+    raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
     try:
-        doc = json.loads(data)
+        check_shape(raw, max_items=MAX_ITEMS, max_containers=MAX_CONTAINERS, max_depth=MAX_DEPTH)
+    except ShapeError as exc:
+        raise PlanError(f"{where(raw, exc.offset)}: {exc.what}, more than any execution plan within msc's limits "
+                        f"has", path=path) from None
+    try:
+        doc = json.loads(data, parse_constant=_no_constant)
     except (ValueError, RecursionError) as exc:
         raise PlanError(f"not JSON: {exc}"[:200], path=path) from None
     return _Reader(path).plan(doc)
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a JSON value")
 
 
 def looks_like_mscclpp(head: bytes) -> bool:
@@ -89,12 +112,13 @@ class _Reader:
         remote = [self.remote_buffers(g, r, n) for r, g in enumerate(gpus)]
         channels = [self.channels(g, r, n) for r, g in enumerate(gpus)]
         _check_groups(self, channels)
-        built = tuple(self.gpu(g, r, channels[r], remote[r]) for r, g in enumerate(gpus))
+        built = tuple(self.gpu(g, r, n, channels[r], remote[r]) for r, g in enumerate(gpus))
         for g in built[1:]:
             if (g.input_chunks, g.output_chunks) != (built[0].input_chunks, built[0].output_chunks):
                 raise self.error(f"{g.input_chunks} input and {g.output_chunks} output chunks where rank 0 has "
                                  f"{built[0].input_chunks} and {built[0].output_chunks}: a collective's ranks have "
                                  f"buffers of one size", rank=g.rank)
+        check_fields(doc, PLAN, {"ranks": n}, self.path)
         meta = _meta(doc)
         return OneSidedPlan(str(self.field(doc, "name", str, "plan")), self.field(doc, "collective", str, "plan"),
                             protocol, bool(self.field(doc, "inplace", bool, "plan")), n, built,
@@ -151,7 +175,7 @@ class _Reader:
             out.append((peer, kind, tuple(access)))
         return out
 
-    def gpu(self, gpu, r, channels, remote) -> Gpu:
+    def gpu(self, gpu, r, n, channels, remote) -> Gpu:
         peers, switches, ports = channels
         sems = tuple(self.field(s, "init_value", int, "semaphore", rank=r) for s in self.optional(gpu, "semaphores", list, [], "gpu", rank=r))
         tbs, tb_channels, tb_buffers, tb_meta = [], [], [], []
@@ -165,11 +189,22 @@ class _Reader:
                                                                                       rank=r, tb=t))))
             tb_channels.append(max(len(chans["memory"]), len(chans["port"]), len(tb_switches)))   # MAX_CHANNEL each
             tb_buffers.append(max(len(bufs["memory"]), len(bufs["port"])))
+        ctx = {"ranks": n, "scratch": self.chunks(gpu, "scratch_chunks", r), "channels": len(peers),
+               "threadblocks": len(tbs)}
+        check_fields(gpu, GPU, ctx, self.path, rank=r)
+        for t, tb in enumerate(gpu["threadblocks"]):
+            check_fields(tb, THREADBLOCK, ctx, self.path, rank=r, tb=t)
             tb_meta.append(_meta(tb))
-        return Gpu(r, self.field(gpu, "input_chunks", int, "gpu", rank=r),
-                   self.field(gpu, "output_chunks", int, "gpu", rank=r),
-                   self.field(gpu, "scratch_chunks", int, "gpu", rank=r), peers, sems, tuple(tbs),
+        return Gpu(r, self.chunks(gpu, "input_chunks", r), self.chunks(gpu, "output_chunks", r),
+                   self.chunks(gpu, "scratch_chunks", r), peers, sems, tuple(tbs),
                    tuple(tb_channels), tuple(tb_buffers), tuple(tb_meta), _meta(gpu), switches, ports)
+
+    def chunks(self, gpu, key: str, r: int) -> int:
+        """A buffer's size in chunks, within msc's limit (every loop over chunks is bounded by it)."""
+        value = self.field(gpu, key, int, "gpu", rank=r)
+        if value > MAX_BUFFER_CHUNKS:
+            raise self.error(f"{key} is {value}, over msc's limit of {MAX_BUFFER_CHUNKS} chunks a buffer", rank=r)
+        return value
 
     def tb_channels(self, tb, r, t, peers: dict, switches) -> tuple[dict, list]:
         """The threadblock's memory and port channels ({kind: the rank's indices})
