@@ -173,7 +173,8 @@ def run_devices(args, algs, backend: str, sizes=LARGE, log=print) -> list[dict]:
     from msc.cuda import Communicator
     from msc.errors import MscError
     from msc.lower.pipeline import LowerOptions, lower
-    from msc.units import BUSBW_FACTOR, parse_size
+    from msc.dsl.collectives import BUSBW_FACTOR
+    from msc.units import parse_size
 
     runs = []
     for alg in algs:

@@ -81,7 +81,7 @@ MUTATIONS = (
              "q += (wide < 0) & (wide % d != 0)", "q += (wide > 0) & (wide % d != 0)",
              "an integer avg rounds away from zero on positive sums",
              ("tests/test_executor.py", "tests/test_plan_bulk.py", "tests/test_baselines.py")),
-    Mutation("chunk-split", "executor", "msc/executor.py",
+    Mutation("chunk-split", "executor", "msc/units.py",
              "    q = -(-count // k)\n", "    q = count // k\n",
              "a count the chunk factor does not divide loses its last elements",
              ("tests/test_executor.py", "tests/test_plan_bulk.py", "tests/test_baselines.py")),

@@ -88,7 +88,7 @@ def best_runs(row: dict) -> list[dict]:
 
 
 def busbw(collective: str, n: int, size: int, seconds: float) -> float:
-    from msc.units import BUSBW_FACTOR
+    from msc.dsl.collectives import BUSBW_FACTOR
 
     return size / seconds / 1e9 * BUSBW_FACTOR[collective](n)
 

@@ -130,7 +130,7 @@ def bounds(collective: str, topo) -> list[float]:
 def cell(lib: dict, syn: dict) -> dict:
     """Per size of one (topology, collective): every time and which plan,
     the choice, the ratios and the goals."""
-    from msc.units import BUSBW_FACTOR
+    from msc.dsl.collectives import BUSBW_FACTOR
 
     factor = BUSBW_FACTOR[lib["collective"]](lib["ranks"])
     nccl_s = (lib["nccl"] or {}).get("s")
@@ -213,7 +213,7 @@ def table(cells: list[dict], gens: list[dict]) -> str:
 
 
 def c_busbw(row: dict, key: str, c: dict) -> float:
-    from msc.units import BUSBW_FACTOR
+    from msc.dsl.collectives import BUSBW_FACTOR
 
     return row["size"] / row[key] / 1e9 * BUSBW_FACTOR[c["collective"]](c["ranks"])
 

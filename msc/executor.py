@@ -40,16 +40,16 @@ returns per-rank *logical* arrays (``load_inputs``/``read_outputs``).
 from __future__ import annotations
 
 import random
-from collections import deque
 
 import numpy as np
 
 from msc.dsl.collectives import get_collective
 from msc.errors import ExecutionError, UsageError
-from msc.ir import Plan, StepOp, step_values
+from msc.ir import Plan, step_values
 from msc.ir.ops import REDUCE_OP_NAMES, REDUCE_OPS, reduce_op
+from msc.units import buffer_elements, chunk_bounds
 from msc.verification.plan_values import check_plan
-from msc.ir.worklist import GroupBarriers, drive
+from msc.ir.worklist import Connections, drive
 
 # by name, in native byte order (supported): importing ml_dtypes for bfloat16 costs a command 0.7 CPU-s,
 # and a bfloat16 array exists only where it was imported
@@ -59,19 +59,6 @@ DTYPES = frozenset(("float64", "float32", "float16", "bfloat16", "int32", "int64
 def supported(dtype: np.dtype) -> bool:
     return dtype.name in DTYPES and dtype.isnative
 OPS = REDUCE_OP_NAMES
-
-
-def chunk_bounds(index: int, count: int, k: int) -> tuple[int, int]:
-    """Element range [lo, hi) of chunk ``index`` of a user buffer."""
-    q = -(-count // k)
-    u, c = divmod(index, k)
-    base = u * count
-    return base + min(c * q, count), base + min((c + 1) * q, count)
-
-
-def buffer_elements(chunks: int, count: int, k: int) -> int:
-    """Elements of a user buffer of ``chunks`` chunks: the end of its last chunk."""
-    return chunk_bounds(chunks - 1, count, k)[1] if chunks else 0
 
 
 def divide_truncating(x: np.ndarray, d: int) -> np.ndarray:
@@ -166,31 +153,12 @@ class _Run:
         self.rng = random.Random(seed) if seed is not None else None
         self.scratch = [[None] * rp.scratch for rp in self.plan.ranks]
         self.pcs = [[0] * len(rp.threadblocks) for rp in self.plan.ranks]
-        self.queues: dict[tuple, deque] = {}
-        self.barriers = GroupBarriers(self.plan)
-        for rp in self.plan.ranks:
-            for tb in rp.threadblocks:
-                if tb.send is not None:
-                    self.queues.setdefault((rp.rank, tb.send, tb.channel), deque())
-                if tb.recv is not None:
-                    self.queues.setdefault((tb.recv, rp.rank, tb.channel), deque())
+        self.connections = Connections(self.plan, ex.capacity, self.pcs)
+        self.barriers = self.connections.barriers
 
     def execute(self) -> None:
-        drive(self.plan, self.pcs, self._blocker, self._step, self.rng)
+        drive(self.plan, self.pcs, self.connections.blocker, self._step, self.rng)
         self._check_finished()
-
-    def _blocker(self, rank, tb, step):
-        pcs = self.pcs[rank]
-        for dt, ds in step.deps:
-            if pcs[dt] <= ds:
-                return ("tb", rank, dt)
-        if step.op.receives and not self.queues[(tb.recv, rank, tb.channel)]:
-            return ("msg", (tb.recv, rank, tb.channel))
-        if step.op.sends and len(self.queues[(rank, tb.send, tb.channel)]) >= self.ex.capacity:
-            return ("space", (rank, tb.send, tb.channel))
-        if step.op is StepOp.BARRIER:
-            return self.barriers.blocker(self.pcs, rank, tb, self.pcs[rank][tb.id])
-        return None
 
     def _check_finished(self) -> None:
         stuck = [(rp.rank, tb.id, self.pcs[rp.rank][tb.id]) for rp in self.plan.ranks for tb in rp.threadblocks
@@ -254,9 +222,9 @@ class _Run:
         woken = []
         got = None
         if op.receives:
-            conn = (tb.recv, rank, tb.channel)
-            got = self.queues[conn].popleft()
-            woken.append(("space", conn))
+            fifo = self.connections.fifo_in[rank][tb.id]
+            got = fifo.take()
+            woken.append(fifo.space)
             if len(got) != step.count:
                 self._fail(rank, tb, s, f"receives a message of {len(got)} chunks, the step takes {step.count}")
         if op.group_reads:       # the switch reduces the members' copies in member order (the CUDA kernels' too)
@@ -270,9 +238,9 @@ class _Run:
         elif step.dst is not None:                    # the ops that have one (check_plan)
             self._write(rank, tb, s, step.dst, stored)
         if op.sends:
-            conn = (rank, tb.send, tb.channel)
-            self.queues[conn].append(out)
-            woken.append(("msg", conn))
+            fifo = self.connections.fifo_out[rank][tb.id]
+            fifo.items.append(out)
+            woken.append(fifo.msg)
         woken.extend(self.barriers.released(rank, tb))
         return woken
 

@@ -1,8 +1,8 @@
 """nccl-tests units and tables, shared by the commands that report sizes,
 times and bandwidths (msc run, msc bench, msc simulate, msc tune, msc
 bound) and by msc.torch's plan registry: sizes as nccl-tests spells them,
-data types and their numpy dtypes, the bus-bandwidth factor of each
-collective, and the nccl-tests table.
+data types and their numpy dtypes, the nccl-tests table, and the element
+range of a chunk of a user buffer.
 
 numpy is imported where used: the CLI builds its parsers from this module
 and starts without numpy.
@@ -13,7 +13,6 @@ import argparse
 import re
 from typing import TYPE_CHECKING
 
-from msc.dsl.collectives import COLLECTIVES
 from msc.errors import UsageError
 
 if TYPE_CHECKING:
@@ -23,7 +22,6 @@ if TYPE_CHECKING:
 TYPES = {"float": "float32", "half": "float16", "double": "float64", "bfloat16": "bfloat16",
          "int32": "int32", "int64": "int64", "uint8": "uint8"}
 ALIASES = {"float32": "float", "float16": "half", "float64": "double", "bf16": "bfloat16", "int": "int32"}
-BUSBW_FACTOR = {name: spec.busbw for name, spec in COLLECTIVES.items()}     # the registry's
 
 
 def parse_size(text) -> int:
@@ -132,3 +130,16 @@ def size_arg(text: str) -> int:
         return parse_size(text)
     except UsageError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def chunk_bounds(index: int, count: int, k: int) -> tuple[int, int]:
+    """Element range [lo, hi) of chunk ``index`` of a user buffer."""
+    q = -(-count // k)
+    u, c = divmod(index, k)
+    base = u * count
+    return base + min(c * q, count), base + min((c + 1) * q, count)
+
+
+def buffer_elements(chunks: int, count: int, k: int) -> int:
+    """Elements of a user buffer of ``chunks`` chunks: the end of its last chunk."""
+    return chunk_bounds(chunks - 1, count, k)[1] if chunks else 0

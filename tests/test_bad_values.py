@@ -18,7 +18,7 @@ from patience import patience
 from msc.errors import UsageError
 from msc.sim.protocols import LinkModel, Protocol
 from msc.sim.topology import Uniform
-from msc.torch.registry import PlanRegistry
+from msc.formats.registry import PlanRegistry
 
 RING4 = """name = "t"
 ranks = 4
@@ -307,7 +307,7 @@ def test_a_picture_in_a_format_matplotlib_lacks_names_the_file(capsys, tmp_path,
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
 def test_a_full_device_is_named_by_write_output(tmp_path):
-    from msc.formats.files import write_output
+    from msc.files import write_output
 
     with pytest.raises(OSError) as raised:
         write_output("/dev/full", b"x" * 10)

@@ -63,7 +63,7 @@ def test_derived_lists_are_the_registry_s():
     from msc.sim import nccl
     from msc.sim.tune import BASELINE
     from msc.synth import COLLECTIVES as SYNTH, SUMS
-    from msc.units import BUSBW_FACTOR
+    from msc.dsl.collectives import BUSBW_FACTOR
 
     assert tuple(BUILTIN) == COLLECTIVE_NAMES and all(BUILTIN[k] is COLLECTIVES[k].cls for k in BUILTIN)
     assert set(ROOTED) == {"broadcast", "reduce"} and set(REDUCING) == {"allreduce", "reducescatter", "reduce"}

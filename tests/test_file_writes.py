@@ -18,7 +18,7 @@ import pytest
 
 import clirun
 import msc
-from msc.formats.files import same_file, write_output
+from msc.files import same_file, write_output
 from msc.lower.pipeline import lower
 from msc.formats.plan_text import dump_plan, parse_plan, save_plan
 from msc.formats.load import load_plan

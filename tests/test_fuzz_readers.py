@@ -355,7 +355,7 @@ def registry_consistent(reg) -> None:
 @pytest.mark.parametrize("share", SHARES)
 def test_mutated_plans_json_is_refused_or_read_consistently(tmp_path, share):
     from msc.formats.plan_text import save_plan
-    from msc.torch.registry import PlanRegistry
+    from msc.formats.registry import PlanRegistry
 
     rng = random.Random(20261127)
     for name, key, inplace in (("a.plan", "allreduce/ring:ring", True), ("b.plan", "allgather/ring:ring", False),

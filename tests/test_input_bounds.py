@@ -17,7 +17,7 @@ import pytest
 import clirun
 import msc
 from msc.errors import AlgorithmError, PlanError, UsageError
-from msc.formats.inputs import read_input
+from msc.files import read_input
 from msc.formats.load import load_plan
 from msc.formats.plan_text import parse_plan, save_plan
 from msc.formats.xml_export import plan_to_xml
@@ -27,7 +27,7 @@ from msc.lower.pipeline import LowerOptions, lower
 from msc.sim.cut_bound import COLLECTIVES, _link_model, _routes_model, cut_model, lower_bound
 from msc.sim.presets import get_topology, ring
 from msc.sim.topology import load_topology, topology_from_dict
-from msc.torch.registry import PlanRegistry
+from msc.formats.registry import PlanRegistry
 from library import algorithms
 from patience import patience
 

@@ -1,7 +1,9 @@
 """The package layout the README's Architecture section describes: stage
-packages, no import cycles, the core free of the MSCCLang layer."""
+packages in layers that import only earlier layers, no import cycles, the
+core free of the MSCCLang layer."""
 import ast
 import pkgutil
+import re
 from pathlib import Path
 
 import msc
@@ -20,6 +22,34 @@ def _modules() -> dict[str, Path]:
 
 
 MODULES = _modules()
+
+# The README's Architecture table, row by row: a module imports (lazily too) only modules of its own
+# package, of its own row, or of an earlier row.
+LAYERS = (("msc.errors", "msc.perf", "msc.resources", "msc.progress", "msc.files"), ("msc.ir",), ("msc.units",),
+          ("msc.dsl",), ("msc.verification",), ("msc.lower",), ("msc.formats",), ("msc.executor",), ("msc",),
+          ("msc.sim",), ("msc.synth",), ("msc.cuda",), ("msc.torch",), ("msc.compat",), ("msc.cli", "msc.__main__"))
+
+
+def _package(module: str) -> str:
+    """The stage package or shared module ``module`` belongs to (msc itself: the public API)."""
+    return ".".join(module.split(".")[:2])
+
+
+def _layer(module: str) -> int:
+    package = _package(module)
+    return next(i for i, row in enumerate(LAYERS) if package in row)
+
+
+def _import_lines(path: Path) -> list[tuple[int, str]]:
+    """(line, msc module) of every import in ``path``, function-level ones too."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("msc"):
+            subs = {f"{node.module}.{a.name}" for a in node.names} & MODULES.keys()
+            out += [(node.lineno, m) for m in sorted(subs)] or [(node.lineno, node.module)]
+        elif isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names if a.name.startswith("msc")]
+    return out
 
 
 def _imports(path: Path, *, lazy: bool) -> set[str]:
@@ -69,6 +99,31 @@ def test_no_import_cycles_even_through_function_level_imports():
                                       f"{' -> '.join(_cycle(graph))}"
 
 
+def test_every_import_points_to_an_earlier_layer():
+    """0 package-level cycles, by construction: no module imports a later row of the table."""
+    unplaced = sorted({_package(m) for m in MODULES} - {p for row in LAYERS for p in row})
+    assert not unplaced, f"packages in no layer of the README's table: {unplaced}"
+    upward = [f"{name}:{line} imports {dep} ({_package(dep)} is a later layer than {_package(name)})"
+              for name, path in sorted(MODULES.items()) for line, dep in _import_lines(path)
+              if _package(dep) != _package(name) and _layer(dep) > _layer(name)]
+    assert not upward, "imports that point up the layers:\n" + "\n".join(upward)
+
+
+def test_the_layer_check_sees_a_lazy_upward_import(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("def f():\n    from msc.cli.main import main\n")
+    assert (2, "msc.cli.main") in _import_lines(module)
+    assert _layer("msc.cli.main") > _layer("msc.ir.ops")
+
+
+def test_the_readme_table_is_in_layer_order():
+    readme = README.read_text()
+    section = readme[readme.index("\n## Architecture\n"):]
+    section = section[:section.index("\n## ", 1)]
+    rows = [tuple(re.findall(r"`(msc(?:\.\w+)?)`", cell)) for cell in re.findall(r"^\| ([^|]+) \|", section, flags=re.M)]
+    assert [r for r in rows if r] == [tuple(row) for row in LAYERS]
+
+
 def test_the_cycle_finder_finds_a_cycle():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
@@ -78,13 +133,13 @@ def test_the_top_level_shows_the_stages():
     """What help(msc) lists: the stage packages, a few shared modules, and
     ``__main__`` (``python -m msc``)."""
     top = {m.name for m in pkgutil.iter_modules(msc.__path__)}
-    assert top == {"__main__", "cli", "compat", "cuda", "dsl", "errors", "executor", "formats", "ir", "lower",
-                   "perf", "progress", "resources", "sim", "synth", "torch", "units", "verification"}
+    assert top == {"__main__", "cli", "compat", "cuda", "dsl", "errors", "executor", "files", "formats", "ir",
+                   "lower", "perf", "progress", "resources", "sim", "synth", "torch", "units", "verification"}
 
 
 def test_the_core_does_not_import_the_mscclang_layer():
-    """Only the loader reaches msc.compat (for a script that imports it) and the CLI (its Check() reports)."""
-    allowed = {"msc.dsl.loader", "msc.cli.main"}
+    """Only the CLI reaches msc.compat (its scripts and Check() reports)."""
+    allowed = {"msc.cli.main"}
     for name, path in MODULES.items():
         if name.startswith("msc.compat") or name in allowed:
             continue
@@ -99,8 +154,6 @@ def test_the_public_api_resolves():
 
 
 def test_the_readme_module_map_names_every_top_level_module():
-    import re
-
     readme = README.read_text()
     section = readme[readme.index("\n## Architecture\n"):]
     section = section[:section.index("\n## ", 1)]

@@ -566,7 +566,7 @@ def test_manual_placement_needs_hints_on_every_transfer():
 
 
 def test_msccl_example_with_manual_policy_uses_its_channels():
-    from msc.dsl.loader import run_script
+    from msc.compat.scripts import run_script
 
     example = LIBRARY.parent / "examples" / "msccl_allreduce_ring.py"
     [program] = run_script(example, ["4", "1", "Simple", "--channels", "2"])

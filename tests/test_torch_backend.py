@@ -290,7 +290,7 @@ def test_ranks_with_different_plans_are_refused_when_the_group_is_made(tmp_path)
     import threading
 
     from msc.torch import process_group
-    from msc.torch.registry import PlanRegistry
+    from msc.formats.registry import PlanRegistry
 
     same, other = write_plans(tmp_path / "same"), tmp_path / "other"
     other.mkdir()

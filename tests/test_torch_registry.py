@@ -235,7 +235,7 @@ def test_a_plans_folder_others_can_write_is_warned_of_even_through_a_link(tmp_pa
     import os
     import warnings
 
-    import msc.torch.registry as registry
+    import msc.formats.registry as registry
     from msc.torch import PlanFolderWarning
 
     shared = tmp_path / "shared"

@@ -118,7 +118,7 @@ def test_pictures(tmp_path, capsys):
 
 
 def test_index_loads_in_the_registry(tuned, tmp_path):
-    from msc.torch.registry import PlanRegistry
+    from msc.formats.registry import PlanRegistry
 
     write_plans(tuned, tmp_path)
     registry = PlanRegistry.from_dir(tmp_path)
@@ -190,7 +190,7 @@ def test_each_form_and_root_tunes_into_one_folder(tmp_path, capsys):
     """Plan file names carry the call they serve (out of place: -out; root R:
     -rootR), so tuning the other form or root into the same -o folder keeps
     what is there; a root is tuned one at a time."""
-    from msc.torch.registry import PlanRegistry
+    from msc.formats.registry import PlanRegistry
 
     base = ["--ranks", 4, "--alpha-us", 1, "--bandwidth-gbps", 50, "-b", "4K", "-e", "64K", "-f", 16,
             "--instances", "1", "--protocols", "Simple", "-o", tmp_path]
@@ -315,7 +315,7 @@ def test_tunes_writing_one_folder_at_once_keep_every_collective(tmp_path):
     locked across the read-merge-write."""
     import multiprocessing
 
-    from msc.torch.registry import PlanRegistry
+    from msc.formats.registry import PlanRegistry
 
     results = [tune([name], 4, Uniform(4, 1.0, 50.0), [4096], protocols=("Simple",), instances=(1,))
                for name in ("allgather/ring", "reducescatter/ring", "allreduce/ring")]

@@ -209,7 +209,7 @@ def test_forged_entries_pass_no_command_or_registry(cache):
         assert done.returncode == 1, (command, done.stdout, done.stderr)
         assert "verification failed" in done.stderr
     assert not (tmp / "out.xml").exists()
-    from msc.torch.registry import PlanRegistry
+    from msc.formats.registry import PlanRegistry
 
     with pytest.raises(VerificationError):
         PlanRegistry.from_files([path])

@@ -1,10 +1,6 @@
 """NVLS inside each node, rings of nodes across (each NIC carries 2(N-1)/N of its shard)."""
 import msc
-
-# As in nvls_tree: the reduce-loads on one switch threadblock, the multicast stores on another, so
-# across tiles the switch reduces tile t + 1 while the rings carry tile t and the store of tile
-# t - 1 runs (each ring's copies get threadblocks of their own when lowered).
-REDUCE_CHANNEL, STORE_CHANNEL = 0, 1
+from msc.dsl.nvls import node_switches, reduce_in_nodes, store_in_nodes
 
 
 def ring_order(nodes: int, ring: int) -> list[int]:
@@ -56,16 +52,10 @@ def nvls_ring(p: msc.Program, gpus_per_node=8, rings=2):
     n, g = p.num_ranks, gpus_per_node
     nodes = n // g
     shard = rings * nodes
-    node_ranks = [range(j * g, (j + 1) * g) for j in range(nodes)]
-    reducing = [p.switch(ranks, channel=REDUCE_CHANNEL) for ranks in node_ranks]
-    storing = [p.switch(ranks, channel=STORE_CHANNEL) for ranks in node_ranks]
-    for j in range(nodes):
-        for l in range(g):
-            reducing[j].reduce(j * g + l, "input", l * shard, shard).to("output", l * shard)
+    reducing, storing = node_switches(p, g)
+    reduce_in_nodes(reducing, g, shard)
     if nodes > 1:
         for k in range(rings):
             for l in range(g):
                 ring_allreduce(p, [j * g + l for j in ring_order(nodes, k)], l * shard + k * nodes, k)
-    for j in range(nodes):
-        for l in range(g):
-            storing[j].store(p.chunk(j * g + l, "output", l * shard, shard))
+    store_in_nodes(p, storing, g, shard)

@@ -172,7 +172,7 @@ def check_not_input(output, inputs, flag: str) -> None:
     replace its input): the same path, or a link to it."""
     from pathlib import Path
 
-    from msc.formats.files import same_file
+    from msc.files import same_file
 
     if output is None:
         return

@@ -29,7 +29,8 @@ def add_bound_command(subparsers) -> argparse.ArgumentParser:
 
     def cmd(args) -> int:
         from msc.sim.cut_bound import collective_name, cut_model, lower_bound, nccl_size
-        from msc.units import BUSBW_FACTOR, parse_dtype, sizes
+        from msc.dsl.collectives import BUSBW_FACTOR
+        from msc.units import parse_dtype, sizes
 
         collective = collective_name(args.collective)
         refuse_inapplicable(collective, root=args.root)

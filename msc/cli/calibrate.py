@@ -32,7 +32,7 @@ def add_calibrate_command(subparsers) -> argparse.ArgumentParser:
 
 
 def _run(args) -> int:
-    from msc.formats.files import write_output
+    from msc.files import write_output
     from msc.formats.nccl_tests import machine_of, read_logs
     from msc.sim.calibrate import fit, summary, to_toml
     from msc.sim.presets import get_topology

@@ -148,7 +148,8 @@ def verify_reports(args) -> list:
     """What ``msc verify`` checks: a plan, the programs an MSCCLang script
     defines, or an algorithm traced at ``--ranks``."""
     import msc
-    from msc.dsl.loader import is_msccl_script, run_script
+    from msc.compat.scripts import run_script
+    from msc.dsl.loader import is_msccl_script
 
     if is_plan_file(args.file):
         from msc.formats.load import load_plan, verify_at_capacity
@@ -179,7 +180,7 @@ def verify_reports(args) -> list:
 def verify_mscclpp(args, given: dict):
     """An MSCCL++ execution plan, checked as its executor runs it (any shape, not only msc's exports)."""
     from msc.errors import PlanError
-    from msc.formats.inputs import read_input
+    from msc.files import read_input
     from msc.formats.mscclpp.reader import parse_mscclpp
     from msc.ir.limits import MAX_PLAN_FILE_BYTES
     from msc.formats.mscclpp.check import verify_mscclpp
@@ -226,7 +227,8 @@ def cmd_compile(args) -> int:
 
     import msc
     from msc.dsl.collectives import BUILTIN
-    from msc.dsl.loader import is_msccl_script, run_script
+    from msc.compat.scripts import run_script
+    from msc.dsl.loader import is_msccl_script
     from msc.lower.pipeline import lower
     from msc.formats.plan_text import save_plan
 
@@ -336,7 +338,7 @@ def load_plan_arg(path: str, verify: bool = True, *, slots: int | None = None, r
 
 def cmd_export(args) -> int:
     from msc.errors import RuntimeLimitError
-    from msc.formats.files import same_file, write_output
+    from msc.files import same_file, write_output
     from msc.formats.xml_export import plan_to_xml
 
     if args.output and same_file(args.plan, args.output):
@@ -359,7 +361,7 @@ def cmd_export(args) -> int:
 
 
 def export_mscclpp(args, plan) -> int:
-    from msc.formats.files import write_output
+    from msc.files import write_output
     from msc.formats.mscclpp.export import plan_to_mscclpp_json
     from msc.formats.mscclpp.limits import check_limits
     from msc.formats.mscclpp.reader import parse_mscclpp
@@ -381,7 +383,7 @@ def export_mscclpp(args, plan) -> int:
 def cmd_import(args) -> int:
     """Read, verify and check everything first; write the plan last (whole
     or not at all), never over the file being read."""
-    from msc.formats.files import same_file
+    from msc.files import same_file
     from msc.formats.plan_text import save_plan
     from msc.formats.load import read_plan_file
     from msc.formats.xml_import import xml_byte_range
@@ -563,7 +565,7 @@ def build_parser() -> argparse.ArgumentParser:
     from msc.cli.sim import add_commands as add_simulation_commands
 
     add_run_command(sub, load_plan_arg)
-    from msc.cuda.bench import add_bench_command
+    from msc.cli.bench import add_bench_command
 
     add_bench_command(sub, load_plan_arg)           # msc bench PLAN --backend cuda
     add_simulation_commands(sub, load_plan_arg)      # simulate, tune, show

@@ -30,14 +30,14 @@ def _plt():
 
 
 def save_figure(plt, fig, path: str, *, dpi: int) -> None:
-    """``fig`` rendered in memory, then written whole (msc.formats.files.write_output),
+    """``fig`` rendered in memory, then written whole (msc.files.write_output),
     so that a file that cannot be written (a full disk, /dev/full) is an error
     naming it, not a success; the figure is closed either way. The format is
     the file's extension's (PNG without one)."""
     import io
     from pathlib import Path
 
-    from msc.formats.files import write_output
+    from msc.files import write_output
 
     data = io.BytesIO()
     try:

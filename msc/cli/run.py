@@ -84,7 +84,7 @@ def sweep(plan, *, min_bytes=None, max_bytes, factor: int = 2, dtype="float", op
 
     from msc.verification import reference
     from msc.verification.plan import plan_collective
-    from msc.executor import buffer_elements
+    from msc.units import buffer_elements
 
     reduce_op(op)
     if type(iters) is not int or iters < 1:

@@ -21,7 +21,7 @@ UNIT = 16
 
 
 def cmd_run_mscclpp(args) -> int:
-    from msc.formats.inputs import read_input
+    from msc.files import read_input
     from msc.formats.mscclpp.check import stated_collective
     from msc.formats.mscclpp.limits import check_limits
     from msc.formats.mscclpp.reader import parse_mscclpp

@@ -330,7 +330,7 @@ def synthesized_files(files: list[str], topology, folder: str) -> list[str]:
     from pathlib import Path
 
     from msc.dsl.loader import load_algorithms
-    from msc.formats.files import write_output
+    from msc.files import write_output
     from msc.synth import COLLECTIVES, Synthesizer, default_spread
 
     collective = load_algorithms(files[0])[0].collective.name

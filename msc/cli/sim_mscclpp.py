@@ -25,7 +25,7 @@ def onesided_plan(path: str, args):
     simulates it (``--model onesided``, or lift refuses its shape), else None
     (msc's simulator of the lifted plan: ``--model lifted``, or auto for an
     export of msc's that lift reads)."""
-    from msc.formats.inputs import read_input
+    from msc.files import read_input
     from msc.formats.mscclpp.check import verify_mscclpp
     from msc.formats.mscclpp.lift import lift_plan
     from msc.formats.mscclpp.reader import parse_mscclpp

@@ -120,7 +120,7 @@ def _write_and_verify(args, collective, topo, summary) -> None:
     """Write the program, then load, trace (in place and out of place) and
     verify what was written: the file is what msc vouches for."""
     import msc
-    from msc.formats.files import write_output
+    from msc.files import write_output
 
     text = summary.pop("text")
     write_output(args.output, text)

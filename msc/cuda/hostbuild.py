@@ -36,7 +36,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from msc.cuda import kcache
-from msc.formats.files import write_atomic
+from msc.files import write_atomic
 from msc.errors import CompileError, UsageError
 from msc.resources import cache_dir
 

@@ -29,7 +29,7 @@ import stat
 import warnings
 from pathlib import Path
 
-from msc.formats.files import write_atomic
+from msc.files import write_atomic
 
 SIDECAR = ".mac"
 _FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)

@@ -127,7 +127,7 @@ _SERIALS: dict[tuple, itertools.count] = {}    # torchrun communicators made her
 def content_key(plan: Plan) -> str:
     """16 hex digits naming a plan's content, not its name: msc.torch.agree's
     digest, so ranks whose calls agree meet under one key."""
-    from msc.torch.agree import plan_digest
+    from msc.formats.plan_text import plan_digest
 
     return plan_digest(plan)
 

@@ -501,6 +501,7 @@ COLLECTIVE_NAMES = tuple(COLLECTIVES)
 ROOTED = tuple(name for name, s in COLLECTIVES.items() if s.has_root)
 REDUCING = tuple(name for name, s in COLLECTIVES.items() if s.reduces)
 BUILTIN: dict[str, type[Collective]] = {name: s.cls for name, s in COLLECTIVES.items()}
+BUSBW_FACTOR = {name: s.busbw for name, s in COLLECTIVES.items()}   # n -> busbw / algbw (nccl-tests)
 
 
 def collective_key(spec) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from msc.dsl.program import PASS_THROUGH, Algorithm, describe
 from msc.errors import AlgorithmError, MscError, SourceLine, UsageError, did_you_mean
-from msc.formats.inputs import read_input
+from msc.files import read_input
 from msc.ir.limits import MAX_TEXT_FILE_BYTES
 from msc.resources import data_dir
 
@@ -62,7 +62,7 @@ def read_source(path: Path) -> str:
                              f"({exc.reason})", where=SourceLine(str(path), line)) from None
 
 
-def _import_file(path: Path, module_name: str, as_main: bool = False):
+def import_file(path: Path, module_name: str, as_main: bool = False):
     """Run the file as a module. What its code raises becomes an
     AlgorithmError at its line; ``sys.exit`` too, except in a script
     (``as_main``), where the caller decides; ``KeyboardInterrupt`` and
@@ -87,13 +87,13 @@ def _import_file(path: Path, module_name: str, as_main: bool = False):
         if as_main:
             raise
         raise AlgorithmError(describe(exc, f"while loading {path}") + " (an algorithm file must not end the process)",
-                             where=_file_line(exc, path)) from None
+                             where=file_line(exc, path)) from None
     except BaseException as exc:
-        raise AlgorithmError(describe(exc, f"while loading {path}"), where=_file_line(exc, path)) from exc
+        raise AlgorithmError(describe(exc, f"while loading {path}"), where=file_line(exc, path)) from exc
     return module
 
 
-def _file_line(exc: BaseException, path: Path) -> SourceLine | None:
+def file_line(exc: BaseException, path: Path) -> SourceLine | None:
     tb, line = exc.__traceback__, None
     target = str(path)
     while tb is not None:
@@ -107,7 +107,7 @@ def load_algorithms(path: str | Path) -> list[Algorithm]:
     """The algorithms a file defines, in the order it defines them."""
     p = resolve(str(path))
     digest = hashlib.sha1(str(p.resolve()).encode()).hexdigest()[:12]
-    module = _import_file(p, f"_msc_algorithms_{p.stem}_{digest}")
+    module = import_file(p, f"_msc_algorithms_{p.stem}_{digest}")
     found, seen = [], set()
     for value in vars(module).values():
         if isinstance(value, Algorithm) and id(value) not in seen:
@@ -129,7 +129,7 @@ def load_collective(spec: str):
         path, name = spec, ""
     p = resolve(path)
     digest = hashlib.sha1(str(p.resolve()).encode()).hexdigest()[:12]
-    module = _import_file(p, f"_msc_algorithms_{p.stem}_{digest}")
+    module = import_file(p, f"_msc_algorithms_{p.stem}_{digest}")
     found = {k: v for k, v in vars(module).items() if isinstance(v, Collective)}
     if name:
         if name not in found:
@@ -157,24 +157,3 @@ def is_msccl_script(path: str | Path) -> bool:
         if isinstance(node, ast.Import) and any(a.name.startswith("msc.compat") for a in node.names):
             return True
     return False
-
-
-def run_script(path: str | Path, argv: list[str]):
-    """Run an MSCCLang-style script as ``__main__`` with ``argv`` as its
-    arguments; return the programs it defined."""
-    from msc.compat import msccl
-
-    p = resolve(str(path))
-    saved = sys.argv
-    sys.argv = [str(p), *argv]
-    try:
-        with msccl.collecting() as programs:
-            try:
-                _import_file(p, "__msc_script__", as_main=True)
-            except SystemExit as exc:
-                if exc.code not in (0, None):
-                    raise AlgorithmError(f"{p} exited with status {exc.code!r} (its arguments: {argv})",
-                                         where=_file_line(exc, p)) from None
-    finally:
-        sys.argv = saved
-    return programs

@@ -12,7 +12,7 @@ from msc.errors import DeadlockError, PlanError, UsageError, VerificationError
 from msc.formats.plan_text import decode_utf8, parse_plan
 from msc.formats.xml_import import xml_to_plan
 from msc.ir import Plan
-from msc.formats.inputs import read_input
+from msc.files import read_input
 from msc.ir.limits import MAX_PLAN_FILE_BYTES, MAX_SLOTS
 from msc.lower.runtimes import slots_note, xml_runtime
 from msc.verification import cache as verified_texts

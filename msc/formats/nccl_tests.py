@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from msc.errors import UsageError
-from msc.formats.inputs import read_input
+from msc.files import read_input
 from msc.ir.limits import MAX_TEXT_FILE_BYTES
 
 # nccl-tests' binaries and msc's names of their collectives

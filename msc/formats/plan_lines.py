@@ -20,7 +20,7 @@ import json
 import re
 
 from msc.errors import PlanError, SourceLine
-from msc.formats.contract_text import build_contract
+from msc.ir.contract_text import build_contract
 from msc.ir import Plan, RankPlan, Slice, Step, StepOp, Threadblock
 
 _WS = r"[ \t\f\r]"                        # what lark's WS skips within a line

@@ -8,20 +8,22 @@ line of the offending rank, threadblock or step. An error quotes at most
 80 characters of what it found (``shown``), however long the token; a file
 that is not UTF-8 is named with the byte offset of the first bad byte.
 
-Plan files are written whole or not at all (msc.formats.files.write_output): a
+Plan files are written whole or not at all (msc.files.write_output): a
 reader that loads one while it is being rewritten gets the old text or the
 new one.
 """
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import re
 from functools import lru_cache
 from pathlib import Path
 
 from msc.errors import PlanError, SourceLine
-from msc.formats.contract_text import build_contract, contract_lines
-from msc.formats.files import write_output
+from msc.ir.contract_text import build_contract, contract_lines
+from msc.files import write_output
 from msc.verification import cache as verified_texts
 from msc.ir import Plan, RankPlan, Slice, Step, StepOp, Threadblock
 from msc.perf import pause_gc
@@ -325,3 +327,10 @@ def decode_utf8(data: bytes, path: str | None = None) -> str:
     except UnicodeDecodeError as exc:
         raise PlanError(f"not UTF-8 text: byte 0x{data[exc.start]:02x} at byte offset {exc.start} ({exc.reason})",
                         path=path or "<plan>", line=data.count(b"\n", 0, exc.start) + 1) from None
+
+
+def plan_digest(plan) -> str:
+    """16 hex digits naming a plan's content: its text less
+    its name and the source lines of its steps."""
+    text = re.sub(r'[ ]+@ "[^\n]*', "", dump_plan(dataclasses.replace(plan, name="")))
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()

@@ -53,7 +53,7 @@ from msc.errors import MscError, PlanError
 from msc.ir import Plan, RankPlan, Slice, Step, StepOp, Threadblock
 from msc.ir.ops import PROTOCOL_NAMES
 from msc.verification.plan_values import check_plan
-from msc.formats.contract_text import build_contract
+from msc.ir.contract_text import build_contract
 from msc.formats.plan_text import clipped, shown
 from msc.lower.runtimes import CapacityWarning, xml_capacity
 

@@ -108,3 +108,69 @@ class GroupBarriers:
     def released(rank: int, tb) -> tuple:
         """What a step of ``tb`` releases: members waiting at a barrier for it."""
         return (("bar", rank, tb.id),) if tb.group else ()
+
+
+class Fifo:
+    """One connection: its messages in send order, how many were received,
+    and the two reasons to wait on it (built once: they key the waits)."""
+
+    __slots__ = ("items", "head", "msg", "space")
+
+    def __init__(self, conn: tuple):
+        self.items, self.head = [], 0
+        self.msg, self.space = ("msg", conn), ("space", conn)
+
+    def take(self):
+        """The oldest message not yet received (the step that receives has checked there is one)."""
+        item = self.items[self.head]
+        self.items[self.head] = None          # received: nothing keeps it alive
+        self.head += 1
+        return item
+
+
+class Connections:
+    """What blocks a step, as every executor of a plan decides it: a
+    dependency not done, no message on the connection it receives from, no
+    free slot of ``capacity`` on the one it sends to, a switch barrier not
+    reached by every member. Holds each connection's Fifo; ``fifo_in`` and
+    ``fifo_out`` give, per rank and threadblock, the one it receives from and
+    sends to (None: none). ``pcs``: the executor's program counters, read by
+    ``blocker``."""
+
+    def __init__(self, plan: Plan, capacity: int, pcs: list[list[int]]):
+        self.capacity, self.pcs = capacity, pcs
+        self.queues: dict[tuple, Fifo] = {}
+        self.fifo_in = [[None] * len(rp.threadblocks) for rp in plan.ranks]
+        self.fifo_out = [[None] * len(rp.threadblocks) for rp in plan.ranks]
+        for rp in plan.ranks:
+            for tb in rp.threadblocks:
+                if tb.send is not None:
+                    self.fifo_out[rp.rank][tb.id] = self._fifo((rp.rank, tb.send, tb.channel))
+                if tb.recv is not None:
+                    self.fifo_in[rp.rank][tb.id] = self._fifo((tb.recv, rp.rank, tb.channel))
+        self.barriers = GroupBarriers(plan)
+
+    def _fifo(self, conn: tuple) -> Fifo:
+        if conn not in self.queues:
+            self.queues[conn] = Fifo(conn)
+        return self.queues[conn]
+
+    def blocker(self, rank: int, tb, step):
+        """None when ``step`` of ``tb`` on ``rank`` can run, else the reason it waits (drive's)."""
+        from msc.ir import StepOp
+
+        pcs = self.pcs[rank]
+        for dt, ds in step.deps:
+            if pcs[dt] <= ds:
+                return ("tb", rank, dt)
+        if step.op.receives:
+            fifo = self.fifo_in[rank][tb.id]
+            if fifo.head >= len(fifo.items):
+                return fifo.msg
+        if step.op.sends:
+            fifo = self.fifo_out[rank][tb.id]
+            if len(fifo.items) - fifo.head >= self.capacity:
+                return fifo.space
+        if step.op is StepOp.BARRIER:
+            return self.barriers.blocker(self.pcs, rank, tb, pcs[tb.id])
+        return None

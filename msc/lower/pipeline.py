@@ -244,7 +244,7 @@ def _exceeds(plan: Plan, target: Runtime) -> RuntimeLimitError | None:
     """The first limit of ``target`` other than connection slots the plan exceeds."""
     if not target.xml:
         return None
-    from msc.formats.xml_export import check_limits
+    from msc.lower.msccl_steps import check_limits
 
     try:
         check_limits(plan, target)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from msc.errors import UsageError
-from msc.formats.inputs import read_input
+from msc.files import read_input
 from msc.ir.limits import MAX_TEXT_FILE_BYTES
 
 LARGE = 256 * 1024 * 1024          # from here the bar is 15%, below 25%

@@ -273,7 +273,7 @@ class OneSidedSimulator:
     def records(self, requested: list[int]) -> list[dict]:
         """msc.sim.simulate.Simulator.records' fields, with ``model``: "onesided"."""
         from msc.dsl.collectives import REDUCING
-        from msc.units import BUSBW_FACTOR
+        from msc.dsl.collectives import BUSBW_FACTOR
 
         plan, coll = self.plan, self.layout.collective
         name = coll.name if coll is not None else plan.collective

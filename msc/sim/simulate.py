@@ -36,7 +36,8 @@ from msc.verification.plan import plan_collective
 from msc.ir.limits import MAX_TILES
 from msc.lower.runtimes import runtime_slots
 from msc.progress import steps
-from msc.units import BUSBW_FACTOR, parse_dtype
+from msc.dsl.collectives import BUSBW_FACTOR
+from msc.units import parse_dtype
 from msc.sim.events import EventSim
 from msc.sim.fast import JUMP_MIN, evaluate, layers, prepare
 from msc.sim.sim_plan import SWITCH_READS, SWITCH_WRITES, SimPlan, compile_plan
@@ -232,7 +233,7 @@ class Simulator:
 
     def chunk_geometry(self, size: int) -> tuple[int, int, float]:
         """(rounded size, count, chunk bytes) for a requested nccl-tests size."""
-        from msc.executor import buffer_elements
+        from msc.units import buffer_elements
 
         k, big = self.plan.chunk_factor, self.sp.chunks_big
         count = size * k // (self.itemsize * big) if big else 0

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from msc.errors import UsageError
-from msc.formats.inputs import read_input
+from msc.files import read_input
 from msc.ir.limits import MAX_RANKS, MAX_TEXT_FILE_BYTES
 from msc.sim.machines import HOP_US, MACHINES
 from msc.sim.protocols import (ALPHA_US_MAX, DEFAULT_PROTOCOLS, GB, GBPS_MAX, GBPS_MIN, KINDS, LINK, US,

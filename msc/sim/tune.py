@@ -45,7 +45,8 @@ from msc.errors import AlgorithmError, LoweringError, MscError, UsageError
 from msc.ir.ops import DEFAULT_PROTOCOL, PROTOCOL_NAMES
 from msc.progress import steps
 from msc.sim.parallel import Pool, cores, drive
-from msc.units import BUSBW_FACTOR, format_size
+from msc.dsl.collectives import BUSBW_FACTOR
+from msc.units import format_size
 
 MAX_VARIANTS = 12
 # Candidates x sizes from which a tune simulates on every core (fewer: forking workers costs more than it saves).
@@ -443,7 +444,7 @@ def write_plans(result: TuneResult, outdir: str | Path) -> list[dict]:
     root); those for the calls tuned are replaced. The folder is locked from
     reading plans.json to writing it, so tunes into one folder at once each
     merge into what the one before wrote. Returns the new entries."""
-    from msc.formats.files import folder_lock, write_output
+    from msc.files import folder_lock, write_output
     from msc.formats.plan_text import save_plan
 
     outdir = Path(outdir)
@@ -464,7 +465,7 @@ def merged_index(path: Path, entries: list[dict]):
     plan registry cannot read, or a kept entry whose plan file a new entry
     would overwrite, is refused (the user's index is never lost)."""
     from msc.dsl.collectives import collective_key
-    from msc.torch.registry import read_index
+    from msc.formats.registry import read_index
 
     if not path.exists():
         return entries

@@ -10,8 +10,8 @@ ranks of one local index sum it up and send it down binary trees of the
 domains (two mirrored trees, each half the slice, one NIC per local rank),
 and multicast-store it in their domain; the reduce-loads, the trees and the
 stores on threadblocks of their own, so they overlap across tiles (the
-library's allreduce/nvls_tree). The program is written out whole, so it
-reads and edits like the tree programs.
+library's allreduce/nvls_tree, whose pieces it calls from msc.dsl.nvls:
+the switch tree is written once).
 """
 from __future__ import annotations
 
@@ -85,48 +85,26 @@ def {name}(p: msc.Program):
 '''
 
 _DOMAINS = '''import msc
+from msc.dsl.nvls import node_switches, reduce_in_nodes, store_in_nodes, trees_across_nodes
 
 RANKS = {ranks}
 GPUS_PER_DOMAIN = {g}   # ranks d * GPUS_PER_DOMAIN ... on switch domain d
-TREES = {trees}           # binary trees of domains; tree 1 is tree 0 mirrored
-REDUCE_CHANNEL, STORE_CHANNEL = 0, 1   # the switch threadblocks: reduce-loads, stores
-
-
-def tree_order(domains, tree):
-    """The domains by position in tree ``tree`` (position j's parent: (j - 1) // 2)."""
-    order = list(range(domains))
-    return order if tree % 2 == 0 else order[::-1]
+TREES = {trees}           # binary trees of domains; tree 1 is tree 0 mirrored (msc.dsl.nvls.tree_order)
 
 
 @msc.algorithm("allreduce", chunk_factor=lambda n: GPUS_PER_DOMAIN * TREES, ranks=lambda n: n == RANKS)
 def {name}(p: msc.Program):
     """Reduce in each domain's switch, sum and return across domains up and
     down binary trees, multicast in each domain; local rank l owns chunks
-    l * TREES ... l * TREES + TREES - 1, one per tree."""
-    g = GPUS_PER_DOMAIN
-    domains = p.num_ranks // g
-    members = [range(d * g, (d + 1) * g) for d in range(domains)]
-    reducing = [p.switch(m, channel=REDUCE_CHANNEL) for m in members]
-    storing = [p.switch(m, channel=STORE_CHANNEL) for m in members]
-    for d in range(domains):
-        for l in range(g):
-            reducing[d].reduce(d * g + l, "input", l * TREES, TREES).to("output", l * TREES)
-    for tree in range(TREES):
-        order = tree_order(domains, tree)
-        for l in range(g):
-            chunk = l * TREES + tree
-            for pos in reversed(range(1, domains)):    # leaves first: a child is complete before it is sent
-                child, parent = order[pos] * g + l, order[(pos - 1) // 2] * g + l
-                p.chunk(parent, "output", chunk).reduce(p.chunk(child, "output", chunk))
-            for pos in range(1, domains):              # root first: a parent is final before it is sent
-                child, parent = order[pos] * g + l, order[(pos - 1) // 2] * g + l
-                p.chunk(parent, "output", chunk).copy(child, "output", chunk)
-    for d in range(domains):
-        for l in range(g):
-            storing[d].store(p.chunk(d * g + l, "output", l * TREES, TREES))
+    l * TREES ... l * TREES + TREES - 1, one per tree (msc.dsl.nvls, the
+    library's allreduce/nvls_tree.py, writes each step out)."""
+    reducing, storing = node_switches(p, GPUS_PER_DOMAIN)
+    reduce_in_nodes(reducing, GPUS_PER_DOMAIN, TREES)
+    trees_across_nodes(p, GPUS_PER_DOMAIN, TREES)
+    store_in_nodes(p, storing, GPUS_PER_DOMAIN, TREES)
 '''
 
-CONSTANTS = ("RANKS", "GPUS_PER_DOMAIN", "TREES", "REDUCE_CHANNEL", "STORE_CHANNEL")
+CONSTANTS = ("RANKS", "GPUS_PER_DOMAIN", "TREES")
 
 
 def global_names() -> frozenset[str]:
@@ -140,6 +118,8 @@ def global_names() -> frozenset[str]:
 
     texts = [body.format(name="", ranks=0, g=0, trees=0) for body in (_ONE_DOMAIN, _DOMAINS)]
     helpers = {m[1] for text in texts for m in re.finditer(r"^def (\w+)", text, re.M)}
+    helpers |= {name.strip() for text in texts for m in re.finditer(r"^from \S+ import (.+)$", text, re.M)
+                for name in m[1].split(",")}
     tokens = {t.string for text in texts for t in tokenize.generate_tokens(io.StringIO(text).readline)
               if t.type == tokenize.NAME}
     return frozenset(helpers | set(CONSTANTS) | (tokens & set(dir(builtins)))) - set(keyword.kwlist)

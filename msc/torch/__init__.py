@@ -28,7 +28,7 @@
   ``broadcast``, ``reduce``: torch.distributed's signatures with the plans
   first (a PlanRegistry, a directory, a Plan or a list).
 - ``PlanRegistry``: plans by collective, ranks, form and size range
-  (msc.torch.registry; ``NoPlanError`` when nothing covers a call).
+  (msc.formats.registry; ``NoPlanError`` when nothing covers a call).
 - ``allreduce_hook(plans, backend=)``: a DDP communication hook (msc.torch.ddp).
 - ``BackendUnavailableError``: backend="cuda" where the runtime cannot run
   the call (no GPU and driver while MSC_DEVICE is not "emu"; tensors,
@@ -50,7 +50,7 @@ from __future__ import annotations
 import importlib
 
 from msc.torch import backend_registration
-from msc.torch.registry import NoPlanError, PlanEntry, PlanFolderWarning, PlanRegistry
+from msc.formats.registry import NoPlanError, PlanEntry, PlanFolderWarning, PlanRegistry
 from msc.torch.served import report
 from msc.torch.settings import configure
 

@@ -110,15 +110,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import threading
 import time
 import weakref
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import timedelta
 
 from msc.dsl.collectives import compact_ranges
+from msc.formats.plan_text import plan_digest
 from msc.errors import UsageError
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -257,15 +257,6 @@ class Signature:
 
 SIGNATURES_BUILT = 0         # signatures built (cache misses), for tests and benchmarks
 _SIGNATURES_PER_PLAN = 256
-
-
-def plan_digest(plan) -> str:
-    """16 hex digits naming a plan's content: its text (msc.formats.plan_text) less
-    its name and the source lines of its steps."""
-    from msc.formats.plan_text import dump_plan
-
-    text = re.sub(r'[ ]+@ "[^\n]*', "", dump_plan(replace(plan, name="")))
-    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
 
 def signature(prepared, count: int, dtype, op: str, transport: str | None, backend: str, device) -> Signature:

@@ -28,7 +28,7 @@ from msc.ir import Plan
 from msc.torch import agree, backends
 from msc.torch.execute import DTYPES, DistTransport, Prepared, choose_transport, execute, op_name, prepare
 from msc.dsl.collectives import collective_key
-from msc.torch.registry import PlanRegistry
+from msc.formats.registry import PlanRegistry
 
 _SUPPORTED = set(DTYPES)
 

@@ -52,7 +52,7 @@ from msc.torch import calls, served
 from msc.torch import settings as msc_settings
 from msc.torch.execute import op_name
 from msc.dsl.collectives import collective_key
-from msc.torch.registry import NoPlanError
+from msc.formats.registry import NoPlanError
 from msc.units import format_size
 
 

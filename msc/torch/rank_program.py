@@ -30,7 +30,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import dataclass, field
 
-from msc.executor import chunk_bounds
+from msc.units import chunk_bounds
 from msc.ir import StepOp
 from msc.torch.rounds import Rounds, Scheduled
 

@@ -45,7 +45,7 @@ from contextlib import suppress
 from functools import lru_cache
 from pathlib import Path
 
-from msc.formats.files import write_atomic
+from msc.files import write_atomic
 from msc.resources import PACKAGE_DIR, cache_dir, data_dir
 
 _PACKAGE = PACKAGE_DIR
@@ -57,7 +57,7 @@ _KEY_HEX = 64
 # right, and what is recorded: replacing any of their module-level objects
 # (or a function's code, defaults or the functions it wraps) stops recording.
 VERDICT_MODULES = (
-    "msc", "msc.verification.cache", "msc.formats.load", "msc.formats.files", "msc.resources", "msc.errors",
+    "msc", "msc.verification.cache", "msc.formats.load", "msc.files", "msc.resources", "msc.errors",
     "msc.ir", "msc.perf", "msc.dsl.collectives", "msc.formats.plan_text", "msc.formats.plan_lines",
     "msc.formats.xml_import", "msc.verification.plan_values", "msc.verification.plan",
     "msc.verification.plan_fast", "msc.ir.arrays", "msc.ir.levels", "msc.verification.program_verifier",

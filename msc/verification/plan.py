@@ -36,12 +36,12 @@ from functools import lru_cache
 from msc.verification import plan_fast
 from msc.dsl.collectives import Collective, get_collective
 from msc.errors import DeadlockError, PlanError, RaceError, UsageError, VerificationError
-from msc.ir import Plan, StepOp, step_values
+from msc.ir import Plan, step_values
 from msc.perf import pause_gc
 from msc.verification import crosscheck
 from msc.verification.plan_values import check_plan
 from msc.verification.program_verifier import Sum, contribution_error, contributions
-from msc.ir.worklist import GroupBarriers, drive
+from msc.ir.worklist import Connections, drive
 
 
 @dataclass(frozen=True)
@@ -184,17 +184,6 @@ def verify_plan(plan: Plan, *, collective: Collective | None = None, slots: int 
                       plan_fast.connections(plan), capacity, time.perf_counter() - start)
 
 
-class _Fifo:
-    """One connection: its messages in send order, how many were received,
-    and the two reasons to wait on it (built once: they key the waits)."""
-
-    __slots__ = ("items", "head", "msg", "space")
-
-    def __init__(self, conn: tuple):
-        self.items, self.head = [], 0
-        self.msg, self.space = ("msg", conn), ("space", conn)
-
-
 class _Execution:
     def __init__(self, plan: Plan, layout, capacity: int):
         self.plan, self.layout, self.capacity = plan, layout, capacity
@@ -216,23 +205,9 @@ class _Execution:
         self.sync_preds: dict[int, list[int]] = {}    # barrier gid -> what the other members did before theirs
         self._starts = None               # _reaches: first gid of each threadblock -> (rank, tb), sorted gids
         self.pcs = [[0] * len(rp.threadblocks) for rp in plan.ranks]
-        self.queues: dict[tuple, _Fifo] = {}
-        # per rank and threadblock, the connection it receives from and sends to (None: none)
-        self.fifo_in = [[None] * len(rp.threadblocks) for rp in plan.ranks]
-        self.fifo_out = [[None] * len(rp.threadblocks) for rp in plan.ranks]
-
-        def fifo(conn):
-            if conn not in self.queues:
-                self.queues[conn] = _Fifo(conn)
-            return self.queues[conn]
-
-        for rp in plan.ranks:
-            for tb in rp.threadblocks:
-                if tb.send is not None:
-                    self.fifo_out[rp.rank][tb.id] = fifo((rp.rank, tb.send, tb.channel))
-                if tb.recv is not None:
-                    self.fifo_in[rp.rank][tb.id] = fifo((tb.recv, rp.rank, tb.channel))
-        self.barriers = GroupBarriers(plan)
+        self.connections = Connections(plan, capacity, self.pcs)
+        self.barriers = self.connections.barriers
+        self.fifo_in, self.fifo_out = self.connections.fifo_in, self.connections.fifo_out
         self.tb_of_end = {}               # (src, dst, ch, "send"/"recv") -> (rank, tb)
         for rp in plan.ranks:
             for tb in rp.threadblocks:
@@ -258,25 +233,8 @@ class _Execution:
     def execute(self) -> None:
         self._load_inputs()
         self.clock = 0                    # execution order, for ``when``
-        drive(self.plan, self.pcs, self._blocker, self._run)
+        drive(self.plan, self.pcs, self.connections.blocker, self._run)
         self._check_finished()
-
-    def _blocker(self, rank, tb, step):
-        pcs = self.pcs[rank]
-        for dt, ds in step.deps:
-            if pcs[dt] <= ds:
-                return ("tb", rank, dt)
-        if step.op.receives:
-            fifo = self.fifo_in[rank][tb.id]
-            if fifo.head >= len(fifo.items):
-                return fifo.msg
-        if step.op.sends:
-            fifo = self.fifo_out[rank][tb.id]
-            if len(fifo.items) - fifo.head >= self.capacity:
-                return fifo.space
-        if step.op is StepOp.BARRIER:
-            return self.barriers.blocker(self.pcs, rank, tb, self.pcs[rank][tb.id])
-        return None
 
     def _read(self, rank, tb, s, sl, mem=None):
         """Slice ``sl`` as step ``s`` of ``rank`` reads it, in the memory of
@@ -335,9 +293,7 @@ class _Execution:
         got = None
         if op.receives:
             fifo_in = self.fifo_in[rank][tb.id]
-            sender_gid, got = fifo_in.items[fifo_in.head]
-            fifo_in.items[fifo_in.head] = None
-            fifo_in.head += 1
+            sender_gid, got = fifo_in.take()
             self.sender[gid] = sender_gid
         if op.group_reads:                            # every member's copy, in member order
             srcs = [self._read(rank, tb, s, step.srcs[0], m) for m in tb.group]
@@ -380,7 +336,7 @@ class _Execution:
             for tb in rp.threadblocks:
                 s = self.pcs[rp.rank][tb.id]
                 if s < len(tb.steps):
-                    stuck[(rp.rank, tb.id)] = (s, self._blocker(rp.rank, tb, tb.steps[s]))
+                    stuck[(rp.rank, tb.id)] = (s, self.connections.blocker(rp.rank, tb, tb.steps[s]))
         if not stuck:
             return
         start = min(stuck)

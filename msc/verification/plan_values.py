@@ -54,7 +54,7 @@ def check_plan(plan: Plan) -> None:
             raise PlanError(f"{name} is {value}, over msc's limit of {high}")
     if plan.contract is not None:
         from msc.dsl.collectives import BUILTIN, collective_key
-        from msc.formats.contract_text import check_contract
+        from msc.ir.contract_text import check_contract
 
         if collective_key(plan.collective) in BUILTIN:
             raise PlanError(f"a plan of the built-in collective {plan.collective} carries a contract: only a custom "

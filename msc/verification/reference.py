@@ -34,6 +34,7 @@ import numpy as np
 from msc.dsl.collectives import COLLECTIVE_NAMES as COLLECTIVES, REDUCING, Arrays, collective_spec
 from msc.errors import UsageError
 from msc.ir.ops import REDUCE_OP_NAMES, REDUCE_OPS, reduce_op
+from msc.units import chunk_bounds
 
 OPS = REDUCE_OP_NAMES
 # by dtype name: importing ml_dtypes (for bfloat16) costs a command 0.7 CPU-s, and a bfloat16 array
@@ -217,9 +218,3 @@ def _label_sources(collective, xs, n: int, k: int, count: int, root: int) -> dic
                 lo, hi = chunk_bounds(i, count, k)
                 source[label] = xs[r][lo:hi]
     return source
-
-
-def chunk_bounds(index: int, count: int, k: int) -> tuple[int, int]:
-    from msc.executor import chunk_bounds as bounds
-
-    return bounds(index, count, k)

@@ -54,7 +54,7 @@ import json
 from dataclasses import dataclass, field
 
 from msc.errors import PlanError
-from msc.formats.contract_text import contract_lines
+from msc.ir.contract_text import contract_lines
 from msc.formats.mscclpp.limits import MAX_DEVICE_SEMAPHORES, MAX_OPERANDS, MAX_OPERATION
 from msc.formats.mscclpp.limits import MAX_CHANNEL_PER_OPERATION
 from msc.ir import Plan, Slice, Step, StepOp

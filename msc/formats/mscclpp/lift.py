@@ -84,7 +84,7 @@ def contract_of_plan(osp: OneSidedPlan) -> Contract | None:
     """The custom collective's requirements msc recorded in the plan (msc_contract), or None."""
     import re
 
-    from msc.formats.contract_text import build_contract, check_contract
+    from msc.ir.contract_text import build_contract, check_contract
 
     rows = osp.meta_value("msc_contract")
     if rows is None:

@@ -1,4 +1,4 @@
-"""Files msc writes: whole or not at all.
+"""Files msc writes, whole or not at all, and files it reads, bounded.
 
 ``write_atomic`` writes a temporary file in the same folder and renames it
 over the target, so a concurrent reader sees the old file or the new one,
@@ -6,6 +6,14 @@ never part of one, and a failed write leaves the old file as it was. Every
 file msc writes for its user (plans, MSCCL XML, plans.json) goes through
 ``write_output``; the caches use ``write_atomic`` (the kernel caches sign
 their entries: msc.cuda.kcache).
+
+Every reader of a user's file (plans and MSCCL XML, TOML topologies and
+calibrations, plans.json, algorithm sources) takes its bytes from
+``read_input``, which refuses, before reading, what is not a regular file
+(``/dev/zero``, a FIFO, a folder, a link to one of them) and a file over its
+kind's size (msc.ir.limits: MAX_PLAN_FILE_BYTES, MAX_TEXT_FILE_BYTES), so a
+wrong path is an exit-2 error naming the file, never a hang, the OOM killer
+or a MemoryError.
 """
 from __future__ import annotations
 
@@ -14,6 +22,12 @@ import stat
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
+from msc.errors import MscError, UsageError
+
+# O_NONBLOCK: opening a FIFO with no writer returns at once (and is then refused) instead of waiting
+_OPEN = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"))
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
@@ -114,3 +128,31 @@ def same_file(a: str | Path, b: str | Path) -> bool:
         return os.path.samefile(a, b)
     except OSError:              # one of them does not exist (yet): compare where they would be
         return os.path.realpath(a) == os.path.realpath(b)
+
+
+def read_input(path: str | Path, limit: int, *, what: str = "file", error: type[MscError] = UsageError,
+               head: int | None = None) -> bytes:
+    """The bytes of ``path`` (its first ``head`` bytes, if given), a regular
+    file of at most ``limit`` bytes; else ``error`` naming the file (``what``
+    says what it was to be: "plan", "topology")."""
+    path = Path(path)
+    try:
+        fd = os.open(path, _OPEN)
+    except OSError as exc:
+        raise error(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = next((name for test, name in _KINDS if test(st.st_mode)), "not a regular file")
+            raise error(f"cannot read {what} {path}: it is {kind}, not a regular file")
+        if head is None and st.st_size > limit:
+            raise error(f"cannot read {what} {path}: it has {st.st_size} bytes, over msc's limit of {limit}")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read(limit + 1 if head is None else head)
+    except OSError as exc:
+        raise error(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    if len(data) > limit:                 # it grew after fstat
+        raise error(f"cannot read {what} {path}: it has over {limit} bytes, msc's limit")
+    return data

@@ -42,7 +42,7 @@ from pathlib import Path
 
 from msc.dsl.collectives import ROOTED, collective_key
 from msc.errors import PlanError, UsageError
-from msc.formats.inputs import read_input
+from msc.files import read_input
 from msc.ir import Plan
 from msc.ir.limits import MAX_PLAN_FILE_BYTES, MAX_TEXT_FILE_BYTES
 from msc.units import format_size
@@ -129,7 +129,7 @@ class PlanEntry:
         if self._plan is None and self._path is not None:
             h.update(read_input(self._path, MAX_PLAN_FILE_BYTES, what="plan", error=PlanError))
         else:
-            from msc.torch.agree import plan_digest
+            from msc.formats.plan_text import plan_digest
 
             h.update(plan_digest(self.plan).encode())
         return h.hexdigest()
@@ -183,7 +183,7 @@ def _check_trust(path: Path) -> None:
     import os
     import warnings
 
-    from msc.formats.files import others_can_change
+    from msc.files import others_can_change
 
     for place in (path.parent, path):
         why = others_can_change(place)
