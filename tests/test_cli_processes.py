@@ -42,6 +42,7 @@ CASES = [
     (["show", "ring.plan", "--png", "out.txt"], 2, "cannot write out.txt"),
     (["bound", "allreduce", "-t", "ib:2", "-b", "1K", "-e", "1K"], 0, "msc bound allreduce"),
     (["synthesize", "allreduce", "-t", "ring:3", "-o", "ring3.txt"], 2, "name it FILE.py"),
+    (["calibrate", "bad_perf.txt", "-t", "dgx-h100", "-o", "mine.toml"], 2, "bad_perf.txt:3"),
 ]
 
 
@@ -61,6 +62,8 @@ def files(tmp_path_factory):
     save_plan(lower(msc.trace(ring, 4), LowerOptions(protocol="LL")), folder / "ll.plan")
     (folder / "ring.xml").write_text(plan_to_xml(simple))
     (folder / "forgets.py").write_text(FORGETS)
+    (folder / "bad_perf.txt").write_text("# Collective test starting: all_reduce_perf\n#\n"
+                                         "        1024           256     float     sum      -1    eleven\n")
     return folder
 
 

@@ -69,7 +69,8 @@ def test_derived_lists_are_the_registry_s():
     assert set(ROOTED) == {"broadcast", "reduce"} and set(REDUCING) == {"allreduce", "reducescatter", "reduce"}
     assert set(BUSBW_FACTOR) == set(COLLECTIVE_NAMES)
     assert set(XML.values()) == {k for k, s in COLLECTIVES.items() if s.msccl} | {"custom"}
-    assert "sendrecv" not in XML.values() and "sendrecv" not in nccl.COLLECTIVES and "sendrecv" not in SYNTH
+    assert "sendrecv" not in XML.values() and "sendrecv" not in SYNTH
+    assert set(nccl.COLLECTIVES) == {k for k, s in COLLECTIVES.items() if s.nccl} >= set(nccl.P2P)
     assert set(SUMS) == set(SYNTH) & set(REDUCING)
     assert all(BASELINE[k].startswith(k + "/") and BASELINE[k].split(":")[0] in {a.split(":")[0] for a in algorithms()}
                for k in BASELINE)
@@ -146,8 +147,9 @@ def test_sendrecv_through_the_commands(capsys, tmp_path):
     text = xml.read_text()
     assert 'coll="custom"' in text and 'msc_collective="sendrecv"' in text      # MSCCL has no sendrecv
     assert "collective sendrecv" in back.read_text() and "contract" not in back.read_text()
-    code, text = run_main(capsys, "simulate", "--nccl", "sendrecv", "--topology", "nvswitch")
-    assert code != 0 and "models allreduce" in text and "not 'sendrecv'" in text
+    code, text = run_main(capsys, "simulate", "--nccl", "sendrecv", "--topology", "nvswitch", "-b", "1K", "-e", "1M",
+                          "-f", "1024")        # NCCL's grouped send/receive: LL below 16 KiB a peer
+    assert code == 0 and " p2p      LL " in text and " p2p  Simple " in text
     code, text = run_main(capsys, "run", plan, "-o", "max")
     assert code != 0 and "sendrecv does not reduce" in text
 

@@ -140,6 +140,16 @@ def test_the_readme_toml_topology_loads(tmp_path):
     assert ll.capacity[ll.route(0, 1).resources[0]] == 100 * GB * 0.3
 
 
+def test_the_calibrate_section_runs_as_written(tmp_path):
+    """The block fits a published four-H100 log (tests/data/nccl_tests) and simulates NCCL on the result."""
+    (tmp_path / "tests").symlink_to(README.parent / "tests")
+    [(lang, code)] = blocks("Your own cluster's model in one command")
+    done = run_block(lang, code, tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "within the bar (10% from 1 MB, 20% below): 22 of 22" in done.stdout
+    assert "msc simulate --nccl allreduce: 4 ranks on mine" in done.stdout and (tmp_path / "mine.toml").is_file()
+
+
 def test_the_readme_nccl_block_runs_as_written(tmp_path):
     found = [code for lang, code in blocks(SIMULATE) if lang == "bash" and "--nccl" in code]
     assert len(found) == 1

@@ -167,7 +167,7 @@ def test_toml_kinds_and_machine(tmp_path):
     ("ranks = 2\n[protocol.LL]\nlatency = 1", "unknown key"),
     ("ranks = 2\n[protocol.LL.nvlink]\nspeed = 1", "keys are"),
     ("ranks = 2\n[protocol.LL]\nlaunch_us = -1", "launch_us must be"),
-    ("ranks = 2\nmachine = \"h200\"", "'machine' must be one of"),
+    ("ranks = 2\nmachine = \"mi300x\"", "'machine' must be one of"),
     ("ranks = 2\n[[link]]\nfrom = 0\nto = 1\nalpha_us = 1\nbandwidth_gbps = 1\nkind = \"wifi\"", "kind must be"),
     ("ranks = 2\n[[link", "t.toml"),
 ])

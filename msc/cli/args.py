@@ -3,6 +3,7 @@ the topology and the size sweep. Imports nothing heavy."""
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from msc.errors import UsageError
@@ -145,7 +146,19 @@ def add_topology_args(p: argparse.ArgumentParser) -> None:
 def topology_from_args(args, num_ranks: int):
     from msc.sim.presets import get_topology
 
-    return get_topology(args.topology, num_ranks, alpha_us=args.alpha_us, bandwidth_gbps=args.bandwidth_gbps)
+    return noted(args, get_topology(args.topology, num_ranks, alpha_us=args.alpha_us,
+                                    bandwidth_gbps=args.bandwidth_gbps))
+
+
+def noted(args, topology):
+    """``topology``, its note (an uncalibrated machine's: msc.sim.machines) said on stderr, where
+    --json leaves stdout to the records, once per command (``args``)."""
+    note = getattr(topology, "note", "")
+    said = args.__dict__.setdefault("_notes_said", set())
+    if note and (topology.name, note) not in said:
+        said.add((topology.name, note))
+        print(f"msc: note: {topology.name}: {note}", file=sys.stderr)
+    return topology
 
 
 def add_sweep_args(p, default_min: int, default_max: int) -> None:

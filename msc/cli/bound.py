@@ -10,7 +10,7 @@ from msc.dsl.collectives import COLLECTIVE_NAMES, COLLECTIVES
 from msc.errors import UsageError
 from msc.ir.ops import PROTOCOL_NAMES
 from msc.units import TYPES
-from msc.cli.args import add_collective_on_topology_args, add_sweep_args, protocol_arg, refuse_inapplicable
+from msc.cli.args import add_collective_on_topology_args, add_sweep_args, noted, protocol_arg, refuse_inapplicable
 
 
 def add_bound_command(subparsers) -> argparse.ArgumentParser:
@@ -83,7 +83,7 @@ def bound_topology(args):
     if n is not None and topo.num_ranks != n:
         raise UsageError(f"--ranks {n} does not match topology {topo.name!r}, which has {topo.num_ranks} ranks"
                          + what_fits(n))
-    return topo
+    return noted(args, topo)
 
 
 def format_bound(records: list[dict], *, title: str) -> str:

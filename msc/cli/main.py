@@ -579,8 +579,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="msc", description="compiler for GPU collective-communication schedules")
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
-                                help="verify, compile, run, bench, simulate, tune, show, bound, synthesize, export, "
-                                     "import, diff, list")
+                                help="verify, compile, run, bench, simulate, tune, show, bound, synthesize, calibrate, "
+                                     "export, import, diff, list")
     # registration order is the order --help lists the commands in
     _add_verify_parser(sub)
     _add_compile_parser(sub)
@@ -601,6 +601,9 @@ def build_parser() -> argparse.ArgumentParser:
     from msc.cli.synth import add_synthesize_command
 
     add_synthesize_command(sub)                      # msc synthesize COLLECTIVE --topology T -o FILE.py
+    from msc.cli.calibrate import add_calibrate_command
+
+    add_calibrate_command(sub)                       # msc calibrate NCCL_TESTS_OUTPUT... --topology T -o FILE.toml
 
     _add_list_parser(sub)
     return parser

@@ -50,7 +50,8 @@ def add_simulate_command(subparsers, load_plan: Callable) -> argparse.ArgumentPa
     p.add_argument("plans", nargs="*", metavar="PLAN", help="plan file(s)")
     p.add_argument("--nccl", metavar="COLLECTIVE",
                    help="instead of plans: what NCCL would run per size (its algorithm, protocol and channels, by "
-                        "its tuning model) as an msc plan, simulated (dgx-h100, dgx-a100, nvswitch and ib; NCCL 2.30.7)")
+                        "its tuning model, NCCL 2.30.7) as an msc plan, simulated (the dgx-*, hgx-* and gb200-nvl72 presets, "
+                        "nvswitch, ib, and TOML files of nodes)")
     p.add_argument("--nccl-algo", metavar="ALGO", type=lambda t: _list(t, str),
                    help="with --nccl: the algorithms NCCL may use, as NCCL_ALGO (tree, ring, nvls, nvlstree, pat)")
     p.add_argument("--nccl-proto", metavar="PROTO", type=lambda t: _list(t, protocol_arg),
@@ -112,7 +113,8 @@ def _check_simulate_args(args) -> None:
             raise UsageError(f"{', '.join(given)} describe a plan's run; --nccl takes NCCL's own "
                              "(its slices, buffers and channels)")
         if args.topology is None:
-            raise UsageError("--nccl needs --topology (dgx-h100[:NODES], dgx-a100[:NODES], nvswitch, ib:NODES)")
+            raise UsageError("--nccl needs --topology (dgx-h100[:NODES], dgx-a100[:NODES], dgx-h200[:NODES], hgx-h20[:NODES], "
+                             "hgx-b200[:NODES], gb200-nvl72, nvswitch, ib:NODES, or a TOML file of nodes)")
     elif args.nccl_algo or args.nccl_proto:
         raise UsageError("--nccl-algo and --nccl-proto go with --nccl")
     if args.splits is None and args.tokens is not None:

@@ -514,7 +514,7 @@ class CollectiveSpec:
     reference: Callable[[Arrays], list]     # per rank, the output from the inputs (None: unspecified)
     msccl: bool = True                      # MSCCL XML has it (coll=); else exported as coll="custom" + contract
     torch: str | None = None                # torch.distributed's call (msc.torch's), None: torch has none
-    nccl: bool = True                       # NCCL runs it as a collective (msc simulate --nccl models it)
+    nccl: bool = True                       # msc simulate --nccl models what NCCL runs for it
     synthesizes: bool = True                # msc synthesize makes it
     baseline: str | None = None             # the library algorithm msc tune compares with ("vs ring")
     partition_demand: Callable[[int], float] | None = None   # bytes per byte crossing a partition into p parts
@@ -566,7 +566,7 @@ COLLECTIVES: dict[str, CollectiveSpec] = {s.name: s for s in (
     # 1..n-1 ranks has a rank whose predecessor is outside it
     CollectiveSpec(SendRecv, reduces=False, busbw=lambda n: 1.0, demand=lambda n, k, root_in: 1.0 if 0 < k < n else 0.0,
                    latency=None, reference=lambda a: [a.xs[(r - 1) % a.n] for r in range(a.n)], msccl=False,
-                   nccl=False, synthesizes=False, baseline="sendrecv/ring"),
+                   synthesizes=False, baseline="sendrecv/ring"),
 )}
 COLLECTIVE_NAMES = tuple(COLLECTIVES)
 ROOTED = tuple(name for name, s in COLLECTIVES.items() if s.has_root)

@@ -114,6 +114,9 @@ def _size_text(size: int) -> str:
 # an 8x H100 node (NCCL finds the same ring graph on 2, 4 and 6 GPUs: nccl_model.md 4.3a), and N nodes
 # of which one GPU (and its NIC) each takes part (dgx-a100:2x1).
 SLICE = re.compile(r"hgx-h100:(\d)gpu")
+# Machines of the data that are msc presets under another name: 8 H200 on NVSwitch (Azure ND H200 v5), two
+# nodes of 8 H20 with a 400 Gb/s NIC per GPU (nccl issue 1244).
+PRESET_OF = {"hgx-h200": "dgx-h200", "h20:2": "hgx-h20:2"}
 ONE_GPU = re.compile(r"dgx-a100:(\d+)x1")
 
 
@@ -124,6 +127,8 @@ def topology_for(system: str):
 
     if system.startswith(("dgx-h100", "dgx-a100")) and re.fullmatch(r"dgx-[ah]100(:\d+)?", system):
         return get_topology(system, None)
+    if system in PRESET_OF:
+        return get_topology(PRESET_OF[system], None)
     m = SLICE.fullmatch(system)
     if m:
         return dgx(H100, 1, 50.0, system, gpus_per_node=int(m[1]), description=f"{m[1]} H100 of one NVSwitch node")
@@ -259,6 +264,22 @@ GAPS: tuple[Gap, ...] = (
         "network proxy (49.8 us at 1 KB); msc's per-message network cost (2 us a message on these AMD hosts, "
         "msc.sim.machines message_us) puts 25.3 us on its all-pairs plan, where NCCL's p2p takes twice that",
         collective="alltoall", sizes=(1 << 10,)),
+    # H200 (dgx-h200: H100's model, nothing fitted): Azure's ND H200 v5 page shows the H100 page's two NVLS gaps
+    Gap("hgx-h200", NVLS_SMALL.replace("up to 16 KB (25.6 us at 1 KB)", "up to 512 KB (H200: 29.9 us at 1 KB)"),
+        algorithm="nvls", largest=512 << 10, source="Azure"),
+    Gap("hgx-h200", NVLS_MID.replace("NCCL 2.18.5's", "NCCL 2.20.5's (H200)").replace("(85 us against 53 at 8 MB)",
+                                                                                  "(1.31-1.49x at 8-32 MB)"),
+        algorithm="nvls", smallest=8 * MIB, largest=32 * MIB, source="Azure"),
+    Gap("h20:2", "NCCL 2.21.5's NVLSTree, forced on two H20 nodes, takes 46-48 us at 4-512 B, less than NCCL "
+        "2.30.7's own model of it (66.8 us: 0.69-0.72) and msc's plan of it (77.4 us: 0.60-0.62); not explained "
+        "further (msc models 2.30.7's latencies, not 2.21.5's)", algorithm="nvlstree", largest=512,
+        source="1244 (comment"),
+    Gap("h20:2", "the reporter calls this run below expectation (its NCCL version not in the excerpt): at 1-2 MB "
+        "(the tree, LL128) and at 32 and 512 MB (NVLSTree) it measures 1.4-2.0x slower than NCCL's own model "
+        "(121.8 us against 60.4 at 1 MB), and msc's model with it (1.27-1.99)",
+        sizes=(1 * MIB, 2 * MIB, 32 * MIB, 512 * MIB), source="1244 (description"),
+    Gap("h20:2", "the reporter calls 128M-256M outliers (busbw falls from 268.9 GB/s at 64M to 227-245 before 312.75 "
+        "at 512M)", sizes=(128 * MIB, 256 * MIB), source="1244"),
     Gap("dgx-a100:2", "NCCL 2.17's tree at 1 KB across two A100 nodes measures 1.42x slower than NCCL's own model "
         "(35.9 us against 25.3), and msc's model of the tree, now on NCCL's hop latencies with no network-proxy "
         "floor on the NVLink chain, with it (25.3 us); the model once took every multi-node hop to cost the "

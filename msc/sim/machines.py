@@ -9,7 +9,9 @@ Every number says where it comes from: NCCL's tuning model
 bench/calibration/nccl_model.md) or a published measurement
 (tests/data/nccl_published.toml). The calibration test
 (tests/test_calibration.py) holds the H100 and A100 machines to the
-measurements; bench/calibration.py prints and draws the comparison.
+measurements; bench/calibration.py prints and draws the comparison. The
+others (H200, H20, B200, GB200) say why they are uncalibrated
+(``Machine.uncalibrated``), and every command that uses them says so once.
 """
 from __future__ import annotations
 
@@ -36,6 +38,12 @@ class Machine:
     nvls_alpha_us: float = 0.0  # NVLS: latency of a switch reduce or store
     nvls_barrier_us: float = 0.0    # NVLS: latency of a barrier of a switch group
     ll_net_many: float = 0.0        # LL's share of a NIC's line rate from 3 nodes on (0: as on 2)
+    uncalibrated: str = ""      # why no measurement of this GPU is fitted ("": the calibration holds it)
+
+    @property
+    def note(self) -> str:
+        """The one line every command prints about a topology of these GPUs ("" where they are calibrated)."""
+        return f"{self.description} is uncalibrated: {self.uncalibrated}" if self.uncalibrated else ""
 
     def protocols_for(self, nodes: int) -> dict:
         """The protocols on ``nodes`` nodes: from 3 nodes on, LL's share of a NIC is ``ll_net_many``
@@ -161,4 +169,71 @@ TEXTBOOK = Machine("textbook", reduce_gbps=math.inf, copy_gbps=math.inf, threadb
                    description="the alpha-beta model: no launch latency, LL a quarter of Simple's latency "
                                "and half its bandwidth, LL128 half and 120/128")
 
-MACHINES = {m.name: m for m in (H100, A100, TEXTBOOK)}
+# -- H200 SXM (DGX H200: 8 GPUs on NVSwitch, 8 ConnectX-7 400 Gb/s NICs, Intel Xeon 8480C) -----------
+# NVIDIA's DGX BasePOD reference architecture describes DGX H200 and DGX H100 as one system ("Four
+# NVIDIA NVSwitch chips", "eight single-port NVIDIA ConnectX-7 VPI ... up to 400 Gb/s", "Dual Intel
+# Xeon Platinum 8480C"; docs.nvidia.com/dgx-basepod, Core Components): the same NVLink 4 (450 GB/s per
+# direction), switch, NICs and host, so NCCL finds the same graphs and H100's parameters apply. Its
+# HBM3e (4.8 TB/s against 3.35) is more than a channel's copies and reductions need on H100 already.
+# Nothing of H200 is fitted: Azure ND H200 v5's table and nccl-tests issue 272 (475 GB/s allreduce busbw,
+# NCCL 2.20.3) are check rows (tests/data/nccl_published.toml; bench/README.md "Calibration").
+H200 = replace(H100, name="h200", description="H200 SXM",
+               uncalibrated="H100's calibration (the same NVLink 4, NVSwitch and NICs); no H200 measurement "
+                            "is fitted")
+
+# -- H20 (HGX H20: 8 GPUs on NVSwitch, one 400 Gb/s NIC per GPU) -------------------------------------
+# A Hopper GPU with H100's NVLink 4: NCCL reads 18 links to the switch (NVL[370.8]), a PCIe Gen5 path
+# (PCI[48.0]) and a 400 Gb/s NIC (NET[50.0]) in a published topology dump (nccl issue 1189); two nodes of
+# 8 H20 with a ConnectX-7 NDR NIC per GPU in nccl issue 1244. The same SM as H100, so a threadblock's
+# rates are H100's; its fewer SMs (against 132) still outnumber NCCL's channels. The host CPU is taken
+# as Intel (HGX H20 servers vary; NCCL's LL caps and proxy overhead follow it). Nothing of H20 is
+# fitted: nccl issue 1244's rows are check rows.
+H20 = replace(H100, name="h20", description="H20",
+              uncalibrated="H100's calibration (the same NVLink 4 and NICs) and an Intel host assumed; no H20 "
+                           "measurement is fitted")
+
+# -- B200 (DGX B200: 8 GPUs on two NVLink 5 switches, 8 ConnectX-7 400 Gb/s NICs, Intel Xeon 8570) -----
+# NVLink 5: 18 links x 50 GB/s = 900 GB/s per direction, 1.8 TB/s per GPU (the DGX B200 user guide: "2 x
+# 5th generation NVLink switches that provide 14.4 TB/s aggregate bandwidth", 8 x 1.8 TB/s; "8 x NVIDIA
+# ConnectX-7 Single Port Cards ... Up to 400Gbps"; "2 x Intel Xeon 8570"). NCCL counts 18 x 40.1 = 721.8
+# (SM100_NVLINK_BW, src/graph/topo.h@v2.30.7; "maxBw 721.8" in nccl issue 1807's log). Uncalibrated: no
+# measured B200 row is fitted, each number is NCCL's or carried over from H100:
+# - Simple carries H100's 0.82 of NVLink (NCCL's protocol overhead, "~20%", nccl-tests issue 212);
+#   a NIC the same 0.94 (the same ConnectX-7).
+# - LL: NCCL caps it at 2 x 141 = 282 GB/s on one Blackwell node (llMaxBws, src/graph/tuning.cc@v2.30.7):
+#   282/900; across nodes by the host's row, Intel's as on H100 (39 on 2 nodes, 20.4 from 3).
+# - A threadblock: 90 GB/s, the top of NCCL's SM100 intra-node speed array (search.cc@v2.30.7), as H100's
+#   60 is SM90's; LL128 40 (perChMaxRingLL128Bws, Blackwell). Reductions and copies: H100's x 1.5, so
+#   that they limit a 90 GB/s channel no more than H100's do a 60 one.
+# - NVLS: the port rate at H100's fitted share of its line rate (308/450) times NCCL's NVLS efficiency
+#   of Blackwell over Hopper (0.74/0.85, nvlsEfficiency, tuning.cc@v2.30.7): 0.596 x 900 = 536 GB/s;
+#   H100's switch latencies. A check, not a fit: by the n + 1 rule 8 GPUs' NVLS allreduce is then
+#   2 x 7/9 x 536 = 834 GB/s busbw (the library's nvls plan on 16 channels simulates 823-830 at 1-8 GiB),
+#   where nccl issue 1807 measured "830+" on 8 B200 (NCCL 2.27.1, its algorithm not stated).
+B200_NVLS_GBPS = NVLS_H100["nvls_gbps"] / H100.nvlink_gbps * 0.74 / 0.85 * 900.0
+B200 = Machine(
+    "b200", reduce_gbps=H100.reduce_gbps * 1.5, copy_gbps=H100.copy_gbps * 1.5, threadblock_gbps=90.0,
+    protocols=_machine_protocols(simple={"nvlink": 0.82, "pcie": 0.82, "net": 0.94},
+                                 ll={"nvlink": 282 / 900, "pcie": 0.82 / 3, "net": 39 / 400},
+                                 threadblock_gbps=90.0, ll128_threadblock_gbps=40.0),
+    nvlink_gbps=900.0, nvlink_alpha_us=HOP_US["nvlink"]["Simple"], proxy_us=1.0, description="B200",
+    ll_net_many=20.4 / 400,
+    nvls_gbps=round(B200_NVLS_GBPS, 1), nvls_alpha_us=NVLS_H100["nvls_alpha_us"],
+    nvls_barrier_us=NVLS_H100["nvls_barrier_us"],
+    uncalibrated="NVLink 5's line rate with NCCL's Blackwell constants and H100's protocol shares; no B200 "
+                 "measurement is fitted")
+
+# -- GB200 (GB200 NVL72: 72 Blackwell GPUs on one NVLink 5 switch domain, 36 Grace CPUs) --------------
+# The rack's 72 GPUs share one NVLink domain through nine switch trays at 1.8 TB/s per GPU (NVIDIA's
+# multi-node NVLink tuning guide, "Understanding Your Grace-Blackwell Systems": 18 compute trays of 4
+# GPUs, 9 NVLink switch trays); each compute tray holds a ConnectX-7 per GPU (the same guide lists CX7
+# in the compute tray; MLCommons inference v6.1, Crusoe's GB200-NVL72 system: 4 ConnectX-7 per 4-GPU
+# node). The GPU is B200's as above; the host is Grace (Arm), whose network overhead NCCL takes as 1 us
+# (getNetOverhead, tuning.cc@v2.30.7: x86 Intel 1, AMD 2, others 1). Uncalibrated as B200. A check, not
+# a fit: CoreWeave's full-rack all_reduce_perf (coreweave/nccl-tests pull request 43) measured 835-847
+# GB/s busbw at 4-8 GiB on 72 GPUs.
+GB200 = replace(B200, name="gb200", description="GB200 (Blackwell, Grace host)",
+                uncalibrated="B200's numbers (NVLink 5's line rate, NCCL's Blackwell constants, H100's protocol "
+                             "shares) and a Grace host; no GB200 measurement is fitted")
+
+MACHINES = {m.name: m for m in (H100, A100, H200, H20, B200, GB200, TEXTBOOK)}

@@ -20,9 +20,16 @@ one node of H100 on NVSwitch, NVLSTree (NVLS inside nodes, NCCL's tree
 across) on several, NVLS across nodes needing CollNet (SHARP), which these
 presets lack; PAT for allgather and reducescatter with one GPU per node.
 NVLS allgather and reducescatter are weighed too, and never win here (their
-bandwidth is a GPU's share of the switch, below the ring's). Only nodes of
-H100 or A100 on NVSwitch with one NIC per GPU (the DGX-class presets, and
-such nodes of any GPU count) have an NCCL model.
+bandwidth is a GPU's share of the switch, below the ring's).
+
+NCCL's choice is modelled on nodes of H100, A100, H200, H20 or B200 GPUs on
+NVSwitch with one NIC per GPU, and on one GB200 NVL72 rack: the presets
+(dgx-*, hgx-*, gb200-nvl72) and TOML topologies of that form (``nodes``,
+``gpus_per_node``, ``nic_gbps``); ``unmodelled`` says why any other is not.
+Blackwell takes NCCL 2.30.7's Blackwell rows; its NVLS (and so NVLSTree) is
+not modelled: NCCL's NVLS graph search on SM100's speed arrays and 721.8
+GB/s of links is not derived here, so NCCL's choice there is weighed
+without it (``_not_here`` says so where it is asked for).
 """
 from __future__ import annotations
 
@@ -38,6 +45,7 @@ from msc.sim.topology import Nodes, Topology
 ALGORITHMS = ("tree", "ring", "nvls", "nvlstree", "pat")
 SWITCH = ("nvls", "nvlstree")                       # run Simple only, on NCCL's NVLS channels
 COLLECTIVES = tuple(name for name, spec in SPECS.items() if spec.nccl)
+P2P = ("alltoall", "sendrecv")                      # NCCL's grouped send/receive, not its collectives
 KIB, MIB = 1024, 1024 * 1024
 
 
@@ -64,6 +72,15 @@ TREE_PER_CHANNEL = {"hopper": (38.7, 41.4, 36.0), "ampere": (24.0, 23.6, 17.8)} 
 TREE_LL128_PER_CHANNEL = {"hopper": (36.7, 36.7, 29.0), "ampere": (20.0, 20.0, 20.0)}
 NVLSTREE_PER_CHANNEL = {"hopper": (0.0, 57.7, 45.5)}                # [3.3] perChMaxNVLSTreeBws, since v2.28
 NVLS_EFFICIENCY = {"hopper": 0.85}                                  # [3.1] tuning.cc:138-144, since v2.28
+# Blackwell (tuning.cc@v2.30.7 ncclTunerConstantsDefaults' Blackwell rows: llMaxBws 2 x 141 on one node,
+# perChMaxRingLL128Bws, perChMaxTreeBws, perChMaxTreeLL128Bws). Hosts other than x86 (Grace): NCCL takes
+# Intel's llMaxBw row (index 0 unless AMD) and a network overhead of 1 us (getNetOverhead's default).
+LL_MAX_BW["blackwell"] = 282.0
+RING_LL128_PER_CHANNEL["blackwell"] = 40.0
+TREE_PER_CHANNEL["blackwell"] = (70.0, 42.8, 24.0)
+TREE_LL128_PER_CHANNEL["blackwell"] = (55.6, 31.67, 20.0)
+LL_MAX_BW_NODES["arm"] = LL_MAX_BW_NODES["intel"]
+NET_OVERHEAD["arm"] = 1.0
 PAT_FACTOR = 0.75                                                   # [3.2] PAT's busBw factor, since v2.24
 TREE_CORRECTION = {  # [1] index log2(bytes / 64), 64 B .. 256 MB; applied to allreduce below index 23
     "LL": (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0, 1.0, 1.0),
@@ -130,15 +147,31 @@ class NvlsGraph:
 GRAPHS = {("h100", "node"): Graph(12, 30.0, 24), ("a100", "node"): Graph(12, 20.0, 24),
           ("h100", "nodes"): Graph(8, 45.0, 16), ("a100", "nodes"): Graph(8, 24.0, 16),
           ("h100", "gpu per node"): Graph(2, 24.0, 4), ("a100", "gpu per node"): Graph(1, 24.0, 2)}
+# H200 and H20: H100's links as NCCL reads them (18 NVLinks of SM90, PCIe Gen5, 400 Gb/s NICs:
+# msc.sim.machines), so H100's graphs. B200 (derived as 4.3 does, NCCL 2.30.7's SM100 arrays and
+# 18 x 40.1 = 721.8 GB/s of NVLink): one node 8 x 90 (720), doubled to 16 x 45, 32 at run time; across
+# nodes one channel per NIC at the PCIe Gen5 path's 48 (8 x 48 = 384 fits the NVLinks), not doubled
+# (48 < 50 with 8 channels), 16 at run time; one GPU per node not derived. A GB200 NVL72 rack: one node
+# of 72 such GPUs, the same ring graph as B200's (the NVLinks, not the GPU count, bound it); across racks
+# not derived.
+GRAPHS.update({(m, kind): GRAPHS["h100", kind] for m in ("h200", "h20") for kind in ("node", "nodes", "gpu per node")})
+GRAPHS.update({("b200", "node"): Graph(16, 45.0, 32), ("b200", "nodes"): Graph(8, 48.0, 16),
+               ("gb200", "node"): Graph(16, 45.0, 32)})
+# The NIC line rate (GB/s) the multi-node graphs are derived for (4.3): another rate is another graph.
+GRAPH_NIC_GBPS = {"h100": 50.0, "a100": 25.0, "h200": 50.0, "h20": 50.0, "b200": 50.0}
 # [4.2] search.cc's SM90 speed arrays (GB/s per channel): intra-node for one node, inter-node across nodes
 SM90_INTRA = (60.0, 50.0, 40.0, 30.0, 24.0, 20.0, 15.0, 12.0, 11.0, 6.0, 3.0)
 SM90_INTER = (48.0, 45.0, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5, 15.0, 12.0, 6.0, 3.0, 2.4, 1.2, 0.24, 0.12)
-NVLINK_GBPS = {"h100": 18 * 20.6}                   # [4.1] a GPU's NVLinks to the switch as NCCL counts them
-NIC_GBPS = {"h100": 50.0}                           # [4.1] a 400 Gb/s NIC
-# GPU generation and host CPU (llMaxBw, network overhead): DGX H100 has Intel Xeon 8480C, DGX A100
-# AMD EPYC 7742 (NVIDIA's DGX H100 and DGX A100 datasheets).
-ARCH = {"h100": "hopper", "a100": "ampere"}
-CPU = {"h100": "intel", "a100": "amd"}
+# [4.1] a GPU's NVLinks to the switch as NCCL counts them, and a 400 Gb/s NIC: H200 and H20 as H100 (18
+# SM90 links, NVL[370.8] in nccl issue 1189's H20 dump, NET[50.0])
+NVLINK_GBPS = {"h100": 18 * 20.6, "h200": 18 * 20.6, "h20": 18 * 20.6}
+NIC_GBPS = {"h100": 50.0, "h200": 50.0, "h20": 50.0}
+# GPU generation and host CPU (llMaxBw, network overhead): DGX H100 and DGX H200 have Intel Xeon 8480C,
+# DGX A100 AMD EPYC 7742, DGX B200 Intel Xeon 8570 (NVIDIA's datasheets and user guides); HGX H20: Intel
+# assumed; GB200: Grace (Arm).
+ARCH = {"h100": "hopper", "a100": "ampere", "h200": "hopper", "h20": "hopper", "b200": "blackwell",
+        "gb200": "blackwell"}
+CPU = {"h100": "intel", "a100": "amd", "h200": "intel", "h20": "intel", "b200": "intel", "gb200": "arm"}
 
 
 def nvls_graph(machine: str, ppn: int, nodes: int) -> NvlsGraph | None:
@@ -189,15 +222,49 @@ class System:
 
 def system(topology: Topology) -> System:
     """NCCL's view of ``topology``; UsageError where msc has no NCCL model of it."""
-    machine = getattr(topology, "machine", None)
-    if not (isinstance(topology, Nodes) and machine in ARCH and topology.switches == 1
-            and topology.port_kind == "nvlink"):
-        raise UsageError(f"msc simulate --nccl models NCCL on nodes of H100 or A100 GPUs on NVSwitch "
-                         f"(dgx-h100, dgx-a100, nvswitch, ib), not on {topology.name!r}")
-    nodes = topology.num_ranks // topology.g
-    kind = "node" if nodes == 1 else "gpu per node" if topology.g == 1 else "nodes"
+    why = unmodelled(topology)
+    if why is not None:
+        raise UsageError(f"msc cannot model NCCL's choice on {topology.name!r}: {why}")
+    machine, nodes = topology.machine, topology.num_ranks // topology.g
     nvls = nvls_graph(machine, topology.g, nodes) if topology.nvls_bandwidth else None
-    return System(machine, topology.num_ranks, nodes, GRAPHS[machine, kind], nvls)
+    return System(machine, topology.num_ranks, nodes, GRAPHS[machine, _graph_kind(topology)], nvls)
+
+
+def _graph_kind(topology: Nodes) -> str:
+    """Which of NCCL's graphs [4.3] a machine of nodes takes: one node's, several nodes', or one GPU per node's."""
+    nodes = topology.num_ranks // topology.g
+    return "node" if nodes == 1 else "gpu per node" if topology.g == 1 else "nodes"
+
+
+def unmodelled(topology: Topology) -> str | None:
+    """Why msc cannot repeat NCCL's choice on ``topology`` (None: it can).
+    NCCL decides from the graphs its topology search finds, which msc
+    derives [4.3] for nodes of GPUs on one NVSwitch with a NIC each: one
+    node of any GPU count, 8 GPUs a node across nodes, or one."""
+    machine = getattr(topology, "machine", None)
+    if not isinstance(topology, Nodes):
+        return ("NCCL decides from the graphs its topology search finds on the machine, which msc derives for "
+                "nodes of GPUs on NVSwitch with NICs only (dgx-*, hgx-*, gb200-nvl72, or a TOML file of nodes, "
+                "gpus_per_node and nic_gbps), not for a graph of links")
+    if machine not in ARCH:
+        return (f"it names no GPU ({', '.join(sorted(ARCH))}): NCCL's tuning constants are per GPU generation"
+                + (" (a TOML file's 'machine')" if machine is None else ""))
+    if topology.switches != 1 or topology.port_kind != "nvlink":
+        return "its GPUs sit on PCIe switches, whose NCCL graphs msc does not derive"
+    kind = _graph_kind(topology)
+    if kind == "node":
+        return None if (machine, kind) in GRAPHS else f"NCCL's graph on one node of {machine} is not derived"
+    if (machine, kind) not in GRAPHS:
+        return (f"NCCL's graph across nodes of {topology.g} {machine} "
+                f"({'one GPU and its NIC' if kind == 'gpu per node' else 'one NVLink domain'} each) is not derived")
+    if topology.g not in (1, 8) or topology.nics != topology.g:
+        return (f"NCCL's graphs across nodes are derived for 8 GPUs (or one) with a NIC each; these nodes have "
+                f"{topology.g} GPUs and {topology.nics} NIC(s), whose rings share NICs in a graph msc does not derive")
+    nic = topology.nic / 1e9
+    if abs(nic - GRAPH_NIC_GBPS[machine]) > 1e-9 * nic:
+        return (f"NCCL's graph across nodes of {machine} is derived for NICs of {GRAPH_NIC_GBPS[machine]:g} GB/s; "
+                f"these are {nic:g} GB/s, for which its search finds other channel speeds")
+    return None
 
 
 @dataclass(frozen=True)
@@ -256,10 +323,14 @@ def _not_here(s: System, collective: str, algorithm: str) -> str:
     where = f"{collective} on {s.nodes} node(s) of {s.ppn} {s.machine}"
     if algorithm == "pat":
         return f"NCCL runs PAT for allgather and reducescatter with one GPU per node, not {where}"
+    if s.arch == "blackwell":
+        return (f"msc does not model NCCL's {algorithm.upper() if algorithm == 'nvls' else 'NVLSTree'} on "
+                f"{s.machine} ({s.arch}): NCCL's NVLS graph there (its search on that generation's speeds and "
+                f"links) is not derived; it models NVLS on Hopper nodes on NVSwitch only")
     if algorithm == "nvls":
-        return (f"msc models NCCL's NVLS on one node of H100 on NVSwitch (across nodes it needs CollNet), not "
-                f"{where}")
-    return f"msc models NCCL's NVLSTree for allreduce on several nodes of H100 on NVSwitch, not {where}"
+        return (f"msc models NCCL's NVLS on one node of Hopper GPUs on NVSwitch (across nodes it needs CollNet), "
+                f"not {where}")
+    return f"msc models NCCL's NVLSTree for allreduce on several nodes of Hopper GPUs on NVSwitch, not {where}"
 
 
 def bus_bandwidth(s: System, collective: str, algorithm: str, protocol: str) -> float:
@@ -350,8 +421,8 @@ def choose(s: System, collective: str, nbytes: int, *, algorithms=None, protocol
     """What NCCL runs for one call of ``nbytes`` (nccl-tests size)."""
     if collective not in COLLECTIVES:
         raise UsageError(f"msc simulate --nccl models {', '.join(COLLECTIVES)}, not {collective!r}")
-    if collective == "alltoall":
-        return _p2p_choice(s, nbytes)
+    if collective in P2P:
+        return _p2p_choice(s, nbytes // s.ranks if collective == "alltoall" else nbytes)
     best = None
     for a, p in enabled(s, collective, algorithms, protocols):      # NCCL's order: the first of equal times wins
         t = nccl_time(s, collective, a, p, nbytes)
@@ -401,11 +472,11 @@ def traffic_channels(s: System, collective: str, protocol: str, nbytes: int, mos
     return min(most, -(-cells // cells_per_channel))
 
 
-def _p2p_choice(s: System, nbytes: int) -> Choice:
-    """Alltoall is NCCL's grouped send/receive, outside the tuning model:
-    LL for messages below NCCL_P2P_LL_THRESHOLD (16 KiB per peer), else
-    Simple [5]; one channel per peer pair here (msc's all-pairs plan)."""
-    per_peer = nbytes // s.ranks
+def _p2p_choice(s: System, per_peer: int) -> Choice:
+    """Alltoall and sendrecv are NCCL's grouped send/receive, outside the tuning
+    model: LL for messages below NCCL_P2P_LL_THRESHOLD (16 KiB per peer), else
+    Simple [5]; one channel per peer pair here (msc's all-pairs plan, or the
+    ring of sends to the next rank that nccl-tests' sendrecv_perf makes)."""
     return Choice("p2p", "LL" if per_peer < 16 * KIB else "Simple", 1, MAX_THREADS["Simple"], float("nan"))
 
 

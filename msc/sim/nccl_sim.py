@@ -5,7 +5,7 @@ Per size: NCCL's algorithm, protocol and channels; the plan that does the
 same (one library ring or tree per channel: algorithms/*/nccl_rings.py'
 rail_rings, algorithms/allreduce/nccl_tree.py; the switch plans allreduce/
 nvls.py and nvls_tree.py and PAT's algorithms/*/pat.py on as many channels
-as NCCL runs; alltoall/allpairs); and
+as NCCL runs; alltoall/allpairs and sendrecv/ring for grouped send/receive); and
 msc's simulation of it with NCCL's slices as tiles and its buffers' slots.
 Plans are lowered once per (algorithm, protocol, channels).
 """
@@ -49,7 +49,7 @@ def _lower(topology: Topology, collective: str, choice: nccl.Choice):
         alg, params = _library("allreduce/nccl_tree:nccl_tree"), dict(gpus_per_node=g, channels=max(1, choice.channels // 2),
                                                                        chunks=1)
     elif choice.algorithm == "p2p":
-        alg, params = _library("alltoall/allpairs:allpairs"), {}
+        alg, params = _library("alltoall/allpairs:allpairs" if collective == "alltoall" else "sendrecv/ring:ring"), {}
     elif choice.algorithm in ("nvls", "nvlstree", "pat"):
         # a switch threadblock per NVLS channel, and PAT's steps on every channel: instances
         if collective != "allreduce" and choice.algorithm != "pat":

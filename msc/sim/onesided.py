@@ -219,7 +219,7 @@ class OneSidedSimulator:
             if not self.view.nvls_bandwidth:
                 raise UsageError(f"plan {self.plan.name!r} reduces and stores through the switch (NVLS), and "
                                  f"topology {self.view.name!r} has no switch that does (presets with NVLS: "
-                                 f"dgx-h100[:NODES], nvswitch, ib:NODES)")
+                                 f"dgx-h100, dgx-h200, hgx-h20, hgx-b200[:NODES], gb200-nvl72, nvswitch, ib)")
             if not self.view.same_switch(group):
                 raise UsageError(f"plan {self.plan.name!r}: rank {rank} threadblock {t} operation {i} ({op.name})'s "
                                  f"switch group {','.join(map(str, group))} spans more than one NVSwitch domain of "

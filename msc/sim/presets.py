@@ -12,17 +12,16 @@ from pathlib import Path
 from typing import Callable
 
 from msc.errors import UsageError, did_you_mean
-from msc.sim.machines import A100, H100, Machine
-from msc.sim.topology import Nodes, Topology, Torus, Uniform, load_topology
+from msc.sim.machines import A100, B200, GB200, H100, H20, H200, Machine
+from msc.sim.topology import NIC_ALPHA_US, Nodes, Topology, Torus, Uniform, load_topology
 
-NIC_ALPHA_US = 14.0             # NCCL's network hop latency with Simple (tuning.cc)
 NDR_GBPS = 50.0                 # 400 Gb/s
 HDR_GBPS = 25.0                 # 200 Gb/s
 
 
 def _gpu(m: Machine) -> dict:
     return dict(reduce_gbps=m.reduce_gbps, copy_gbps=m.copy_gbps, threadblock_gbps=m.threadblock_gbps,
-                protocols=m.protocols, machine=m.name)
+                protocols=m.protocols, machine=m.name, note=m.note)
 
 
 def _nvls(m: Machine) -> dict:
@@ -48,6 +47,29 @@ def dgx_a100(nodes: int = 1, name: str = "dgx-a100") -> Nodes:
                description=_dgx_text(A100, nodes, "200 Gb/s"))
 
 
+def dgx_h200(nodes: int = 1, name: str = "dgx-h200") -> Nodes:
+    return dgx(H200, nodes, NDR_GBPS, name, description=_dgx_text(H200, nodes, "400 Gb/s"))
+
+
+def hgx_h20(nodes: int = 1, name: str = "hgx-h20") -> Nodes:
+    return dgx(H20, nodes, NDR_GBPS, name, description=_dgx_text(H20, nodes, "400 Gb/s"))
+
+
+def hgx_b200(nodes: int = 1, name: str = "hgx-b200") -> Nodes:
+    return dgx(B200, nodes, NDR_GBPS, name, description=_dgx_text(B200, nodes, "400 Gb/s"))
+
+
+NVL72 = 72                      # GPUs in a GB200 NVL72 rack's NVLink domain
+
+
+def gb200_nvl72(racks: int = 1, name: str = "gb200-nvl72") -> Nodes:
+    """``racks`` GB200 NVL72 racks: 72 GPUs on one NVLink domain each (a "node" of the model), one
+    400 Gb/s NIC per GPU between racks."""
+    return dgx(GB200, racks, NDR_GBPS, name, gpus_per_node=NVL72,
+               description=_dgx_text(GB200, racks, "400 Gb/s", gpus=NVL72, where="one NVLink 5 domain",
+                                     unit="racks"))
+
+
 def nvswitch() -> Nodes:
     """8 H100 on NVSwitch (the preset ``nvswitch``: dgx-h100's node)."""
     return dgx_h100(1, "nvswitch")
@@ -58,10 +80,10 @@ def infiniband(nodes: int) -> Nodes:
     return dgx_h100(nodes, f"ib:{nodes}")
 
 
-def _dgx_text(m: Machine, nodes: int, nic: str) -> str:
-    text = f"8 {m.description} on NVSwitch ({m.nvlink_gbps:g} GB/s per GPU and direction)"
+def _dgx_text(m: Machine, nodes: int, nic: str, gpus: int = 8, where: str = "NVSwitch", unit: str = "nodes") -> str:
+    text = f"{gpus} {m.description} on {where} ({m.nvlink_gbps:g} GB/s per GPU and direction)"
     if nodes > 1:
-        text = f"{nodes} nodes of {text}, one {nic} NIC per GPU"
+        text = f"{nodes} {unit} of {text}, one {nic} NIC per GPU"
     return text
 
 
@@ -98,12 +120,12 @@ class Preset:
     build: Callable[[str | None, int | None, str], Topology]
 
 
-def _nodes_arg(spec: str, arg: str | None, n: int | None) -> int:
+def _nodes_arg(spec: str, arg: str | None, n: int | None, gpus: int = 8) -> int:
     if arg:
         return _int_arg(spec, arg)
-    if n % 8:
-        raise UsageError(f"{spec}: nodes of 8 GPUs, but the plan has {n} ranks{what_fits(n)}")
-    return n // 8
+    if n % gpus:
+        raise UsageError(f"{spec}: nodes of {gpus} GPUs, but the plan has {n} ranks{what_fits(n)}")
+    return n // gpus
 
 
 def _torus_arg(spec: str, arg: str | None, n: int | None) -> Torus:
@@ -116,10 +138,10 @@ def _torus_arg(spec: str, arg: str | None, n: int | None) -> Torus:
     return torus(rows, n // rows)
 
 
-def _dgx(build: Callable[[int, str], Nodes], base: str, always_numbered: bool = False):
+def _dgx(build: Callable[[int, str], Nodes], base: str, always_numbered: bool = False, gpus: int = 8):
     """A builder of nodes presets: NAME:NODES, or NAME for as many nodes as the ranks fill (one if not given)."""
     def make(arg, n, spec):
-        nodes = _nodes_arg(spec, arg, n) if arg or n else 1
+        nodes = _nodes_arg(spec, arg, n, gpus) if arg or n else 1
         return build(nodes, f"{base}:{nodes}" if nodes > 1 or always_numbered else base)
     return make
 
@@ -131,6 +153,18 @@ PRESETS: tuple[Preset, ...] = (
     Preset("dgx-a100", "NODES", "nodes of 8 A100 SXM on NVSwitch (300 GB/s per GPU and direction), one 200 Gb/s "
            "NIC per GPU; calibrated likewise",
            _dgx(dgx_a100, "dgx-a100")),
+    Preset("dgx-h200", "NODES", "nodes of 8 H200 SXM on NVSwitch (450 GB/s per GPU and direction), one 400 Gb/s "
+           "NIC per GPU; H100's calibration applied (no H200 measurement fitted)",
+           _dgx(dgx_h200, "dgx-h200")),
+    Preset("hgx-h20", "NODES", "nodes of 8 H20 on NVSwitch (450 GB/s per GPU and direction), one 400 Gb/s NIC "
+           "per GPU; H100's calibration applied (no H20 measurement fitted)",
+           _dgx(hgx_h20, "hgx-h20")),
+    Preset("hgx-b200", "NODES", "nodes of 8 B200 on NVLink 5 switches (900 GB/s per GPU and direction), one "
+           "400 Gb/s NIC per GPU; uncalibrated (NCCL's Blackwell constants)",
+           _dgx(hgx_b200, "hgx-b200")),
+    Preset("gb200-nvl72", "RACKS", "GB200 NVL72 racks: 72 Blackwell GPUs in one NVLink 5 domain (900 GB/s per "
+           "GPU and direction), one 400 Gb/s NIC per GPU between racks; uncalibrated, as hgx-b200",
+           _dgx(gb200_nvl72, "gb200-nvl72", gpus=NVL72)),
     Preset("nvswitch", None, "8 H100 on NVSwitch: the same machine as dgx-h100",
            lambda arg, n, spec: nvswitch()),
     Preset("ib", "NODES", "nodes of 8 H100, one 400 Gb/s InfiniBand NIC per GPU: the same machine as dgx-h100:NODES",
@@ -152,8 +186,10 @@ def fitting_presets(n: int) -> list[str]:
     specs = []
     if n % 8 == 0:
         nodes = n // 8
-        specs += ["dgx-h100", "dgx-a100", "nvswitch", "pcie"] if nodes == 1 else [f"dgx-h100:{nodes}",
-                                                                                   f"dgx-a100:{nodes}", f"ib:{nodes}"]
+        eights = ["dgx-h100", "dgx-a100", "dgx-h200", "hgx-h20", "hgx-b200"]
+        specs += eights + ["nvswitch", "pcie"] if nodes == 1 else [f"{s}:{nodes}" for s in eights] + [f"ib:{nodes}"]
+    if n % NVL72 == 0:
+        specs.append("gb200-nvl72" if n == NVL72 else f"gb200-nvl72:{n // NVL72}")
     specs.append(f"ring:{n}")
     rows = max(d for d in range(1, math.isqrt(n) + 1) if n % d == 0)
     if rows > 1:

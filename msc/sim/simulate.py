@@ -165,7 +165,7 @@ class Simulator:
                              f"{' or '.join(SWITCH_PROTOCOLS)} protocol only, not {view.protocol_name}")
         if not view.nvls_bandwidth:
             raise UsageError(f"plan {self.plan.name!r} reduces and stores through the switch (NVLS), and topology "
-                             f"{view.name!r} has no switch that does (presets with NVLS: dgx-h100[:NODES], nvswitch, ib:NODES)")
+                             f"{view.name!r} has no switch that does (presets with NVLS: dgx-h100, dgx-h200, hgx-h20, hgx-b200[:NODES], gb200-nvl72, nvswitch, ib)")
         for rp in self.plan.ranks:
             for tb in rp.threadblocks:
                 if tb.group and not view.same_switch(tb.group):

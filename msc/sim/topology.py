@@ -32,7 +32,7 @@ from pathlib import Path
 from msc.errors import UsageError
 from msc.files import read_input
 from msc.ir.limits import MAX_RANKS, MAX_TEXT_FILE_BYTES
-from msc.sim.machines import MACHINES
+from msc.sim.machines import HOP_US, MACHINES
 from msc.sim.protocols import (ALPHA_US_MAX, DEFAULT_PROTOCOLS, GB, GBPS_MAX, GBPS_MIN, KINDS, LINK, US,
                                 Protocol, number_in, protocols_from_tables)
 
@@ -58,7 +58,8 @@ class Topology:
     def __init__(self, name: str, num_ranks: int, *, reduce_gbps: float = math.inf, copy_gbps: float = math.inf,
                  threadblock_gbps: float = math.inf, protocols: dict[str, Protocol] | None = None,
                  gpus_per_node: int | None = None, description: str = "", machine: str | None = None,
-                 nvls_gbps: float = 0.0, nvls_alpha_us: float = 0.0, nvls_barrier_us: float = 0.0):
+                 nvls_gbps: float = 0.0, nvls_alpha_us: float = 0.0, nvls_barrier_us: float = 0.0,
+                 note: str = ""):
         if type(num_ranks) is not int or num_ranks < 1:
             raise UsageError(f"topology {name!r}: ranks must be an int >= 1, got {num_ranks!r}")
         if num_ranks > MAX_RANKS:
@@ -76,6 +77,7 @@ class Topology:
         self.gpus_per_node = gpus_per_node
         self.description = description
         self.machine = machine                         # msc.sim.machines' name of its GPUs, if one
+        self.note = note                               # what every command says of it (uncalibrated GPUs)
         # NVLS (in-switch reduction and multicast, msc.sim.machines): per GPU port and direction; 0: none
         self.nvls_bandwidth = nvls_gbps * GB
         self.nvls_alpha, self.nvls_barrier = nvls_alpha_us * US, nvls_barrier_us * US
@@ -202,6 +204,8 @@ class Nodes(Topology):
     CPU (shared, PCIe). Across nodes it uses the sender's NIC out and the
     receiver's NIC in (shared, "net": the GPU's PCIe path to its NIC is
     taken as faster than the NIC); the fabric core is taken as non-blocking.
+    A node has a NIC per GPU, or ``nics_per_node`` that its GPUs share in
+    equal groups of neighbours (GPUs 0-1 on NIC 0 where 4 NICs serve 8).
 
     A message across nodes holds both NICs for at least ``message_us``,
     whatever its size: the host's network proxy posts each message, and
@@ -212,8 +216,12 @@ class Nodes(Topology):
     (as NCCL's model has it, tuning.cc)."""
 
     def __init__(self, name, nodes, gpus_per_node, *, port_gbps, port_alpha_us, nic_gbps=None, nic_alpha_us=None,
-                 pcie_switches=1, uplink_gbps=None, uplink_alpha_us=0.0, port_kind="nvlink", message_us=0.0, **kw):
+                 pcie_switches=1, uplink_gbps=None, uplink_alpha_us=0.0, port_kind="nvlink", message_us=0.0,
+                 nics_per_node=None, **kw):
         super().__init__(name, nodes * gpus_per_node, gpus_per_node=gpus_per_node, **kw)
+        self.nics = nics_per_node or gpus_per_node
+        if gpus_per_node % self.nics:
+            raise UsageError(f"topology {name!r}: {self.nics} NICs per node do not split {gpus_per_node} GPUs evenly")
         self.nodes, self.proxy = nodes, message_us * US
         self.g, self.port, self.port_alpha = gpus_per_node, port_gbps * GB, port_alpha_us * US
         self.port_kind = _kind(port_kind)
@@ -225,8 +233,8 @@ class Nodes(Topology):
     def _route(self, src, dst):
         g = self.g
         if src // g != dst // g:
-            return Route(self.nic_alpha, math.inf, (self._resource(f"nic{src}.out", self.nic),
-                                                    self._resource(f"nic{dst}.in", self.nic)), self.nic_message)
+            return Route(self.nic_alpha, math.inf, (self._resource(f"{self._nic(src)}.out", self.nic),
+                                                    self._resource(f"{self._nic(dst)}.in", self.nic)), self.nic_message)
         res = [self._resource(f"gpu{src}.out", self.port)]
         alpha = self.port_alpha
         per = g // self.switches
@@ -238,6 +246,12 @@ class Nodes(Topology):
             alpha += self.uplink_alpha
         res.append(self._resource(f"gpu{dst}.in", self.port))
         return Route(alpha, math.inf, tuple(res))
+
+    def _nic(self, rank: int) -> str:
+        """The name of ``rank``'s NIC (a NIC per GPU: the rank's own)."""
+        if self.nics == self.g:
+            return f"nic{rank}"
+        return f"node{rank // self.g}.nic{rank % self.g // (self.g // self.nics)}"
 
     def switch_ports(self, rank):
         if not self.nvls_bandwidth or self.switches != 1:
@@ -359,13 +373,22 @@ def _positive(what, v, zero=False):
 
 
 # -- TOML -------------------------------------------------------------------
+NIC_ALPHA_US = HOP_US["net"]["Simple"]          # NCCL's network hop latency with Simple (tuning.cc)
+# The nodes form (``nodes = N``, no [[link]]): N nodes of gpus_per_node GPUs on one switch of NVLink
+# ports, joined by NICs (Nodes). Each key and its range; left out, the machine's value (NICs: one per GPU).
+NODES_KEYS = {"nodes": None, "nics_per_node": None, "nic_gbps": (GBPS_MIN, GBPS_MAX), "nic_alpha_us": (0.0, ALPHA_US_MAX),
+              "message_us": (0.0, ALPHA_US_MAX),
+              "nvlink_gbps": (GBPS_MIN, GBPS_MAX), "nvlink_alpha_us": (0.0, ALPHA_US_MAX),
+              "nvls_gbps": (0.0, GBPS_MAX), "nvls_alpha_us": (0.0, ALPHA_US_MAX),
+              "nvls_barrier_us": (0.0, ALPHA_US_MAX)}
 TOP_KEYS = {"name", "ranks", "description", "machine", "reduce_gbps", "copy_gbps", "threadblock_gbps",
-            "gpus_per_node", "forward", "link", "protocol"}
+            "gpus_per_node", "forward", "link", "protocol", "calibrated"} | set(NODES_KEYS)
 LINK_KEYS = {"from", "to", "alpha_us", "bandwidth_gbps", "shared", "duplex", "kind"}
 
 
-def load_topology(path: str | Path) -> Graph:
-    """A ``Graph`` topology from a TOML file (format: README, "Topologies")."""
+def load_topology(path: str | Path) -> Topology:
+    """A topology from a TOML file (format: README, "Topologies"): a ``Graph``
+    of [[link]] tables, or ``Nodes`` where it says ``nodes``."""
     path = Path(path)
     try:
         data = tomllib.loads(read_input(path, MAX_TEXT_FILE_BYTES, what="topology").decode())
@@ -378,24 +401,27 @@ def load_topology(path: str | Path) -> Graph:
     return topology_from_dict(data, source=str(path))
 
 
-def topology_from_dict(data: dict, source: str = "<topology>") -> Graph:
+def topology_from_dict(data: dict, source: str = "<topology>") -> Topology:
     def bad(msg):
         return UsageError(f"{source}: {msg}")
 
     unknown = set(data) - TOP_KEYS
     if unknown:
         raise bad(f"unknown key(s) {', '.join(sorted(unknown))} (known: {', '.join(sorted(TOP_KEYS))})")
+    if "nodes" in data:
+        return _nodes_from_dict(data, source, bad)
+    given = sorted(set(data) & set(NODES_KEYS))
+    if given:
+        raise bad(f"{', '.join(given)} describe nodes: give 'nodes' (and 'gpus_per_node') for that form")
     n = data.get("ranks")
     if type(n) is not int or n < 1:
         raise bad(f"'ranks' must be an int >= 1, got {n!r}")
     if n > MAX_RANKS:
         raise bad(f"'ranks' is {n}, over msc's limit of {MAX_RANKS}")
-    for key in ("name", "description", "machine"):
+    for key in ("name", "description", "machine", "calibrated"):
         if key in data and not isinstance(data[key], str):
             raise bad(f"'{key}' must be a string, got {data[key]!r}")
-    machine = MACHINES.get(data.get("machine", "textbook"))
-    if machine is None:
-        raise bad(f"'machine' must be one of {', '.join(MACHINES)}, got {data['machine']!r}")
+    machine = _machine(data, bad)
     if not isinstance(data.get("link", []), list):
         raise bad(f"'link' must be [[link]] tables, got {data['link']!r}")
     links = _links(data.get("link", []), n, bad)
@@ -411,7 +437,78 @@ def topology_from_dict(data: dict, source: str = "<topology>") -> Graph:
     try:
         return Graph(str(data.get("name", Path(source).stem)), n, links, forward, protocols=protocols,
                      gpus_per_node=gpn, description=str(data.get("description", "")),
-                     machine=machine.name if "machine" in data else None, **kw)
+                     machine=machine.name if "machine" in data else None, note=_note(data, machine), **kw)
+    except UsageError as exc:
+        raise bad(str(exc)) from None
+
+
+def _machine(data: dict, bad):
+    machine = MACHINES.get(data.get("machine", "textbook"))
+    if machine is None:
+        raise bad(f"'machine' must be one of {', '.join(MACHINES)}, got {data['machine']!r}")
+    return machine
+
+
+def _note(data: dict, machine) -> str:
+    """What the file takes from an uncalibrated machine, said once by every command that uses it (not
+    where it says what it was calibrated to: ``calibrated``, as msc calibrate writes)."""
+    if "machine" not in data or not machine.note or "calibrated" in data:
+        return ""
+    return f"{machine.note} (the values this file does not set)"
+
+
+def _count(data: dict, key: str, bad, most: int = MAX_RANKS) -> int:
+    v = data.get(key)
+    if type(v) is not int or not 1 <= v <= most:
+        raise bad(f"'{key}' must be an int from 1 to {most}, got {v!r}")
+    return v
+
+
+def _nodes_from_dict(data: dict, source: str, bad) -> Nodes:
+    """The nodes form: ``nodes`` nodes of ``gpus_per_node`` GPUs behind one
+    NVLink switch each, joined by NICs (README, "Your own cluster's model")."""
+    for key in ("link", "forward"):
+        if key in data:
+            raise bad(f"'{key}' belongs to a topology of [[link]] tables, not to one of 'nodes'")
+    nodes, g = _count(data, "nodes", bad), _count(data, "gpus_per_node", bad)
+    if nodes * g > MAX_RANKS:
+        raise bad(f"{nodes} nodes of {g} GPUs are {nodes * g} ranks, over msc's limit of {MAX_RANKS}")
+    if "ranks" in data and data["ranks"] != nodes * g:
+        raise bad(f"'ranks' is {data['ranks']!r}, but {nodes} nodes of {g} GPUs are {nodes * g}")
+    nics = _count(data, "nics_per_node", bad, g) if "nics_per_node" in data else g
+    if g % nics:
+        raise bad(f"'nics_per_node' ({nics}) must divide gpus_per_node ({g}): each NIC serves as many GPUs")
+    for key in ("name", "description", "machine", "calibrated"):
+        if key in data and not isinstance(data[key], str):
+            raise bad(f"'{key}' must be a string, got {data[key]!r}")
+    machine = _machine(data, bad)
+    values = {}
+    for key, span in NODES_KEYS.items():
+        if span is not None and key in data:
+            try:
+                values[key] = number_in(key, data[key], *span)
+            except UsageError as exc:
+                raise bad(str(exc)) from None
+    if nodes > 1 and "nic_gbps" not in values:
+        raise bad(f"{nodes} nodes need 'nic_gbps', the line rate of a NIC (GB/s; 400 Gb/s = 50)")
+    port = values.get("nvlink_gbps", machine.nvlink_gbps)
+    if not port:
+        raise bad(f"machine {machine.name!r} has no NVLink rate: give 'nvlink_gbps' (GB/s per GPU and direction)")
+    # the machine's protocols on this many nodes (LL's share of a NIC from 3 on), under the file's tables
+    protocols = protocols_from_tables(data.get("protocol", {}), machine.protocols_for(nodes), bad)
+    kw = dict(reduce_gbps=machine.reduce_gbps, copy_gbps=machine.copy_gbps, threadblock_gbps=machine.threadblock_gbps)
+    kw.update({k: data[k] for k in ("reduce_gbps", "copy_gbps", "threadblock_gbps") if k in data})
+    nvls = {k: values.get(k, getattr(machine, k)) for k in ("nvls_gbps", "nvls_alpha_us", "nvls_barrier_us")}
+    name = str(data.get("name", Path(source).stem))
+    text = f"{nodes} node(s) of {g} {machine.description} GPUs on NVLink ({port:g} GB/s per GPU and direction)"
+    if nodes > 1:
+        text += f", {nics} NIC(s) of {values['nic_gbps']:g} GB/s per node"
+    try:
+        return Nodes(name, nodes, g, port_gbps=port, port_alpha_us=values.get("nvlink_alpha_us", machine.nvlink_alpha_us),
+                     nic_gbps=values.get("nic_gbps"), nic_alpha_us=values.get("nic_alpha_us", NIC_ALPHA_US),
+                     message_us=values.get("message_us", machine.message_us), nics_per_node=nics, protocols=protocols,
+                     description=str(data.get("description", text)), machine=machine.name if "machine" in data else None,
+                     note=_note(data, machine), **nvls, **kw)
     except UsageError as exc:
         raise bad(str(exc)) from None
 
