@@ -10,7 +10,7 @@ from __future__ import annotations
 import bisect
 from typing import Callable
 
-from msc.ir import Plan
+from msc.ir import Plan, StepOp
 
 
 def drive(plan: Plan, pcs: list[list[int]], blocker: Callable, run: Callable, rng=None) -> None:
@@ -73,8 +73,6 @@ class GroupBarriers:
     released by every step that member threadblock runs (``released``)."""
 
     def __init__(self, plan: Plan):
-        from msc.ir import StepOp
-
         self.plan = plan
         self.tb_of: dict[tuple, dict[int, int]] = {}               # (group, channel) -> member -> its threadblock
         self.steps: dict[tuple[int, int], list[int]] = {}          # (rank, tb) -> indices of its barrier steps
@@ -157,8 +155,6 @@ class Connections:
 
     def blocker(self, rank: int, tb, step):
         """None when ``step`` of ``tb`` on ``rank`` can run, else the reason it waits (drive's)."""
-        from msc.ir import StepOp
-
         pcs = self.pcs[rank]
         for dt, ds in step.deps:
             if pcs[dt] <= ds:
