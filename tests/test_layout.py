@@ -10,11 +10,16 @@ import msc
 
 PACKAGE = Path(msc.__file__).parent                       # the msc under test (installed or not)
 README = Path(__file__).resolve().parent.parent / "README.md"
+# An installed wheel carries the data folders inside msc/ (msc.resources): the library's algorithm files
+# are programs msc loads by path, not modules of the package, so they are in no layer.
+DATA_FOLDERS = ("grammars", "templates", "algorithms")
 
 
 def _modules() -> dict[str, Path]:
     out = {}
     for path in PACKAGE.rglob("*.py"):
+        if path.relative_to(PACKAGE).parts[0] in DATA_FOLDERS:
+            continue
         parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
         name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
         out[name] = path
