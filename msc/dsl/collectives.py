@@ -273,6 +273,55 @@ class SendRecv(_Cached):
         return self._expect(src, lambda: (src,))
 
 
+class Gather(_Cached):
+    """Every rank's input to unit ``rank`` of the root's output (nccl-tests'
+    gather: NVIDIA/nccl-tests src/gather.cu); other ranks' outputs are
+    unspecified. In place, the input is unit ``rank`` of the output."""
+
+    name = "gather"
+    has_root = True
+
+    def input_chunks(self, n, k):
+        return k
+
+    def output_chunks(self, n, k):
+        return n * k
+
+    def inplace_alias(self, rank, n, k):
+        return ("input", "output", rank * k)
+
+    def postcondition(self, rank, index, n, k, root):
+        if rank != root:
+            return None
+        src = (index // k, index % k)
+        return self._expect(src, lambda: (src,))
+
+    def _row_key(self, rank, n, k, root):
+        return (n, k, root, rank == root)
+
+
+class Scatter(_Cached):
+    """Unit r of the root's input to rank r's output (nccl-tests' scatter:
+    src/scatter.cu); other ranks' inputs are not read. In place, the output
+    is unit ``rank`` of the input."""
+
+    name = "scatter"
+    has_root = True
+
+    def input_chunks(self, n, k):
+        return n * k
+
+    def output_chunks(self, n, k):
+        return k
+
+    def inplace_alias(self, rank, n, k):
+        return ("output", "input", rank * k)
+
+    def postcondition(self, rank, index, n, k, root):
+        src = (root, rank * k + index)
+        return self._expect(src, lambda: (src,))
+
+
 def _extra_params(fn, fixed: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(names, required names) of ``fn``'s parameters after its first
     ``fixed`` positional ones: the algorithm parameters it asks for."""
@@ -547,6 +596,8 @@ class CollectiveSpec:
     nccl: bool = True                       # msc simulate --nccl models what NCCL runs for it
     synthesizes: bool = True                # msc synthesize makes it
     baseline: str | None = None             # the library algorithm msc tune compares with ("vs ring")
+    relabels: bool = True                   # rooted: a plan of one root serves every root, its ranks renamed
+    #                                         (msc.lower.relabel.for_root); not where a unit's place names its rank
     partition_demand: Callable[[int], float] | None = None   # bytes per byte crossing a partition into p parts
 
     @property
@@ -608,6 +659,20 @@ COLLECTIVES: dict[str, CollectiveSpec] = {s.name: s for s in (
                                                    for r in range(a.n)],
                    torch=TorchCall("reduce", "reduce", _ONE, "ReduceOptions", root="dst", method="reduce"),
                    baseline="reduce/ring"),
+    # nccl-tests' gather and scatter (src/gather.cu, scatter.cu: busbw factor (n-1)/n of a size of n units);
+    # MSCCL, NCCL's cost model and the synthesizer have neither: exported as coll="custom" with the contract
+    CollectiveSpec(Gather, reduces=False, busbw=lambda n: (n - 1) / n,
+                   demand=lambda n, k, root_in: (n - k) / n if root_in else 0.0, latency=2,
+                   reference=lambda a: [a.cat(a.xs) if r == a.root else None for r in range(a.n)],
+                   torch=TorchCall("gather", "gather", _ONE, "GatherOptions", root="dst",
+                                   listed=("gather_list", "output"), at_root=True, list_method="gather"),
+                   msccl=False, nccl=False, synthesizes=False, baseline="gather/direct", relabels=False),
+    CollectiveSpec(Scatter, reduces=False, busbw=lambda n: (n - 1) / n,
+                   demand=lambda n, k, root_in: 0.0 if root_in else k / n, latency=1,
+                   reference=lambda a: [a.xs[a.root].reshape(a.n, -1)[r] for r in range(a.n)],
+                   torch=TorchCall("scatter", "scatter", (("tensor", "output"),), "ScatterOptions", root="src",
+                                   listed=("scatter_list", "input"), at_root=True, list_method="scatter"),
+                   msccl=False, nccl=False, synthesizes=False, baseline="scatter/direct", relabels=False),
     # nccl-tests' sendrecv (NVIDIA/nccl-tests src/sendrecv.cu: r sends to r+1, busbw factor 1); a side of
     # 1..n-1 ranks has a rank whose predecessor is outside it
     CollectiveSpec(SendRecv, reduces=False, busbw=lambda n: 1.0, demand=lambda n, k, root_in: 1.0 if 0 < k < n else 0.0,

@@ -14,16 +14,17 @@ Served: all_reduce, all_gather_single (all_gather_into_tensor), all_gather
 (list of equal tensors), reduce_scatter_single (reduce_scatter_tensor),
 reduce_scatter (list of equal tensors), all_to_all_single (split sizes
 given: on padded units, msc.torch.uneven, counted as "alltoallv"),
-all_to_all (list of equal tensors), broadcast and reduce from any root (a
-plan of another root turned to it: msc.formats.registry); their coalesced
-forms one call at a time. A call passes through when no plan covers it
+all_to_all (list of equal tensors), broadcast, reduce, gather and scatter
+from any root (a plan of another root turned to it: msc.formats.registry);
+their coalesced forms one call at a time. Each registry row's methods are
+derived from its TorchCall (msc.dsl.collectives). A call passes through when no plan covers it
 (collective, ranks, bytes, form), its dtype or op is not one msc runs (e.g.
 PREMUL_SUM, bitwise ops, complex or bool tensors), its tensors are empty, a
 list form's tensors differ in size, or one call names several tensors. Tensors that are not contiguous (strided views) are served through
 contiguous copies, the result copied back (gloo, handed one, computes a
 wrong result); a written one whose elements share memory (an expanded view)
-is refused (gloo writes past its storage). Barrier, send/recv, gather, scatter
-always pass through (msc has no plans for them).
+is refused (gloo writes past its storage). Barrier and send/recv always
+pass through (msc has no plans for them).
 
 Served calls made with ``async_op=True`` on CPU tensors (the torch
 executor, the emulated device) run on the group's worker thread, in the
@@ -520,18 +521,6 @@ class MscProcessGroup(dist.ProcessGroup):
 
     def recv_anysource(self, tensors, tag: int = 0):
         return self._through("recv", tensors, lambda: self._fallback(tensors[0]).recv_anysource(tensors, tag))
-
-    def gather(self, output_lists, inputs, opts=None):
-        opts = opts if opts is not None else dist.GatherOptions()
-        flat = [t for ts in output_lists for t in ts]
-        return self._through("gather", [*inputs, *flat],
-                             lambda: self._fallback(inputs[0]).gather(output_lists, inputs, opts))
-
-    def scatter(self, outputs, input_lists, opts=None):
-        opts = opts if opts is not None else dist.ScatterOptions()
-        flat = [t for ts in input_lists for t in ts]
-        return self._through("scatter", [*outputs, *flat],
-                             lambda: self._fallback(outputs[0]).scatter(outputs, input_lists, opts))
 
     def allgather_coalesced(self, output_lists, inputs, opts=None):
         opts = opts if opts is not None else dist.AllgatherOptions()
