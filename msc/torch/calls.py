@@ -26,7 +26,8 @@ import torch
 from msc.errors import UsageError
 from msc.ir import Plan
 from msc.torch import agree, backends, uneven
-from msc.torch.execute import DTYPES, DistTransport, Prepared, choose_transport, execute, op_name, prepare
+from msc.torch.execute import (DTYPES, DistTransport, Prepared, check_op_dtype, choose_transport, execute, op_name,
+                               prepare)
 from msc.dsl.collectives import COLLECTIVES, collective_key
 from msc.formats.registry import PlanRegistry
 
@@ -242,6 +243,7 @@ def _run_alone(get_plan, input, output, op, group, backend, transport, collectiv
             raise UsageError(f"plan {prepared.plan.name!r} is for {prepared.plan.num_ranks} ranks, the group has {n}")
         op = op_name(op)
         call = _Call(prepared.collective, n, prepared.plan.chunk_factor, rank, input, output)
+        check_op_dtype(op, call.dtype)
         chosen = backends.choose(backend, call.device, group, call.dtype, op, prepared.collective.name)
         tr = choose_transport(transport, group, n) if chosen == "torch" else None
         prog = prepared.program(rank, call.count, tr) if tr is not None else None

@@ -55,7 +55,7 @@ from msc.dsl.collectives import COLLECTIVES, get_collective
 from msc.errors import UsageError
 from msc.torch import calls, served, uneven
 from msc.torch import settings as msc_settings
-from msc.torch.execute import op_name
+from msc.torch.execute import check_op_dtype, op_name
 from msc.dsl.collectives import collective_key
 from msc.formats.registry import NoPlanError
 from msc.units import format_size
@@ -322,6 +322,7 @@ class MscProcessGroup(dist.ProcessGroup):
         try:
             op = op_name(req.op)
             call = calls._Call(get_collective(name), self.size(), 1, self.rank(), req.input, req.output)
+            check_op_dtype(op, call.dtype)                 # the op registry's rule of types: else pass through
         except UsageError as exc:
             return self._pass(name, tensors, str(exc), fallback)
         nbytes = call.nbytes()
