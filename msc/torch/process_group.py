@@ -14,9 +14,10 @@ Served: all_reduce, all_gather_single (all_gather_into_tensor), all_gather
 (list of equal tensors), reduce_scatter_single (reduce_scatter_tensor),
 reduce_scatter (list of equal tensors), all_to_all_single (split sizes
 given: on padded units, msc.torch.uneven, counted as "alltoallv"),
-all_to_all (list of equal tensors), broadcast, reduce, gather and scatter
-from any root (a plan of another root turned to it: msc.formats.registry);
-their coalesced forms one call at a time. Each registry row's methods are
+all_to_all (list of equal tensors), broadcast and reduce from any root (a
+plan of another root turned to it: msc.formats.registry), gather and
+scatter (the list on the root only) from the roots of their plans; their
+coalesced forms one call at a time. Each registry row's methods are
 derived from its TorchCall (msc.dsl.collectives). A call passes through when no plan covers it
 (collective, ranks, bytes, form), its dtype or op is not one msc runs (e.g.
 PREMUL_SUM, bitwise ops, complex or bool tensors), its tensors are empty, a
