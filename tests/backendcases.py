@@ -78,6 +78,13 @@ def forms_case(rank: int, n: int) -> dict:
     for root in range(n):
         red = _twice(lambda g, t: dist.reduce(t, dst=root, group=g), x)
         same[f"reduce to {root}"] = torch.equal(red[0][0], red[1][0]) if rank == root else True
+    for root in range(n):                  # the lists on the root only, as torch.distributed takes them
+        outs = [torch.zeros(m) for _ in range(n)] if rank == root else []
+        check(f"gather to {root}", _twice(lambda g, t, *o: dist.gather(t, list(o) if rank == root else None, dst=root,
+                                                                      group=g), x, *outs))
+        parts = list(big.chunk(n)) if rank == root else []
+        check(f"scatter from {root}", _twice(lambda g, o, *ins: dist.scatter(o, list(ins) if rank == root else None,
+                                                                            src=root, group=g), torch.zeros(m), *parts))
 
     # async: a Work that completes behind the caller, its future holding the tensors
     t = x.clone()

@@ -30,6 +30,8 @@ _SIZES = {
     "alltoall": (lambda n, k: n * k, lambda n, k: n * k),
     "broadcast": (lambda n, k: k, lambda n, k: k),
     "reduce": (lambda n, k: k, lambda n, k: k),
+    "gather": (lambda n, k: k, lambda n, k: n * k),
+    "scatter": (lambda n, k: n * k, lambda n, k: k),
 }
 
 
@@ -61,7 +63,7 @@ class Spec:
         size_in, size_out = self.logical_sizes()
         if not self.inplace:
             return {"input": size_in, "output": size_out}
-        if self.name == "allgather":
+        if self.name in ("allgather", "gather"):
             return {"output": size_out}
         return {"input": size_in}
 
@@ -69,9 +71,9 @@ class Spec:
         """Physical (buffer, index) of logical chunk ``buffer[index]`` of ``rank``."""
         if not self.inplace or buffer not in ("input", "output"):
             return buffer, index
-        if self.name == "allgather":
+        if self.name in ("allgather", "gather"):
             return ("output", rank * self.k + index) if buffer == "input" else (buffer, index)
-        if self.name == "reducescatter":
+        if self.name in ("reducescatter", "scatter"):
             return ("input", rank * self.k + index) if buffer == "output" else (buffer, index)
         if not self.builtin:
             alias, target, offset = self.collective.inplace_alias(rank, self.n, self.k)
@@ -100,6 +102,10 @@ class Spec:
             return value((self.root, index))
         if name == "reduce":
             return sum(value((r, index)) for r in range(n)) % P if rank == self.root else None
+        if name == "gather":
+            return value((index // k, index % k)) if rank == self.root else None
+        if name == "scatter":
+            return value((self.root, rank * k + index))
         expected = self.collective.postcondition(rank, index, n, k, self.root)
         if expected is None:
             return None

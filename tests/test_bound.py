@@ -148,8 +148,8 @@ def test_unshared_links_carry_any_sum():
 
 
 def test_bad_input():
-    with pytest.raises(UsageError, match="no bound for collective 'gather'.*allgather"):
-        lower_bound("gather", nvswitch(), [8])
+    with pytest.raises(UsageError, match="no bound for collective 'allscatter'.*allgather"):
+        lower_bound("allscatter", nvswitch(), [8])
     with pytest.raises(UsageError, match="root 8 is not a rank"):
         lower_bound("broadcast", nvswitch(), [8], root=8)
     with pytest.raises(UsageError, match="sizes must be ints >= 0"):
@@ -440,7 +440,7 @@ def test_cli_table_and_json(capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["bound", "gather", "-t", "nvswitch"], "no bound for collective 'gather'"),
+    (["bound", "allscatter", "-t", "nvswitch"], "no bound for collective 'allscatter'"),
     (["bound", "allreduce", "-t", "nvswitch", "--ranks", "4"], "--ranks 4 does not match topology 'nvswitch'"),
     (["bound", "allreduce", "-t", "ring"], "takes its size from the rank count: give --ranks N"),
     (["bound", "allreduce", "--alpha-us", "1", "--bandwidth-gbps", "10"], "needs a rank count"),

@@ -66,10 +66,10 @@ def test_derived_lists_are_the_registry_s():
     from msc.dsl.collectives import BUSBW_FACTOR
 
     assert tuple(BUILTIN) == COLLECTIVE_NAMES and all(BUILTIN[k] is COLLECTIVES[k].cls for k in BUILTIN)
-    assert set(ROOTED) == {"broadcast", "reduce"} and set(REDUCING) == {"allreduce", "reducescatter", "reduce"}
+    assert set(ROOTED) == {"broadcast", "reduce", "gather", "scatter"} and set(REDUCING) == {"allreduce", "reducescatter", "reduce"}
     assert set(BUSBW_FACTOR) == set(COLLECTIVE_NAMES)
     assert set(XML.values()) == {k for k, s in COLLECTIVES.items() if s.msccl} | {"custom"}
-    assert "sendrecv" not in XML.values() and "sendrecv" not in SYNTH
+    assert not {"sendrecv", "gather", "scatter"} & (set(XML.values()) | set(SYNTH))
     assert set(nccl.COLLECTIVES) == {k for k, s in COLLECTIVES.items() if s.nccl} >= set(nccl.P2P)
     assert set(SUMS) == set(SYNTH) & set(REDUCING)
     assert all(BASELINE[k].startswith(k + "/") and BASELINE[k].split(":")[0] in {a.split(":")[0] for a in algorithms()}
@@ -80,10 +80,10 @@ def test_derived_lists_are_the_registry_s():
 
 
 def test_nccl_tests_bus_bandwidth_factors():
-    """nccl-tests' factors (doc/PERFORMANCE.md; src/sendrecv.cu: 1) at 8 ranks."""
+    """nccl-tests' factors (doc/PERFORMANCE.md; src/sendrecv.cu: 1; src/gather.cu, scatter.cu: (n-1)/n) at 8 ranks."""
     assert {k: s.busbw(8) for k, s in COLLECTIVES.items()} == {
         "allreduce": 1.75, "allgather": 0.875, "reducescatter": 0.875, "alltoall": 0.875, "broadcast": 1.0,
-        "reduce": 1.0, "sendrecv": 1.0}
+        "reduce": 1.0, "gather": 0.875, "scatter": 0.875, "sendrecv": 1.0}
 
 
 @pytest.mark.parametrize("spelling", ["AllReduce", "all_reduce", "all-reduce", "ALLREDUCE"])
@@ -170,4 +170,95 @@ def test_sendrecv_on_the_emulated_device(capsys, tmp_path):
     plan = tmp_path / "sr.plan"
     assert run_main(capsys, "compile", SENDRECV, "-n", 3, "--inplace", "in", "--protocol", "LL", "-o", plan)[0] == 0
     code, text = run_main(capsys, "run", plan, "--backend", "emu", "-b", "1K", "-e", "4K", "-f", "4", "-d", "half")
+    assert code == 0 and "Out of bounds values : 0 OK" in text, text
+
+
+# -- gather and scatter (nccl-tests' src/gather.cu, scatter.cu) -----------------------------------
+GATHER, SCATTER = "algorithms/gather/direct.py", "algorithms/scatter/direct.py"
+
+
+@pytest.mark.parametrize("name", ["gather", "scatter"])
+@pytest.mark.parametrize("n", [1, 2, 3, 5])
+@pytest.mark.parametrize("inplace", [True, False])
+def test_gather_and_scatter_run_as_the_reference_says(name, n, inplace):
+    """Every root, both forms, 2 pieces a unit: the executor's outputs are
+    the row's reference (gather: the root's output only)."""
+    alg = algorithms()[f"{name}/direct:direct"]
+    rng = np.random.default_rng(n)
+    for root in range(n):
+        plan = lower(msc.trace(alg, n, inplace=inplace, chunks=2, root=root), LowerOptions())
+        units_in, _ = COLLECTIVES[name].units(n)
+        xs = reference.random_inputs(rng, np.dtype(np.float32), "sum", n, units_in * 2 * 3)
+        outs = run_collective(plan, xs)
+        want = reference.expected_outputs(name, xs, op="sum", root=root)
+        for r in range(n):
+            if want[r] is not None:
+                np.testing.assert_array_equal(outs[r], want[r], err_msg=f"{name} root {root} rank {r}")
+        assert (want[root] == np.concatenate(xs)).all() if name == "gather" else \
+            all((want[r] == xs[root][r * 6:(r + 1) * 6]).all() for r in range(n))
+
+
+def test_a_gather_to_the_wrong_unit_is_refused(tmp_path):
+    path = tmp_path / "swap.py"
+    path.write_text("import msc\n\n@msc.algorithm('gather', inplace=False)\ndef swap(p):\n"
+                    "    n = p.num_ranks\n"
+                    "    for r in range(n):\n"
+                    "        p.chunk(r, 'input', 0).copy(p.root, 'output', (r + 1) % n)\n")
+    [alg] = msc.load_algorithms(path)
+    with pytest.raises(msc.VerificationError, match=r"rank 1 output.0. holds the wrong contributions"):
+        msc.verify(msc.trace(alg, 3, root=1))
+
+
+@pytest.mark.parametrize("name, path, root", [("gather", GATHER, 2), ("scatter", SCATTER, 1)])
+def test_gather_and_scatter_through_the_commands(capsys, tmp_path, name, path, root):
+    """verify, compile, run, simulate, bound, tune, the in-place XML round
+    trip (coll="custom", the root kept); what has no model or no format is
+    refused saying so."""
+    plan, out_plan, xml, back = tmp_path / "g.plan", tmp_path / "o.plan", tmp_path / "g.xml", tmp_path / "b.plan"
+    steps = [("verify", path, "-n", 4, "--inplace", "in", "--param", f"root={root}"),
+             ("compile", path, "-n", 4, "--inplace", "in", "--param", f"root={root}", "--param", "chunks=2", "-o", plan),
+             ("compile", path, "-n", 4, "--inplace", "out", "--param", f"root={root}", "-o", out_plan),
+             ("run", plan, "-b", "1K", "-e", "64K", "-f", "8", "--root", root),
+             ("run", out_plan, "-b", "1K", "-e", "64K", "-f", "8", "--root", root),
+             ("simulate", plan, "--topology", "ring:4", "-b", "1K", "-e", "1M", "-f", "32"),
+             ("bound", name, "--topology", "ring:4", "-b", "1K", "-e", "1M", "-f", "32"),
+             ("tune", path, "-n", 4, "--topology", "ring:4", "-b", "1K", "-e", "64K", "-f", "64"),
+             ("export", plan, "-o", xml), ("import", xml, "-o", back), ("diff", plan, back)]
+    for args in steps:
+        code, text = run_main(capsys, *args)
+        assert code == 0, (args, text)
+        if args[0] == "run":
+            assert text.count(" 0\n") >= 3, text                # 0 wrong at each size
+    text = xml.read_text()
+    assert 'coll="custom"' in text and f'msc_collective="{name}"' in text and f'msc_root="{root}"' in text
+    assert f"collective {name}" in back.read_text() and "contract" not in back.read_text()
+    code, text = run_main(capsys, "simulate", "--nccl", name, "--topology", "nvswitch", "-b", "1K", "-e", "1M")
+    assert code != 0 and f"not {name!r} (msc has no model of what NCCL runs for {name}" in text
+    code, text = run_main(capsys, "synthesize", name, "--topology", "ring:4", "-o", tmp_path / "s.py")
+    assert code != 0 and f"not {name!r}: write its algorithm (the library has {name}/direct)" in text
+    code, text = run_main(capsys, "export", out_plan, "-o", tmp_path / "o.xml")    # MSCCL XML: one chunk count
+    assert code != 0 and "MSCCL XML cannot describe this plan's buffers" in text and "--format mscclpp" in text
+
+
+def test_a_gather_plan_serves_its_own_root_only():
+    """Renaming ranks moves each rank's unit at the root: for_root refuses,
+    and a registry does not turn a gather plan to another root."""
+    from msc.formats.registry import NoPlanError, PlanRegistry
+    from msc.lower.relabel import for_root
+
+    plan = lower(msc.trace(algorithms()["gather/direct:direct"], 3, root=0), LowerOptions())
+    with pytest.raises(UsageError, match=r"serves its own root only.*--param root=2"):
+        for_root(plan, 2)
+    registry = PlanRegistry.from_plans([plan])
+    assert registry.select("gather", 3, 4096, root=0) is plan
+    with pytest.raises(NoPlanError, match="gather 3 ranks in place root 2"):
+        registry.select("gather", 3, 4096, root=2)
+
+
+@needs_emu
+@pytest.mark.parametrize("path, root", [(GATHER, 2), (SCATTER, 1)])
+def test_gather_and_scatter_on_the_emulated_device(capsys, tmp_path, path, root):
+    plan = tmp_path / "g.plan"
+    assert run_main(capsys, "compile", path, "-n", 3, "--inplace", "in", "--param", f"root={root}", "-o", plan)[0] == 0
+    code, text = run_main(capsys, "run", plan, "--backend", "emu", "-b", "1K", "-e", "4K", "-f", "4", "--root", root)
     assert code == 0 and "Out of bounds values : 0 OK" in text, text

@@ -154,7 +154,7 @@ def test_cli_simulate_nccl(capsys):
     (["simulate", "x.plan", "--nccl", "allreduce", "--topology", "dgx-h100"], "not both"),
     (["simulate", "--nccl", "allreduce", "--topology", "dgx-h100", "--tile", "4096"], "--tile"),
     (["simulate", "--nccl", "allreduce", "--topology", "torus:4x4"], "cannot model NCCL's choice on 'torus:4x4'"),
-    (["simulate", "--nccl", "gather", "--topology", "dgx-h100"], "no bound for collective"),
+    (["simulate", "--nccl", "allscatter", "--topology", "dgx-h100"], "no bound for collective"),
     (["simulate", "--topology", "dgx-h100"], "give one or more plans"),
 ])
 def test_cli_simulate_nccl_errors(capsys, argv, message):

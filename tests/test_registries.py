@@ -139,3 +139,48 @@ def test_cli_choices_are_the_registry_s():
     compile_cmd = build_parser()._subparsers._group_actions[0].choices["compile"]
     choices = {a.dest: a.choices for a in compile_cmd._actions}
     assert tuple(choices["protocol"]) == PROTOCOL_NAMES and tuple(choices["op"]) == REDUCE_OP_NAMES
+
+
+# -- an op's rule of types: one function of the op registry, applied by every path -------------------
+def _bitwise_and():
+    """An op whose row allows integer types only (as a bitwise op's would)."""
+    from msc.ir.ops import ReduceOp
+
+    return ReduceOp("band", "bitwise_and", "bitwise_and", "BAND", "", "a & b", types="integer")
+
+
+def test_the_op_rule_of_types_is_applied_by_the_executor_and_the_kernels(monkeypatch):
+    from msc.executor import run_collective
+    from msc.ir.ops import kernel_op_problem, op_dtype_problem
+
+    monkeypatch.setitem(REDUCE_OPS, "band", _bitwise_and())
+    assert op_dtype_problem("band", "int32", False) is None
+    assert op_dtype_problem("band", "float32", True) == "the reduction op band reduces integer types, not float32"
+    assert op_dtype_problem("avg", "int32", False) is None                       # the executor truncates
+    assert kernel_op_problem("band", "float16", True) == "the reduction op band reduces integer types, not float16"
+    assert "needs a floating type (it scales inputs by 1/n), not int32" in kernel_op_problem("avg", "int32", False)
+    plan = _plan()
+    rng = np.random.default_rng(3)
+    ints = [rng.integers(1, 1 << 30, 5, dtype=np.int32) for _ in range(2)]
+    got = run_collective(plan, ints, "band", count=5)
+    assert all(np.array_equal(g, ints[0] & ints[1]) for g in got)
+    with pytest.raises(UsageError, match="plan 'ring': the reduction op band reduces integer types, not float32"):
+        run_collective(plan, [x.astype(np.float32) for x in ints], "band", count=5)
+
+
+def test_the_op_rule_of_types_is_applied_by_the_torch_executor(monkeypatch):
+    torch = pytest.importorskip("torch")
+    from msc.torch import execute
+
+    monkeypatch.setitem(REDUCE_OPS, "band", _bitwise_and())
+    monkeypatch.setitem(execute.COMBINE, "band", torch.bitwise_and)
+    plan = _plan()
+    g = torch.Generator().manual_seed(5)
+    ints = [torch.randint(1, 1 << 30, (5,), generator=g, dtype=torch.int32) for _ in range(2)]
+    phys = [{"input": t.clone()} if plan.inplace else {"input": t.clone(), "output": torch.zeros_like(t)} for t in ints]
+    execute.run_local(plan, phys, count=5, op="band")
+    out = "input" if plan.inplace else "output"
+    assert all(torch.equal(p[out], ints[0] & ints[1]) for p in phys)
+    floats = [{k: v.float() for k, v in p.items()} for p in phys]
+    with pytest.raises(UsageError, match="the reduction op band reduces integer types, not float32"):
+        execute.run_local(plan, floats, count=5, op="band")

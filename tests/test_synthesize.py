@@ -219,7 +219,7 @@ def test_add_on_arrival_moves_the_additions_onto_the_receiving_threadblocks(tmp_
 
 
 @pytest.mark.parametrize("args, message", [
-    (["gather", "-t", "pcie", "-o", "x.py"], "expected one of allreduce, allgather"),
+    (["allscatter", "-t", "pcie", "-o", "x.py"], "expected one of allreduce, allgather"),
     (["allgather", "-t", "pcie", "-o", "x.plan"], "name it FILE.py"),
     (["broadcast", "-t", "pcie", "--root", "8", "-o", "x.py", "--pieces", "1"], "root 8 is not a rank"),
     (["allgather", "-t", "pcie", "--pieces", "0", "-o", "x.py"], "pieces must be an int >= 1"),

@@ -36,7 +36,10 @@ pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distribut
 ROOT = Path(__file__).resolve().parent.parent
 PLANS_2 = (("allreduce/ring:ring", True, 0), ("allgather/ring:ring", True, 0),
            ("reducescatter/ring:ring", False, 0), ("alltoall/allpairs:allpairs", False, 0),
-           ("broadcast/chain:chain", True, 0), ("reduce/ring:ring", True, 0))     # root 0 serves every root
+           ("broadcast/chain:chain", True, 0), ("reduce/ring:ring", True, 0),
+           ("gather/direct:direct", True, 0), ("scatter/direct:direct", False, 0),
+           ("gather/direct:direct", True, 1), ("scatter/direct:direct", False, 1))
+# broadcast's and reduce's root-0 plans serve every root; gather's and scatter's their own root only
 
 
 def write_plans(folder: Path, n: int = 2) -> Path:
@@ -66,12 +69,15 @@ def test_every_call_form_is_served_with_gloos_results(pool):
         for coll in (name for name, spec in COLLECTIVES.items() if spec.torch):     # those torch has a call for
             assert (coll, "served") in rows, (coll, r["report"])
         served_calls = {c: sum(x["calls"] for x in r["rows"] if x["collective"] == c and x["outcome"] == "served")
-                        for c in ("allreduce", "allgather", "alltoall", "alltoallv", "broadcast", "reduce")}
+                        for c in ("allreduce", "allgather", "alltoall", "alltoallv", "broadcast", "reduce", "gather",
+                                  "scatter")}
         # allreduce: sum, max, avg, async, 2 coalesced, complex (torch passes its float32 view);
         # allgather: 3 forms; alltoall: 2, and 1 with uneven splits; broadcast and reduce: one per root, from
         # the root-0 plans
         assert served_calls == {"allreduce": 7, "allgather": 3, "alltoall": 2, "alltoallv": 1, "broadcast": 2,
-                                "reduce": 2}, r["report"]
+                                "reduce": 2, "gather": 2, "scatter": 2}, r["report"]
+        assert "served: gather-direct-r1-n2.plan on the torch executor" in r["report"]
+        assert "served: scatter-direct-r1-n2.plan on the torch executor" in r["report"]
         assert "served: alltoall-allpairs-r0-n2.plan padded to the largest split on the torch executor" in r["report"]
         assert "served: broadcast-chain-r0-n2.plan (root 0 relabelled to 1) on the torch executor" in r["report"]
         assert "served: reduce-ring-r0-n2.plan (root 0 relabelled to 1) on the torch executor" in r["report"]

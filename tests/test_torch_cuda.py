@@ -166,6 +166,10 @@ CASES = [
     ("broadcast/chain:chain", False, 1, True, 333, "float32", "sum"),
     ("reduce/ring:ring", True, 1, True, 222, "int32", "min"),
     ("reduce/ring:ring", True, 1, False, 222, "int32", "min"),
+    ("gather/direct:direct", True, 1, True, 129, "float16", "sum"),
+    ("gather/direct:direct", False, 0, True, 64, "int32", "sum"),
+    ("scatter/direct:direct", True, 0, True, 77, "bfloat16", "sum"),
+    ("scatter/direct:direct", False, 1, True, 31, "float32", "sum"),
 ]
 
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import msc
 from msc.dsl.collectives import COLLECTIVES
-from msc.errors import PlanError, UsageError
+from msc.errors import FormatError, PlanError, UsageError
 from msc.ir import Plan, RankPlan, Slice, Step, StepOp, Threadblock
 from msc.lower.pipeline import LowerOptions, lower
 from msc.verification.plan import verify_plan
@@ -141,8 +141,14 @@ def test_library_round_trip(key, every):
             with pytest.raises(RuntimeLimitError, match="messages per connection"):
                 plan_to_xml(plan)
             plan = dataclasses.replace(plan, protocol="LL")
+        spec = COLLECTIVES[plan.collective]
+        if not spec.msccl and not plan.inplace and len(set(spec.units(n))) > 1:
+            # coll="custom" sizes both buffers from nchunksperloop: out-of-place gather and scatter do not fit
+            with pytest.raises(FormatError, match="MSCCL XML cannot describe this plan's buffers"):
+                plan_to_xml(plan)
+            continue
         for runtime in ("msccl", "azure"):
-            if not COLLECTIVES[plan.collective].msccl and not RUNTIMES[runtime].custom:
+            if not spec.msccl and not RUNTIMES[runtime].custom:
                 with pytest.raises(PlanError, match=f"the {runtime} runtime has no custom collectives"):
                     plan_to_xml(plan, runtime=runtime)          # MSCCL lacks it: msc exports it as custom
                 continue
@@ -156,6 +162,36 @@ def test_library_round_trip(key, every):
             verify_plan(back)
             assert plan_to_xml(back, runtime=runtime) == text      # export . import is the identity on XML
         same_outputs(plan, back)
+
+
+@pytest.mark.parametrize("key, n, root", [("gather/direct:direct", 4, 0), ("scatter/direct:direct", 3, 0)])
+def test_a_builtin_exported_as_custom_keeps_its_in_place_layout(key, n, root):
+    """In-place gather (and scatter) go out as coll="custom"; the reader
+    took the custom collectives' one buffer read from chunk 0 instead of
+    the built-in's aliasing (the input is unit ``rank`` of the output), and
+    the plan read back was wrong."""
+    plan = lower(msc.trace(ALGORITHMS[key], n, inplace=True, root=root), LowerOptions())
+    text = plan_to_xml(plan)
+    assert 'coll="custom"' in text
+    back = xml_to_plan(text)
+    verify_plan(back)
+    assert (back.collective, back.inplace, back.input_chunks, back.output_chunks) == \
+        (plan.collective, True, plan.input_chunks, plan.output_chunks)
+    same_outputs(plan, back)
+    assert plan_to_xml(back) == text
+
+
+@pytest.mark.parametrize("key", ["gather/direct:direct", "scatter/direct:direct"])
+def test_a_builtin_exported_as_custom_keeps_its_root(key):
+    """msc_root was written only for collectives MSCCL roots (coll=), so a
+    gather's root 2, exported as coll="custom", came back as root 0."""
+    plan = lower(msc.trace(ALGORITHMS[key], 4, inplace=True, root=2), LowerOptions())
+    text = plan_to_xml(plan)
+    assert 'msc_root="2"' in text
+    back = xml_to_plan(text)
+    assert back.root == 2
+    verify_plan(back)
+    same_outputs(plan, back)
 
 
 def test_rooted_collectives_keep_their_root():

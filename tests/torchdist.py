@@ -220,11 +220,75 @@ def to_numpy(t):
     return t.numpy()
 
 
-def _dist_result(collective: str, x, n: int, count: int, op: str, root: int):
-    """torch.distributed's own collective on a copy of this rank's input;
-    None where gloo has no such operation (integer avg)."""
+def _silent(owner, name):
+    """``owner.name`` called with its FutureWarnings silenced (all_gather_into_tensor & co are being renamed)."""
     import warnings
 
+    fn = getattr(owner, name)
+
+    def call(*args, **kw):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            return fn(*args, **kw)
+    return call
+
+
+def _by_row(call, collective: str, x, count: int, n: int, rank: int, op: str, root: int, inplace: bool):
+    """``call`` (torch.distributed's function, or msc.torch's) of the
+    collective as its registry row (TorchCall) names the buffers, on a copy
+    of this rank's input; returns this rank's output (None where the
+    collective leaves it unspecified). In place: one tensor, or NCCL's
+    aliasing (the input unit ``rank`` of the output, or the reverse); a
+    list form given on the root only (gather, scatter) has no in-place form."""
+    import torch
+
+    from msc.dsl.collectives import get_collective
+
+    spec = COLLECTIVES[collective]
+    tc = spec.torch
+    units = dict(zip(("input", "output"), spec.units(n)))
+    kw = {**({tc.root: root} if tc.root else {}), **({"op": op} if spec.reduces else {})}
+    unspecified_here = unspecified(collective, rank, n, root)
+    if tc.at_root:
+        arg, buffer = tc.listed
+        (other, _), = [(b, a) for a, b in tc.args]
+        given = None
+        if rank == root:
+            given = [x[i * count:(i + 1) * count].clone() for i in range(n)] if buffer == "input" else \
+                [torch.full((count,), 7, dtype=x.dtype) for _ in range(n)]
+        tensor = x.clone() if other == "input" else torch.full((count,), 7, dtype=x.dtype)
+        call(tensor, **{arg: given}, **kw)
+        if unspecified_here:
+            return None
+        return torch.cat(given) if buffer == "output" else tensor
+    if len(tc.args) == 1:
+        t = x.clone()
+        call(t, **kw)
+        return None if unspecified_here else t
+    alias, target, offset = get_collective(collective).inplace_alias(rank, n, 1)
+    if inplace:
+        whole = torch.full((units[target] * count,), 7, dtype=x.dtype) if target == "output" else x.clone()
+        part = whole[offset * count:(offset + units[alias]) * count]
+        if target == "output":
+            part.copy_(x)
+        tensors = {target: whole, alias: part}
+    else:
+        tensors = {"input": x.clone(), "output": torch.full((units["output"] * count,), 7, dtype=x.dtype)}
+    call(*(tensors[buffer] for _, buffer in tc.args), **kw)
+    return None if unspecified_here else tensors["output"] if "output" in tensors else tensors["input"]
+
+
+def unspecified(collective: str, rank: int, n: int, root: int) -> bool:
+    """Whether the collective leaves this rank's output unspecified (reduce, gather off the root)."""
+    from msc.dsl.collectives import get_collective
+
+    return all(e is None for e in get_collective(collective).postconditions(rank, n, 1, root))
+
+
+def _dist_result(collective: str, x, n: int, count: int, op: str, root: int):
+    """torch.distributed's own collective on a copy of this rank's input;
+    None where gloo has no such operation (integer avg) or the output is
+    unspecified (reduce off the root)."""
     import torch
     import torch.distributed as dist
 
@@ -232,76 +296,22 @@ def _dist_result(collective: str, x, n: int, count: int, op: str, root: int):
            "min": dist.ReduceOp.MIN, "avg": dist.ReduceOp.AVG}[op]
     if op == "avg" and not x.dtype.is_floating_point and collective in REDUCING:
         return None
-    if collective == "sendrecv":          # no torch.distributed collective: its point-to-point calls
+    tc = COLLECTIVES[collective].torch
+    if tc is None:                      # sendrecv: no torch.distributed collective, its point-to-point calls
         t, rank = torch.empty_like(x), dist.get_rank()
         for req in dist.batch_isend_irecv([dist.P2POp(dist.isend, x, (rank + 1) % n),
                                            dist.P2POp(dist.irecv, t, (rank - 1) % n)]):
             req.wait()
         return t
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)    # all_gather_into_tensor & co are being renamed
-        if collective == "allreduce":
-            t = x.clone()
-            dist.all_reduce(t, op=rop)
-            return t
-        if collective == "allgather":
-            t = torch.empty(n * count, dtype=x.dtype)
-            dist.all_gather_into_tensor(t, x)
-            return t
-        if collective == "reducescatter":
-            t = torch.empty(count, dtype=x.dtype)
-            dist.reduce_scatter_tensor(t, x.clone(), op=rop)
-            return t
-        if collective == "alltoall":
-            t = torch.empty_like(x)
-            dist.all_to_all_single(t, x)
-            return t
-        if collective == "broadcast":
-            t = x.clone()
-            dist.broadcast(t, src=root)
-            return t
-        t = x.clone()
-        dist.reduce(t, dst=root, op=rop)
-        return t if dist.get_rank() == root else None
+    fn = _silent(dist, tc.function)
+    call = (lambda *a, op=None, **kw: fn(*a, op=rop, **kw)) if COLLECTIVES[collective].reduces else fn
+    return _by_row(call, collective, x, count, n, dist.get_rank(), op, root, False)
 
 
 def _msc_call(collective: str, plans, x, count: int, n: int, rank: int, op: str, root: int, inplace: bool,
               transport: str):
     """The msc.torch collective with torch.distributed's signature; returns the output."""
-    import torch
-
-    import msc.torch as mt
-
-    mt = _With(mt, transport=transport)
-
-    if COLLECTIVES[collective].torch is None:        # torch has no such call: msc.torch.run_plan only
-        return mt.run_plan(plans, x.clone() if inplace else x, None if inplace else torch.full_like(x, 7), op=op)
-    if collective in ("allreduce", "broadcast", "reduce"):
-        if inplace:
-            t = x.clone()
-        else:                                        # out of place through run_plan
-            out = torch.full_like(x, 7)
-            return mt.run_plan(plans, x, out, op=op)
-        if collective == "allreduce":
-            return mt.all_reduce(plans, t, op=op)
-        if collective == "broadcast":
-            return mt.broadcast(plans, t, src=root)
-        return mt.reduce(plans, t, dst=root, op=op)
-    if collective == "allgather":
-        out = torch.full((n * count,), 7, dtype=x.dtype)
-        if inplace:
-            out[rank * count:(rank + 1) * count] = x
-            return mt.all_gather(plans, out, out[rank * count:(rank + 1) * count])
-        return mt.all_gather(plans, out, x)
-    if collective == "reducescatter":
-        if inplace:
-            t = x.clone()
-            return mt.reduce_scatter(plans, t[rank * count:(rank + 1) * count], t, op=op)
-        return mt.reduce_scatter(plans, torch.full((count,), 7, dtype=x.dtype), x, op=op)
-    if inplace:
-        t = x.clone()
-        return mt.all_to_all(plans, t, t)
-    return mt.all_to_all(plans, torch.full_like(x, 7), x)
+    return msc_call(collective, plans, x, count, n, rank, op, root, inplace, transport=transport)
 
 
 class _With:
@@ -341,7 +351,7 @@ def collective_cases(rank: int, n: int, cases: list) -> int:
         where = f"case {i}: {key} n={n} plan {'in' if plan_inplace else 'out'}-place i{instances} root {root}, " \
                 f"call {'in' if call_inplace else 'out'}-place, count {count}, {dtype} {op}, {transport}, rank {rank}"
         assert torch.equal(x, to_torch(inputs[rank])), where + ": the input changed"
-        if coll == "reduce" and rank != root:
+        if unspecified(coll, rank, n, root):
             _dist_result(coll, x, n, count, op, root)       # take part; nothing to compare
             continue
         # bit for bit the reference executor (msc.executor), whatever the call form
@@ -548,36 +558,21 @@ def ddp_case(rank: int, n: int, steps: int, plan_dir: str) -> dict:
 # -- msc.torch on the msc CUDA runtime, on the emulated device (MSC_DEVICE=emu) ----------------------
 
 def msc_call(collective: str, plans, x, count: int, n: int, rank: int, op: str, root: int, inplace: bool, **kw):
-    """As ``_msc_call``, with any keyword arguments (``backend=``) for the msc.torch calls."""
+    """The msc.torch collective with torch.distributed's signature (its
+    registry row's), with any keyword arguments (``backend=``); a call of
+    one tensor out of place, or of a collective torch has no call for,
+    through run_plan. Returns the output (None where unspecified)."""
     import torch
 
     import msc.torch as mt
 
     mt = _With(mt, **kw)
-    if collective in ("allreduce", "broadcast", "reduce"):
-        if not inplace:                              # out of place through run_plan
-            return mt.run_plan(plans, x, torch.full_like(x, 7), op=op)
-        t = x.clone()
-        if collective == "allreduce":
-            return mt.all_reduce(plans, t, op=op)
-        if collective == "broadcast":
-            return mt.broadcast(plans, t, src=root)
-        return mt.reduce(plans, t, dst=root, op=op)
-    if collective == "allgather":
-        out = torch.full((n * count,), 7, dtype=x.dtype)
-        if inplace:
-            out[rank * count:(rank + 1) * count] = x
-            return mt.all_gather(plans, out, out[rank * count:(rank + 1) * count])
-        return mt.all_gather(plans, out, x)
-    if collective == "reducescatter":
-        if inplace:
-            t = x.clone()
-            return mt.reduce_scatter(plans, t[rank * count:(rank + 1) * count], t, op=op)
-        return mt.reduce_scatter(plans, torch.full((count,), 7, dtype=x.dtype), x, op=op)
-    if inplace:
-        t = x.clone()
-        return mt.all_to_all(plans, t, t)
-    return mt.all_to_all(plans, torch.full_like(x, 7), x)
+    tc = COLLECTIVES[collective].torch
+    if tc is None or (len(tc.args) == 1 and not tc.at_root and not inplace):
+        out = None if inplace else torch.full((COLLECTIVES[collective].units(n)[1] * count,), 7, dtype=x.dtype)
+        return mt.run_plan(plans, x.clone() if inplace else x, out, op=op)
+    return _by_row(lambda *a, **k: getattr(mt, tc.call)(plans, *a, **k), collective, x, count, n, rank, op, root,
+                   inplace)
 
 
 def cuda_collective_cases(rank: int, n: int, cases: list, rounds: int = 2) -> dict:
@@ -612,7 +607,7 @@ def cuda_collective_cases(rank: int, n: int, cases: list, rounds: int = 2) -> di
             mine = msc_call(coll, plan, x.clone(), count, n, rank, op, root, call_inplace, backend="cuda")
             theirs = msc_call(coll, plan, x.clone(), count, n, rank, op, root, call_inplace, backend="torch")
             assert torch.equal(x, to_torch(inputs[rank])), where + ": the input changed"
-            if coll == "reduce" and rank != root:
+            if unspecified(coll, rank, n, root):
                 continue
             a, b = to_numpy(mine).astype(np.float64), to_numpy(theirs).astype(np.float64)
             if op == "avg":

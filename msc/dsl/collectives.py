@@ -273,6 +273,55 @@ class SendRecv(_Cached):
         return self._expect(src, lambda: (src,))
 
 
+class Gather(_Cached):
+    """Every rank's input to unit ``rank`` of the root's output (nccl-tests'
+    gather: NVIDIA/nccl-tests src/gather.cu); other ranks' outputs are
+    unspecified. In place, the input is unit ``rank`` of the output."""
+
+    name = "gather"
+    has_root = True
+
+    def input_chunks(self, n, k):
+        return k
+
+    def output_chunks(self, n, k):
+        return n * k
+
+    def inplace_alias(self, rank, n, k):
+        return ("input", "output", rank * k)
+
+    def postcondition(self, rank, index, n, k, root):
+        if rank != root:
+            return None
+        src = (index // k, index % k)
+        return self._expect(src, lambda: (src,))
+
+    def _row_key(self, rank, n, k, root):
+        return (n, k, root, rank == root)
+
+
+class Scatter(_Cached):
+    """Unit r of the root's input to rank r's output (nccl-tests' scatter:
+    src/scatter.cu); other ranks' inputs are not read. In place, the output
+    is unit ``rank`` of the input."""
+
+    name = "scatter"
+    has_root = True
+
+    def input_chunks(self, n, k):
+        return n * k
+
+    def output_chunks(self, n, k):
+        return k
+
+    def inplace_alias(self, rank, n, k):
+        return ("output", "input", rank * k)
+
+    def postcondition(self, rank, index, n, k, root):
+        src = (root, rank * k + index)
+        return self._expect(src, lambda: (src,))
+
+
 def _extra_params(fn, fixed: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(names, required names) of ``fn``'s parameters after its first
     ``fixed`` positional ones: the algorithm parameters it asks for."""
@@ -500,6 +549,34 @@ class Arrays:
 
 
 @dataclass(frozen=True)
+class TorchCall:
+    """How torch.distributed's call of a collective names msc's buffers:
+    msc.torch's call (msc.torch.calls), the msc backend's methods
+    (msc.torch.process_group) and the torch test cases are derived from it.
+
+    ``args``: the call's tensor arguments in order, each with the msc buffer
+    it is; a call with one tensor ("tensor": "input") is in place.
+    ``listed``: its list form's argument and the buffer that list of n equal
+    tensors stands for ("gather_list": the output); ``at_root``: that list is
+    given on the root only (elsewhere msc gives the plan a buffer of its
+    own). ``method``/``list_method``: the c10d ProcessGroup methods of the
+    tensor and list forms the msc backend serves, ``options`` their options
+    class (torch.distributed's).
+    """
+
+    function: str                           # torch.distributed's function: "all_gather_into_tensor"
+    call: str                               # msc.torch's, same arguments after ``plans``: "all_gather"
+    args: tuple[tuple[str, str], ...]       # (argument, msc buffer) of its tensors, in order
+    options: str                            # c10d's options class: "AllgatherOptions"
+    root: str | None = None                 # the root argument: "src", "dst"
+    listed: tuple[str, str] | None = None   # (argument, msc buffer) of the list form ("both": alltoall's)
+    at_root: bool = False                   # the list is given on the root only
+    method: str | None = None               # c10d's method of the tensor form: "_allgather_base"
+    list_method: str | None = None          # c10d's method of the list form: "allgather"
+    splits: bool = False                    # takes split sizes (all_to_all_single: msc.torch.uneven)
+
+
+@dataclass(frozen=True)
 class CollectiveSpec:
     """A built-in collective: every fact of it a module needs. Units per rank
     of its buffers are its Collective's chunks at chunk factor 1."""
@@ -513,10 +590,14 @@ class CollectiveSpec:
     #                                         0 any pair, 1 from the root, 2 to the root); None: neighbours only
     reference: Callable[[Arrays], list]     # per rank, the output from the inputs (None: unspecified)
     msccl: bool = True                      # MSCCL XML has it (coll=); else exported as coll="custom" + contract
-    torch: str | None = None                # torch.distributed's call (msc.torch's), None: torch has none
+    msccl_multipliers: Callable[[int], tuple[int, int]] = lambda n: (1, 1)   # at n ranks, what the MSCCL
+    #                                         runtimes multiply i_chunks and o_chunks by to get nchunksperloop
+    torch: TorchCall | None = None          # torch.distributed's call, None: torch has none
     nccl: bool = True                       # msc simulate --nccl models what NCCL runs for it
     synthesizes: bool = True                # msc synthesize makes it
     baseline: str | None = None             # the library algorithm msc tune compares with ("vs ring")
+    relabels: bool = True                   # rooted: a plan of one root serves every root, its ranks renamed
+    #                                         (msc.lower.relabel.for_root); not where a unit's place names its rank
     partition_demand: Callable[[int], float] | None = None   # bytes per byte crossing a partition into p parts
 
     @property
@@ -543,25 +624,55 @@ def _unit_of_each(a: Arrays, combine) -> list:
     return [combine(units[:, r]) for r in range(a.n)]
 
 
+_ONE = (("tensor", "input"),)                           # one tensor, in place
+_PAIR = (("output", "output"), ("input", "input"))
+
 COLLECTIVES: dict[str, CollectiveSpec] = {s.name: s for s in (
     CollectiveSpec(AllReduce, reduces=True, busbw=lambda n: 2 * (n - 1) / n, demand=lambda n, k, root_in: 1.0,
-                   latency=0, reference=lambda a: _everyone(a, a.reduce(a.stack(a.xs))), torch="all_reduce",
+                   latency=0, reference=lambda a: _everyone(a, a.reduce(a.stack(a.xs))),
+                   torch=TorchCall("all_reduce", "all_reduce", _ONE, "AllreduceOptions", method="allreduce"),
                    baseline="allreduce/ring", partition_demand=lambda parts: 2.0 * (parts - 1)),
     CollectiveSpec(AllGather, reduces=False, busbw=lambda n: (n - 1) / n, demand=lambda n, k, root_in: (n - k) / n,
-                   latency=0, reference=lambda a: _everyone(a, a.cat(a.xs)), torch="all_gather_into_tensor",
+                   latency=0, reference=lambda a: _everyone(a, a.cat(a.xs)), msccl_multipliers=lambda n: (n, 1),
+                   torch=TorchCall("all_gather_into_tensor", "all_gather",
+                                   (("output_tensor", "output"), ("input_tensor", "input")), "AllgatherOptions",
+                                   listed=("tensor_list", "output"), method="_allgather_base", list_method="allgather"),
                    baseline="allgather/ring"),
     CollectiveSpec(ReduceScatter, reduces=True, busbw=lambda n: (n - 1) / n, demand=lambda n, k, root_in: k / n,
-                   latency=0, reference=lambda a: _unit_of_each(a, a.reduce), torch="reduce_scatter_tensor",
+                   latency=0, reference=lambda a: _unit_of_each(a, a.reduce), msccl_multipliers=lambda n: (1, n),
+                   torch=TorchCall("reduce_scatter_tensor", "reduce_scatter", _PAIR, "ReduceScatterOptions",
+                                   listed=("input_list", "input"), method="_reduce_scatter_base",
+                                   list_method="reduce_scatter"),
                    baseline="reducescatter/ring"),
     CollectiveSpec(AllToAll, reduces=False, busbw=lambda n: (n - 1) / n,
                    demand=lambda n, k, root_in: k * (n - k) / n, latency=0,
-                   reference=lambda a: _unit_of_each(a, lambda u: u.reshape(-1)), torch="all_to_all_single"),
+                   reference=lambda a: _unit_of_each(a, lambda u: u.reshape(-1)),
+                   torch=TorchCall("all_to_all_single", "all_to_all", _PAIR, "AllToAllOptions",
+                                   listed=("tensors", "both"), method="alltoall_base", list_method="alltoall",
+                                   splits=True)),
     CollectiveSpec(Broadcast, reduces=False, busbw=lambda n: 1.0, demand=lambda n, k, root_in: 0.0 if root_in else 1.0,
-                   latency=1, reference=lambda a: _everyone(a, a.xs[a.root]), torch="broadcast",
+                   latency=1, reference=lambda a: _everyone(a, a.xs[a.root]),
+                   torch=TorchCall("broadcast", "broadcast", _ONE, "BroadcastOptions", root="src", method="broadcast"),
                    baseline="broadcast/chain"),
     CollectiveSpec(Reduce, reduces=True, busbw=lambda n: 1.0, demand=lambda n, k, root_in: 1.0 if root_in else 0.0,
                    latency=2, reference=lambda a: [a.reduce(a.stack(a.xs)) if r == a.root else None
-                                                   for r in range(a.n)], torch="reduce", baseline="reduce/ring"),
+                                                   for r in range(a.n)],
+                   torch=TorchCall("reduce", "reduce", _ONE, "ReduceOptions", root="dst", method="reduce"),
+                   baseline="reduce/ring"),
+    # nccl-tests' gather and scatter (src/gather.cu, scatter.cu: busbw factor (n-1)/n of a size of n units);
+    # MSCCL, NCCL's cost model and the synthesizer have neither: exported as coll="custom" with the contract
+    CollectiveSpec(Gather, reduces=False, busbw=lambda n: (n - 1) / n,
+                   demand=lambda n, k, root_in: (n - k) / n if root_in else 0.0, latency=2,
+                   reference=lambda a: [a.cat(a.xs) if r == a.root else None for r in range(a.n)],
+                   torch=TorchCall("gather", "gather", _ONE, "GatherOptions", root="dst",
+                                   listed=("gather_list", "output"), at_root=True, list_method="gather"),
+                   msccl=False, nccl=False, synthesizes=False, baseline="gather/direct", relabels=False),
+    CollectiveSpec(Scatter, reduces=False, busbw=lambda n: (n - 1) / n,
+                   demand=lambda n, k, root_in: 0.0 if root_in else k / n, latency=1,
+                   reference=lambda a: [a.xs[a.root].reshape(a.n, -1)[r] for r in range(a.n)],
+                   torch=TorchCall("scatter", "scatter", (("tensor", "output"),), "ScatterOptions", root="src",
+                                   listed=("scatter_list", "input"), at_root=True, list_method="scatter"),
+                   msccl=False, nccl=False, synthesizes=False, baseline="scatter/direct", relabels=False),
     # nccl-tests' sendrecv (NVIDIA/nccl-tests src/sendrecv.cu: r sends to r+1, busbw factor 1); a side of
     # 1..n-1 ranks has a rank whose predecessor is outside it
     CollectiveSpec(SendRecv, reduces=False, busbw=lambda n: 1.0, demand=lambda n, k, root_in: 1.0 if 0 < k < n else 0.0,

@@ -35,10 +35,11 @@ Entries for the same (collective, ranks, form, root) must not overlap:
 two plans for one call is an error when the registry is built, not a
 silent pick.
 
-Roots. A plan of a rooted collective (broadcast, reduce) serves every
-root: where no entry has the call's root, one with another root (the
-lowest) is turned to it by renaming its ranks (msc.lower.relabel.for_root)
-and verified the first time that root is asked for (``RootedEntry``).
+Roots. A plan of a rooted collective whose registry row relabels
+(broadcast, reduce) serves every root: where no entry has the call's root,
+one with another root (the lowest) is turned to it by renaming its ranks
+(msc.lower.relabel.for_root) and verified the first time that root is
+asked for (``RootedEntry``). A gather or scatter plan serves its own root.
 """
 from __future__ import annotations
 

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
-from msc.dsl.collectives import COLLECTIVES, ROOTED, contract_of, get_collective
+from msc.dsl.collectives import COLLECTIVES, ROOTED, collective_key, contract_of, get_collective
 from msc.errors import PlanError, RuntimeLimitError, UsageError
 from msc.ir import Plan, StepOp
 from msc.ir.contract_text import contract_lines
@@ -102,7 +102,7 @@ def plan_to_xml(plan: Plan, *, runtime: str = "msccl", min_bytes: int = 0, max_b
         attrs["minbytes"], attrs["maxbytes"] = attrs["minBytes"], attrs["maxBytes"]
     # msc's own values, for a faithful import (the runtimes ignore unknown attributes)
     attrs["msc_slots"] = str(plan.slots)
-    if coll in ROOTED:
+    if collective_key(plan.collective) in ROOTED:          # coll may be custom (gather, scatter): the plan's own
         attrs["msc_root"] = str(plan.root)
     if plan.tile:
         attrs["msc_tile"] = str(plan.tile)

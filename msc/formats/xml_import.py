@@ -26,7 +26,9 @@ fuses into one pass when that pass differs from doing them in turn (another
 ``cnt``, or a source overlapping the destination). Runtime size limits are
 not checked here (xml_export does that). A custom collective in place
 (``coll="custom" inplace="1"``) has one buffer, which ``i`` and ``o`` both
-name from chunk 0 (NCCL's sendbuff == recvbuff).
+name from chunk 0 (NCCL's sendbuff == recvbuff); a built-in msc exported
+as custom (``msc_collective``: gather, scatter, sendrecv) keeps its own
+layout (in-place gather: ``i`` is unit rank of ``o``).
 
 Connection capacity. A plan is verified with the slots per connection it
 records (msc.verification.plan); an XML file says nothing about it unless msc
@@ -271,13 +273,22 @@ class _Reader:
             if rank in by_id:
                 raise self.error(gpu, f"<gpu id={rank}> appears twice", rank=rank)
             by_id[rank] = gpu
-        k, sizes, layout = self.geometry(algo, collective, n, nchunks, inplace, root, gpus)
+        # a built-in MSCCL lacks, exported as custom by msc: its own layout (in place: its aliasing, not
+        # the custom collectives' one buffer)
+        builtin = algo.get("msc_collective") if collective == "custom" and algo.get("msc_contract") is not None \
+            else None
+        builtin = builtin if builtin in SPECS else None
+        k, sizes, layout = self.geometry(algo, builtin or collective, n, nchunks, inplace, root, gpus)
         if layout is not None and inplace:
             self.alias = layout.alias
         ranks = tuple(self.rank(by_id[r], r, n, nchannels, sizes) for r in range(n))
         if collective == "custom" and algo.get("msc_contract") is not None:     # msc wrote what it requires
+            geometry_k = k
             collective, k, extra["contract"] = self.contract(algo, sizes)
-            if collective in SPECS:                 # a built-in MSCCL lacks, exported as custom by msc
+            if builtin is not None:
+                if k != geometry_k:
+                    raise self.error(algo, f"<algo> msc_chunk_factor={k}, but {builtin} with nchunksperloop={nchunks} "
+                                           f"and {n} gpus has chunk factor {geometry_k}")
                 extra["contract"] = self.builtin_contract(algo, collective, n, k, root, extra["contract"])
         plan = Plan(name, collective, n, k, inplace, sizes["input"], sizes["output"], ranks, **extra)
         try:

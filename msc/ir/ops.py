@@ -28,6 +28,8 @@ class ReduceOp:
                                    # but for switch plans: their sum, then the executor's division)
     exact: bool = False            # the result is one of the inputs: exact in any order, no rounding tolerance
     aliases: tuple[str, ...] = ()  # further names msc.torch takes
+    types: str = "any"             # the element types it reduces: "any", or "integer" (a bitwise op), "floating"
+    kernel_types: tuple[str, str] | None = None   # msc's CUDA kernels' own rule of types: (types, why)
 
 
 REDUCE_OPS: dict[str, ReduceOp] = {op.name: op for op in (
@@ -35,7 +37,8 @@ REDUCE_OPS: dict[str, ReduceOp] = {op.name: op for op in (
     ReduceOp("prod", "multiply", "mul", "PRODUCT", "x * y", "a * b", aliases=("product",)),
     ReduceOp("max", "maximum", "maximum", "MAX", "fmaxf(x, y)", "(a > b ? a : b)", exact=True),
     ReduceOp("min", "minimum", "minimum", "MIN", "fminf(x, y)", "(a < b ? a : b)", exact=True),
-    ReduceOp("avg", "add", "add", "AVG", "x + y", "a + b", average=True, aliases=("mean",)),
+    ReduceOp("avg", "add", "add", "AVG", "x + y", "a + b", average=True, aliases=("mean",),
+             kernel_types=("floating", "it scales inputs by 1/n")),
 )}
 REDUCE_OP_NAMES = tuple(REDUCE_OPS)
 
@@ -51,12 +54,29 @@ def reduce_op(name) -> ReduceOp:
     return found
 
 
+def op_dtype_problem(op: str, dtype: str, floating: bool) -> str | None:
+    """Why ``op`` cannot reduce elements of ``dtype`` (``floating``: whether
+    it is a floating type), or None: the op registry's rule of types (its
+    row's ``types``), which the executor, msc.torch and the CUDA kernels
+    (``kernel_op_problem``) all apply."""
+    need = reduce_op(op).types
+    if _fits(need, floating):
+        return None
+    return f"the reduction op {op} reduces {need} types, not {dtype}"
+
+
 def kernel_op_problem(op: str, dtype: str, floating: bool) -> str | None:
-    """Why msc's CUDA kernels cannot reduce ``dtype`` (``floating``: whether it
-    is a floating type) with ``op``, or None: the one check of an op's types."""
-    if reduce_op(op).average and not floating:
-        return f"{op} on the msc CUDA runtime needs a floating type (it scales inputs by 1/n), not {dtype}"
-    return None
+    """Why msc's CUDA kernels cannot reduce ``dtype`` with ``op``, or None:
+    the op's rule of types, then its kernels' own (``kernel_types``)."""
+    problem = op_dtype_problem(op, dtype, floating)
+    rule = reduce_op(op).kernel_types
+    if problem is None and rule is not None and not _fits(rule[0], floating):
+        problem = f"{op} on the msc CUDA runtime needs a {rule[0]} type ({rule[1]}), not {dtype}"
+    return problem
+
+
+def _fits(types: str, floating: bool) -> bool:
+    return types == "any" or (types == "floating") == floating
 
 
 # What NVLink SHARP reduces in the switch, by element type (multimem.ld_reduce on sm_90: PTX

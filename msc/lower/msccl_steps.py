@@ -150,9 +150,7 @@ def msccl_collective(plan: Plan, rt: Runtime) -> tuple[str, int, int]:
             raise PlanError(f"the {rt.name} runtime has no custom collectives (plan collective "
                             f"{plan.collective!r}); export it for the msccl runtime")
         return "custom", 1, 1
-    if name == "reducescatter":
-        return rt.reducescatter, 1, n
-    return name, (n if name == "allgather" else 1), 1
+    return rt.coll(name), *COLLECTIVES[name].msccl_multipliers(n)
 
 
 def _limit(limit: str, value: int, maximum: int, what: str, rt: Runtime, constant: int | None = None,

@@ -11,13 +11,20 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from msc.dsl.collectives import COLLECTIVES, collective_key
 from msc.errors import UsageError
 from msc.ir import Plan, RankPlan
 
 
 def can_relabel(plan: Plan) -> bool:
-    """Whether ``relabel`` takes ``plan``: a built-in collective's, without switch groups."""
-    return plan.contract is None and plan.first_switch_step() is None
+    """Whether ``for_root`` takes ``plan``: a built-in collective's whose
+    registry row relabels, without switch groups."""
+    return plan.contract is None and plan.first_switch_step() is None and _relabels(plan)
+
+
+def _relabels(plan: Plan) -> bool:
+    spec = COLLECTIVES.get(collective_key(plan.collective))
+    return spec is None or spec.relabels
 
 
 def relabel(plan: Plan, perm) -> Plan:
@@ -53,4 +60,8 @@ def for_root(plan: Plan, root: int) -> Plan:
     if not 0 <= root < n:
         raise UsageError(f"root {root} is not a rank of plan {plan.name!r} ({n} ranks: 0..{n - 1})")
     shift = root - plan.root
+    if shift and not _relabels(plan):
+        raise UsageError(f"plan {plan.name!r} is a {plan.collective} plan for root {plan.root}, and a {plan.collective} "
+                         f"plan serves its own root only (each rank's unit has its place at the root: renaming ranks "
+                         f"moves it); compile one for root {root} (msc compile ALGORITHM --param root={root})")
     return plan if shift == 0 else relabel(plan, [(p + shift) % n for p in range(n)])

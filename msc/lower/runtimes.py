@@ -65,6 +65,10 @@ class Runtime:
     unlimited_bytes: int = 0            # the maxBytes that means "no upper bound"
     lowercase_bytes: bool = False       # also write minbytes/maxbytes (msccl's config file spelling)
 
+    def coll(self, collective: str) -> str:
+        """The coll= this runtime spells msc's ``collective`` as (reduce-scatter: each its own way)."""
+        return self.reducescatter if collective == "reducescatter" else collective
+
     def connection_slots(self, protocol: str) -> int | None:
         """Messages a ``protocol`` connection holds before its sender blocks
         (None: as many as the plan needs)."""

@@ -420,7 +420,9 @@ def nccl_time(s: System, collective: str, algorithm: str, protocol: str, nbytes:
 def choose(s: System, collective: str, nbytes: int, *, algorithms=None, protocols=None) -> Choice:
     """What NCCL runs for one call of ``nbytes`` (nccl-tests size)."""
     if collective not in COLLECTIVES:
-        raise UsageError(f"msc simulate --nccl models {', '.join(COLLECTIVES)}, not {collective!r}")
+        why = (f" (msc has no model of what NCCL runs for {collective}: simulate a plan of it, msc simulate PLAN)"
+               if collective in SPECS else "")
+        raise UsageError(f"msc simulate --nccl models {', '.join(COLLECTIVES)}, not {collective!r}{why}")
     if collective in P2P:
         return _p2p_choice(s, nbytes // s.ranks if collective == "alltoall" else nbytes)
     best = None

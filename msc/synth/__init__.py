@@ -56,6 +56,10 @@ def default_spread(pieces: int) -> int:
 
 def check_collective(collective: str) -> None:
     """UsageError unless msc synthesize makes ``collective``."""
+    if collective in SPECS and collective not in COLLECTIVES:     # a built-in it has no synthesizer for
+        baseline = SPECS[collective].baseline
+        raise UsageError(f"msc synthesize makes {', '.join(COLLECTIVES)}, not {collective!r}: write its algorithm"
+                         + (f" (the library has {baseline.split(':')[0]})" if baseline else ""))
     if collective not in COLLECTIVES:
         raise UsageError(f"msc synthesize makes {', '.join(COLLECTIVES)}, not {collective!r}"
                          + did_you_mean(collective, COLLECTIVES))

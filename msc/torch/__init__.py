@@ -24,9 +24,10 @@
   - "auto" (default): "cuda" for tensors on the runtime's device (of a
     dtype and op its kernels take) when torchrun
     says the job is on one node, else "torch".
-- ``all_reduce``, ``all_gather``, ``reduce_scatter``, ``all_to_all``,
-  ``broadcast``, ``reduce``: torch.distributed's signatures with the plans
-  first (a PlanRegistry, a directory, a Plan or a list).
+- One call per collective torch.distributed has (``all_reduce``,
+  ``all_gather``, ...: the registry rows' ``TorchCall``, msc.dsl.collectives):
+  torch.distributed's signatures with the plans first (a PlanRegistry, a
+  directory, a Plan or a list).
 - ``PlanRegistry``: plans by collective, ranks, form and size range
   (msc.formats.registry; ``NoPlanError`` when nothing covers a call).
 - ``allreduce_hook(plans, backend=)``: a DDP communication hook (msc.torch.ddp).
@@ -49,15 +50,15 @@ from __future__ import annotations
 
 import importlib
 
+from msc.dsl.collectives import COLLECTIVES
 from msc.torch import backend_registration
 from msc.formats.registry import NoPlanError, PlanEntry, PlanFolderWarning, PlanRegistry
 from msc.torch.served import report
 from msc.torch.settings import configure
 
 _LAZY = {
-    "run_plan": "msc.torch.calls", "all_reduce": "msc.torch.calls", "all_gather": "msc.torch.calls",
-    "reduce_scatter": "msc.torch.calls", "all_to_all": "msc.torch.calls", "broadcast": "msc.torch.calls",
-    "reduce": "msc.torch.calls", "registry_of": "msc.torch.calls",
+    "run_plan": "msc.torch.calls", "registry_of": "msc.torch.calls",
+    **{spec.torch.call: "msc.torch.calls" for spec in COLLECTIVES.values() if spec.torch},   # one per registry row
     "allreduce_hook": "msc.torch.ddp",
     "run_local": "msc.torch.execute", "prepare": "msc.torch.execute", "Prepared": "msc.torch.execute",
     "clear_caches": "msc.torch.execute",

@@ -26,8 +26,9 @@ import torch
 from msc.errors import UsageError
 from msc.ir import Plan
 from msc.torch import agree, backends, uneven
-from msc.torch.execute import DTYPES, DistTransport, Prepared, choose_transport, execute, op_name, prepare
-from msc.dsl.collectives import collective_key
+from msc.torch.execute import (DTYPES, DistTransport, Prepared, check_op_dtype, choose_transport, execute, op_name,
+                               prepare)
+from msc.dsl.collectives import COLLECTIVES, collective_key
 from msc.formats.registry import PlanRegistry
 
 _SUPPORTED = set(DTYPES)
@@ -242,6 +243,7 @@ def _run_alone(get_plan, input, output, op, group, backend, transport, collectiv
             raise UsageError(f"plan {prepared.plan.name!r} is for {prepared.plan.num_ranks} ranks, the group has {n}")
         op = op_name(op)
         call = _Call(prepared.collective, n, prepared.plan.chunk_factor, rank, input, output)
+        check_op_dtype(op, call.dtype)
         chosen = backends.choose(backend, call.device, group, call.dtype, op, prepared.collective.name)
         tr = choose_transport(transport, group, n) if chosen == "torch" else None
         prog = prepared.program(rank, call.count, tr) if tr is not None else None
@@ -323,31 +325,79 @@ def _picked(plans, collective: str, group, input, output, root: int | None = Non
     return get
 
 
-def all_reduce(plans, tensor, op="sum", group=None, **kw) -> torch.Tensor:
-    """In place, as torch.distributed.all_reduce."""
-    return _run(_picked(plans, "allreduce", group, tensor, None), tensor, None, op=op, group=group, **kw)
+def _derived(spec):
+    """msc.torch's call of ``spec``'s collective (``spec.torch``, a
+    TorchCall): torch.distributed's arguments after ``plans``, then
+    ``group`` and run_plan's keywords. Its tensors are msc's buffers as
+    the row names them; a call of one tensor is in place; the in-place
+    forms are NCCL's (the input unit ``rank`` of the output, or the
+    output unit ``rank`` of the input); a root argument is a group rank (a
+    plan of another root is turned to it: ``for_root``)."""
+    from inspect import Parameter, Signature
+
+    tc, name = spec.torch, spec.name
+    arg = lambda a, default=Parameter.empty: Parameter(a, Parameter.POSITIONAL_OR_KEYWORD, default=default)  # noqa
+    params = [arg("plans"), *(arg(a) for a, _ in tc.args)]
+    params += [arg(tc.listed[0], None)] if tc.at_root else []
+    params += [arg("output_split_sizes", None), arg("input_split_sizes", None)] if tc.splits else []
+    params += [arg(tc.root, 0)] if tc.root else []
+    params += [arg("op", "sum")] if spec.reduces else []
+    sig = Signature([*params, arg("group", None), Parameter("kw", Parameter.VAR_KEYWORD)])
+
+    def call(*args, **kwargs):
+        bound = sig.bind(*args, **kwargs)
+        bound.apply_defaults()
+        a = bound.arguments
+        plans, group, kw = a["plans"], a["group"], a["kw"]
+        tensors = {buffer: a[x] for x, buffer in tc.args}
+        if tc.splits and (a["output_split_sizes"] or a["input_split_sizes"]):
+            return _all_to_all_uneven(plans, tensors["output"], tensors["input"], a["output_split_sizes"],
+                                      a["input_split_sizes"], group, **kw)
+        root = a[tc.root] if tc.root else None
+        if spec.reduces:
+            kw["op"] = a["op"]
+        if tc.at_root:
+            return _at_root(spec, plans, tensors, a[tc.listed[0]], root, group, kw)
+        inp, out = tensors.get("input"), tensors.get("output")
+        return _run(_picked(plans, name, group, inp, out, root), inp, out, group=group, **kw)
+
+    call.__name__ = call.__qualname__ = tc.call
+    call.__signature__ = sig
+    call.__doc__ = f"As torch.distributed.{tc.function}, on the plan ``plans`` offers ({_derived.__name__}: how the " \
+                   f"arguments name msc's buffers). Returns the output tensor."
+    return call
 
 
-def all_gather(plans, output_tensor, input_tensor, group=None, **kw) -> torch.Tensor:
-    """As torch.distributed.all_gather_into_tensor (in place when the
-    input is unit ``rank`` of the output)."""
-    return _run(_picked(plans, "allgather", group, input_tensor, output_tensor), input_tensor, output_tensor,
-                group=group, **kw)
-
-
-def reduce_scatter(plans, output, input, op="sum", group=None, **kw) -> torch.Tensor:
-    """As torch.distributed.reduce_scatter_tensor (in place when the
-    output is unit ``rank`` of the input)."""
-    return _run(_picked(plans, "reducescatter", group, input, output), input, output, op=op, group=group, **kw)
-
-
-def all_to_all(plans, output, input, output_split_sizes=None, input_split_sizes=None, group=None,
-               **kw) -> torch.Tensor:
-    """As torch.distributed.all_to_all_single: equal splits when no split
-    sizes are given (on every rank), else msc.torch.uneven's padded units."""
-    if output_split_sizes or input_split_sizes:
-        return _all_to_all_uneven(plans, output, input, output_split_sizes, input_split_sizes, group, **kw)
-    return _run(_picked(plans, "alltoall", group, input, output), input, output, group=group, **kw)
+def _at_root(spec, plans, tensors, listed, root: int, group, kw):
+    """A call whose list (``spec.torch.listed``: gather's gather_list,
+    scatter's scatter_list) is given on the root only: there the n equal
+    tensors as one buffer (copied out after, for an output), elsewhere a
+    buffer of msc's own. Returns the list on the root (an output list) or
+    the tensor, None on the other ranks of a gather."""
+    rank, n = _group_info(group)
+    (other, tensor), = tensors.items()
+    arg, buffer = spec.torch.listed
+    units = dict(zip(("input", "output"), spec.units(n)))
+    t = _flat(tensor, other)
+    numel = t.numel() // units[other] * units[buffer]
+    if rank == root:
+        if not isinstance(listed, (list, tuple)) or len(listed) != units[buffer] or any(
+                not isinstance(x, torch.Tensor) or x.numel() != numel // units[buffer] for x in listed):
+            raise UsageError(f"{spec.name}: on the root (rank {root}) {arg} must be a list of {units[buffer]} tensors "
+                             f"of {numel // units[buffer]} elements each")
+        whole = torch.cat([x.reshape(-1) for x in listed]) if buffer == "input" else \
+            torch.empty(numel, dtype=t.dtype, device=t.device)
+    else:
+        whole = torch.zeros(numel, dtype=t.dtype, device=t.device)
+    inp, out = (whole, t) if buffer == "input" else (t, whole)
+    _run(_picked(plans, spec.name, group, inp, out, root), inp, out, group=group, **kw)
+    if buffer == "input":
+        return tensor
+    if rank != root:
+        return None
+    for i, x in enumerate(listed):
+        x.copy_(whole[i * x.numel():(i + 1) * x.numel()].view_as(x))
+    return listed
 
 
 def _all_to_all_uneven(plans, output, input, output_split_sizes, input_split_sizes, group, **kw) -> torch.Tensor:
@@ -366,17 +416,15 @@ def _all_to_all_uneven(plans, output, input, output_split_sizes, input_split_siz
                                                              **kw), output, input)
 
 
-def broadcast(plans, tensor, src: int = 0, group=None, **kw) -> torch.Tensor:
-    """In place, as torch.distributed.broadcast; ``src`` is a group rank (a
-    plan of another root is turned to it: ``for_root``)."""
-    return _run(_picked(plans, "broadcast", group, tensor, None, src), tensor, None, group=group, **kw)
+
+def _install() -> None:
+    """msc.torch's calls, one per registry row torch has a call for."""
+    for spec in COLLECTIVES.values():
+        if spec.torch is not None:
+            globals()[spec.torch.call] = _derived(spec)
 
 
-def reduce(plans, tensor, dst: int = 0, op="sum", group=None, **kw) -> torch.Tensor:
-    """In place, as torch.distributed.reduce; ``dst`` is a group rank (a plan
-    of another root is turned to it: ``for_root``). Other ranks' tensors
-    hold unspecified values after."""
-    return _run(_picked(plans, "reduce", group, tensor, None, dst), tensor, None, op=op, group=group, **kw)
+_install()
 
 
 _TURNED: dict[tuple[int, int], tuple[Plan, Plan]] = {}      # (id(plan), root) -> (plan, turned and verified)

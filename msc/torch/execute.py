@@ -31,7 +31,7 @@ from msc.dsl.collectives import get_collective
 from msc.errors import UsageError
 from msc.ir import Plan
 from msc.lower.switch_expand import expand_switch_ops
-from msc.ir.ops import REDUCE_OP_NAMES, REDUCE_OPS
+from msc.ir.ops import REDUCE_OP_NAMES, REDUCE_OPS, op_dtype_problem
 from msc.torch.rank_program import ARENA, BUFFER, TRANSPORTS, RankProgram, compile_rank
 from msc.torch.rounds import schedule
 
@@ -129,6 +129,13 @@ def op_name(op) -> str:
     if key not in COMBINE:
         raise UsageError(f"unknown reduction op {op!r} (expected one of {', '.join(OPS)})")
     return key
+
+
+def check_op_dtype(op: str, dtype: torch.dtype) -> None:
+    """A UsageError where the op registry's rule of types (msc.ir.ops.op_dtype_problem) refuses ``op`` on ``dtype``."""
+    problem = op_dtype_problem(op, str(dtype).replace("torch.", ""), dtype.is_floating_point)
+    if problem is not None:
+        raise UsageError(problem)
 
 
 def workspace(prog: RankProgram, like: torch.Tensor) -> torch.Tensor:
@@ -273,6 +280,9 @@ def run_local(plan, phys: list[dict[str, torch.Tensor]], *, count: int, op: str 
         for name, size in prog.sizes.items():
             if phys[r].get(name) is None or phys[r][name].numel() != size:
                 raise UsageError(f"rank {r}: buffer {name} needs {size} elements at count {count}")
+    for t in (t for p in phys for t in p.values() if t is not None):
+        check_op_dtype(op, t.dtype)
+        break
     bufs = [buffers_for(prog, p) for prog, p in zip(progs, phys)]
     combine = COMBINE[op]
     at = [{rd.t: rd for rd in prog.rounds} for prog in progs]
@@ -324,5 +334,5 @@ def _local_alltoall(t, here, bufs) -> None:
             piece.copy_(sources[s][r])
 
 
-__all__ = ["COMBINE", "DTYPES", "DistTransport", "OPS", "Prepared", "TAG", "choose_transport", "clear_caches",
-           "execute", "op_name", "prepare", "run_local"]
+__all__ = ["COMBINE", "DTYPES", "DistTransport", "OPS", "Prepared", "TAG", "check_op_dtype", "choose_transport",
+           "clear_caches", "execute", "op_name", "prepare", "run_local"]

@@ -15,15 +15,17 @@ Served: all_reduce, all_gather_single (all_gather_into_tensor), all_gather
 reduce_scatter (list of equal tensors), all_to_all_single (split sizes
 given: on padded units, msc.torch.uneven, counted as "alltoallv"),
 all_to_all (list of equal tensors), broadcast and reduce from any root (a
-plan of another root turned to it: msc.formats.registry); their coalesced
-forms one call at a time. A call passes through when no plan covers it
+plan of another root turned to it: msc.formats.registry), gather and
+scatter (the list on the root only) from the roots of their plans; their
+coalesced forms one call at a time. Each registry row's methods are
+derived from its TorchCall (msc.dsl.collectives). A call passes through when no plan covers it
 (collective, ranks, bytes, form), its dtype or op is not one msc runs (e.g.
 PREMUL_SUM, bitwise ops, complex or bool tensors), its tensors are empty, a
 list form's tensors differ in size, or one call names several tensors. Tensors that are not contiguous (strided views) are served through
 contiguous copies, the result copied back (gloo, handed one, computes a
 wrong result); a written one whose elements share memory (an expanded view)
-is refused (gloo writes past its storage). Barrier, send/recv, gather, scatter
-always pass through (msc has no plans for them).
+is refused (gloo writes past its storage). Barrier and send/recv always
+pass through (msc has no plans for them).
 
 Served calls made with ``async_op=True`` on CPU tensors (the torch
 executor, the emulated device) run on the group's worker thread, in the
@@ -50,11 +52,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed import PrefixStore
 
-from msc.dsl.collectives import get_collective
+from msc.dsl.collectives import COLLECTIVES, get_collective
 from msc.errors import UsageError
 from msc.torch import calls, served, uneven
 from msc.torch import settings as msc_settings
-from msc.torch.execute import op_name
+from msc.torch.execute import check_op_dtype, op_name
 from msc.dsl.collectives import collective_key
 from msc.formats.registry import NoPlanError
 from msc.units import format_size
@@ -321,6 +323,7 @@ class MscProcessGroup(dist.ProcessGroup):
         try:
             op = op_name(req.op)
             call = calls._Call(get_collective(name), self.size(), 1, self.rank(), req.input, req.output)
+            check_op_dtype(op, call.dtype)                 # the op registry's rule of types: else pass through
         except UsageError as exc:
             return self._pass(name, tensors, str(exc), fallback)
         nbytes = call.nbytes()
@@ -398,13 +401,8 @@ class MscProcessGroup(dist.ProcessGroup):
             return f"no {collective} plan for {self.size()} ranks"
         return f"no {collective} plan covers {format_size(nbytes)} bytes"
 
-    # -- the collectives ---------------------------------------------------------------------------
-    def allreduce(self, tensors, opts=None):
-        opts = opts if opts is not None else dist.AllreduceOptions()
-        return self._call("allreduce", tensors, lambda: self._fallback(tensors[0]).allreduce(tensors, opts),
-                          lambda: "several tensors in one call" if len(tensors) != 1 else
-                          _Request("allreduce", tensors[0], None, op=opts.reduceOp, result=tensors), opts)
-
+    # -- the collectives: each registry row's c10d methods (msc.dsl.collectives.TorchCall), made below
+    #    by _tensor_form and _list_form; here the forms made of those, and the uneven all_to_all_single
     def allreduce_coalesced(self, tensors, opts=None):
         opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
         single = dist.AllreduceOptions()
@@ -412,62 +410,20 @@ class MscProcessGroup(dist.ProcessGroup):
         return _all([self.allreduce([t], single) for t in tensors])
 
     def all_gather_single(self, output, input, opts=None):
-        opts = opts if opts is not None else dist.AllgatherOptions()
-        return self._call("allgather", [input, output],
-                          lambda: self._fallback(input)._allgather_base(output, input, opts),
-                          lambda: _Request("allgather", input, output, result=[output]), opts)
-
-    _allgather_base = all_gather_single
+        return self._allgather_base(output, input, opts)
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
-        return _all([self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs, strict=True)])
+        return _all([self._allgather_base(o, i, opts) for o, i in zip(outputs, inputs, strict=True)])
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
-    def allgather(self, output_lists, inputs, opts=None):
-        opts = opts if opts is not None else dist.AllgatherOptions()
-        flat = [t for ts in output_lists for t in ts]
-        return self._call("allgather", [*inputs, *flat],
-                          lambda: self._fallback(inputs[0]).allgather(output_lists, inputs, opts),
-                          lambda: self._gather_request(output_lists, inputs), opts)
-
-    def _gather_request(self, output_lists, inputs):
-        if len(inputs) != 1 or len(output_lists) != 1:
-            return "several tensors in one call"
-        outs, inp = output_lists[0], inputs[0]
-        if not _equal_list(outs, inp):
-            return "the output list's tensors differ from the input in size, dtype or device"
-        whole = torch.empty(len(outs) * inp.numel(), dtype=inp.dtype, device=inp.device)
-        return _Request("allgather", inp, whole, after=_copy_out(whole, outs), result=outs)
-
     def reduce_scatter_single(self, output, input, opts=None):
-        opts = opts if opts is not None else dist.ReduceScatterOptions()
-        return self._call("reducescatter", [input, output],
-                          lambda: self._fallback(input)._reduce_scatter_base(output, input, opts),
-                          lambda: _Request("reducescatter", input, output, op=opts.reduceOp, result=[output]), opts)
-
-    _reduce_scatter_base = reduce_scatter_single
+        return self._reduce_scatter_base(output, input, opts)
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
-        return _all([self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs, strict=True)])
+        return _all([self._reduce_scatter_base(o, i, opts) for o, i in zip(outputs, inputs, strict=True)])
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
-
-    def reduce_scatter(self, outputs, input_lists, opts=None):
-        opts = opts if opts is not None else dist.ReduceScatterOptions()
-        flat = [t for ts in input_lists for t in ts]
-        return self._call("reducescatter", [*flat, *outputs],
-                          lambda: self._fallback(outputs[0]).reduce_scatter(outputs, input_lists, opts),
-                          lambda: self._scatter_request(outputs, input_lists, opts), opts)
-
-    def _scatter_request(self, outputs, input_lists, opts):
-        if len(outputs) != 1 or len(input_lists) != 1:
-            return "several tensors in one call"
-        out, ins = outputs[0], input_lists[0]
-        if not _equal_list(ins, out):
-            return "the input list's tensors differ from the output in size, dtype or device"
-        whole = torch.cat([t.reshape(-1) for t in ins])
-        return _Request("reducescatter", whole, out, op=opts.reduceOp, result=[out])
 
     def all_to_all_single(self, output, input, output_splits, input_splits, opts=None):
         opts = opts if opts is not None else dist.AllToAllOptions()
@@ -518,31 +474,36 @@ class MscProcessGroup(dist.ProcessGroup):
                           _engine_label(engine[0]))
         return self._run_served(job, [output], async_op and input.device.type == "cpu")
 
-    def alltoall(self, outputs, inputs, opts=None):
-        opts = opts if opts is not None else dist.AllToAllOptions()
-        return self._call("alltoall", [*inputs, *outputs],
-                          lambda: self._fallback(inputs[0]).alltoall(outputs, inputs, opts),
-                          lambda: self._alltoall_list_request(outputs, inputs), opts)
-
-    def _alltoall_list_request(self, outputs, inputs):
-        if not inputs or not _equal_list(inputs, inputs[0]) or not _equal_list(outputs, inputs[0]):
-            return "the lists' tensors differ in size, dtype or device"
-        whole_in = torch.cat([t.reshape(-1) for t in inputs])
-        whole_out = torch.empty_like(whole_in)
-        return _Request("alltoall", whole_in, whole_out, after=_copy_out(whole_out, outputs), result=outputs)
-
-    def broadcast(self, tensors, opts=None):
-        opts = opts if opts is not None else dist.BroadcastOptions()
-        return self._call("broadcast", tensors, lambda: self._fallback(tensors[0]).broadcast(tensors, opts),
-                          lambda: "several tensors in one call" if len(tensors) != 1 else
-                          _Request("broadcast", tensors[0], None, root=opts.rootRank, result=tensors), opts)
-
-    def reduce(self, tensors, opts=None):
-        opts = opts if opts is not None else dist.ReduceOptions()
-        return self._call("reduce", tensors, lambda: self._fallback(tensors[0]).reduce(tensors, opts),
-                          lambda: "several tensors in one call" if len(tensors) != 1 else
-                          _Request("reduce", tensors[0], None, op=opts.reduceOp, root=opts.rootRank, result=tensors),
-                          opts)
+    def _list_request(self, spec, outs, ins, opts):
+        """The _Request of a list form (``spec.torch.listed``): the list of n
+        equal tensors as one buffer, copied out after where it is the
+        output; on a rank without the list (``at_root``) a buffer of msc's own."""
+        name, (_, listed) = spec.name, spec.torch.listed
+        extra = _options(spec, opts)
+        if listed == "both":                                        # all_to_all(outputs, inputs)
+            if not ins or not _equal_list(ins, ins[0]) or not _equal_list(outs, ins[0]):
+                return "the lists' tensors differ in size, dtype or device"
+            whole_in = torch.cat([t.reshape(-1) for t in ins])
+            whole_out = torch.empty_like(whole_in)
+            return _Request(name, whole_in, whole_out, after=_copy_out(whole_out, outs), result=outs, **extra)
+        lists, singles = (outs, ins) if listed == "output" else (ins, outs)
+        if len(singles) != 1 or len(lists) > 1:
+            return "several tensors in one call"
+        one, given = singles[0], (lists[0] if lists else None)
+        if given is None and not (spec.torch.at_root and self.rank() != extra.get("root")):
+            return f"no {spec.torch.listed[0]} given"
+        if given is not None and (not given or not _equal_list(given, one)):
+            return f"the {listed} list's tensors differ from the {'input' if listed == 'output' else 'output'} " \
+                   f"in size, dtype or device"
+        units = dict(zip(("input", "output"), spec.units(self.size())))
+        numel = one.numel() // max(units["output" if listed == "input" else "input"], 1) * units[listed]
+        if listed == "output":
+            whole = torch.empty(numel, dtype=one.dtype, device=one.device)
+            after = _copy_out(whole, given) if given is not None else None
+            return _Request(name, one, whole, after=after, result=given or [], **extra)
+        whole = torch.cat([t.reshape(-1) for t in given]) if given is not None else \
+            torch.zeros(numel, dtype=one.dtype, device=one.device)
+        return _Request(name, whole, one, result=[one], **extra)
 
     # -- what msc has no plans for: always the fallback ----------------------------------------------
     def _through(self, what: str, tensors, fallback):
@@ -562,18 +523,6 @@ class MscProcessGroup(dist.ProcessGroup):
 
     def recv_anysource(self, tensors, tag: int = 0):
         return self._through("recv", tensors, lambda: self._fallback(tensors[0]).recv_anysource(tensors, tag))
-
-    def gather(self, output_lists, inputs, opts=None):
-        opts = opts if opts is not None else dist.GatherOptions()
-        flat = [t for ts in output_lists for t in ts]
-        return self._through("gather", [*inputs, *flat],
-                             lambda: self._fallback(inputs[0]).gather(output_lists, inputs, opts))
-
-    def scatter(self, outputs, input_lists, opts=None):
-        opts = opts if opts is not None else dist.ScatterOptions()
-        flat = [t for ts in input_lists for t in ts]
-        return self._through("scatter", [*outputs, *flat],
-                             lambda: self._fallback(outputs[0]).scatter(outputs, input_lists, opts))
 
     def allgather_coalesced(self, output_lists, inputs, opts=None):
         opts = opts if opts is not None else dist.AllgatherOptions()
@@ -608,6 +557,63 @@ class MscProcessGroup(dist.ProcessGroup):
             stop = getattr(backend, "shutdown", None)
             if stop is not None:
                 stop()
+
+
+def _options(spec, opts) -> dict:
+    """The _Request arguments a call's options give: its op, its root."""
+    extra = {"op": opts.reduceOp} if spec.reduces else {}
+    if spec.has_root:
+        extra["root"] = opts.rootRank
+    return extra
+
+
+def _tensor_form(spec):
+    """The c10d method of ``spec``'s tensor form (``TorchCall.method``):
+    ``method(tensors, opts)`` of one tensor in place, else
+    ``method(output, input, opts)`` (its arguments' order)."""
+    tc, name = spec.torch, spec.name
+    options = getattr(torch._C._distributed_c10d, tc.options)     # (torch.distributed lacks AllgatherOptions)
+    if len(tc.args) == 1:
+        def one(self, tensors, opts=None):
+            opts = opts if opts is not None else options()
+            return self._call(name, tensors, lambda: getattr(self._fallback(tensors[0]), tc.method)(tensors, opts),
+                              lambda: "several tensors in one call" if len(tensors) != 1 else
+                              _Request(name, tensors[0], None, result=tensors, **_options(spec, opts)), opts)
+        return one
+    order = [buffer for _, buffer in tc.args]
+
+    def pair(self, first, second, opts=None):
+        opts = opts if opts is not None else options()
+        t = dict(zip(order, (first, second)))
+        return self._call(name, [t["input"], t["output"]],
+                          lambda: getattr(self._fallback(t["input"]), tc.method)(first, second, opts),
+                          lambda: _Request(name, t["input"], t["output"], result=[t["output"]],
+                                           **_options(spec, opts)), opts)
+    return pair
+
+
+def _list_form(spec):
+    """The c10d method of ``spec``'s list form (``TorchCall.list_method``):
+    ``method(outputs, inputs, opts)``, the listed side a list of lists (or,
+    for "both", each side a list of n tensors)."""
+    tc, name = spec.torch, spec.name
+    options = getattr(torch._C._distributed_c10d, tc.options)     # (torch.distributed lacks AllgatherOptions)
+
+    def listed(self, outs, ins, opts=None):
+        opts = opts if opts is not None else options()
+        flat = lambda side: [t for ts in side for t in ts]          # noqa: E731
+        tensors = [*(ins if tc.listed[1] in ("output", "both") else flat(ins)),
+                   *(outs if tc.listed[1] in ("input", "both") else flat(outs))]
+        return self._call(name, tensors, lambda: getattr(self._fallback(tensors[0]), tc.list_method)(outs, ins, opts),
+                          lambda: self._list_request(spec, outs, ins, opts), opts)
+    return listed
+
+
+for _spec in COLLECTIVES.values():
+    if _spec.torch is not None and _spec.torch.method is not None and not _spec.torch.splits:
+        setattr(MscProcessGroup, _spec.torch.method, _tensor_form(_spec))
+    if _spec.torch is not None and _spec.torch.list_method is not None:
+        setattr(MscProcessGroup, _spec.torch.list_method, _list_form(_spec))
 
 
 def _counted_size(collective: str, nbytes):
