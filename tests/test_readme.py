@@ -262,6 +262,9 @@ def _params():
     for key in RUNNABLE:
         section = SECTIONS.get(key, Section())
         marks = ([pytest.mark.slow] if section.slow else []) + ([needs_emu] if section.emu else [])
+        if all(i in section.skip and block.lang == "bash" for i, block in enumerate(RUNNABLE[key])):
+            # nothing to run here, nor to compile: say why in the test report rather than pass
+            marks.append(pytest.mark.skip(reason="; ".join(sorted(set(section.skip.values())))))
         yield pytest.param(*key, marks=marks, id=f"{key[0]}#{anchor(key[1])}")
 
 
