@@ -19,8 +19,8 @@ uses both cores suffers most from the others' load.
 Cases (the issue's: issue 29, part 3):
 - synth-allreduce: allreduce on bench/topologies/islands.toml (8 ranks, two
   nodes of 4), pieces, spread and instances chosen by simulation at 1G;
-- synth-allgather-ib2: allgather on ib:2 (16 ranks), the README's largest
-  example within 16 ranks;
+- synth-allgather-ib2: allgather on ib:2 (16 ranks), docs/performance.md's
+  largest example within 16 ranks;
 - tune-allreduce: every library allreduce algorithm at 8 ranks on
   islands.toml, 1K to 1G (x2), protocols Simple, LL and LL128, instances 1 to
   32 (those within the default 64 threadblocks per rank).

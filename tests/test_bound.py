@@ -26,7 +26,6 @@ from msc.sim.presets import dgx, infiniband, nvswitch, pcie, ring, torus
 from msc.sim.topology import GB, US, Nodes, Uniform, topology_from_dict
 
 from library import algorithms, uses_switch
-from test_readme import blocks, run_block
 
 MB64 = 64 << 20
 
@@ -483,12 +482,3 @@ def test_simulate_and_tune_show_the_percent_of_bound_for_switch_plans(tmp_path, 
     rows = json.loads(out)["per_size"]
     assert code == 0 and all(0 < r["bound_pct"] <= 100 + 1e-9 for r in rows)
     assert all("nvls" in r["winner"] for r in rows), rows
-
-
-def test_the_readme_bound_block_runs_as_written(tmp_path):
-    found = [code for lang, code in blocks("Predicting performance: msc simulate, msc tune, msc show")
-             if lang == "bash" and "msc bound" in code]
-    assert len(found) == 1
-    done = run_block("bash", found[0], tmp_path)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "every rank out (16 ports + 16 NICs" in done.stdout and "%bound" in done.stdout

@@ -934,13 +934,3 @@ def test_msc_verify_does_not_verify_a_checked_script_twice(tmp_path, capsys, mon
     assert rc == 0, err
     assert "verified: gather2" in out
     assert len(calls) == verifications and calls[-1] == 3
-
-
-def test_the_readme_section_runs_as_written(tmp_path):
-    from test_readme import blocks, run_block
-
-    found = blocks("MSCCLang programs")
-    assert [lang for lang, _ in found] == ["bash"]
-    done = run_block("bash", found[0][1], tmp_path)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("verified: all_to_next (AllToNext, 4 ranks, 6 ops")

@@ -37,7 +37,7 @@ in switch plans, whose avg is the executor's own division (bit-exact).
   the slow run's kernel builds; it is 338 now.
 
 What emulation cannot show: speed, occupancy, and what only GPU hardware
-does (.gpu vs .sys scopes, stale L1 lines, warp scheduling): see README.
+does (.gpu vs .sys scopes, stale L1 lines, warp scheduling): see docs/cuda.md.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The package layout the README's Architecture section describes: stage
+"""The package layout docs/architecture.md describes: stage
 packages in layers that import only earlier layers, no import cycles, the
 core free of the MSCCLang layer."""
 import ast
@@ -9,7 +9,7 @@ from pathlib import Path
 import msc
 
 PACKAGE = Path(msc.__file__).parent                       # the msc under test (installed or not)
-README = Path(__file__).resolve().parent.parent / "README.md"
+ARCHITECTURE = Path(__file__).resolve().parent.parent / "docs" / "architecture.md"
 # An installed wheel carries the data folders inside msc/ (msc.resources): the library's algorithm files
 # are programs msc loads by path, not modules of the package, so they are in no layer.
 DATA_FOLDERS = ("grammars", "templates", "algorithms")
@@ -28,7 +28,7 @@ def _modules() -> dict[str, Path]:
 
 MODULES = _modules()
 
-# The README's Architecture table, row by row: a module imports (lazily too) only modules of its own
+# docs/architecture.md's table of packages, row by row: a module imports (lazily too) only modules of its own
 # package, of its own row, or of an earlier row.
 LAYERS = (("msc.errors", "msc.perf", "msc.resources", "msc.progress", "msc.files"), ("msc.ir",), ("msc.units",),
           ("msc.dsl",), ("msc.verification",), ("msc.lower",), ("msc.formats",), ("msc.executor",), ("msc",),
@@ -107,7 +107,7 @@ def test_no_import_cycles_even_through_function_level_imports():
 def test_every_import_points_to_an_earlier_layer():
     """0 package-level cycles, by construction: no module imports a later row of the table."""
     unplaced = sorted({_package(m) for m in MODULES} - {p for row in LAYERS for p in row})
-    assert not unplaced, f"packages in no layer of the README's table: {unplaced}"
+    assert not unplaced, f"packages in no layer of docs/architecture.md's table: {unplaced}"
     upward = [f"{name}:{line} imports {dep} ({_package(dep)} is a later layer than {_package(name)})"
               for name, path in sorted(MODULES.items()) for line, dep in _import_lines(path)
               if _package(dep) != _package(name) and _layer(dep) > _layer(name)]
@@ -121,10 +121,16 @@ def test_the_layer_check_sees_a_lazy_upward_import(tmp_path):
     assert _layer("msc.cli.main") > _layer("msc.ir.ops")
 
 
-def test_the_readme_table_is_in_layer_order():
-    readme = README.read_text()
-    section = readme[readme.index("\n## Architecture\n"):]
-    section = section[:section.index("\n## ", 1)]
+def _layers_section() -> str:
+    """The section of docs/architecture.md that holds the table of packages."""
+    text = ARCHITECTURE.read_text()
+    section = text[text.index("\n## Packages in layers\n"):]
+    end = section.find("\n## ", 1)
+    return section if end < 0 else section[:end]
+
+
+def test_the_architecture_table_is_in_layer_order():
+    section = _layers_section()
     rows = [tuple(re.findall(r"`(msc(?:\.\w+)?)`", cell)) for cell in re.findall(r"^\| ([^|]+) \|", section, flags=re.M)]
     assert [r for r in rows if r] == [tuple(row) for row in LAYERS]
 
@@ -154,15 +160,13 @@ def test_the_core_does_not_import_the_mscclang_layer():
 def test_the_public_api_resolves():
     for name in msc.__all__:
         assert getattr(msc, name) is not None, name
-    from msc.lower import LowerOptions, lower   # the README's entry point to lowering
+    from msc.lower import LowerOptions, lower   # the entry point to lowering docs/dsl.md shows
     assert callable(lower) and LowerOptions().protocol
 
 
-def test_the_readme_module_map_names_every_top_level_module():
-    readme = README.read_text()
-    section = readme[readme.index("\n## Architecture\n"):]
-    section = section[:section.index("\n## ", 1)]
+def test_the_architecture_table_names_every_top_level_module():
+    section = _layers_section()
     first_cells = re.findall(r"^\| ([^|]+) \|", section, flags=re.M)
     named = {name.split(".", 1)[1] for cell in first_cells for name in re.findall(r"`(msc\.\w+)`", cell)}
     top = {m.name for m in pkgutil.iter_modules(msc.__path__)}
-    assert named == top, f"README lists {sorted(named - top)} that do not exist, misses {sorted(top - named)}"
+    assert named == top, f"docs/architecture.md lists {sorted(named - top)} that do not exist, misses {sorted(top - named)}"

@@ -21,7 +21,6 @@ from msc.lower.runtimes import RUNTIMES, CapacityWarning, xml_capacity
 from msc.formats.xml_export import plan_to_xml
 from msc.formats.xml_import import xml_to_plan
 from library import algorithms
-from test_readme import blocks, run_block
 
 ALGORITHMS = algorithms(switch=False)
 
@@ -295,10 +294,3 @@ def test_in_place_custom_collective_imports(tmp_path):
     path = tmp_path / "rotate.xml"
     path.write_text(rotate_xml(4))
     assert main(["import", str(path), "-o", str(tmp_path / "rotate.plan"), "--no-verify"]) == 0
-
-
-def test_the_interop_section_runs_as_written(tmp_path):
-    [(lang, code)] = blocks("Interop: the MSCCL runtimes")
-    done = run_block(lang, code, tmp_path)
-    assert done.returncode == 0, f"{code}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
-    assert "MSCCL_MAX_NUM_STEPS = 64" in done.stderr and "Out of bounds values : 0 OK" in done.stdout

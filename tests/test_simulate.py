@@ -112,7 +112,7 @@ def test_trees_without_pipelining():
 @pytest.mark.parametrize("chunks", [1, 4])
 def test_pipelined_chain_broadcast_approaches_bandwidth(chunks):
     # P = chunks x iterations pieces of p = S/P bytes: (K-1) alpha + (K-2+P) p/B, the course's
-    # (K-2+S) N/(S B) plus latency; needs enough slots to keep the chain busy (see the README)
+    # (K-2+S) N/(S B) plus latency; needs enough slots to keep the chain busy (see docs/performance.md)
     plan = plan_of("broadcast/chain", 8, chunks=chunks)
     sizes = (1 << 22, 1 << 26)
     assert_formula(plan, lambda N, S, I: (N - 1) * A + (N - 2 + chunks * I) * S / (chunks * I) / B, sizes=sizes,

@@ -293,7 +293,7 @@ def _torchrun(script: str, n: int, plans: Path, out: Path, *args, env=None) -> s
 
 
 def _tuned_plans(folder: Path, n: int) -> Path:
-    """What the README's FSDP walkthrough writes: msc tune of allgather, reducescatter and allreduce."""
+    """What docs/training.md's FSDP walkthrough writes: msc tune of allgather, reducescatter and allreduce."""
     for algorithms in (["allgather/ring", "allgather/recursive_doubling"], ["reducescatter/ring",
                                                                             "reducescatter/allpairs"],
                        ["allreduce/ring", "allreduce/allpairs"]):

@@ -220,7 +220,7 @@ def test_cuda_refuses_what_it_cannot_run_and_auto_picks(pool2):
 # -- the example under torchrun: DDP gradients reduced by the emulated runtime ---------------------
 
 @needs_emu
-@pytest.mark.slow        # the README's training walkthrough (-m slow) runs this example too
+@pytest.mark.slow        # docs/training.md's walkthrough (-m slow) runs this example too
 def test_train_ddp_example_on_the_emulated_runtime_matches_stock_ddp(tmp_path):
     """2 ranks: the hook divides by 2 (exact) and the kernel adds two terms
     (one rounding, and a+b == b+a), as stock DDP's allreduce does: the

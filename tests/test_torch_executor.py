@@ -297,7 +297,7 @@ def test_ddp_hook_trains_like_stock_ddp(pools, tmp_path):
 
 # -- the example under torchrun -------------------------------------------------------------------------
 
-@pytest.mark.slow        # the README's training walkthrough (-m slow) runs this example too
+@pytest.mark.slow        # docs/training.md's walkthrough (-m slow) runs this example too
 def test_train_ddp_example_under_torchrun(tmp_path):
     save_plan(library_plan("allreduce/ring:ring", 2, True), tmp_path / "allreduce-ring-n2.plan")
     out = tmp_path / "losses.json"

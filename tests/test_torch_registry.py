@@ -256,7 +256,7 @@ def test_xml_byte_range_refuses_a_dtd_as_the_importer_does():
 
 def test_a_plan_the_index_does_not_list_is_named_with_the_index(tmp_path):
     """With a plans.json, a plan file beside it that it does not list is not
-    used: the error says which file and which index (the README's user
+    used: the error says which file and which index (a user of docs/training.md
     compiled a plan and saw 'no plan' without a word about plans.json)."""
     save_plan(plan("allreduce", "ring", 4), tmp_path / "allreduce-ring-n4.plan")
     save_plan(plan("allreduce", "ring", 2), tmp_path / "allreduce-ring-n2.plan")

@@ -1,5 +1,5 @@
 """The built-in topologies: one table (PRESETS) that the CLI's help, the
-README and the tests read, built from the machines of msc.sim.machines; and
+manual (docs/performance.md) and the tests read, built from the machines of msc.sim.machines; and
 ``get_topology``, which turns a preset name, a TOML file or the uniform
 model's numbers into a topology.
 """

@@ -387,7 +387,7 @@ LINK_KEYS = {"from", "to", "alpha_us", "bandwidth_gbps", "shared", "duplex", "ki
 
 
 def load_topology(path: str | Path) -> Topology:
-    """A topology from a TOML file (format: README, "Topologies"): a ``Graph``
+    """A topology from a TOML file (format: docs/performance.md, "Topologies"): a ``Graph``
     of [[link]] tables, or ``Nodes`` where it says ``nodes``."""
     path = Path(path)
     try:
@@ -466,7 +466,7 @@ def _count(data: dict, key: str, bad, most: int = MAX_RANKS) -> int:
 
 def _nodes_from_dict(data: dict, source: str, bad) -> Nodes:
     """The nodes form: ``nodes`` nodes of ``gpus_per_node`` GPUs behind one
-    NVLink switch each, joined by NICs (README, "Your own cluster's model")."""
+    NVLink switch each, joined by NICs (docs/performance.md, "Your own cluster's model")."""
     for key in ("link", "forward"):
         if key in data:
             raise bad(f"'{key}' belongs to a topology of [[link]] tables, not to one of 'nodes'")
