@@ -422,3 +422,31 @@ def test_simulated_nvls_beats_the_ring_on_dgx_h100_and_needs_a_switch():
         Simulator(nvls, get_topology("ring:8", 8))
     with pytest.raises(UsageError, match="spans more than one NVSwitch domain"):
         Simulator(_plan(NVLS, 16), get_topology("dgx-h100:2", 16))
+
+
+@pytest.mark.parametrize("make", [
+    lambda: _plan(NVLS_TREE, 8, gpus_per_node=4),
+    lambda: _plan(NVLS_TREE, 12, instances=2, gpus_per_node=4),
+    lambda: _plan(NVLS_RING, 16, gpus_per_node=4, rings=3),
+    lambda: _hand(lambda r: _nvls_steps(r, True, False)),
+    lambda: _hand(lambda r: _nvls_steps(r, False, True)),
+    lambda: _hand(lambda r: _nvls_steps(r, r % 2 == 0, r % 2 == 1)),
+])
+def test_the_rank_masks_of_the_switch_check_agree_with_the_graph_search(make):
+    """The call-bounds check reads per-step rank masks (one pass over the
+    happens-before order); the graph search it replaced, per (step, rank), is
+    the definition: both must answer alike for every step and rank."""
+    from msc.verification.plan import _Execution, plan_collective
+    plan = make()
+    run = _Execution(plan, plan_collective(plan).layout(plan.num_ranks, plan.chunk_factor, plan.inplace, plan.root),
+                     plan.slots)
+    assert run.static_order()
+    before, after = run._rank_reach()
+    answers = set()
+    for g in range(run.total_steps):
+        for m in range(plan.num_ranks):
+            for forward, masks in ((False, before), (True, after)):
+                got = bool((masks[g] >> m) & 1)
+                assert got == run._meets_rank(g, m, forward), (g, m, forward)
+                answers.add(got)
+    assert answers == {True, False}
