@@ -18,6 +18,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+import msc
 from msc.ir import OpKind
 
 P = (1 << 61) - 1  # a Mersenne prime
@@ -51,7 +52,13 @@ class Spec:
 
     @property
     def builtin(self) -> bool:
-        return self.name in _SIZES
+        # by kind, not by name: a custom collective may be called "gather" and mean its own postcondition
+        return self.name in _SIZES and not isinstance(self.collective, msc.CustomCollective)
+
+    @property
+    def kind(self) -> str:
+        """The built-in's name, or "custom" (whatever a custom collective is called)."""
+        return self.name if self.builtin else "custom"
 
     def logical_sizes(self) -> tuple[int, int]:
         if self.builtin:
@@ -63,7 +70,7 @@ class Spec:
         size_in, size_out = self.logical_sizes()
         if not self.inplace:
             return {"input": size_in, "output": size_out}
-        if self.name in ("allgather", "gather"):
+        if self.kind in ("allgather", "gather"):
             return {"output": size_out}
         return {"input": size_in}
 
@@ -71,9 +78,9 @@ class Spec:
         """Physical (buffer, index) of logical chunk ``buffer[index]`` of ``rank``."""
         if not self.inplace or buffer not in ("input", "output"):
             return buffer, index
-        if self.name in ("allgather", "gather"):
+        if self.kind in ("allgather", "gather"):
             return ("output", rank * self.k + index) if buffer == "input" else (buffer, index)
-        if self.name in ("reducescatter", "scatter"):
+        if self.kind in ("reducescatter", "scatter"):
             return ("input", rank * self.k + index) if buffer == "output" else (buffer, index)
         if not self.builtin:
             alias, target, offset = self.collective.inplace_alias(rank, self.n, self.k)
@@ -89,7 +96,7 @@ class Spec:
     def required(self, rank: int, index: int, value) -> int | None:
         """The number output chunk ``index`` of ``rank`` must hold; None: anything.
         ``value(label)`` is the number input chunk ``label`` started with."""
-        n, k, name = self.n, self.k, self.name
+        n, k, name = self.n, self.k, self.kind
         if name == "allreduce":
             return sum(value((r, index)) for r in range(n)) % P
         if name == "allgather":

@@ -78,7 +78,7 @@ def test_a_name_close_to_nothing_gets_no_guess(capsys):
 def test_the_python_api_suggests_collectives_too():
     from msc.dsl.collectives import get_collective
 
-    with pytest.raises(UsageError, match=r"did you mean 'reducescatter' or 'reduce'\?"):
+    with pytest.raises(UsageError, match=r"did you mean 'reducescatter' or 'reduce' or 'scatter'\?"):
         get_collective("reducescatte")
 
 

@@ -13,7 +13,8 @@ import pytest
 
 import msc
 from msc.formats.diff import diff_plans
-from msc.errors import PlanError
+from msc.dsl.collectives import COLLECTIVES
+from msc.errors import FormatError, PlanError
 from msc.ir import Plan, RankPlan, Slice, Step, StepOp, Threadblock
 from msc.lower.pipeline import LowerOptions, lower
 from msc.formats.plan_text import dump_plan, save_plan
@@ -111,7 +112,14 @@ def test_every_library_plan_equals_its_xml_round_trip_up_to_equivalence(key):
              for inplace in (True, False) for instances in (1, 2)]
     assert cases
     for n, inplace, instances in cases:
-        plan, back = through_xml(library_plan(key, n, inplace, instances))
+        plan = library_plan(key, n, inplace, instances)
+        spec = COLLECTIVES[plan.collective]
+        if not spec.msccl and not inplace and len(set(spec.units(n))) > 1:
+            # coll="custom" sizes both buffers from one count: out-of-place gather and scatter do not fit
+            with pytest.raises(FormatError, match="MSCCL XML cannot describe this plan's buffers"):
+                through_xml(plan)
+            continue
+        plan, back = through_xml(plan)
         assert diff_plans(plan, back, equivalent=True) is None, (n, inplace, instances)
         assert diff_plans(back, plan, equivalent=True) is None
         assert diff_plans(back, xml_to_plan(plan_to_xml(back))) is None       # XML -> plan -> XML: exact

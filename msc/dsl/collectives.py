@@ -167,8 +167,9 @@ class AllReduce(_Cached):
         return (n, k)
 
 
-class AllGather(_Cached):
-    name = "allgather"
+class _OneToN:
+    """Buffers of 1 unit in, n out; in place the input is unit ``rank`` of the
+    output (allgather, gather)."""
 
     def input_chunks(self, n, k):
         return k
@@ -179,16 +180,10 @@ class AllGather(_Cached):
     def inplace_alias(self, rank, n, k):
         return ("input", "output", rank * k)
 
-    def postcondition(self, rank, index, n, k, root):
-        src = (index // k, index % k)
-        return self._expect(src, lambda: (src,))
 
-    def _row_key(self, rank, n, k, root):
-        return (n, k)
-
-
-class ReduceScatter(_Cached):
-    name = "reducescatter"
+class _NToOne:
+    """Buffers of n units in, 1 out; in place the output is unit ``rank`` of
+    the input (reducescatter, scatter)."""
 
     def input_chunks(self, n, k):
         return n * k
@@ -198,6 +193,21 @@ class ReduceScatter(_Cached):
 
     def inplace_alias(self, rank, n, k):
         return ("output", "input", rank * k)
+
+
+class AllGather(_OneToN, _Cached):
+    name = "allgather"
+
+    def postcondition(self, rank, index, n, k, root):
+        src = (index // k, index % k)
+        return self._expect(src, lambda: (src,))
+
+    def _row_key(self, rank, n, k, root):
+        return (n, k)
+
+
+class ReduceScatter(_NToOne, _Cached):
+    name = "reducescatter"
 
     def postcondition(self, rank, index, n, k, root):
         at = rank * k + index
@@ -273,22 +283,13 @@ class SendRecv(_Cached):
         return self._expect(src, lambda: (src,))
 
 
-class Gather(_Cached):
+class Gather(_OneToN, _Cached):
     """Every rank's input to unit ``rank`` of the root's output (nccl-tests'
     gather: NVIDIA/nccl-tests src/gather.cu); other ranks' outputs are
     unspecified. In place, the input is unit ``rank`` of the output."""
 
     name = "gather"
     has_root = True
-
-    def input_chunks(self, n, k):
-        return k
-
-    def output_chunks(self, n, k):
-        return n * k
-
-    def inplace_alias(self, rank, n, k):
-        return ("input", "output", rank * k)
 
     def postcondition(self, rank, index, n, k, root):
         if rank != root:
@@ -300,22 +301,13 @@ class Gather(_Cached):
         return (n, k, root, rank == root)
 
 
-class Scatter(_Cached):
+class Scatter(_NToOne, _Cached):
     """Unit r of the root's input to rank r's output (nccl-tests' scatter:
     src/scatter.cu); other ranks' inputs are not read. In place, the output
     is unit ``rank`` of the input."""
 
     name = "scatter"
     has_root = True
-
-    def input_chunks(self, n, k):
-        return n * k
-
-    def output_chunks(self, n, k):
-        return k
-
-    def inplace_alias(self, rank, n, k):
-        return ("output", "input", rank * k)
 
     def postcondition(self, rank, index, n, k, root):
         src = (root, rank * k + index)
