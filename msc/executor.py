@@ -47,7 +47,7 @@ from msc.dsl.collectives import get_collective
 from msc.errors import ExecutionError, UsageError
 from msc.ir import Plan, step_values
 from msc.ir.ops import REDUCE_OP_NAMES, REDUCE_OPS, op_dtype_problem, reduce_op
-from msc.units import buffer_elements, chunk_bounds
+from msc.units import buffer_elements, chunk_bounds, is_floating
 from msc.verification.plan_values import check_plan
 from msc.ir.worklist import Connections, drive
 
@@ -138,7 +138,7 @@ class Executor:
         spec = reduce_op(op)
         self._check_buffers(buffers, count)
         dtype = next((arr.dtype for bufs in buffers for arr in bufs.values()), None)
-        problem = None if dtype is None else op_dtype_problem(op, dtype.name, _floating(dtype))
+        problem = None if dtype is None else op_dtype_problem(op, dtype.name, is_floating(dtype))
         if problem is not None:
             raise UsageError(f"plan {self.plan.name!r}: {problem}")
         _Run(self, buffers, count, getattr(np, spec.numpy), seed).execute()
@@ -147,11 +147,6 @@ class Executor:
                 lo, hi = chunk_bounds(index, count, self.k)
                 arr = buffers[rank][buf]
                 arr[lo:hi] = divide_truncating(arr[lo:hi], m)
-
-
-def _floating(dtype: np.dtype) -> bool:
-    """Whether numpy's ``dtype`` is a floating type (ml_dtypes' bfloat16 too)."""
-    return dtype.kind == "f" or dtype.name == "bfloat16"
 
 
 class _Run:

@@ -60,6 +60,11 @@ def parse_dtype(name: str) -> tuple[str, np.dtype]:
     return key, np.dtype(TYPES[key])
 
 
+def is_floating(dtype: np.dtype) -> bool:
+    """Whether numpy's ``dtype`` is a floating type (ml_dtypes' bfloat16, kind "V", too)."""
+    return dtype.kind == "f" or dtype.name == "bfloat16"
+
+
 def sizes(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
     if min_bytes < 0 or max_bytes < min_bytes:
         raise UsageError(f"need 0 <= min bytes <= max bytes, got {min_bytes} and {max_bytes}")

@@ -275,14 +275,14 @@ class _Reader:
             by_id[rank] = gpu
         # a built-in MSCCL lacks, exported as custom by msc: its own layout (in place: its aliasing, not
         # the custom collectives' one buffer)
-        builtin = algo.get("msc_collective") if collective == "custom" and algo.get("msc_contract") is not None \
-            else None
+        with_contract = collective == "custom" and algo.get("msc_contract") is not None    # msc wrote what it requires
+        builtin = algo.get("msc_collective") if with_contract else None
         builtin = builtin if builtin in SPECS else None
         k, sizes, layout = self.geometry(algo, builtin or collective, n, nchunks, inplace, root, gpus)
         if layout is not None and inplace:
             self.alias = layout.alias
         ranks = tuple(self.rank(by_id[r], r, n, nchannels, sizes) for r in range(n))
-        if collective == "custom" and algo.get("msc_contract") is not None:     # msc wrote what it requires
+        if with_contract:
             geometry_k = k
             collective, k, extra["contract"] = self.contract(algo, sizes)
             if builtin is not None:

@@ -280,9 +280,9 @@ def run_local(plan, phys: list[dict[str, torch.Tensor]], *, count: int, op: str 
         for name, size in prog.sizes.items():
             if phys[r].get(name) is None or phys[r][name].numel() != size:
                 raise UsageError(f"rank {r}: buffer {name} needs {size} elements at count {count}")
-    for t in (t for p in phys for t in p.values() if t is not None):
-        check_op_dtype(op, t.dtype)
-        break
+    first = next((t for p in phys for t in p.values() if t is not None), None)
+    if first is not None:
+        check_op_dtype(op, first.dtype)
     bufs = [buffers_for(prog, p) for prog, p in zip(progs, phys)]
     combine = COMBINE[op]
     at = [{rd.t: rd for rd in prog.rounds} for prog in progs]

@@ -16,6 +16,7 @@ import numpy as np
 
 from msc.errors import DeadlockError, ExecutionError, PlanError
 from msc.ir.onesided import SWITCH_OPS, OneSidedPlan, Operand, Operation
+from msc.units import is_floating
 
 ELEMENT = np.dtype(np.int32)                  # what msc verify runs plans on
 UNIT = 16                                     # the executor's buffer_alignment
@@ -124,7 +125,7 @@ def check_inputs_fit(plan: OneSidedPlan, chunk: int, calls: int = 1) -> None:
 
 def poison(dtype: np.dtype):
     """What unwritten output and scratch hold: NaN for floats, a value far from any input for integers."""
-    if dtype.kind == "f" or dtype.name == "bfloat16":
+    if is_floating(dtype):
         return np.array(np.nan).astype(dtype)
     return np.array(POISON).astype(dtype) if dtype.itemsize >= 4 else np.iinfo(dtype).min
 

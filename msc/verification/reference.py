@@ -34,7 +34,7 @@ import numpy as np
 from msc.dsl.collectives import COLLECTIVE_NAMES as COLLECTIVES, REDUCING, Arrays, collective_spec
 from msc.errors import UsageError
 from msc.ir.ops import REDUCE_OP_NAMES, REDUCE_OPS, reduce_op
-from msc.units import chunk_bounds
+from msc.units import chunk_bounds, is_floating
 
 OPS = REDUCE_OP_NAMES
 # by dtype name: importing ml_dtypes (for bfloat16) costs a command 0.7 CPU-s, and a bfloat16 array
@@ -49,7 +49,7 @@ def random_inputs(rng, dtype: np.dtype, op: str, nranks: int, length: int) -> li
     reference wraps the same way)."""
     out = []
     for _ in range(nranks):
-        if dtype.kind == "f" or dtype.name == "bfloat16":
+        if is_floating(dtype):
             out.append(rng.uniform(1.0, 2.0, length).astype(dtype))
             continue
         x = rng.integers(1, 4 if op == "prod" else 8, length)
