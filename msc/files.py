@@ -31,8 +31,9 @@ _KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISCHR, "a character device"), (sta
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
-def write_atomic(path: str | Path, data: bytes, *, mode: int | None = None, dir_fd: int | None = None) -> None:
-    """``data`` into ``path`` through a temporary file beside it and a rename.
+def write_atomic(path: str | Path, data, *, mode: int | None = None, dir_fd: int | None = None) -> None:
+    """``data`` (bytes, or an iterable of bytes: a writer that streams) into
+    ``path`` through a temporary file beside it and a rename.
     ``mode``: the new file's permission bits (default: 0o666 less the umask).
     ``dir_fd``: ``path`` is a name in that open folder (msc.verification.cache's cache
     reaches its files without following links)."""
@@ -43,7 +44,7 @@ def write_atomic(path: str | Path, data: bytes, *, mode: int | None = None, dir_
         with os.fdopen(fd, "wb") as out:
             if mode is not None and hasattr(os, "fchmod"):
                 os.fchmod(out.fileno(), mode)
-            out.write(data)
+            _write_all(out, data)
         os.replace(tmp, os.fspath(path), src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
         with suppress(OSError):
@@ -51,8 +52,17 @@ def write_atomic(path: str | Path, data: bytes, *, mode: int | None = None, dir_
         raise
 
 
-def write_output(path: str | Path, data: str | bytes) -> Path:
-    """A file the user named (``-o``), written atomically. A symbolic link is
+def _write_all(out, data) -> None:
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        out.write(data)
+    else:
+        for piece in data:
+            out.write(piece)
+
+
+def write_output(path: str | Path, data) -> Path:
+    """A file the user named (``-o``), written atomically: ``data`` is text,
+    bytes or an iterable of bytes (written piece by piece). A symbolic link is
     written through (its target is replaced, the link stays); a file that
     exists keeps its permission bits; a target that is not a regular file
     (``/dev/stdout``, a pipe) is written in place, as it cannot be renamed over."""
@@ -66,7 +76,7 @@ def write_output(path: str | Path, data: str | bytes) -> Path:
     try:
         if st is not None and not stat.S_ISREG(st.st_mode):
             with open(target, "wb") as out:      # a full device fails on close: no file name then
-                out.write(data)
+                _write_all(out, data)
         else:
             write_atomic(target, data, mode=None if st is None else stat.S_IMODE(st.st_mode))
     except OSError as exc:       # name the file asked for, not the temporary beside it

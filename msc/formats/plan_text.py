@@ -48,6 +48,14 @@ def clipped(message: str, limit: int = SHOWN) -> str:
 
 # -- printing ---------------------------------------------------------------
 def dump_plan(plan: Plan) -> str:
+    return "".join(plan_text_parts(plan))
+
+
+def plan_text_parts(plan: Plan):
+    """dump_plan's text in pieces: the header, then one piece per rank (a
+    writer streams them: a 1024-rank ring's text is 200 MB). Steps are shared
+    between ranks and threadblocks (bulk lowering makes one object per
+    distinct step), so each is formatted once, found by identity."""
     out = [
         f"msc-plan {FORMAT_VERSION}",
         f"name {json.dumps(plan.name)} collective {plan.collective} ranks {plan.num_ranks} "
@@ -59,15 +67,25 @@ def dump_plan(plan: Plan) -> str:
     if plan.contract is not None:
         out.append("")
         out += contract_lines(plan.contract)
+    yield "\n".join(out) + "\n"
     notes: dict = {}             # id(SourceLine) -> its note (the plan holds every one while this runs)
+    texts: dict = {}             # id(Step) -> its line after the number (likewise)
+    numbers: list[str] = []      # "    i: " for i = 0, 1, ...
     for rp in plan.ranks:
-        out.append("")
-        out.append(f"rank {rp.rank} scratch {rp.scratch}")
+        out = ["", f"rank {rp.rank} scratch {rp.scratch}"]
         for tb in rp.threadblocks:
             group = f" group {','.join(map(str, tb.group))}" if tb.group else ""
             out.append(f"  tb {tb.id} send {_peer(tb.send)} recv {_peer(tb.recv)} channel {tb.channel}{group}")
-            out += [f"    {i}: {_step(step, notes)}" for i, step in enumerate(tb.steps)]
-    return "\n".join(out) + "\n"
+            steps = tb.steps
+            if len(numbers) < len(steps):
+                numbers += [f"    {i}: " for i in range(len(numbers), len(steps))]
+            lines = list(map(texts.get, map(id, steps)))
+            if None in lines:
+                for i, step in enumerate(steps):
+                    if lines[i] is None:
+                        lines[i] = texts[id(step)] = _step(step, notes)
+            out += map(str.__add__, numbers, lines)
+        yield "\n".join(out) + "\n"
 
 
 def _peer(p: int | None) -> str:
@@ -111,10 +129,18 @@ def save_plan(plan: Plan, path: str | Path, *, verified: bool = False) -> Path:
     against the built-in collective it names, so loading the file needs no
     second verification (msc.verification.cache)."""
     path = Path(path)
-    text = dump_plan(plan)
-    write_output(path, text)
-    if verified:
-        verified_texts.remember(text, "plan", plan.collective)
+    digest = hashlib.sha256() if verified and verified_texts.enabled() else None
+
+    def pieces():                # one rank's text at a time, hashed as it goes
+        for text in plan_text_parts(plan):
+            data = text.encode()
+            if digest is not None:
+                digest.update(data)
+            yield data
+
+    write_output(path, pieces())
+    if digest is not None:
+        verified_texts.remember_digest(digest.hexdigest(), "plan", plan.collective)
     return path
 
 # -- parsing ------------------------------------------------------------------

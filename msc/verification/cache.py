@@ -120,9 +120,13 @@ def _warn(reason: str, message: str) -> None:
 # -- entries ------------------------------------------------------------------
 def _body(text: str | bytes, reader: str, plan_collective: str, collective) -> bytes:
     data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else bytes(text)
+    return _body_of_digest(hashlib.sha256(data).hexdigest(), reader, plan_collective, collective)
+
+
+def _body_of_digest(digest: str, reader: str, plan_collective: str, collective) -> bytes:
     return (f"{FORMAT}\nmsc {msc_digest()}\nreader {json.dumps(reader)}\n"
             f"collective {json.dumps(str(collective or plan_collective))}\n"
-            f"text {hashlib.sha256(data).hexdigest()}\n").encode()
+            f"text {digest}\n").encode()
 
 
 def _entry(body: bytes, key: bytes) -> tuple[str, bytes]:
@@ -152,10 +156,23 @@ def known(text: str | bytes, reader: str, plan_collective: str, collective=None)
         return False
 
 
+def enabled(collective=None) -> bool:
+    """Whether remember and known use the cache (a writer that streams its
+    text hashes it as it goes only then)."""
+    return _enabled(collective)
+
+
 def remember(text: str | bytes, reader: str, plan_collective: str, collective=None) -> None:
     """Record that this text verified (call only after it did, in this
     process). Nothing is recorded if a function that decides a verdict was
     replaced since its module was imported (msc.verification.cache.replaced)."""
+    if _enabled(collective):
+        data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else bytes(text)
+        remember_digest(hashlib.sha256(data).hexdigest(), reader, plan_collective, collective)
+
+
+def remember_digest(digest: str, reader: str, plan_collective: str, collective=None) -> None:
+    """remember, given the SHA-256 (hex) of the text's UTF-8 bytes."""
     if not _enabled(collective):
         return
     changed = replaced()
@@ -171,7 +188,7 @@ def remember(text: str | bytes, reader: str, plan_collective: str, collective=No
         try:
             key = _key(folder, create=True)
             if key is not None:
-                name, content = _entry(_body(text, reader, plan_collective, collective), key)
+                name, content = _entry(_body_of_digest(digest, reader, plan_collective, collective), key)
                 write_atomic(name, content, mode=0o600, dir_fd=folder)
         finally:
             os.close(folder)
