@@ -59,6 +59,16 @@ def bulk_plans(ops, scratch: list[int], num_ranks: int, priorities, plan_fields:
     if c is None or not c.count or np.any(c.size != 1) or np.any(c.srank == c.drank) or not _fits_int64(c, num_ranks):
         yield priorities[0], None
         return
+    for priority in priorities:
+        plan = _bulk_plan(c, scratch, num_ranks, priority, plan_fields)
+        yield priority, plan          # (this generator holds none of the arrays while the caller verifies)
+
+
+def _bulk_plan(c: OpColumns, scratch: list[int], num_ranks: int, priority: str, plan_fields: dict):
+    """The plan in ``priority``'s order, or None where the pipeline must
+    order it. Its arrays are freed on return, before the plan verifier reads
+    the plan (a 1024-rank ring's are hundreds of MB): a second order, rarely
+    asked for, computes them again."""
     n_ins = 2 * c.count
     send_id = np.arange(0, n_ins, 2, dtype=np.int64)
     recv_id = send_id + 1
@@ -66,22 +76,23 @@ def bulk_plans(ops, scratch: list[int], num_ranks: int, priorities, plan_fields:
     channel, recv_conns, send_conns = _spread(c, num_ranks)
     firsts, seconds = _forwarding_pairs(edges)
     placement = place_connections(recv_conns, send_conns, _wanted(c, channel, firsts, seconds, num_ranks), num_ranks)
+    del recv_conns, send_conns
     conn_code, tb_of = _assign(c, channel, placement, num_ranks, send_id, recv_id)
+    del channel
     fused = _fuse(c, edges, tb_of, firsts, seconds, send_id, recv_id)
-    del edges, firsts, seconds        # a generator keeps its locals while suspended
+    del edges, firsts, seconds, send_id
 
     sidx, didx, scratch = _compact_scratch(c, scratch, num_ranks)
+    global_order = _order(priority, n_ins, fused.live, fused.edge_src, fused.edge_dst, fused.sender, recv_id,
+                          conn_code)
+    del recv_id, conn_code
+    if global_order is None:
+        return None
     rank = np.empty(n_ins, dtype=np.int64)
-    rank[send_id], rank[recv_id] = c.srank, c.drank
+    rank[0::2], rank[1::2] = c.srank, c.drank
     fields = dict(plan_fields, num_ranks=num_ranks, scratch=scratch)
-    for priority in priorities:
-        global_order = _order(priority, n_ins, fused.live, fused.edge_src, fused.edge_dst, fused.sender, recv_id,
-                              conn_code)
-        if global_order is None:
-            yield priority, None
-            continue
-        yield priority, _build_plan(c, global_order, fused.kind, rank, tb_of, fused.where_op, sidx, didx,
-                                    fused.edge_src, fused.edge_dst, placement, fields)
+    return _build_plan(c, global_order, fused.kind, rank, tb_of, fused.where_op, sidx, didx,
+                       fused.edge_src, fused.edge_dst, placement, fields)
 
 
 def _assign(c: OpColumns, channel, placement, num_ranks: int, send_id, recv_id):

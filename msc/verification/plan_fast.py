@@ -277,8 +277,11 @@ class PlanReading:
         leaves = Leaves(layout, plan.chunk_factor, cells.at)
         initial = _initial_values(cells.count, leaves)
         lanes = self._lanes(src_cell, dst_cell)
-        read_value, final = self._dataflow(level, lanes, src_cell, dst_cell, initial, leaves.count)
+        del src_cell, dst_cell            # (arrays are dropped once used: at scale each is tens of MB)
+        read_value, final = self._dataflow(level, lanes, initial, leaves.count)
+        lanes = lanes._replace(read_cell=None, read_step=None, write_cell=None, write_step=None)
         values = self._value_graph(lanes, read_value, leaves.count)
+        del read_value
         rep = self._one_class_per_sum(values, leaves, lanes, cells, plan.chunk_factor)
         out_cells, out_exp, exps = expectations(layout, cells.at)
         if not out_cells.size:
@@ -321,7 +324,7 @@ class PlanReading:
                       ops.src_pos[read_row], write_row, write_j, write_cell, write_step,
                       lane_start[write_step] + write_j)
 
-    def _dataflow(self, level, lanes: _Lanes, src_cell, dst_cell, initial, num_leaves: int):
+    def _dataflow(self, level, lanes: _Lanes, initial, num_leaves: int):
         """What each read reads (a leaf, or the lane that wrote it, numbered
         after the leaves) and each cell's final value, with accesses ordered
         by level; declines where one level holds a write and another access
@@ -337,7 +340,9 @@ class PlanReading:
         else:
             order = np.lexsort((ev_write, ev_level, ev_cell))
         s_cell, s_level, s_step, s_write = ev_cell[order], ev_level[order], ev_step[order], ev_write[order]
+        del ev_cell, ev_step, ev_level, ev_write
         _no_race_within_a_level(s_cell, s_level, s_step, s_write)
+        del s_level, s_step
         # Each read: the last write to its cell before it, else the cell's initial value.
         before, _ = writes_around(s_cell, s_write, following=False)
         written = np.full(len(order), -1, dtype=np.int64)                      # write events: their lane
@@ -345,6 +350,7 @@ class PlanReading:
         seen = np.where(before >= 0, written[np.maximum(before, 0)], initial[s_cell])
         read_value = np.empty(num_reads, dtype=np.int64)
         read_value[order[~s_write]] = seen[~s_write]
+        del seen, order
         need((read_value >= 0).all())                                         # a read of an unwritten chunk
         final = initial.copy()                                                 # each cell's last value
         cell_last = last_of_each(s_cell)
