@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
@@ -25,8 +26,10 @@ from msc.ir import Op, OpKind
 from msc.ir.trace import OpTable, table_of
 from msc.ir.limits import MAX_BUFFER_CHUNKS, MAX_CHUNK_MOVES, MAX_RANKS, MAX_TOTAL_CHUNKS
 from msc.perf import pause_gc
+
+_getframe = sys._getframe
 from msc.dsl.source_lines import (_LIBRARY_DIR, _PACKAGE_DIR, _display_path, _integer, _internal,  # noqa: F401
-                                   _lines, _not_int, user_line)
+                                   _lines, _not_int, line_at, user_codes, user_line)
 
 
 
@@ -173,41 +176,54 @@ class Program:
                                  where=user_line(3))
 
     def _record(self, kind: OpKind, src: Ref, dst: Ref, channel, sendtb, recvtb) -> None:
-        if channel is not None or sendtb is not None or recvtb is not None:
+        hinted = channel is not None or sendtb is not None or recvtb is not None
+        if hinted:
             channel, sendtb, recvtb = _integer(channel), _integer(sendtb), _integer(recvtb)
             for hint, value in (("channel", channel), ("sendtb", sendtb), ("recvtb", recvtb)):
                 if value is not None and (type(value) is not int or value < 0):
                     raise OperationError(f"{kind.value}: hint {hint}={value!r}{_not_int(value)} must be an int "
                                          f">= 0 or None", rank=dst.rank, buffer=dst.buffer, index=dst.index,
                                          where=user_line(3))
-        sbuf, soff, dbuf, doff = src.buffer, 0, dst.buffer, 0
-        if self._alias is not None:
-            alias, target, offsets = self._alias
-            if sbuf == alias:
-                sbuf, soff = target, offsets[src.rank]
-            if dbuf == alias:
-                dbuf, doff = target, offsets[dst.rank]
+        # (locals: this runs millions of times)
+        sname, dname, srank, drank, size = src.buffer, dst.buffer, src.rank, dst.rank, src.size
         # (an unmoved index is the user's own int object: millions of ops keep one copy, not two)
-        si, di, size = src.index + soff if soff else src.index, dst.index + doff if doff else dst.index, src.size
-        if dbuf == "input" and self._alias is None:
-            raise OperationError(f"{kind.value}: writes rank {dst.rank} input[{dst.index}], but the input buffer is "
+        sbuf, si, dbuf, di = sname, src.index, dname, dst.index
+        alias_table = self._alias
+        if alias_table is not None:
+            alias, target, offsets = alias_table
+            if sbuf == alias:
+                sbuf, soff = target, offsets[srank]
+                if soff:
+                    si += soff
+            if dbuf == alias:
+                dbuf, doff = target, offsets[drank]
+                if doff:
+                    di += doff
+        elif dbuf == "input":
+            raise OperationError(f"{kind.value}: writes rank {drank} input[{dst.index}], but the input buffer is "
                                  f"read-only in the out-of-place form (write to 'output' or a scratch buffer)",
-                                 rank=dst.rank, buffer="input", index=dst.index, where=user_line(3))
-        if src.rank == dst.rank and sbuf == dbuf and si < di + size and di < si + size:
+                                 rank=drank, buffer="input", index=dst.index, where=user_line(3))
+        if srank == drank and sbuf == dbuf and si < di + size and di < si + size:
             if kind is OpKind.COPY and si == di:
                 return  # copying a chunk onto itself (in-place aliasing): nothing to do
-            raise OperationError(f"{kind.value}: source rank {src.rank} {src.buffer}[{src.index}] and destination "
-                                 f"{dst.buffer}[{dst.index}] (size {size}) overlap", rank=dst.rank,
-                                 buffer=dst.buffer, index=dst.index, where=user_line(3))
+            raise OperationError(f"{kind.value}: source rank {srank} {sname}[{src.index}] and destination "
+                                 f"{dname}[{dst.index}] (size {size}) overlap", rank=drank,
+                                 buffer=dname, index=dst.index, where=user_line(3))
         moves = self._moves + size
         if moves <= MAX_CHUNK_MOVES and dbuf in self._physical:     # _account's common case, inline
             self._moves = moves
         else:
             self._account(kind.value, size, dst, dbuf, di + size)
-        self._renamed.append((sbuf != src.buffer) | (dbuf != dst.buffer) << 1)
+        self._renamed.append((sbuf != sname) | (dbuf != dname) << 1)
+        # the user's line: user_line(3), looked up directly where the caller of copy/reduce is user code
+        frame = _getframe(2)
+        entry = user_codes.get(id(frame.f_code))
+        where = entry[1].get(frame.f_lineno) if entry is not None and entry[0] is frame.f_code else None
+        if where is None:
+            where = line_at(frame)
         rows = self._rows
-        rows.append((kind, src.rank, sbuf, si, dst.rank, dbuf, di, size, user_line(3)))
-        if channel is not None or sendtb is not None or recvtb is not None:
+        rows.append((kind, srank, sbuf, si, drank, dbuf, di, size, where))
+        if hinted:
             self._table.extra[len(rows) - 1] = (channel, sendtb, recvtb, ())
 
     def switch(self, ranks: Iterable[int] | None = None, *, channel: int | None = None):

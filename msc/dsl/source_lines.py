@@ -44,6 +44,32 @@ def user_line(depth: int = 2) -> SourceLine | None:
     return hit
 
 
+# id(code) -> (code, {line number: SourceLine}) for user code that made an operation itself:
+# tracing's record finds the line there with two lookups (msc.dsl.program.Program._record)
+user_codes: dict[int, tuple] = {}
+
+
+def line_at(frame) -> SourceLine | None:
+    """user_line's answer where ``frame`` is the frame it starts from, and,
+    where that frame is the user's own, its line remembered in ``user_codes``."""
+    start = frame
+    while frame is not None and _is_internal_code(frame.f_code):
+        frame = frame.f_back
+    if frame is None:
+        return None
+    code = frame.f_code
+    key = (code.co_filename, frame.f_lineno)
+    hit = _lines.get(key)
+    if hit is None:
+        hit = _lines[key] = SourceLine(_display_path(key[0]), key[1])
+    if frame is start:
+        entry = user_codes.get(id(code))
+        if entry is None or entry[0] is not code:
+            entry = user_codes[id(code)] = (code, {})
+        entry[1][key[1]] = hit
+    return hit
+
+
 def _display_path(path: str) -> str:
     try:
         rel = os.path.relpath(path)
