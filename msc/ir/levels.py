@@ -31,16 +31,16 @@ def levels(num_nodes: int, src, dst, *, partial: bool = False) -> np.ndarray | N
     level = np.full(num_nodes, -1, dtype=np.int64)
     frontier = np.flatnonzero(indeg == 0)
     done, depth = 0, 0
-    py = None                        # starts and targets as Python lists, made on first need
+    py = None                        # starts, targets and indeg as memoryviews, made on first need
     while frontier.size:
         if frontier.size < _SMALL:     # narrow levels: stay in Python while they last
-            if py is None:
-                py = (starts.tolist(), targets.tolist())
+            if py is None:             # (views, not lists: millions of edges would be 100s of MB of ints)
+                py = (memoryview(starts), memoryview(targets), memoryview(indeg))
             todo, nodes, depths = frontier.tolist(), [], []
             while todo and len(todo) < _SMALL:
                 nodes += todo
                 depths += [depth] * len(todo)
-                todo = _small_step(todo, py, indeg)
+                todo = _small_step(todo, py)
                 depth += 1
             level[nodes] = depths
             done += len(nodes)
@@ -61,9 +61,9 @@ def levels(num_nodes: int, src, dst, *, partial: bool = False) -> np.ndarray | N
     return level
 
 
-def _small_step(frontier: list, py, indeg) -> list:
+def _small_step(frontier: list, py) -> list:
     """One level in Python: the next frontier, in increasing order."""
-    starts, targets = py
+    starts, targets, indeg = py
     nxt = []
     for v in frontier:
         for e in range(starts[v], starts[v + 1]):
