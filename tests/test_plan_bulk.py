@@ -330,3 +330,26 @@ def test_race_free_vouches_only_for_plans_without_races():
                     stats[("racy" if slow else "race-free", "vouched" if fast else "declined")] += 1
     assert stats[("racy", "declined")] >= 20, stats
     assert stats[("race-free", "vouched")] >= 10 * stats[("race-free", "declined")], stats
+
+
+def test_a_reading_that_dropped_its_arrays_answers_as_a_fresh_one():
+    """accepts() drops the static edges (and its own arrays) once used; a
+    later question at another capacity reads them again, with the answers
+    and edges of a fresh reading."""
+    compared = 0
+    for what, alg in sorted(ALGORITHMS.items()):
+        if not alg.supports(8):
+            continue
+        plan = lower(msc.trace(alg, 8))
+        fresh = prepare(plan)
+        edges = [a.copy() for a in fresh.edges]
+        used = prepare(plan)
+        assert used.accepts(plan, layout_of(plan), 8) is True, what
+        assert used._edges is None, what
+        for slots in (1, 2, 4):
+            assert used.accepts(plan, layout_of(plan), slots) == fresh.accepts(plan, layout_of(plan), slots), what
+        assert used.fewest_slots(MAX_SLOTS) == fresh.fewest_slots(MAX_SLOTS) == plan.slots, what
+        assert used.race_free() == fresh.race_free(), what
+        assert all((a == b).all() for a, b in zip(used.edges, edges)), what
+        compared += 1
+    assert compared > 20

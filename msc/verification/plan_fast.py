@@ -107,6 +107,7 @@ class PlanReading:
     def __init__(self, plan: Plan):
         self.ranks = plan.ranks
         self._levels: dict[int, np.ndarray | None] = {}     # capacity -> step levels, None: deadlock
+        self._edges = None
         self.readable = _judged(self._read, plan, fallback=False)
 
     @pause_gc
@@ -145,8 +146,15 @@ class PlanReading:
         self.op, self.count, self.nsrc, self.step_rank = arrays.op, arrays.count, arrays.nsrc, arrays.step_rank
         self._pair_messages()
         self.well_formed = self._shapes_checked()
-        self.edges = self._static_edges()
+        self._edges = self._static_edges()
         return True
+
+    @property
+    def edges(self) -> tuple[np.ndarray, np.ndarray]:
+        """_static_edges, kept until accepts() needs the memory (read again if asked for after)."""
+        if self._edges is None:
+            self._edges = self._static_edges()
+        return self._edges
 
     def _pair_messages(self) -> None:
         """Each receive (``rcv``, in step order): its connection, its k (it
@@ -270,6 +278,7 @@ class PlanReading:
         level = self._level(capacity)
         if level is None:
             return False                                                      # a deadlock
+        self._edges = None        # (the levels are found: the values need the room)
         cells = self._cells(layout)
         ops = self.operands
         src_cell = self._slice_cells(cells, ops.src_buf, ops.src_index, ops.src_owner)
@@ -279,10 +288,12 @@ class PlanReading:
         lanes = self._lanes(src_cell, dst_cell)
         del src_cell, dst_cell            # (arrays are dropped once used: at scale each is tens of MB)
         read_value, final = self._dataflow(level, lanes, initial, leaves.count)
+        del initial
         lanes = lanes._replace(read_cell=None, read_step=None, write_cell=None, write_step=None)
         values = self._value_graph(lanes, read_value, leaves.count)
         del read_value
         rep = self._one_class_per_sum(values, leaves, lanes, cells, plan.chunk_factor)
+        del lanes
         out_cells, out_exp, exps = expectations(layout, cells.at)
         if not out_cells.size:
             return True
@@ -376,6 +387,7 @@ class PlanReading:
         sender_of[self.rcv] = self.sender
         receiving = np.flatnonzero(_RECEIVES[lane_op])
         received[receiving] = (num_leaves + lane_start[sender_of[lane_step[receiving]]] + lane_j[receiving])
+        del lane_step, lane_j, sender_of, receiving
         total = num_leaves + num_lanes
         kind = np.zeros(total, dtype=np.int8)                                  # 0 leaf, 1 alias, 2 sum
         left = np.arange(total, dtype=np.int64)
@@ -388,6 +400,7 @@ class PlanReading:
             left[num_leaves + lanes_at[sel]] = a[sel]
             if b is not None:
                 right[num_leaves + lanes_at[sel]] = b[sel]
+        del first_src, second_src, received, lane_op, lanes_at, sel
         wide = np.flatnonzero((self.op == _REDUCE) & (self.nsrc > 2))
         if wide.size:
             kind, left, right = self._wide_sums(wide, lanes, read_value, num_leaves, kind, left, right)
