@@ -72,13 +72,19 @@ def contributions(roots, kind, ca, cb):
     for operand in (a, b):
         inner = (kind[operand] == 2) & ~head[operand]
         up[operand[inner]] = sums[inner]
+    del operand, inner
     top = jump(up)
+    del up                                            # (temporaries go once used: at scale each is tens of MB)
     # Each head's own entries: operand edges from its tree to leaves and to sub-heads.
     src = top[np.concatenate([sums, sums])]
+    del top, sums
     dst = np.concatenate([a, b])
+    del a, b
     keep = (kind[dst] == 0) | head[dst]
     own, own_mult = np.unique(src[keep] * T + dst[keep], return_counts=True)
+    del src, dst, keep
     own_head, own_node = own // T, own % T
+    del own
     heads = np.flatnonzero(head)                      # CSR: a head's entries lie together
     count = np.bincount(own_head, minlength=T)[heads]
     start = np.zeros(T, dtype=np.int64)

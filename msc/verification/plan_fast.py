@@ -298,8 +298,13 @@ class PlanReading:
         if not out_cells.size:
             return True
         value = final[out_cells]
+        del final, out_cells
         need((value >= 0).all())                                                  # an output never written
-        return holds(rep[value], out_exp, exps, leaves, values.kind, values.left_class, values.right_class)
+        value = rep[value]
+        del rep
+        kind, left_class, right_class = values.kind, values.left_class, values.right_class
+        del values
+        return holds(value, out_exp, exps, leaves, kind, left_class, right_class)
 
     def _cells(self, layout) -> _Cells:
         """One cell per (rank, buffer, chunk), numbered rank by rank."""
