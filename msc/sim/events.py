@@ -194,7 +194,7 @@ class _Replay:
     event heap; the flows on each shared link (``members``)."""
 
     __slots__ = ("alpha", "arrived", "cap", "capacity", "credits", "cur", "dirty", "done", "end", "fconn", "floors",
-                 "heap", "iters", "last", "lens", "log", "members", "now", "nxt", "per_iter", "rate", "rates", "record",
+                 "fres", "heap", "iters", "last", "lens", "log", "members", "now", "nxt", "per_iter", "rate", "rates", "record",
                  "rem", "res", "seq", "sim", "slots", "steps", "tlen", "ver", "waiting", "wts")
 
     def __init__(self, sim: EventSim, tlen: list[float], record: bool):
@@ -211,7 +211,9 @@ class _Replay:
         self.members: dict = {}           # shared link -> its flows (a flow: its threadblock, which sends one at a time)
         # per threadblock, its flow's remaining bytes, rate, last settled time, flow id and version
         self.rem, self.rate, self.last = np.zeros(ntb), np.zeros(ntb), np.zeros(ntb)
-        self.fconn, self.ver = np.zeros(ntb, dtype=np.int64), np.zeros(ntb, dtype=np.int64)
+        self.fconn = np.zeros(ntb, dtype=np.int64)
+        self.ver = [0] * ntb              # a flow end event counts if its version is its threadblock's
+        self.fres = [()] * ntb            # the shared links of each threadblock's flow
         self.sim = sim
         self.log = [] if record else None
         self.cur = {}                     # threadblock -> its running step's log row
@@ -264,11 +266,11 @@ class _Replay:
         size = nbytes * self.tlen[it]
         if self.floors is not None and size > 0:
             size = max(size, self.floors[fc])
-        res = self.res[fc]
+        self.fres[tb] = res = self.res[fc]
         self.rem[tb], self.last[tb], self.fconn[tb] = size, now, fc
         if not res:
             self.rate[tb] = rate = self.cap[fc]
-            self.push(now + size / rate, _FLOW, (tb, int(self.ver[tb])))
+            self.push(now + size / rate, _FLOW, (tb, self.ver[tb]))
             return
         self.rate[tb] = 0.0
         members = self.members
@@ -305,23 +307,23 @@ class _Replay:
             return
         tbs, new = tbs[changed], new[changed]
         self.rate[tbs] = new
-        self.ver[tbs] += 1
         ends = now + rem[changed] / new
-        heap, seq = self.heap, self.seq
-        for tb, ver, at in zip(tbs.tolist(), self.ver[tbs].tolist(), ends.tolist()):
+        heap, seq, vers = self.heap, self.seq, self.ver
+        for tb, at in zip(tbs.tolist(), ends.tolist()):
             seq += 1
+            vers[tb] = ver = vers[tb] + 1
             heappush(heap, (at, seq, _FLOW, (tb, ver)))
         self.seq = seq
 
     def _linked(self, seeds) -> set:
         """linked_flows over threadblocks: the flows on ``seeds`` and, transitively, on their flows' links."""
-        members, res, fconn = self.members, self.res, self.fconn
+        members, fres = self.members, self.fres
         flows, seen, stack = set(), set(seeds), list(seeds)
         while stack:
             for f in members.get(stack.pop(), ()):
                 if f not in flows:
                     flows.add(f)
-                    for r in res[fconn[f]]:
+                    for r in fres[f]:
                         if r not in seen:
                             seen.add(r)
                             stack.append(r)
@@ -345,7 +347,7 @@ class _Replay:
 
     def loop(self):
         """Process events in time order until none is left."""
-        heap, dirty, members, waiting = self.heap, self.dirty, self.members, self.waiting
+        heap, dirty, members, waiting, vers = self.heap, self.dirty, self.members, self.waiting, self.ver
         try_start = self.try_start
         while heap or dirty:
             if dirty and (not heap or heap[0][0] > self.now):
@@ -357,11 +359,11 @@ class _Replay:
             self.now, _, kind, data = heappop(heap)
             if kind == _FLOW:
                 tb, ver = data
-                if ver != self.ver[tb]:
+                if ver != vers[tb]:
                     continue
                 self.rem[tb] = 0.0
-                self.ver[tb] += 1
-                res = self.res[self.fconn[tb]]
+                vers[tb] = ver + 1
+                res = self.fres[tb]
                 for r in res:
                     members[r].discard(tb)
                 dirty.update(res)
