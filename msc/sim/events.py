@@ -195,7 +195,8 @@ class _Replay:
 
     __slots__ = ("alpha", "arrived", "cap", "capacity", "credits", "cur", "dirty", "done", "end", "fconn", "floors",
                  "fres", "heap", "iters", "last", "lens", "log", "members", "now", "nxt", "per_iter", "rate", "rates", "record",
-                 "rem", "res", "seq", "sim", "slots", "steps", "tlen", "ver", "waiting", "wts")
+                 "rem", "res", "running", "seq", "sim", "slots", "steps", "tlen", "ver", "wait_m", "wait_s",
+                 "wait_t", "wts")
 
     def __init__(self, sim: EventSim, tlen: list[float], record: bool):
         self.steps, self.per_iter, self.alpha, self.slots = sim.steps, sim.per_iter, sim.alpha, sim.slots
@@ -206,7 +207,10 @@ class _Replay:
         self.lens = [len(s) for s in sim.steps]
         self.nxt, self.done = [0] * ntb, [0] * ntb
         self.arrived, self.credits = [0] * nconn, [0] * nconn
-        self.waiting: dict = {}           # ("t", tb) / ("m", conn) / ("s", conn) -> threadblocks blocked on it
+        # threadblocks blocked on a threadblock's step (per tb), a message or a slot (per connection)
+        self.wait_t = [[] for _ in range(ntb)]
+        self.wait_m, self.wait_s = [[] for _ in range(nconn)], [[] for _ in range(nconn)]
+        self.running = [None] * ntb      # per threadblock: (iteration, step) and the step's row while it runs
         self.heap, self.seq = [], 0
         self.members: dict = {}           # shared link -> its flows (a flow: its threadblock, which sends one at a time)
         # per threadblock, its flow's remaining bytes, rate, last settled time, flow id and version
@@ -231,18 +235,20 @@ class _Replay:
         if pos >= nsteps * self.iters or done[tb] < pos:
             return
         it, step = divmod(pos, nsteps)
-        g, comp, nbytes, sc, rc, so, ro, deps, fixed, fc = self.steps[tb][step]
+        row = self.steps[tb][step]
+        g, comp, nbytes, sc, rc, so, ro, deps, fixed, fc = row
         for dep_tb, dep_step in deps:
             if done[dep_tb] < it * lens[dep_tb] + dep_step + 1:
-                self.waiting.setdefault(("t", dep_tb), []).append(tb)
+                self.wait_t[dep_tb].append(tb)
                 return
         if rc >= 0 and self.arrived[rc] <= it * self.per_iter[rc] + ro:
-            self.waiting.setdefault(("m", rc), []).append(tb)
+            self.wait_m[rc].append(tb)
             return
         if sc >= 0 and it * self.per_iter[sc] + so >= self.credits[sc] + self.slots:
-            self.waiting.setdefault(("s", sc), []).append(tb)
+            self.wait_s[sc].append(tb)
             return
         nxt[tb] = pos + 1
+        self.running[tb] = (it, row)
         now = self.now
         if self.record:
             self.cur[tb] = row = [tb, it, step, now, now, now]
@@ -255,8 +261,7 @@ class _Replay:
 
     def computed(self, tb):
         """Threadblock ``tb``'s running step has computed: transmit, or finish if it moves nothing."""
-        it, step = divmod(self.nxt[tb] - 1, self.lens[tb])
-        g, comp, nbytes, sc, rc, so, ro, deps, fixed, fc = self.steps[tb][step]
+        it, (g, comp, nbytes, sc, rc, so, ro, deps, fixed, fc) = self.running[tb]
         now = self.now
         if self.record:
             self.cur[tb][4] = now
@@ -331,8 +336,7 @@ class _Replay:
 
     def finish(self, tb):
         """Threadblock ``tb``'s running step ends: send its message and slot, wake who waits on it."""
-        it, step = divmod(self.nxt[tb] - 1, self.lens[tb])
-        g, comp, nbytes, sc, rc, so, ro, deps, fixed, fc = self.steps[tb][step]
+        g, comp, nbytes, sc, rc, so, ro, deps, fixed, fc = self.running[tb][1]
         self.done[tb] += 1
         self.end = now = self.now
         if self.record:
@@ -341,13 +345,16 @@ class _Replay:
             self.push(now + self.alpha[rc], _CREDIT, rc)
         if sc >= 0:
             self.push(now + self.alpha[sc], _ARRIVE, sc)
-        for waiter in self.waiting.pop(("t", tb), ()):
-            self.try_start(waiter)
+        waiters = self.wait_t[tb]
+        if waiters:
+            self.wait_t[tb] = []
+            for waiter in waiters:
+                self.try_start(waiter)
         self.try_start(tb)
 
     def loop(self):
         """Process events in time order until none is left."""
-        heap, dirty, members, waiting, vers = self.heap, self.dirty, self.members, self.waiting, self.ver
+        heap, dirty, members, vers, wait_m, wait_s = self.heap, self.dirty, self.members, self.ver, self.wait_m, self.wait_s
         try_start = self.try_start
         while heap or dirty:
             if dirty and (not heap or heap[0][0] > self.now):
@@ -372,12 +379,18 @@ class _Replay:
                 self.computed(data)
             elif kind == _ARRIVE:
                 self.arrived[data] += 1
-                for waiter in waiting.pop(("m", data), ()):
-                    try_start(waiter)
+                waiters = wait_m[data]
+                if waiters:
+                    wait_m[data] = []
+                    for waiter in waiters:
+                        try_start(waiter)
             else:
                 self.credits[data] += 1
-                for waiter in waiting.pop(("s", data), ()):
-                    try_start(waiter)
+                waiters = wait_s[data]
+                if waiters:
+                    wait_s[data] = []
+                    for waiter in waiters:
+                        try_start(waiter)
 
     def raise_if_stuck(self, names):
         """DeadlockError if some threadblock did not finish its steps (``names``: (rank, tb) of each)."""
