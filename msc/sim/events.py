@@ -191,11 +191,14 @@ class _Replay:
     """The state of one ``EventSim.run``: per threadblock its next step
     instance (``nxt``, iteration * steps + step) and finished ones
     (``done``); per connection its arrived messages and returned slots; the
-    event heap; the flows on each shared link (``members``)."""
+    events (``buckets``: per instant, its events in the order they were
+    posted, the order a heap of (time, sequence number) would give; ``times``:
+    a heap of the instants: lockstep schedules post about a hundred events
+    per instant); the flows on each shared link (``members``)."""
 
     __slots__ = ("alpha", "arrived", "cap", "capacity", "credits", "cur", "dirty", "done", "end", "fconn", "floors",
-                 "fres", "heap", "iters", "last", "lens", "log", "members", "now", "nxt", "per_iter", "rate", "rates", "record",
-                 "rem", "res", "running", "seq", "sim", "slots", "steps", "tlen", "ver", "wait_m", "wait_s",
+                 "fres", "buckets", "iters", "last", "lens", "log", "members", "now", "nxt", "per_iter", "rate", "rates", "record",
+                 "rem", "res", "running", "times", "sim", "slots", "steps", "tlen", "ver", "wait_m", "wait_s",
                  "wait_t", "wts")
 
     def __init__(self, sim: EventSim, tlen: list[float], record: bool):
@@ -211,7 +214,8 @@ class _Replay:
         self.wait_t = [[] for _ in range(ntb)]
         self.wait_m, self.wait_s = [[] for _ in range(nconn)], [[] for _ in range(nconn)]
         self.running = [None] * ntb      # per threadblock: (iteration, step) and the step's row while it runs
-        self.heap, self.seq = [], 0
+        self.buckets: dict = {}           # instant -> [(kind, data)] in posting order
+        self.times: list = []             # heap of the instants with events
         self.members: dict = {}           # shared link -> its flows (a flow: its threadblock, which sends one at a time)
         # per threadblock, its flow's remaining bytes, rate, last settled time, flow id and version
         self.rem, self.rate, self.last = np.zeros(ntb), np.zeros(ntb), np.zeros(ntb)
@@ -225,8 +229,12 @@ class _Replay:
         self.now = self.end = 0.0
 
     def push(self, at, kind, data):
-        self.seq = seq = self.seq + 1
-        heappush(self.heap, (at, seq, kind, data))
+        bucket = self.buckets.get(at)
+        if bucket is None:
+            self.buckets[at] = [(kind, data)]
+            heappush(self.times, at)
+        else:
+            bucket.append((kind, data))
 
     def try_start(self, tb):
         """Start threadblock ``tb``'s next step instance, or wait for what it lacks."""
@@ -313,12 +321,10 @@ class _Replay:
         tbs, new = tbs[changed], new[changed]
         self.rate[tbs] = new
         ends = now + rem[changed] / new
-        heap, seq, vers = self.heap, self.seq, self.ver
+        push, vers = self.push, self.ver
         for tb, at in zip(tbs.tolist(), ends.tolist()):
-            seq += 1
             vers[tb] = ver = vers[tb] + 1
-            heappush(heap, (at, seq, _FLOW, (tb, ver)))
-        self.seq = seq
+            push(at, _FLOW, (tb, ver))
 
     def _linked(self, seeds) -> set:
         """linked_flows over threadblocks: the flows on ``seeds`` and, transitively, on their flows' links."""
@@ -354,43 +360,51 @@ class _Replay:
 
     def loop(self):
         """Process events in time order until none is left."""
-        heap, dirty, members, vers, wait_m, wait_s = self.heap, self.dirty, self.members, self.ver, self.wait_m, self.wait_s
-        try_start = self.try_start
-        while heap or dirty:
-            if dirty and (not heap or heap[0][0] > self.now):
+        times, buckets, dirty, members = self.times, self.buckets, self.dirty, self.members
+        vers, wait_m, wait_s, arrived, credits = self.ver, self.wait_m, self.wait_s, self.arrived, self.credits
+        try_start, computed, finish, rem, fres = self.try_start, self.computed, self.finish, self.rem, self.fres
+        while times or dirty:
+            if dirty and (not times or times[0] > self.now):
                 # rates change once per instant, after every start and end at it (lockstep
                 # schedules start hundreds of flows at one time)
                 self.rebalance(dirty)
                 dirty.clear()
                 continue
-            self.now, _, kind, data = heappop(heap)
-            if kind == _FLOW:
-                tb, ver = data
-                if ver != vers[tb]:
-                    continue
-                self.rem[tb] = 0.0
-                vers[tb] = ver + 1
-                res = self.fres[tb]
-                for r in res:
-                    members[r].discard(tb)
-                dirty.update(res)
-                self.finish(tb)
-            elif kind == _COMPUTED:
-                self.computed(data)
-            elif kind == _ARRIVE:
-                self.arrived[data] += 1
-                waiters = wait_m[data]
-                if waiters:
-                    wait_m[data] = []
-                    for waiter in waiters:
-                        try_start(waiter)
-            else:
-                self.credits[data] += 1
-                waiters = wait_s[data]
-                if waiters:
-                    wait_s[data] = []
-                    for waiter in waiters:
-                        try_start(waiter)
+            self.now = now = times[0]
+            bucket = buckets[now]
+            i = 0
+            while i < len(bucket):          # events posted for this instant while it runs join it
+                kind, data = bucket[i]
+                i += 1
+                if kind == _FLOW:
+                    tb, ver = data
+                    if ver != vers[tb]:
+                        continue
+                    rem[tb] = 0.0
+                    vers[tb] = ver + 1
+                    res = fres[tb]
+                    for r in res:
+                        members[r].discard(tb)
+                    dirty.update(res)
+                    finish(tb)
+                elif kind == _COMPUTED:
+                    computed(data)
+                elif kind == _ARRIVE:
+                    arrived[data] += 1
+                    waiters = wait_m[data]
+                    if waiters:
+                        wait_m[data] = []
+                        for waiter in waiters:
+                            try_start(waiter)
+                else:
+                    credits[data] += 1
+                    waiters = wait_s[data]
+                    if waiters:
+                        wait_s[data] = []
+                        for waiter in waiters:
+                            try_start(waiter)
+            heappop(times)
+            del buckets[now]
 
     def raise_if_stuck(self, names):
         """DeadlockError if some threadblock did not finish its steps (``names``: (rank, tb) of each)."""
