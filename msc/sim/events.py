@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from heapq import heappop, heappush
 
+import numpy as np
+
 from msc.errors import DeadlockError
 
 _COMPUTED, _FLOW, _ARRIVE, _CREDIT = 0, 1, 2, 3
@@ -100,6 +102,45 @@ def maxmin(flows, capacity, members) -> dict:
     return rate
 
 
+def maxmin_arrays(flows, cap, ptr, link, wt, capacity) -> np.ndarray:
+    """maxmin over arrays: the rates of flows ``flows`` (ids into ``cap``;
+    flow f's shared links are ``link[ptr[f]:ptr[f + 1]]`` with bytes per byte
+    ``wt`` there), with every float operation of maxmin's, so where a link's
+    flows weigh alike (every flow but a switch op's) the rates are the same
+    floats (a link's frozen flows are subtracted in another order: only
+    differing weights could round otherwise)."""
+    nres = ptr[flows + 1] - ptr[flows]
+    start = np.repeat(ptr[flows] - (np.cumsum(nres) - nres), nres)
+    at = start + np.arange(int(nres.sum()))
+    owner = np.repeat(np.arange(len(flows)), nres)            # per use: its flow's position in ``flows``
+    links, use = np.unique(link[at], return_inverse=True)     # per use: its link's position in ``links``
+    w = wt[at]
+    left = capacity[links]
+    count = np.bincount(use, minlength=len(links))
+    weight = np.bincount(use, weights=w, minlength=len(links))
+    caps = cap[flows]
+    active = np.ones(len(flows), dtype=bool)
+    rate = np.empty(len(flows))
+    while active.any():
+        level = caps[active].min()
+        busy = count > 0
+        if busy.any():
+            level = min(level, (left[busy] / weight[busy]).min())
+        tol = level * (1 + 1e-12)
+        full = np.zeros(len(links), dtype=bool)
+        full[busy] = left[busy] / weight[busy] <= tol
+        hit = np.zeros(len(flows), dtype=bool)
+        hit[owner[full[use]]] = True
+        frozen = active & ((caps <= tol) | hit)
+        rate[frozen] = level
+        active &= ~frozen
+        gone = frozen[owner]
+        np.subtract.at(left, use[gone], level * w[gone])
+        count -= np.bincount(use[gone], minlength=len(links))
+        weight -= np.bincount(use[gone], weights=w[gone], minlength=len(links))
+    return rate
+
+
 class EventSim:
     """One plan on one topology; ``run(tlen)`` simulates one size.
 
@@ -121,10 +162,18 @@ class EventSim:
         self.wts = wts if wts is not None else [None] * len(res)
         self.floors = floors if floors is not None and any(floors) else None
         self.capacity, self.slots, self.names = capacity, slots, names
-        # max-min rates per multiset of connections with flows (sorted tuple -> {conn: rate}): a
-        # flow's rate depends only on its connection's cap and links and on the others', so
-        # the periodic regime's repeated sets of flows are solved once, with the same floats
+        # max-min rates per multiset of connections with flows (their sorted ids' bytes -> their
+        # rates in that order): a flow's rate depends only on its connection's cap and links and
+        # on the others', so the periodic regime's repeated sets of flows are solved once
         self.rates: dict = {}
+        # the flows' shared links as arrays for maxmin_arrays: flow f's are link[ptr[f]:ptr[f + 1]]
+        nres = [len(r) for r in res]
+        self.use_ptr = np.concatenate([[0], np.cumsum(nres)]).astype(np.int64)
+        self.use_link = np.array([x for r in res for x in r], dtype=np.int64)
+        self.use_wt = np.array([float(x) for r, w in zip(res, self.wts) for x in (w if w is not None else [1] * len(r))],
+                               dtype=np.float64)
+        self.cap_arr = np.asarray(cap, dtype=np.float64)
+        self.capacity_arr = np.asarray(capacity, dtype=np.float64)
 
     def run(self, tlen: list[float], record: bool = False):
         """Makespan (s) for a size whose tile iteration ``it`` moves
@@ -142,11 +191,15 @@ class _Replay:
     """The state of one ``EventSim.run``: per threadblock its next step
     instance (``nxt``, iteration * steps + step) and finished ones
     (``done``); per connection its arrived messages and returned slots; the
-    event heap; the flows on each shared link (``members``)."""
+    events (``buckets``: per instant, its events in the order they were
+    posted, the order a heap of (time, sequence number) would give; ``times``:
+    a heap of the instants: lockstep schedules post about a hundred events
+    per instant); the flows on each shared link (``members``)."""
 
-    __slots__ = ("alpha", "arrived", "cap", "capacity", "credits", "cur", "dirty", "done", "end", "floors", "heap",
-                 "iters", "lens", "log", "members", "now", "nxt", "per_iter", "rates", "record", "res", "seq", "slots",
-                 "steps", "tlen", "waiting", "wts")
+    __slots__ = ("alpha", "arrived", "cap", "capacity", "credits", "cur", "dirty", "done", "end", "fconn", "floors",
+                 "fres", "buckets", "iters", "last", "lens", "log", "members", "now", "nxt", "per_iter", "rate", "rates", "record",
+                 "rem", "res", "running", "times", "sim", "slots", "steps", "tlen", "ver", "wait_m", "wait_s",
+                 "wait_t", "wts")
 
     def __init__(self, sim: EventSim, tlen: list[float], record: bool):
         self.steps, self.per_iter, self.alpha, self.slots = sim.steps, sim.per_iter, sim.alpha, sim.slots
@@ -157,17 +210,31 @@ class _Replay:
         self.lens = [len(s) for s in sim.steps]
         self.nxt, self.done = [0] * ntb, [0] * ntb
         self.arrived, self.credits = [0] * nconn, [0] * nconn
-        self.waiting: dict = {}           # ("t", tb) / ("m", conn) / ("s", conn) -> threadblocks blocked on it
-        self.heap, self.seq = [], 0
-        self.members: dict = {}           # shared link -> its flows
+        # threadblocks blocked on a threadblock's step (per tb), a message or a slot (per connection)
+        self.wait_t = [[] for _ in range(ntb)]
+        self.wait_m, self.wait_s = [[] for _ in range(nconn)], [[] for _ in range(nconn)]
+        self.running = [None] * ntb      # per threadblock: (iteration, step) and the step's row while it runs
+        self.buckets: dict = {}           # instant -> [(kind, data)] in posting order
+        self.times: list = []             # heap of the instants with events
+        self.members: dict = {}           # shared link -> its flows (a flow: its threadblock, which sends one at a time)
+        # per threadblock, its flow's remaining bytes, rate, last settled time, flow id and version
+        self.rem, self.rate, self.last = np.zeros(ntb), np.zeros(ntb), np.zeros(ntb)
+        self.fconn = np.zeros(ntb, dtype=np.int64)
+        self.ver = [0] * ntb              # a flow end event counts if its version is its threadblock's
+        self.fres = [()] * ntb            # the shared links of each threadblock's flow
+        self.sim = sim
         self.log = [] if record else None
         self.cur = {}                     # threadblock -> its running step's log row
         self.dirty = set()                # shared links whose flows changed at this instant
         self.now = self.end = 0.0
 
     def push(self, at, kind, data):
-        self.seq = seq = self.seq + 1
-        heappush(self.heap, (at, seq, kind, data))
+        bucket = self.buckets.get(at)
+        if bucket is None:
+            self.buckets[at] = [(kind, data)]
+            heappush(self.times, at)
+        else:
+            bucket.append((kind, data))
 
     def try_start(self, tb):
         """Start threadblock ``tb``'s next step instance, or wait for what it lacks."""
@@ -176,18 +243,20 @@ class _Replay:
         if pos >= nsteps * self.iters or done[tb] < pos:
             return
         it, step = divmod(pos, nsteps)
-        g, comp, nbytes, sc, rc, so, ro, deps, fixed, fc = self.steps[tb][step]
+        row = self.steps[tb][step]
+        g, comp, nbytes, sc, rc, so, ro, deps, fixed, fc = row
         for dep_tb, dep_step in deps:
             if done[dep_tb] < it * lens[dep_tb] + dep_step + 1:
-                self.waiting.setdefault(("t", dep_tb), []).append(tb)
+                self.wait_t[dep_tb].append(tb)
                 return
         if rc >= 0 and self.arrived[rc] <= it * self.per_iter[rc] + ro:
-            self.waiting.setdefault(("m", rc), []).append(tb)
+            self.wait_m[rc].append(tb)
             return
         if sc >= 0 and it * self.per_iter[sc] + so >= self.credits[sc] + self.slots:
-            self.waiting.setdefault(("s", sc), []).append(tb)
+            self.wait_s[sc].append(tb)
             return
         nxt[tb] = pos + 1
+        self.running[tb] = (it, row)
         now = self.now
         if self.record:
             self.cur[tb] = row = [tb, it, step, now, now, now]
@@ -200,8 +269,7 @@ class _Replay:
 
     def computed(self, tb):
         """Threadblock ``tb``'s running step has computed: transmit, or finish if it moves nothing."""
-        it, step = divmod(self.nxt[tb] - 1, self.lens[tb])
-        g, comp, nbytes, sc, rc, so, ro, deps, fixed, fc = self.steps[tb][step]
+        it, (g, comp, nbytes, sc, rc, so, ro, deps, fixed, fc) = self.running[tb]
         now = self.now
         if self.record:
             self.cur[tb][4] = now
@@ -211,42 +279,70 @@ class _Replay:
         size = nbytes * self.tlen[it]
         if self.floors is not None and size > 0:
             size = max(size, self.floors[fc])
-        f = _Flow(tb, size, self.res[fc], self.cap[fc], now, fc, self.wts[fc])
-        if not f.res:
-            f.rate = f.cap
-            self.push(now + f.rem / f.rate, _FLOW, (f, 0))
+        self.fres[tb] = res = self.res[fc]
+        self.rem[tb], self.last[tb], self.fconn[tb] = size, now, fc
+        if not res:
+            self.rate[tb] = rate = self.cap[fc]
+            self.push(now + size / rate, _FLOW, (tb, self.ver[tb]))
             return
+        self.rate[tb] = 0.0
         members = self.members
-        for r in f.res:
-            members.setdefault(r, set()).add(f)
-        self.dirty.update(f.res)
+        for r in res:
+            members.setdefault(r, set()).add(tb)
+        self.dirty.update(res)
 
     def rebalance(self, seeds):
         """New max-min fair rates for the flows on the links ``seeds`` and,
         transitively, on every link those flows cross."""
-        flows, _ = linked_flows(self.members, seeds)
+        flows = self._linked(seeds)
         if not flows:
             return
         now = self.now
-        settle(flows, now)
-        key = tuple(sorted(f.conn for f in flows))
-        per_conn = self.rates.get(key)
-        if per_conn is None:
+        tbs = np.fromiter(flows, dtype=np.int64, count=len(flows))
+        rem, old = self.rem[tbs], self.rate[tbs]
+        rem = np.maximum(rem - old * (now - self.last[tbs]), 0.0)        # settle: bytes left at ``now``
+        self.rem[tbs], self.last[tbs] = rem, now
+        conns = self.fconn[tbs]
+        order = np.argsort(conns, kind="stable")
+        key = conns[order].tobytes()
+        sorted_rates = self.rates.get(key)
+        if sorted_rates is None:
             if len(self.rates) >= RATE_CACHE:
                 self.rates.clear()
-            per_conn = {f.conn: rate for f, rate in maxmin(flows, self.capacity, self.members).items()}
-            self.rates[key] = per_conn
-        for f in flows:
-            rate = per_conn[f.conn]
-            if rate != f.rate:
-                f.rate = rate
-                f.ver += 1
-                self.push(now + f.rem / rate, _FLOW, (f, f.ver))
+            sim = self.sim
+            sorted_rates = maxmin_arrays(conns[order], sim.cap_arr, sim.use_ptr, sim.use_link, sim.use_wt,
+                                         sim.capacity_arr)
+            self.rates[key] = sorted_rates
+        new = np.empty(len(tbs))
+        new[order] = sorted_rates
+        changed = new != old
+        if not changed.any():
+            return
+        tbs, new = tbs[changed], new[changed]
+        self.rate[tbs] = new
+        ends = now + rem[changed] / new
+        push, vers = self.push, self.ver
+        for tb, at in zip(tbs.tolist(), ends.tolist()):
+            vers[tb] = ver = vers[tb] + 1
+            push(at, _FLOW, (tb, ver))
+
+    def _linked(self, seeds) -> set:
+        """linked_flows over threadblocks: the flows on ``seeds`` and, transitively, on their flows' links."""
+        members, fres = self.members, self.fres
+        flows, seen, stack = set(), set(seeds), list(seeds)
+        while stack:
+            for f in members.get(stack.pop(), ()):
+                if f not in flows:
+                    flows.add(f)
+                    for r in fres[f]:
+                        if r not in seen:
+                            seen.add(r)
+                            stack.append(r)
+        return flows
 
     def finish(self, tb):
         """Threadblock ``tb``'s running step ends: send its message and slot, wake who waits on it."""
-        it, step = divmod(self.nxt[tb] - 1, self.lens[tb])
-        g, comp, nbytes, sc, rc, so, ro, deps, fixed, fc = self.steps[tb][step]
+        g, comp, nbytes, sc, rc, so, ro, deps, fixed, fc = self.running[tb][1]
         self.done[tb] += 1
         self.end = now = self.now
         if self.record:
@@ -255,42 +351,60 @@ class _Replay:
             self.push(now + self.alpha[rc], _CREDIT, rc)
         if sc >= 0:
             self.push(now + self.alpha[sc], _ARRIVE, sc)
-        for waiter in self.waiting.pop(("t", tb), ()):
-            self.try_start(waiter)
+        waiters = self.wait_t[tb]
+        if waiters:
+            self.wait_t[tb] = []
+            for waiter in waiters:
+                self.try_start(waiter)
         self.try_start(tb)
 
     def loop(self):
         """Process events in time order until none is left."""
-        heap, dirty, members, waiting = self.heap, self.dirty, self.members, self.waiting
-        try_start = self.try_start
-        while heap or dirty:
-            if dirty and (not heap or heap[0][0] > self.now):
+        times, buckets, dirty, members = self.times, self.buckets, self.dirty, self.members
+        vers, wait_m, wait_s, arrived, credits = self.ver, self.wait_m, self.wait_s, self.arrived, self.credits
+        try_start, computed, finish, rem, fres = self.try_start, self.computed, self.finish, self.rem, self.fres
+        while times or dirty:
+            if dirty and (not times or times[0] > self.now):
                 # rates change once per instant, after every start and end at it (lockstep
                 # schedules start hundreds of flows at one time)
                 self.rebalance(dirty)
                 dirty.clear()
                 continue
-            self.now, _, kind, data = heappop(heap)
-            if kind == _FLOW:
-                f, ver = data
-                if ver != f.ver:
-                    continue
-                f.rem = 0.0
-                f.ver += 1
-                for r in f.res:
-                    members[r].discard(f)
-                dirty.update(f.res)
-                self.finish(f.t)
-            elif kind == _COMPUTED:
-                self.computed(data)
-            elif kind == _ARRIVE:
-                self.arrived[data] += 1
-                for waiter in waiting.pop(("m", data), ()):
-                    try_start(waiter)
-            else:
-                self.credits[data] += 1
-                for waiter in waiting.pop(("s", data), ()):
-                    try_start(waiter)
+            self.now = now = times[0]
+            bucket = buckets[now]
+            i = 0
+            while i < len(bucket):          # events posted for this instant while it runs join it
+                kind, data = bucket[i]
+                i += 1
+                if kind == _FLOW:
+                    tb, ver = data
+                    if ver != vers[tb]:
+                        continue
+                    rem[tb] = 0.0
+                    vers[tb] = ver + 1
+                    res = fres[tb]
+                    for r in res:
+                        members[r].discard(tb)
+                    dirty.update(res)
+                    finish(tb)
+                elif kind == _COMPUTED:
+                    computed(data)
+                elif kind == _ARRIVE:
+                    arrived[data] += 1
+                    waiters = wait_m[data]
+                    if waiters:
+                        wait_m[data] = []
+                        for waiter in waiters:
+                            try_start(waiter)
+                else:
+                    credits[data] += 1
+                    waiters = wait_s[data]
+                    if waiters:
+                        wait_s[data] = []
+                        for waiter in waiters:
+                            try_start(waiter)
+            heappop(times)
+            del buckets[now]
 
     def raise_if_stuck(self, names):
         """DeadlockError if some threadblock did not finish its steps (``names``: (rank, tb) of each)."""
