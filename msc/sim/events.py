@@ -31,6 +31,9 @@ RATE_CACHE = 65_536          # sets of flows whose max-min rates are kept per Ev
 
 
 class _Flow:
+    """A transfer as maxmin, linked_flows and settle take it: its owner ``t``, remaining bytes, shared
+    links ``res`` (with bytes per byte ``w`` on each, None for 1), rate cap (the one-sided model's
+    flows; EventSim keeps its own in arrays)."""
     __slots__ = ("t", "conn", "rem", "rate", "last", "res", "cap", "ver", "w")
 
     def __init__(self, t, rem, res, cap, now, conn=-1, w=None):

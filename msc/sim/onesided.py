@@ -64,7 +64,7 @@ from dataclasses import dataclass
 from msc.errors import DeadlockError, PlanError, UsageError
 from msc.ir.onesided import (CONTROL_OPS, DATA_OPS, PACKET_OPS, PIPELINE, PORT_ONLY_OPS, SWITCH_OPS, OneSidedPlan,
                              Operand)
-from msc.sim.events import linked_flows, maxmin, settle
+from msc.sim.events import _Flow, linked_flows, maxmin, settle     # _Flow.t: its owner (a block or a proxy)
 from msc.sim.topology import Topology
 from msc.verification.onesided_run import UNIT, Layout, _program, _slice, packet_sources, scratch_of
 
@@ -154,14 +154,6 @@ def check_priced(plan: OneSidedPlan) -> None:
         else:
             continue
         raise PlanError(f"operation {i}: the one-sided cost model refuses {what}", rank=rank, tb=t)
-
-
-class _Flow:
-    __slots__ = ("tb", "rem", "res", "cap", "rate", "last", "ver", "w")
-
-    def __init__(self, tb, rem, res, cap, now):
-        self.tb, self.rem, self.res, self.cap, self.last = tb, rem, res, cap, now
-        self.rate, self.ver, self.w = 0.0, 0, None      # w: a byte on each link weighs 1 (msc.sim.events.maxmin)
 
 
 class _Block:
@@ -575,7 +567,7 @@ class _Replay:
         for r in f.res:
             self.members[r].discard(f)
         self.dirty.update(f.res)
-        self.next_transfer(f.tb)
+        self.next_transfer(f.t)
 
     def data_done(self, b: _Block) -> None:
         rank = None
