@@ -61,3 +61,18 @@ def rotated(cases, ids, every: int = 3):
     for case in cases:
         i = seen[case[0]] = seen.get(case[0], -1) + 1
         yield pytest.param(*case, marks=() if i % every == 0 else pytest.mark.slow, id=ids(case))
+
+
+# A custom collective the tests share (its contract travels with plans, exports and files): rank r's
+# output holds its own input plus its next neighbour's.
+PAIR_SUM = msc.CustomCollective("pair_sum", input_chunks=1, output_chunks=1,
+                                postcondition=lambda r, i, n, k: [(r, 0), ((r + 1) % n, 0)])
+
+
+@msc.algorithm(PAIR_SUM, inplace=False)
+def neighbours(p):
+    n = p.num_ranks
+    for r in range(n):
+        p.chunk(r, "input", 0).copy(r, "output", 0)
+    for r in range(n):
+        p.chunk(r, "output", 0).reduce(p.chunk((r + 1) % n, "input", 0))

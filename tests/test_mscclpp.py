@@ -24,7 +24,7 @@ from msc.lower.pipeline import LowerOptions, lower
 from msc.formats.mscclpp.check import verify_mscclpp
 from msc.verification.onesided import verify_onesided
 from msc.verification.plan import verify_plan
-from library import algorithms, rank_counts
+from library import algorithms, neighbours, rank_counts
 
 ALGORITHMS = algorithms(switch=False)          # switch plans (NVLS, Simple only): tests/test_mscclpp_channels.py
 CASES = [(key, n) for key in ALGORITHMS for n in rank_counts(ALGORITHMS[key], (4, 8))]
@@ -484,19 +484,6 @@ def test_every_msc_field_of_every_wrong_type_is_an_msc_error():
 
 
 # -- a custom collective travels with the plan -------------------------------------------------
-PAIR_SUM = msc.CustomCollective("pair_sum", input_chunks=1, output_chunks=1,
-                                postcondition=lambda r, i, n, k: [(r, 0), ((r + 1) % n, 0)])
-
-
-@msc.algorithm(PAIR_SUM, inplace=False)
-def neighbours(p):
-    n = p.num_ranks
-    for r in range(n):
-        p.chunk(r, "input", 0).copy(r, "output", 0)
-    for r in range(n):
-        p.chunk(r, "output", 0).reduce(p.chunk((r + 1) % n, "input", 0))
-
-
 def test_a_custom_collective_is_checked_from_the_contract_the_export_records():
     plan = lower(msc.trace(neighbours, 4), LowerOptions())
     doc = plan_to_mscclpp(plan)

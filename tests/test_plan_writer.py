@@ -15,7 +15,7 @@ from msc.formats.plan_text import FORMAT_VERSION, _peer, _step, dump_plan, plan_
 from msc.ir.contract_text import contract_lines
 from msc.lower.pipeline import LowerOptions, lower
 from msc.verification import cache as verified
-from library import algorithms, rank_counts
+from library import algorithms, neighbours, rank_counts
 
 ALGORITHMS = algorithms()
 
@@ -54,17 +54,6 @@ def library_plans():
 
 
 def custom_plan():
-    pair_sum = msc.CustomCollective("pair_sum", input_chunks=1, output_chunks=1,
-                                    postcondition=lambda r, i, n, k: [(r, 0), ((r + 1) % n, 0)])
-
-    @msc.algorithm(pair_sum, inplace=False)
-    def neighbours(p):
-        n = p.num_ranks
-        for r in range(n):
-            p.chunk(r, "input", 0).copy(r, "output", 0)
-        for r in range(n):
-            p.chunk(r, "output", 0).reduce(p.chunk((r + 1) % n, "input", 0))
-
     program = msc.trace(neighbours, 4)
     msc.verify(program)
     return lower(program)
