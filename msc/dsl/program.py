@@ -26,10 +26,10 @@ from msc.ir import Op, OpKind
 from msc.ir.trace import OpTable, table_of
 from msc.ir.limits import MAX_BUFFER_CHUNKS, MAX_CHUNK_MOVES, MAX_RANKS, MAX_TOTAL_CHUNKS
 from msc.perf import pause_gc
-
-_getframe = sys._getframe
 from msc.dsl.source_lines import (_LIBRARY_DIR, _PACKAGE_DIR, _display_path, _integer, _internal,  # noqa: F401
                                    _lines, _not_int, line_at, user_codes, user_line)
+
+_getframe = sys._getframe          # (a global lookup, not an attribute one, per traced operation)
 
 
 

@@ -32,16 +32,21 @@ def _is_internal_code(code) -> bool:
 
 def user_line(depth: int = 2) -> SourceLine | None:
     """The first frame outside the msc package: the user's line."""
-    frame = sys._getframe(depth)
+    return _first_user_line(sys._getframe(depth))[1]
+
+
+def _first_user_line(frame) -> tuple:
+    """(the first frame from ``frame`` outward outside the msc package, its
+    SourceLine), or (None, None) where every frame is msc's."""
     while frame is not None and _is_internal_code(frame.f_code):
         frame = frame.f_back
     if frame is None:
-        return None
+        return None, None
     key = (frame.f_code.co_filename, frame.f_lineno)
     hit = _lines.get(key)
     if hit is None:
         hit = _lines[key] = SourceLine(_display_path(key[0]), key[1])
-    return hit
+    return frame, hit
 
 
 # id(code) -> (code, {line number: SourceLine}) for user code that made an operation itself:
@@ -52,21 +57,13 @@ user_codes: dict[int, tuple] = {}
 def line_at(frame) -> SourceLine | None:
     """user_line's answer where ``frame`` is the frame it starts from, and,
     where that frame is the user's own, its line remembered in ``user_codes``."""
-    start = frame
-    while frame is not None and _is_internal_code(frame.f_code):
-        frame = frame.f_back
-    if frame is None:
-        return None
-    code = frame.f_code
-    key = (code.co_filename, frame.f_lineno)
-    hit = _lines.get(key)
-    if hit is None:
-        hit = _lines[key] = SourceLine(_display_path(key[0]), key[1])
-    if frame is start:
+    found, hit = _first_user_line(frame)
+    if found is frame:
+        code = frame.f_code
         entry = user_codes.get(id(code))
         if entry is None or entry[0] is not code:
             entry = user_codes[id(code)] = (code, {})
-        entry[1][key[1]] = hit
+        entry[1][frame.f_lineno] = hit
     return hit
 
 
