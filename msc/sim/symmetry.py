@@ -1,0 +1,215 @@
+"""The event engine's plan folded by its symmetry: threadblocks that do the
+same thing at the same instants simulated once per class.
+
+Color refinement (1-dimensional Weisfeiler-Leman) of the graph an EventSim
+reads: threadblocks (their steps' compute, bytes, fixed time, ordinals),
+connections (messages per iteration, latency), flows (rate cap, per-message
+floor) and shared links (capacity), joined by what ties their times: a step
+sends, receives or transmits on a connection or flow, depends on another
+threadblock's step, a flow crosses a link with a weight. The coarsest
+partition where every member of a class has the same attributes and the same
+multiset of (relation, class of neighbour) is equitable, and the replay keeps
+it: by induction over events, members of a class start, transmit and end each
+step instance at the same floats, since every time is the same arithmetic on
+equal inputs, and max-min water filling on an equitable partition of flows
+and links gives every flow of a class the same rate (the lifted rates of the
+quotient are feasible and have the bottleneck property, and max-min rates are
+unique). So one representative per class, with each link class's flows
+counted as a representative link carries them (Quotient's uses), gives the
+full run's makespan.
+
+Exact where refinement is: its per-node signatures are 64-bit hashes, so the
+partition is then checked exactly (every member's attributes and sorted
+neighbour classes equal its representative's), and the folded sim's messages
+are checked to pair one sender and one receiver per connection class.
+Anything that fails, or a partition that folds nothing, is refused with the
+reason, and the caller runs the full plan (Simulator._events_time).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from msc.sim.events import EventSim
+
+_TB, _CONN, _FLOW, _LINK = range(4)
+# folding that keeps more than this share of the threadblocks is not worth its overhead
+MIN_FOLD = 0.5
+
+
+@dataclass(frozen=True)
+class Folded:
+    """``sim``: the folded EventSim (None where refused, ``reason`` says why);
+    ``classes``/``threadblocks``: its threadblocks and the full run's."""
+
+    sim: EventSim | None
+    classes: int
+    threadblocks: int
+    reason: str = ""
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer: a well-spread 64-bit hash of each value."""
+    with np.errstate(over="ignore"):
+        z = x.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+
+class _Graph:
+    """The relations of an EventSim as labelled edges ``u -label-> v`` over
+    nodes numbered tb, conn, flow, link (each block after the previous), and
+    each node's attributes as an exact id (``init``)."""
+
+    def __init__(self, sim: EventSim):
+        T, C, F, X = len(sim.steps), len(sim.per_iter), len(sim.cap), len(sim.capacity)
+        self.T, self.C, self.F, self.X = T, C, F, X
+        self.off = (0, T, T + C, T + C + F)
+        labels: dict = {}
+        attrs: dict = {}
+        init = []
+        us, ls, vs = [], [], []
+
+        def edge(u, label, v, back):
+            us.append(u); vs.append(v); ls.append(labels.setdefault(label, len(labels)))
+            us.append(v); vs.append(u); ls.append(labels.setdefault(back, len(labels)))
+
+        t0, c0, f0, x0 = self.off
+        for t, rows in enumerate(sim.steps):
+            sig = []
+            for k, (g, comp, nbytes, sc, rc, so, ro, deps, fixed, fc) in enumerate(rows):
+                sig.append((comp, nbytes, sc >= 0, rc >= 0, so, ro, fixed, fc >= 0, len(deps)))
+                if sc >= 0:
+                    edge(t0 + t, ("s", k), c0 + sc, ("S", k))
+                if rc >= 0:
+                    edge(t0 + t, ("r", k), c0 + rc, ("R", k))
+                if fc >= 0:
+                    edge(t0 + t, ("f", k), f0 + fc, ("F", k))
+                for dt, dk in deps:
+                    edge(t0 + t, ("d", k, dk), t0 + dt, ("D", k, dk))
+            init.append(attrs.setdefault((_TB, tuple(sig)), len(attrs)))
+        for c in range(C):
+            init.append(attrs.setdefault((_CONN, sim.per_iter[c], sim.alpha[c]), len(attrs)))
+        floors = sim.floors
+        for f in range(F):
+            init.append(attrs.setdefault((_FLOW, sim.cap[f], floors[f] if floors is not None else 0.0), len(attrs)))
+            ws = sim.wts[f] if sim.wts[f] is not None else (1,) * len(sim.res[f])
+            for x, w in zip(sim.res[f], ws):
+                edge(f0 + f, ("l", float(w)), x0 + x, ("L", float(w)))
+        for x in range(X):
+            init.append(attrs.setdefault((_LINK, sim.capacity[x]), len(attrs)))
+        self.init = np.array(init, dtype=np.int64)
+        u, lab, v = np.array(us, dtype=np.int64), np.array(ls, dtype=np.int64), np.array(vs, dtype=np.int64)
+        order = np.argsort(u, kind="stable")
+        self.u, self.lab, self.v = u[order], lab[order], v[order]
+        n = len(self.init)
+        self.deg = np.bincount(self.u, minlength=n)
+        self.ptr = np.concatenate([[0], np.cumsum(self.deg)])
+
+    def refine(self) -> np.ndarray:
+        """The coarsest equitable partition refining the attributes: a class id per node."""
+        color = self.init
+        n = len(color)
+        has = self.deg > 0
+        starts = self.ptr[:-1][has]
+        count = len(np.unique(color))
+        while True:
+            key = _mix(self.lab.astype(np.uint64) * np.uint64(0x100000001B3) ^ _mix(color[self.v]))
+            acc = np.zeros(n, dtype=np.uint64)
+            if len(key):
+                acc[has] = np.add.reduceat(key, starts)
+            with np.errstate(over="ignore"):
+                sig = _mix(_mix(color) * np.uint64(31) + acc)
+            _, new = np.unique(sig, return_inverse=True)
+            new = new.astype(np.int64)
+            found = int(new.max()) + 1 if n else 0
+            if found == count:
+                return new
+            color, count = new, found
+
+    def equitable(self, cls: np.ndarray, rep: np.ndarray) -> bool:
+        """Exactly: every node has its class representative's attributes and
+        the same sorted (label, neighbour class) sequence."""
+        mine = rep[cls]
+        if not (self.init == self.init[mine]).all() or not (self.deg == self.deg[mine]).all():
+            return False
+        order = np.lexsort((cls[self.v], self.lab, self.u))
+        lab, vc = self.lab[order], cls[self.v[order]]
+        pos = np.arange(len(order)) - self.ptr[self.u]         # u is sorted: order keeps each node's block
+        theirs = self.ptr[mine[self.u]] + pos
+        return bool((lab == lab[theirs]).all() and (vc == vc[theirs]).all())
+
+
+def fold(sim: EventSim) -> Folded:
+    """``sim`` folded by its symmetry (see the module doc), or refused with the reason."""
+    g = _Graph(sim)
+    T = g.T
+    cls = g.refine()
+    n = len(cls)
+    rep = np.full(int(cls.max()) + 1 if n else 0, n, dtype=np.int64)
+    np.minimum.at(rep, cls, np.arange(n))
+    tb_classes = len(np.unique(cls[:T]))
+    if tb_classes > MIN_FOLD * T:
+        return Folded(None, tb_classes, T, f"{tb_classes} classes of {T} threadblocks: too little symmetry to fold")
+    if not g.equitable(cls, rep):
+        return Folded(None, tb_classes, T, "color refinement's hashed partition is not equitable")
+    return _quotient(sim, g, cls, rep, tb_classes)
+
+
+def _ids(cls: np.ndarray, lo: int, hi: int):
+    """Per node in [lo, hi): its class's index among the block's classes, and each class's representative."""
+    block = cls[lo:hi]
+    reps_cls, first = np.unique(block, return_index=True)
+    index = np.searchsorted(reps_cls, block)
+    return index, first
+
+
+def _quotient(sim: EventSim, g: _Graph, cls: np.ndarray, rep: np.ndarray, tb_classes: int) -> Folded:
+    t0, c0, f0, x0 = g.off
+    T = g.T
+    qtb, tb_rep = _ids(cls, 0, T)
+    qconn, conn_rep = _ids(cls, c0, f0)
+    qflow, flow_rep = _ids(cls, f0, x0)
+    qlink, link_rep = _ids(cls, x0, x0 + g.X)
+    order = np.argsort(tb_rep, kind="stable")           # classes in the order of their first threadblock
+    where = np.empty(len(order), dtype=np.int64)
+    where[order] = np.arange(len(order))
+    steps = []
+    sends = np.zeros(len(conn_rep), dtype=np.int64)     # per conn class: messages per iteration, as folded
+    recvs = np.zeros(len(conn_rep), dtype=np.int64)
+    for q in order.tolist():
+        rows = []
+        for g_, comp, nbytes, sc, rc, so, ro, deps, fixed, fc in sim.steps[int(tb_rep[q])]:
+            if sc >= 0:
+                sc = int(qconn[sc])
+                sends[sc] += 1
+            if rc >= 0:
+                rc = int(qconn[rc])
+                recvs[rc] += 1
+            rows.append((g_, comp, nbytes, sc, rc, so, ro, [(int(where[qtb[dt]]), dk) for dt, dk in deps],
+                         fixed, int(qflow[fc]) if fc >= 0 else -1))
+        steps.append(rows)
+    per_iter = [sim.per_iter[int(c)] for c in conn_rep]
+    if (sends != per_iter).any() or (recvs != per_iter).any():
+        return Folded(None, tb_classes, T, "a connection class's messages do not pair one sender with one receiver")
+    # per flow class: for each link class, a use per flow of the class on the representative link
+    res = [[] for _ in flow_rep]
+    wts = [[] for _ in flow_rep]
+    users: dict = {}
+    for f in range(g.F):
+        ws = sim.wts[f] if sim.wts[f] is not None else (1,) * len(sim.res[f])
+        for x, w in zip(sim.res[f], ws):
+            users.setdefault(x, []).append((f, w))
+    for q, x in enumerate(link_rep.tolist()):
+        for f, w in users.get(x, ()):
+            res[qflow[f]].append(q)
+            wts[qflow[f]].append(w)
+    weighted = any(w is not None for w in sim.wts)
+    floors = [sim.floors[int(f)] for f in flow_rep] if sim.floors is not None else None
+    folded = EventSim(steps, per_iter, [sim.alpha[int(c)] for c in conn_rep], [sim.cap[int(f)] for f in flow_rep],
+                      [tuple(r) for r in res], [sim.capacity[int(x)] for x in link_rep], sim.slots,
+                      [sim.names[int(tb_rep[q])] for q in order.tolist()],
+                      [tuple(w) for w in wts] if weighted else None, floors)
+    return Folded(folded, tb_classes, T)
