@@ -118,3 +118,18 @@ def test_refinement_is_a_partition_of_like_nodes():
     for c in np.unique(cls):
         members = cls == c
         assert len(np.unique(kind[members])) == 1 and len(np.unique(g.init[members])) == 1
+
+
+def test_a_plans_partition_is_reused_by_its_other_simulators(monkeypatch):
+    """simulate --nccl's sims of one plan with other step times and slots take the partition found for
+    the first (checked equitable for theirs), with no refinement, and stay exact."""
+    size = 8388608
+    _, sim = _nccl_simulator(get_topology("dgx-h100:4", None), size)
+    assert sim.folding.sim is not None
+    refined = []
+    monkeypatch.setattr(symmetry._Graph, "refine", lambda g: refined.append(g) or pytest.fail("refined again"))
+    other = Simulator(sim.sp, sim.topology, tile=sim.tile, slots=sim.slots + 2, step_us=0.5, shares=None)
+    folding = other.folding
+    assert folding.sim is not None and not refined
+    tlen = _tiles(other, size)
+    assert folding.sim.run(tlen) == other.event_sim().run(tlen)

@@ -379,7 +379,7 @@ class Simulator:
         """The event engine's plan folded by its symmetry (msc.sim.symmetry):
         its ``sim``, or None and the ``reason`` the full plan runs instead."""
         if "folding" not in self._engines:
-            self._engines["folding"] = fold(self.event_sim())
+            self._engines["folding"] = fold(self.event_sim(), self.sp)
         return self._engines["folding"]
 
     def _events_time(self, q: float) -> float:

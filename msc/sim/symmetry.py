@@ -29,6 +29,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import weakref
+
 import numpy as np
 
 from msc.sim.events import EventSim
@@ -36,6 +38,7 @@ from msc.sim.events import EventSim
 _TB, _CONN, _FLOW, _LINK = range(4)
 # folding that keeps more than this share of the threadblocks is not worth its overhead
 MIN_FOLD = 0.5
+_PARTITIONS: dict = {}       # id of a plan -> the last equitable partition found for it (while it lives)
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,15 @@ def _mix(x: np.ndarray) -> np.ndarray:
         return z ^ (z >> np.uint64(31))
 
 
+def _exact_ids(*columns) -> np.ndarray:
+    """An id per row of ``columns`` (equal rows, equal ids; floats compared exactly)."""
+    if not len(columns[0]):
+        return np.zeros(0, dtype=np.int64)
+    _, ids = np.unique(np.column_stack([np.asarray(c, dtype=np.float64) for c in columns]), axis=0,
+                       return_inverse=True)
+    return ids.reshape(-1).astype(np.int64)
+
+
 class _Graph:
     """The relations of an EventSim as labelled edges ``u -label-> v`` over
     nodes numbered tb, conn, flow, link (each block after the previous), and
@@ -66,42 +78,56 @@ class _Graph:
     def __init__(self, sim: EventSim):
         T, C, F, X = len(sim.steps), len(sim.per_iter), len(sim.cap), len(sim.capacity)
         self.T, self.C, self.F, self.X = T, C, F, X
-        self.off = (0, T, T + C, T + C + F)
-        labels: dict = {}
-        attrs: dict = {}
-        init = []
+        self.off = t0, c0, f0, x0 = (0, T, T + C, T + C + F)
+        lens = np.array([len(r) for r in sim.steps], dtype=np.int64)
+        flat = [row for rows in sim.steps for row in rows]
+        cols = list(zip(*flat)) if flat else [()] * 10
+        _, comp, nbytes, sc, rc, so, ro, deps, fixed, fc = cols
+        sc, rc, fc = (np.array(x, dtype=np.int64) for x in (sc, rc, fc))
+        ndeps = np.array([len(d) for d in deps], dtype=np.int64)
+        tb = np.repeat(np.arange(T, dtype=np.int64), lens)
+        k = np.arange(len(flat), dtype=np.int64) - np.repeat(np.cumsum(lens) - lens, lens)
+        M = int(lens.max(initial=0)) + 1
+        # per step its attributes as an id; per threadblock the sequence of those, exactly
+        step_id = _exact_ids(comp, nbytes, sc >= 0, rc >= 0, so, ro, fixed, fc >= 0, ndeps)
+        bounds = np.concatenate([[0], np.cumsum(lens)]).tolist()
+        seqs: dict = {}
+        tb_init = [seqs.setdefault(step_id[a:b].tobytes(), len(seqs)) for a, b in zip(bounds[:-1], bounds[1:])]
+        floors = sim.floors if sim.floors is not None else [0.0] * F
+        blocks = [np.array(tb_init, dtype=np.int64), _exact_ids(sim.per_iter, sim.alpha), _exact_ids(sim.cap, floors),
+                  _exact_ids(sim.capacity)]
+        base = 0
+        for i, b in enumerate(blocks):                 # kinds apart: each block's ids after the previous'
+            blocks[i] = b + base
+            base += int(b.max()) + 1 if len(b) else 0
+        self.init = np.concatenate(blocks)
+        # edges, each with its reverse; labels: (relation, step, [dep step or weight]) as one int
         us, ls, vs = [], [], []
 
         def edge(u, label, v, back):
-            us.append(u); vs.append(v); ls.append(labels.setdefault(label, len(labels)))
-            us.append(v); vs.append(u); ls.append(labels.setdefault(back, len(labels)))
+            us.extend((u, v)); vs.extend((v, u)); ls.extend((label, back))
 
-        t0, c0, f0, x0 = self.off
-        for t, rows in enumerate(sim.steps):
-            sig = []
-            for k, (g, comp, nbytes, sc, rc, so, ro, deps, fixed, fc) in enumerate(rows):
-                sig.append((comp, nbytes, sc >= 0, rc >= 0, so, ro, fixed, fc >= 0, len(deps)))
-                if sc >= 0:
-                    edge(t0 + t, ("s", k), c0 + sc, ("S", k))
-                if rc >= 0:
-                    edge(t0 + t, ("r", k), c0 + rc, ("R", k))
-                if fc >= 0:
-                    edge(t0 + t, ("f", k), f0 + fc, ("F", k))
-                for dt, dk in deps:
-                    edge(t0 + t, ("d", k, dk), t0 + dt, ("D", k, dk))
-            init.append(attrs.setdefault((_TB, tuple(sig)), len(attrs)))
-        for c in range(C):
-            init.append(attrs.setdefault((_CONN, sim.per_iter[c], sim.alpha[c]), len(attrs)))
-        floors = sim.floors
-        for f in range(F):
-            init.append(attrs.setdefault((_FLOW, sim.cap[f], floors[f] if floors is not None else 0.0), len(attrs)))
-            ws = sim.wts[f] if sim.wts[f] is not None else (1,) * len(sim.res[f])
-            for x, w in zip(sim.res[f], ws):
-                edge(f0 + f, ("l", float(w)), x0 + x, ("L", float(w)))
-        for x in range(X):
-            init.append(attrs.setdefault((_LINK, sim.capacity[x]), len(attrs)))
-        self.init = np.array(init, dtype=np.int64)
-        u, lab, v = np.array(us, dtype=np.int64), np.array(ls, dtype=np.int64), np.array(vs, dtype=np.int64)
+        s = sc >= 0
+        edge(tb[s], 0 * M + k[s], c0 + sc[s], 1 * M + k[s])
+        r = rc >= 0
+        edge(tb[r], 2 * M + k[r], c0 + rc[r], 3 * M + k[r])
+        f = fc >= 0
+        edge(tb[f], 4 * M + k[f], f0 + fc[f], 5 * M + k[f])
+        dep_flat = [x for d in deps for x in d]
+        if dep_flat:
+            dt, dk = (np.array(x, dtype=np.int64) for x in zip(*dep_flat))
+            owner, ok = np.repeat(tb, ndeps), np.repeat(k, ndeps)
+            edge(owner, (6 * M + ok) * M + dk, dt, (7 * M + ok) * M + dk)
+        nres = np.array([len(x) for x in sim.res], dtype=np.int64)
+        link = np.array([x for res in sim.res for x in res], dtype=np.int64)
+        wt = [float(w) for res, ws in zip(sim.res, sim.wts) for w in (ws if ws is not None else (1,) * len(res))]
+        if len(link):
+            w_id = _exact_ids(wt)
+            fl = np.repeat(np.arange(F, dtype=np.int64), nres)
+            edge(f0 + fl, 8 * M * M + 2 * w_id, x0 + link, 8 * M * M + 2 * w_id + 1)
+        u = np.concatenate(us) if us else np.zeros(0, dtype=np.int64)
+        lab = np.concatenate(ls) if ls else np.zeros(0, dtype=np.int64)
+        v = np.concatenate(vs) if vs else np.zeros(0, dtype=np.int64)
         order = np.argsort(u, kind="stable")
         self.u, self.lab, self.v = u[order], lab[order], v[order]
         n = len(self.init)
@@ -142,19 +168,30 @@ class _Graph:
         return bool((lab == lab[theirs]).all() and (vc == vc[theirs]).all())
 
 
-def fold(sim: EventSim) -> Folded:
-    """``sim`` folded by its symmetry (see the module doc), or refused with the reason."""
+def fold(sim: EventSim, plan=None) -> Folded:
+    """``sim`` folded by its symmetry (see the module doc), or refused with
+    the reason. ``plan``: the object whose structure ``sim`` replays (a
+    SimPlan): a partition found for it before is tried first, and kept if
+    it is exactly equitable for ``sim`` too (sims of one plan with other
+    latencies, slots or step times mostly share it), sparing the refinement."""
     g = _Graph(sim)
-    T = g.T
-    cls = g.refine()
-    n = len(cls)
-    rep = np.full(int(cls.max()) + 1 if n else 0, n, dtype=np.int64)
-    np.minimum.at(rep, cls, np.arange(n))
-    tb_classes = len(np.unique(cls[:T]))
-    if tb_classes > MIN_FOLD * T:
-        return Folded(None, tb_classes, T, f"{tb_classes} classes of {T} threadblocks: too little symmetry to fold")
-    if not g.equitable(cls, rep):
+    T, n = g.T, len(g.init)
+    known = _PARTITIONS.get(id(plan)) if plan is not None else None
+    for cls in ([known] if known is not None and len(known) == n else []) + [None]:
+        cls = g.refine() if cls is None else cls
+        rep = np.full(int(cls.max()) + 1 if n else 0, n, dtype=np.int64)
+        np.minimum.at(rep, cls, np.arange(n))
+        tb_classes = len(np.unique(cls[:T]))
+        if tb_classes > MIN_FOLD * T:
+            return Folded(None, tb_classes, T, f"{tb_classes} classes of {T} threadblocks: too little symmetry to fold")
+        if g.equitable(cls, rep):
+            break
+    else:
         return Folded(None, tb_classes, T, "color refinement's hashed partition is not equitable")
+    if plan is not None and known is not cls:
+        if id(plan) not in _PARTITIONS:
+            weakref.finalize(plan, _PARTITIONS.pop, id(plan), None)
+        _PARTITIONS[id(plan)] = cls
     return _quotient(sim, g, cls, rep, tb_classes)
 
 
