@@ -67,8 +67,9 @@ def test_simulate_nccl_records_unchanged_by_folding(spec, monkeypatch):
     assert folded == full
 
 
-def test_no_symmetry_is_refused_and_runs_in_full():
-    """NCCL's one-channel tree on four nodes: no two threadblocks alike, so nothing folds."""
+def test_no_symmetry_is_refused_and_runs_in_full(monkeypatch):
+    """NCCL's one-channel tree on four nodes: no two threadblocks alike, so nothing folds; the plan's
+    other simulators are refused without another look."""
     _, sim = _nccl_simulator(get_topology("dgx-h100:4", None), 4096)
     folding = sim.folding
     assert folding.sim is None and folding.classes == folding.threadblocks
@@ -76,6 +77,9 @@ def test_no_symmetry_is_refused_and_runs_in_full():
     [record] = sim.records([4096])
     tlen = _tiles(sim, 4096)
     assert record["time"] == pytest.approx((sim.event_sim().run(tlen) + sim.launch) * 1e6, rel=1e-15)
+    monkeypatch.setattr(symmetry, "_Graph", lambda es: pytest.fail("looked again"))
+    other = Simulator(sim.sp, sim.topology, tile=sim.tile, slots=sim.slots + 1)
+    assert other.folding is folding
 
 
 def _perturbed(es: EventSim, link: int, factor: float) -> EventSim:

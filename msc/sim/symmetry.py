@@ -38,7 +38,7 @@ from msc.sim.events import EventSim
 _TB, _CONN, _FLOW, _LINK = range(4)
 # folding that keeps more than this share of the threadblocks is not worth its overhead
 MIN_FOLD = 0.5
-_PARTITIONS: dict = {}       # id of a plan -> the last equitable partition found for it (while it lives)
+_PARTITIONS: dict = {}       # id of a plan -> its last equitable partition, or its refusal (while it lives)
 
 
 @dataclass(frozen=True)
@@ -173,26 +173,40 @@ def fold(sim: EventSim, plan=None) -> Folded:
     the reason. ``plan``: the object whose structure ``sim`` replays (a
     SimPlan): a partition found for it before is tried first, and kept if
     it is exactly equitable for ``sim`` too (sims of one plan with other
-    latencies, slots or step times mostly share it), sparing the refinement."""
+    latencies, slots or step times mostly share it), sparing the
+    refinement; a plan refused for too little symmetry is refused again
+    without a look (its other sims then run in full, as it did)."""
+    known = _PARTITIONS.get(id(plan)) if plan is not None else None
+    if isinstance(known, Folded):
+        return known
     g = _Graph(sim)
     T, n = g.T, len(g.init)
-    known = _PARTITIONS.get(id(plan)) if plan is not None else None
-    for cls in ([known] if known is not None and len(known) == n else []) + [None]:
+    tried = [known] if known is not None and len(known) == n else []
+    for cls in tried + [None]:
         cls = g.refine() if cls is None else cls
         rep = np.full(int(cls.max()) + 1 if n else 0, n, dtype=np.int64)
         np.minimum.at(rep, cls, np.arange(n))
         tb_classes = len(np.unique(cls[:T]))
         if tb_classes > MIN_FOLD * T:
-            return Folded(None, tb_classes, T, f"{tb_classes} classes of {T} threadblocks: too little symmetry to fold")
+            refused = Folded(None, tb_classes, T, f"{tb_classes} classes of {T} threadblocks: too little symmetry "
+                                                  f"to fold")
+            _remember(plan, refused)
+            return refused
         if g.equitable(cls, rep):
             break
     else:
         return Folded(None, tb_classes, T, "color refinement's hashed partition is not equitable")
-    if plan is not None and known is not cls:
-        if id(plan) not in _PARTITIONS:
-            weakref.finalize(plan, _PARTITIONS.pop, id(plan), None)
-        _PARTITIONS[id(plan)] = cls
+    _remember(plan, cls)
     return _quotient(sim, g, cls, rep, tb_classes)
+
+
+def _remember(plan, found) -> None:
+    """Keep ``found`` (a partition, or a refusal) for ``plan`` while it lives."""
+    if plan is None:
+        return
+    if id(plan) not in _PARTITIONS:
+        weakref.finalize(plan, _PARTITIONS.pop, id(plan), None)
+    _PARTITIONS[id(plan)] = found
 
 
 def _ids(cls: np.ndarray, lo: int, hi: int):
