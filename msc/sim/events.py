@@ -116,7 +116,13 @@ def maxmin_arrays(flows, cap, ptr, link, wt, capacity) -> np.ndarray:
     start = np.repeat(ptr[flows] - (np.cumsum(nres) - nres), nres)
     at = start + np.arange(int(nres.sum()))
     owner = np.repeat(np.arange(len(flows)), nres)            # per use: its flow's position in ``flows``
-    links, use = np.unique(link[at], return_inverse=True)     # per use: its link's position in ``links``
+    used = link[at]
+    present = np.zeros(len(capacity), dtype=bool)
+    present[used] = True
+    links = np.flatnonzero(present)                           # np.unique's sorted links, without its sort
+    index = np.empty(len(capacity), dtype=np.int64)
+    index[links] = np.arange(len(links))
+    use = index[used]                                         # per use: its link's position in ``links``
     w = wt[at]
     left = capacity[links]
     count = np.bincount(use, minlength=len(links))
