@@ -20,6 +20,7 @@ moved, with no message to deliver.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from heapq import heappop, heappush
 
 import numpy as np
@@ -150,6 +151,40 @@ def maxmin_arrays(flows, cap, ptr, link, wt, capacity) -> np.ndarray:
     return rate
 
 
+@dataclass(frozen=True)
+class StepColumns:
+    """An EventSim's steps as arrays, for analyses of the plan
+    (msc.sim.symmetry): per threadblock its step count ``lens``; per step
+    (threadblock order) the fields of its row; per dependency its owner
+    step (a global index), the threadblock and step it waits for."""
+
+    lens: np.ndarray
+    comp: np.ndarray
+    nbytes: np.ndarray
+    sc: np.ndarray
+    rc: np.ndarray
+    so: np.ndarray
+    ro: np.ndarray
+    fixed: np.ndarray
+    fc: np.ndarray
+    dep_owner: np.ndarray
+    dep_tb: np.ndarray
+    dep_step: np.ndarray
+
+    @classmethod
+    def of(cls, steps) -> "StepColumns":
+        """The columns of EventSim rows ``steps``."""
+        lens = np.array([len(r) for r in steps], dtype=np.int64)
+        flat = [row for rows in steps for row in rows]
+        _, comp, nbytes, sc, rc, so, ro, deps, fixed, fc = list(zip(*flat)) if flat else [()] * 10
+        ndeps = [len(d) for d in deps]
+        dep_flat = [x for d in deps for x in d]
+        dt, dk = (list(x) for x in zip(*dep_flat)) if dep_flat else ([], [])
+        i64, f64 = (lambda x: np.array(x, dtype=np.int64)), (lambda x: np.array(x, dtype=np.float64))
+        return cls(lens, f64(comp), f64(nbytes), i64(sc), i64(rc), i64(so), i64(ro), f64(fixed), i64(fc),
+                   np.repeat(np.arange(len(flat), dtype=np.int64), ndeps), i64(dt), i64(dk))
+
+
 class EventSim:
     """One plan on one topology; ``run(tlen)`` simulates one size.
 
@@ -164,10 +199,13 @@ class EventSim:
     ``floors[f]`` the least bytes a message of it counts for (its route's
     per-message time at its own rate; None: 0); ``capacity[r]``: link
     rates; ``names[t]``: (rank, threadblock id) of threadblock t, for
-    errors."""
+    errors; ``columns``: the steps as StepColumns, where the caller has them
+    (else made from ``steps`` when asked for)."""
 
-    def __init__(self, steps, per_iter, alpha, cap, res, capacity, slots, names, wts=None, floors=None):
+    def __init__(self, steps, per_iter, alpha, cap, res, capacity, slots, names, wts=None, floors=None,
+                 columns: StepColumns | None = None):
         self.steps, self.per_iter, self.alpha, self.cap, self.res = steps, per_iter, alpha, cap, res
+        self._columns = columns
         self.wts = wts if wts is not None else [None] * len(res)
         self.floors = floors if floors is not None and any(floors) else None
         self.capacity, self.slots, self.names = capacity, slots, names
@@ -183,6 +221,12 @@ class EventSim:
                                dtype=np.float64)
         self.cap_arr = np.asarray(cap, dtype=np.float64)
         self.capacity_arr = np.asarray(capacity, dtype=np.float64)
+
+    @property
+    def columns(self) -> StepColumns:
+        if self._columns is None:
+            self._columns = StepColumns.of(self.steps)
+        return self._columns
 
     def run(self, tlen: list[float], record: bool = False):
         """Makespan (s) for a size whose tile iteration ``it`` moves

@@ -38,7 +38,7 @@ from msc.lower.runtimes import runtime_slots
 from msc.progress import steps
 from msc.dsl.collectives import BUSBW_FACTOR
 from msc.units import parse_dtype
-from msc.sim.events import EventSim
+from msc.sim.events import EventSim, StepColumns
 from msc.sim.fast import JUMP_MIN, evaluate, layers, prepare
 from msc.sim.symmetry import Folded, fold
 from msc.sim.sim_plan import SWITCH_READS, SWITCH_WRITES, SimPlan, compile_plan
@@ -370,8 +370,11 @@ class Simulator:
             names = list(zip(sp.tb_rank.tolist(), sp.tb_local.tolist()))
             # a message's least time on its links as bytes at the flow's own rate (Route.message)
             floors = [m * r for m, r in zip(self.message, self.rate.tolist())]
+            dep_tb = sp.step_tb[sp.dep_src].astype(np.int64)
+            columns = StepColumns(np.diff(sp.tb_start), self.comp, sp.count, self.send_conn, rconn, so, ro,
+                                  self.fixed, self.flow_conn, sp.dep_dst, dep_tb, sp.dep_src - sp.tb_start[dep_tb])
             self._engines["events"] = EventSim(steps, per_iter.tolist(), self.alpha.tolist(), self.cap, self.res,
-                                               self.capacity, self.slots, names, self.wts, floors)
+                                               self.capacity, self.slots, names, self.wts, floors, columns)
         return self._engines["events"]
 
     @property

@@ -79,17 +79,15 @@ class _Graph:
         T, C, F, X = len(sim.steps), len(sim.per_iter), len(sim.cap), len(sim.capacity)
         self.T, self.C, self.F, self.X = T, C, F, X
         self.off = t0, c0, f0, x0 = (0, T, T + C, T + C + F)
-        lens = np.array([len(r) for r in sim.steps], dtype=np.int64)
-        flat = [row for rows in sim.steps for row in rows]
-        cols = list(zip(*flat)) if flat else [()] * 10
-        _, comp, nbytes, sc, rc, so, ro, deps, fixed, fc = cols
-        sc, rc, fc = (np.array(x, dtype=np.int64) for x in (sc, rc, fc))
-        ndeps = np.array([len(d) for d in deps], dtype=np.int64)
+        col = sim.columns
+        lens, sc, rc, fc = col.lens, col.sc, col.rc, col.fc
+        S = len(sc)
+        ndeps = np.bincount(col.dep_owner, minlength=S)
         tb = np.repeat(np.arange(T, dtype=np.int64), lens)
-        k = np.arange(len(flat), dtype=np.int64) - np.repeat(np.cumsum(lens) - lens, lens)
+        k = np.arange(S, dtype=np.int64) - np.repeat(np.cumsum(lens) - lens, lens)
         M = int(lens.max(initial=0)) + 1
         # per step its attributes as an id; per threadblock the sequence of those, exactly
-        step_id = _exact_ids(comp, nbytes, sc >= 0, rc >= 0, so, ro, fixed, fc >= 0, ndeps)
+        step_id = _exact_ids(col.comp, col.nbytes, sc >= 0, rc >= 0, col.so, col.ro, col.fixed, fc >= 0, ndeps)
         bounds = np.concatenate([[0], np.cumsum(lens)]).tolist()
         seqs: dict = {}
         tb_init = [seqs.setdefault(step_id[a:b].tobytes(), len(seqs)) for a, b in zip(bounds[:-1], bounds[1:])]
@@ -113,11 +111,9 @@ class _Graph:
         edge(tb[r], 2 * M + k[r], c0 + rc[r], 3 * M + k[r])
         f = fc >= 0
         edge(tb[f], 4 * M + k[f], f0 + fc[f], 5 * M + k[f])
-        dep_flat = [x for d in deps for x in d]
-        if dep_flat:
-            dt, dk = (np.array(x, dtype=np.int64) for x in zip(*dep_flat))
-            owner, ok = np.repeat(tb, ndeps), np.repeat(k, ndeps)
-            edge(owner, (6 * M + ok) * M + dk, dt, (7 * M + ok) * M + dk)
+        if len(col.dep_owner):
+            owner, ok = tb[col.dep_owner], k[col.dep_owner]
+            edge(owner, (6 * M + ok) * M + col.dep_step, col.dep_tb, (7 * M + ok) * M + col.dep_step)
         nres = np.array([len(x) for x in sim.res], dtype=np.int64)
         link = np.array([x for res in sim.res for x in res], dtype=np.int64)
         wt = [float(w) for res, ws in zip(sim.res, sim.wts) for w in (ws if ws is not None else (1,) * len(res))]
