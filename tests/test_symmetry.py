@@ -137,3 +137,14 @@ def test_a_plans_partition_is_reused_by_its_other_simulators(monkeypatch):
     assert folding.sim is not None and not refined
     tlen = _tiles(other, size)
     assert folding.sim.run(tlen) == other.event_sim().run(tlen)
+
+
+def test_step_columns_and_rows_round_trip():
+    """An EventSim's rows made from Simulator's columns, read back as columns, give the same rows."""
+    from msc.sim.events import StepColumns
+
+    _, sim = _nccl_simulator(get_topology("dgx-h100:2", None), 33554432)
+    rows = sim.event_sim().steps
+    assert any(deps for tb in rows for *_, deps, _fixed, _fc in tb)          # dependencies included
+    assert StepColumns.of(rows).rows() == rows
+    assert StepColumns.of(rows).rows([3, 1]) == [rows[3], rows[1]]

@@ -185,6 +185,23 @@ class StepColumns:
                    np.repeat(np.arange(len(flat), dtype=np.int64), ndeps), i64(dt), i64(dk))
 
 
+    def rows(self, tbs=None) -> list:
+        """EventSim rows of threadblocks ``tbs`` (default all), in that order."""
+        starts = np.concatenate([[0], np.cumsum(self.lens)]).tolist()
+        order = np.argsort(self.dep_owner, kind="stable")          # a step's deps in their order here
+        dptr = np.searchsorted(self.dep_owner[order], np.arange(len(self.sc) + 1)).tolist()
+        dtb, dstep = self.dep_tb[order].tolist(), self.dep_step[order].tolist()
+        out = []
+        for t in (range(len(self.lens)) if tbs is None else tbs):
+            a, b = starts[t], starts[t + 1]
+            out.append(list(zip(range(a, b), self.comp[a:b].tolist(), self.nbytes[a:b].tolist(),
+                                self.sc[a:b].tolist(), self.rc[a:b].tolist(), self.so[a:b].tolist(),
+                                self.ro[a:b].tolist(),
+                                [list(zip(dtb[dptr[g]:dptr[g + 1]], dstep[dptr[g]:dptr[g + 1]])) for g in range(a, b)],
+                                self.fixed[a:b].tolist(), self.fc[a:b].tolist())))
+        return out
+
+
 class EventSim:
     """One plan on one topology; ``run(tlen)`` simulates one size.
 
@@ -200,11 +217,12 @@ class EventSim:
     per-message time at its own rate; None: 0); ``capacity[r]``: link
     rates; ``names[t]``: (rank, threadblock id) of threadblock t, for
     errors; ``columns``: the steps as StepColumns, where the caller has them
-    (else made from ``steps`` when asked for)."""
+    (else made from ``steps`` when asked for); ``steps`` None: made from
+    ``columns`` when a run first needs them (a folded run never does)."""
 
     def __init__(self, steps, per_iter, alpha, cap, res, capacity, slots, names, wts=None, floors=None,
                  columns: StepColumns | None = None):
-        self.steps, self.per_iter, self.alpha, self.cap, self.res = steps, per_iter, alpha, cap, res
+        self._steps, self.per_iter, self.alpha, self.cap, self.res = steps, per_iter, alpha, cap, res
         self._columns = columns
         self.wts = wts if wts is not None else [None] * len(res)
         self.floors = floors if floors is not None and any(floors) else None
@@ -221,6 +239,16 @@ class EventSim:
                                dtype=np.float64)
         self.cap_arr = np.asarray(cap, dtype=np.float64)
         self.capacity_arr = np.asarray(capacity, dtype=np.float64)
+
+    @property
+    def steps(self) -> list:
+        if self._steps is None:
+            self._steps = self._columns.rows()
+        return self._steps
+
+    @property
+    def num_tbs(self) -> int:
+        return len(self._steps) if self._steps is not None else len(self._columns.lens)
 
     @property
     def columns(self) -> StepColumns:

@@ -359,21 +359,13 @@ class Simulator:
             so[sp.msg_send] = ordinal
             ro[sp.msg_recv] = ordinal
             rconn[sp.msg_recv] = mconn
-            deps = [[] for _ in range(sp.num_steps)]
-            for s, d in zip(sp.dep_src.tolist(), sp.dep_dst.tolist()):
-                t = int(sp.step_tb[s])
-                deps[d].append((t, s - int(sp.tb_start[t])))
-            rows = list(zip(range(sp.num_steps), self.comp.tolist(), sp.count.tolist(), self.send_conn.tolist(),
-                            rconn.tolist(), so.tolist(), ro.tolist(), deps, self.fixed.tolist(),
-                            self.flow_conn.tolist()))
-            steps = [rows[a:b] for a, b in zip(sp.tb_start[:-1].tolist(), sp.tb_start[1:].tolist())]
             names = list(zip(sp.tb_rank.tolist(), sp.tb_local.tolist()))
             # a message's least time on its links as bytes at the flow's own rate (Route.message)
             floors = [m * r for m, r in zip(self.message, self.rate.tolist())]
             dep_tb = sp.step_tb[sp.dep_src].astype(np.int64)
             columns = StepColumns(np.diff(sp.tb_start), self.comp, sp.count, self.send_conn, rconn, so, ro,
                                   self.fixed, self.flow_conn, sp.dep_dst, dep_tb, sp.dep_src - sp.tb_start[dep_tb])
-            self._engines["events"] = EventSim(steps, per_iter.tolist(), self.alpha.tolist(), self.cap, self.res,
+            self._engines["events"] = EventSim(None, per_iter.tolist(), self.alpha.tolist(), self.cap, self.res,
                                                self.capacity, self.slots, names, self.wts, floors, columns)
         return self._engines["events"]
 

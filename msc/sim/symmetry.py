@@ -76,7 +76,7 @@ class _Graph:
     each node's attributes as an exact id (``init``)."""
 
     def __init__(self, sim: EventSim):
-        T, C, F, X = len(sim.steps), len(sim.per_iter), len(sim.cap), len(sim.capacity)
+        T, C, F, X = sim.num_tbs, len(sim.per_iter), len(sim.cap), len(sim.capacity)
         self.T, self.C, self.F, self.X = T, C, F, X
         self.off = t0, c0, f0, x0 = (0, T, T + C, T + C + F)
         col = sim.columns
@@ -223,21 +223,22 @@ def _quotient(sim: EventSim, g: _Graph, cls: np.ndarray, rep: np.ndarray, tb_cla
     order = np.argsort(tb_rep, kind="stable")           # classes in the order of their first threadblock
     where = np.empty(len(order), dtype=np.int64)
     where[order] = np.arange(len(order))
-    steps = []
     sends = np.zeros(len(conn_rep), dtype=np.int64)     # per conn class: messages per iteration, as folded
     recvs = np.zeros(len(conn_rep), dtype=np.int64)
-    for q in order.tolist():
-        rows = []
-        for g_, comp, nbytes, sc, rc, so, ro, deps, fixed, fc in sim.steps[int(tb_rep[q])]:
+    reps = [int(tb_rep[q]) for q in order.tolist()]
+    steps = []
+    for rows in sim.columns.rows(reps):
+        folded = []
+        for g_, comp, nbytes, sc, rc, so, ro, deps, fixed, fc in rows:
             if sc >= 0:
                 sc = int(qconn[sc])
                 sends[sc] += 1
             if rc >= 0:
                 rc = int(qconn[rc])
                 recvs[rc] += 1
-            rows.append((g_, comp, nbytes, sc, rc, so, ro, [(int(where[qtb[dt]]), dk) for dt, dk in deps],
-                         fixed, int(qflow[fc]) if fc >= 0 else -1))
-        steps.append(rows)
+            folded.append((g_, comp, nbytes, sc, rc, so, ro, [(int(where[qtb[dt]]), dk) for dt, dk in deps],
+                           fixed, int(qflow[fc]) if fc >= 0 else -1))
+        steps.append(folded)
     per_iter = [sim.per_iter[int(c)] for c in conn_rep]
     if (sends != per_iter).any() or (recvs != per_iter).any():
         return Folded(None, tb_classes, T, "a connection class's messages do not pair one sender with one receiver")
@@ -257,6 +258,6 @@ def _quotient(sim: EventSim, g: _Graph, cls: np.ndarray, rep: np.ndarray, tb_cla
     floors = [sim.floors[int(f)] for f in flow_rep] if sim.floors is not None else None
     folded = EventSim(steps, per_iter, [sim.alpha[int(c)] for c in conn_rep], [sim.cap[int(f)] for f in flow_rep],
                       [tuple(r) for r in res], [sim.capacity[int(x)] for x in link_rep], sim.slots,
-                      [sim.names[int(tb_rep[q])] for q in order.tolist()],
+                      [sim.names[t] for t in reps],
                       [tuple(w) for w in wts] if weighted else None, floors)
     return Folded(folded, tb_classes, T)
