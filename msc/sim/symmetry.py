@@ -15,8 +15,11 @@ equal inputs, and max-min water filling on an equitable partition of flows
 and links gives every flow of a class the same rate (the lifted rates of the
 quotient are feasible and have the bottleneck property, and max-min rates are
 unique). So one representative per class, with each link class's flows
-counted as a representative link carries them (Quotient's uses), gives the
-full run's makespan.
+counted as a representative link carries them (_quotient's uses), gives the
+full run's makespan. The one float that can differ: a link's frozen flows
+are subtracted from its capacity in the folded order, the same floats
+where they weigh alike (every flow but a switch op's; tests/test_symmetry.py
+compares NVLSTree's makespans exactly too).
 
 Exact where refinement is: its per-node signatures are 64-bit hashes, so the
 partition is then checked exactly (every member's attributes and sorted
@@ -27,15 +30,13 @@ reason, and the caller runs the full plan (Simulator._events_time).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import weakref
+from dataclasses import dataclass
 
 import numpy as np
 
 from msc.sim.events import EventSim
 
-_TB, _CONN, _FLOW, _LINK = range(4)
 # folding that keeps more than this share of the threadblocks is not worth its overhead
 MIN_FOLD = 0.5
 _PARTITIONS: dict = {}       # id of a plan -> its last equitable partition, or its refusal (while it lives)
@@ -193,7 +194,7 @@ def fold(sim: EventSim, plan=None) -> Folded:
     else:
         return Folded(None, tb_classes, T, "color refinement's hashed partition is not equitable")
     _remember(plan, cls)
-    return _quotient(sim, g, cls, rep, tb_classes)
+    return _quotient(sim, g, cls, tb_classes)
 
 
 def _remember(plan, found) -> None:
@@ -213,13 +214,16 @@ def _ids(cls: np.ndarray, lo: int, hi: int):
     return index, first
 
 
-def _quotient(sim: EventSim, g: _Graph, cls: np.ndarray, rep: np.ndarray, tb_classes: int) -> Folded:
-    t0, c0, f0, x0 = g.off
+def _quotient(sim: EventSim, g: _Graph, cls: np.ndarray, tb_classes: int) -> Folded:
+    """The folded EventSim: per class its representative (the class's first
+    member), every index into the full sim's threadblocks, connections,
+    flows and links taken to its class's."""
+    _, c0, f0, x0 = g.off
     T = g.T
     qtb, tb_rep = _ids(cls, 0, T)
     qconn, conn_rep = _ids(cls, c0, f0)
     qflow, flow_rep = _ids(cls, f0, x0)
-    qlink, link_rep = _ids(cls, x0, x0 + g.X)
+    _, link_rep = _ids(cls, x0, x0 + g.X)
     order = np.argsort(tb_rep, kind="stable")           # classes in the order of their first threadblock
     where = np.empty(len(order), dtype=np.int64)
     where[order] = np.arange(len(order))
