@@ -20,6 +20,7 @@ moved, with no message to deliver.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from heapq import heappop, heappush
 
 import numpy as np
@@ -116,7 +117,13 @@ def maxmin_arrays(flows, cap, ptr, link, wt, capacity) -> np.ndarray:
     start = np.repeat(ptr[flows] - (np.cumsum(nres) - nres), nres)
     at = start + np.arange(int(nres.sum()))
     owner = np.repeat(np.arange(len(flows)), nres)            # per use: its flow's position in ``flows``
-    links, use = np.unique(link[at], return_inverse=True)     # per use: its link's position in ``links``
+    used = link[at]
+    present = np.zeros(len(capacity), dtype=bool)
+    present[used] = True
+    links = np.flatnonzero(present)                           # np.unique's sorted links, without its sort
+    index = np.empty(len(capacity), dtype=np.int64)
+    index[links] = np.arange(len(links))
+    use = index[used]                                         # per use: its link's position in ``links``
     w = wt[at]
     left = capacity[links]
     count = np.bincount(use, minlength=len(links))
@@ -144,6 +151,57 @@ def maxmin_arrays(flows, cap, ptr, link, wt, capacity) -> np.ndarray:
     return rate
 
 
+@dataclass(frozen=True)
+class StepColumns:
+    """An EventSim's steps as arrays, for analyses of the plan
+    (msc.sim.symmetry): per threadblock its step count ``lens``; per step
+    (threadblock order) the fields of its row; per dependency its owner
+    step (a global index), the threadblock and step it waits for."""
+
+    lens: np.ndarray
+    comp: np.ndarray
+    nbytes: np.ndarray
+    sc: np.ndarray
+    rc: np.ndarray
+    so: np.ndarray
+    ro: np.ndarray
+    fixed: np.ndarray
+    fc: np.ndarray
+    dep_owner: np.ndarray
+    dep_tb: np.ndarray
+    dep_step: np.ndarray
+
+    @classmethod
+    def of(cls, steps) -> "StepColumns":
+        """The columns of EventSim rows ``steps``."""
+        lens = np.array([len(r) for r in steps], dtype=np.int64)
+        flat = [row for rows in steps for row in rows]
+        _, comp, nbytes, sc, rc, so, ro, deps, fixed, fc = list(zip(*flat)) if flat else [()] * 10
+        ndeps = [len(d) for d in deps]
+        dep_flat = [x for d in deps for x in d]
+        dt, dk = (list(x) for x in zip(*dep_flat)) if dep_flat else ([], [])
+        i64, f64 = (lambda x: np.array(x, dtype=np.int64)), (lambda x: np.array(x, dtype=np.float64))
+        return cls(lens, f64(comp), f64(nbytes), i64(sc), i64(rc), i64(so), i64(ro), f64(fixed), i64(fc),
+                   np.repeat(np.arange(len(flat), dtype=np.int64), ndeps), i64(dt), i64(dk))
+
+
+    def rows(self, tbs=None) -> list:
+        """EventSim rows of threadblocks ``tbs`` (default all), in that order."""
+        starts = np.concatenate([[0], np.cumsum(self.lens)]).tolist()
+        order = np.argsort(self.dep_owner, kind="stable")          # a step's deps in their order here
+        dptr = np.searchsorted(self.dep_owner[order], np.arange(len(self.sc) + 1)).tolist()
+        dtb, dstep = self.dep_tb[order].tolist(), self.dep_step[order].tolist()
+        out = []
+        for t in (range(len(self.lens)) if tbs is None else tbs):
+            a, b = starts[t], starts[t + 1]
+            out.append(list(zip(range(a, b), self.comp[a:b].tolist(), self.nbytes[a:b].tolist(),
+                                self.sc[a:b].tolist(), self.rc[a:b].tolist(), self.so[a:b].tolist(),
+                                self.ro[a:b].tolist(),
+                                [list(zip(dtb[dptr[g]:dptr[g + 1]], dstep[dptr[g]:dptr[g + 1]])) for g in range(a, b)],
+                                self.fixed[a:b].tolist(), self.fc[a:b].tolist())))
+        return out
+
+
 class EventSim:
     """One plan on one topology; ``run(tlen)`` simulates one size.
 
@@ -158,10 +216,14 @@ class EventSim:
     ``floors[f]`` the least bytes a message of it counts for (its route's
     per-message time at its own rate; None: 0); ``capacity[r]``: link
     rates; ``names[t]``: (rank, threadblock id) of threadblock t, for
-    errors."""
+    errors; ``columns``: the steps as StepColumns, where the caller has them
+    (else made from ``steps`` when asked for); ``steps`` None: made from
+    ``columns`` when a run first needs them (a folded run never does)."""
 
-    def __init__(self, steps, per_iter, alpha, cap, res, capacity, slots, names, wts=None, floors=None):
-        self.steps, self.per_iter, self.alpha, self.cap, self.res = steps, per_iter, alpha, cap, res
+    def __init__(self, steps, per_iter, alpha, cap, res, capacity, slots, names, wts=None, floors=None,
+                 columns: StepColumns | None = None):
+        self._steps, self.per_iter, self.alpha, self.cap, self.res = steps, per_iter, alpha, cap, res
+        self._columns = columns
         self.wts = wts if wts is not None else [None] * len(res)
         self.floors = floors if floors is not None and any(floors) else None
         self.capacity, self.slots, self.names = capacity, slots, names
@@ -177,6 +239,22 @@ class EventSim:
                                dtype=np.float64)
         self.cap_arr = np.asarray(cap, dtype=np.float64)
         self.capacity_arr = np.asarray(capacity, dtype=np.float64)
+
+    @property
+    def steps(self) -> list:
+        if self._steps is None:
+            self._steps = self._columns.rows()
+        return self._steps
+
+    @property
+    def num_tbs(self) -> int:
+        return len(self._steps) if self._steps is not None else len(self._columns.lens)
+
+    @property
+    def columns(self) -> StepColumns:
+        if self._columns is None:
+            self._columns = StepColumns.of(self.steps)
+        return self._columns
 
     def run(self, tlen: list[float], record: bool = False):
         """Makespan (s) for a size whose tile iteration ``it`` moves

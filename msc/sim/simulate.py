@@ -38,8 +38,9 @@ from msc.lower.runtimes import runtime_slots
 from msc.progress import steps
 from msc.dsl.collectives import BUSBW_FACTOR
 from msc.units import parse_dtype
-from msc.sim.events import EventSim
+from msc.sim.events import EventSim, StepColumns
 from msc.sim.fast import JUMP_MIN, evaluate, layers, prepare
+from msc.sim.symmetry import Folded, fold
 from msc.sim.sim_plan import SWITCH_READS, SWITCH_WRITES, SimPlan, compile_plan
 from msc.sim.topology import Topology
 
@@ -140,7 +141,7 @@ class Simulator:
             self._switch_latencies(sp, view)
         self._watch_setup()
         self._layers = None
-        self._events = None
+        self._engines: dict = {}         # the event engine and its folding, shared with retiled copies
 
     def _switch_flows(self, sp, view) -> None:
         """Switch ops (NVLS) transmit as flows of their own over the group's
@@ -347,7 +348,7 @@ class Simulator:
 
     # -- the event engine ----------------------------------------------------
     def event_sim(self) -> EventSim:
-        if self._events is None:
+        if "events" not in self._engines:
             sp = self.sp
             per_iter = np.diff(sp.conn_ptr)
             mconn = np.repeat(np.arange(len(per_iter)), per_iter)
@@ -358,24 +359,29 @@ class Simulator:
             so[sp.msg_send] = ordinal
             ro[sp.msg_recv] = ordinal
             rconn[sp.msg_recv] = mconn
-            deps = [[] for _ in range(sp.num_steps)]
-            for s, d in zip(sp.dep_src.tolist(), sp.dep_dst.tolist()):
-                t = int(sp.step_tb[s])
-                deps[d].append((t, s - int(sp.tb_start[t])))
-            rows = list(zip(range(sp.num_steps), self.comp.tolist(), sp.count.tolist(), self.send_conn.tolist(),
-                            rconn.tolist(), so.tolist(), ro.tolist(), deps, self.fixed.tolist(),
-                            self.flow_conn.tolist()))
-            steps = [rows[a:b] for a, b in zip(sp.tb_start[:-1].tolist(), sp.tb_start[1:].tolist())]
             names = list(zip(sp.tb_rank.tolist(), sp.tb_local.tolist()))
             # a message's least time on its links as bytes at the flow's own rate (Route.message)
             floors = [m * r for m, r in zip(self.message, self.rate.tolist())]
-            self._events = EventSim(steps, per_iter.tolist(), self.alpha.tolist(), self.cap, self.res,
-                                    self.capacity, self.slots, names, self.wts, floors)
-        return self._events
+            dep_tb = sp.step_tb[sp.dep_src].astype(np.int64)
+            columns = StepColumns(np.diff(sp.tb_start), self.comp, sp.count, self.send_conn, rconn, so, ro,
+                                  self.fixed, self.flow_conn, sp.dep_dst, dep_tb, sp.dep_src - sp.tb_start[dep_tb])
+            self._engines["events"] = EventSim(None, per_iter.tolist(), self.alpha.tolist(), self.cap, self.res,
+                                               self.capacity, self.slots, names, self.wts, floors, columns)
+        return self._engines["events"]
+
+    @property
+    def folding(self) -> Folded:
+        """The event engine's plan folded by its symmetry (msc.sim.symmetry):
+        its ``sim``, or None and the ``reason`` the full plan runs instead."""
+        if "folding" not in self._engines:
+            self._engines["folding"] = fold(self.event_sim(), self.sp)
+        return self._engines["folding"]
 
     def _events_time(self, q: float) -> float:
         n = math.ceil(q / self.tile)
-        return self.event_sim().run([self._tlen(q, it) for it in range(n)])
+        # a makespan: one threadblock per class of those that run alike gives the full run's
+        sim = self.folding.sim or self.event_sim()
+        return sim.run([self._tlen(q, it) for it in range(n)])
 
     def timeline(self, size: int):
         """(SimResult, arrays) for one size: per step instance its
