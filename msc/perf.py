@@ -26,3 +26,30 @@ def pause_gc(fn):
             gc.enable()
 
     return wrapper
+
+
+# mallopt parameters (glibc's malloc.h)
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
+
+
+def reuse_freed_memory() -> bool:
+    """Have glibc's malloc keep freed memory for the next allocation instead
+    of handing it back to the kernel. At scale the numpy passes allocate and
+    free arrays of hundreds of MB one after another; by default each is a
+    fresh mmap whose pages the kernel zeroes on first touch, and that system
+    time was a third of ``msc compile allreduce/hierarchical -n 2048`` (25.8
+    of 80 CPU s). Arrays up to 2 GiB now come from the heap, and the heap is
+    not trimmed. For the command line (one command per process); False where
+    the C library is not glibc."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        most = (1 << 31) - 1                  # mallopt takes an int
+        return bool(libc.mallopt(_M_MMAP_THRESHOLD, most) and libc.mallopt(_M_TRIM_THRESHOLD, most)
+                    and libc.mallopt(_M_TOP_PAD, 64 << 20))
+    except (OSError, AttributeError):
+        return False

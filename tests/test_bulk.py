@@ -1,8 +1,10 @@
 """Bulk lowering (msc/lower/bulk.py) builds the plans the pass-by-pass pipeline
-builds: compared as plan text over the library, where it applies, and it
-declines (None) where it does not."""
+builds: compared as plan text over the library and on random programs of
+multi-chunk transfers, where it applies, and it declines (None) where it
+does not."""
 from __future__ import annotations
 
+import random
 from collections import Counter
 
 import pytest
@@ -10,6 +12,7 @@ import pytest
 import msc
 from msc.lower.dag import allocate_scratch, replicate
 from msc.errors import MscError
+from msc.errors import SourceLine
 from msc.ir import Op, OpKind, StepOp
 from msc.ir.columns import OpColumns
 from msc.lower.bulk_trace import allocate_scratch_columns, replicate_columns
@@ -22,13 +25,13 @@ OPTIONS = (LowerOptions(), LowerOptions(instances=2), LowerOptions(instances=3, 
 RANKS = (1, 2, 3, 4, 5, 8, 9, 16)
 
 
-def _single(ops) -> bool:
-    return bool(ops) and all(op.size == 1 and op.src_rank != op.dst_rank for op in ops)
+def _between_ranks(ops) -> bool:
+    return bool(ops) and all(op.src_rank != op.dst_rank for op in ops)
 
 
 def _cases(ranks=RANKS, keys=None):
     """(name, program, options, ops, scratch, fields) for every library
-    program in bulk's scope (a program of one-chunk transfers between ranks)."""
+    program in bulk's scope (a program of transfers between ranks)."""
     for key, alg in algorithms(switch=False).items():
         if keys is not None and key not in keys:
             continue
@@ -42,7 +45,7 @@ def _cases(ranks=RANKS, keys=None):
                     layout = program.layout
                     ops, sizes = replicate(program.ops, options.instances, program.scratch_sizes)
                     ops, scratch = allocate_scratch(ops, set(layout.physical_sizes), sizes, n)
-                    if not _single(ops):
+                    if not _between_ranks(ops):
                         continue
                     k = options.instances
                     fields = dict(name=program.name, collective=layout.name, chunk_factor=layout.chunk_factor * k,
@@ -61,14 +64,17 @@ def _text_or_error(fn):
 
 @pytest.mark.slow          # 7-14 s: CI's slow run; the default run stays short
 def test_bulk_lowering_gives_the_pipelines_plans_on_the_library():
-    seen, taken = Counter(), 0
+    seen, taken, multi = Counter(), 0, set()
     for name, program, options, *_ in _cases():
         pipeline = _text_or_error(lambda: lower(program, options, bulk=False))
         assert _text_or_error(lambda: lower(program, options)) == pipeline, name
         seen[name.split(" ")[0]] += 1
         taken += 1
+        if options.instances == 1 and any(op.size > 1 for op in program.ops):
+            multi.add(name.split(" ")[0])            # steps of several chunks (instances split them)
     # the comparison covers most of the library, not a handful of programs
     assert taken > 250 and len(seen) >= 14, seen
+    assert {"allreduce/hierarchical:hierarchical", "allreduce/halving_doubling:halving_doubling"} <= multi, multi
 
 
 @pytest.mark.parametrize("priority", ["depth", "trace"])
@@ -134,8 +140,11 @@ def test_bulk_declines_what_it_does_not_cover():
     fields = dict(name="ring", collective="allreduce", chunk_factor=4, inplace=False, input_chunks=4,
                   output_chunks=4, root=0, protocol="Simple", instances=1, slots=1, tile=0)
     assert list(bulk_plans(ops, scratch, 4, ("depth", "trace"), fields)) == [("depth", None)]
+    local = [op for op in program.ops if op.src_rank == op.dst_rank][:1]
     wide = [op._replace(size=2) for op in msc.trace(ring, 4).ops if op.kind is OpKind.COPY]
-    assert list(bulk_plans(wide, [0] * 4, 4, ("depth",), fields)) == [("depth", None)]
+    [(_, plan)] = bulk_plans(wide, [0] * 4, 4, ("depth",), fields)       # multi-chunk transfers: taken
+    assert plan is not None and {step.count for _, _, _, step in plan.steps()} == {2}
+    assert list(bulk_plans(wide + local, [0] * 4, 4, ("depth",), fields)) == [("depth", None)]   # one local op
     assert list(bulk_plans([], [0] * 4, 4, ("depth",), fields)) == [("depth", None)]
     far = [op._replace(dst_index=op.dst_index + 2 ** 40) for op in msc.trace(ring, 4).ops]   # keys past int64
     assert list(bulk_plans(far, [0] * 4, 4, ("depth",), fields)) == [("depth", None)]
@@ -169,7 +178,7 @@ def relays_through_scratch(p, channels=1):
 @pytest.mark.parametrize("channels", [1, 2])
 def test_scratch_relays_compact_the_same(n, channels):
     program = msc.trace(relays_through_scratch, n, channels=channels)
-    assert _single(program.ops)
+    assert _between_ranks(program.ops) and all(op.size == 1 for op in program.ops)
     for options in OPTIONS:
         plan = lower(program, options)
         assert plan.scratch_chunks == 3 * options.instances               # compacted from 8
@@ -228,3 +237,53 @@ def test_replicate_and_allocate_scratch_in_bulk_are_the_op_passes():
                 _same_columns(c, OpColumns(ops), f"{key} n={n} x{k}")
                 checked[bool(program.scratch_sizes)] += 1
     assert checked[True] > 20 and checked[False] > 100, checked
+
+
+def _random_transfers(rng: random.Random, n: int) -> list[Op]:
+    """Copies and reduces of 1 to 4 chunks between ranks over input, output
+    and scratch, overlapping at random (reads of never-written chunks
+    included: lowering does not verify), on one or two channels."""
+    lines = [SourceLine("alg.py", k) for k in range(1, 4)]
+    ops = []
+    for _ in range(rng.randint(1, 24)):
+        src, dst = rng.sample(range(n), 2)
+        size = rng.choice((1, 1, 2, 3, 4))
+        sbuf, dbuf = rng.choice(("input", "output", "scratch")), rng.choice(("output", "scratch"))
+        sidx = rng.randrange(8 - size + 1)
+        if ops and rng.random() < 0.5:      # forward what the last op wrote: all of it (fusable), or a part
+            last = ops[-1]
+            src, sbuf, sidx, size = last.dst_rank, last.dst_buffer, last.dst_index, last.size
+            if rng.random() < 0.25 and size > 1:
+                size -= 1
+            dst = rng.choice([r for r in range(n) if r != src])
+        ops.append(Op(rng.choice((OpKind.COPY, OpKind.REDUCE)), src, sbuf, sidx, dst, dbuf,
+                      rng.randrange(8 - size + 1), size, rng.choice((None, None, 1)), None, None, rng.choice(lines),
+                      ()))
+    return ops
+
+
+@pytest.mark.parametrize("priority", ["depth", "trace"])
+def test_random_multi_chunk_programs_lower_as_the_pipeline_does(priority):
+    """Random transfers of several chunks: whatever bulk lowering builds is
+    the pipeline's plan, text for text; where it leaves the order to the
+    pipeline, it says so (None)."""
+    rng = random.Random(38)
+    built = multi = fused = 0
+    for case in range(300):
+        n = rng.randint(2, 5)
+        ops = _random_transfers(rng, n)
+        # scratch as allocate_scratch gives it: eight chunks on each rank that names any
+        scratch = [8 if any((op.src_rank, op.src_buffer) == (r, "scratch") or (op.dst_rank, op.dst_buffer) ==
+                            (r, "scratch") for op in ops) else 0 for r in range(n)]
+        fields = dict(name="random", collective="anything", chunk_factor=1, inplace=False, input_chunks=8,
+                      output_chunks=8, root=0, protocol="Simple", instances=1, slots=1, tile=0)
+        [(_, plan)] = bulk_plans(ops, scratch, n, (priority,), fields)
+        if plan is None:
+            continue
+        [(_, expected)] = _pipeline_plans(ops, scratch, n, LowerOptions(), fields, (priority,))
+        assert dump_plan(plan) == dump_plan(expected), (case, ops)
+        built += 1
+        steps = [step for _, _, _, step in plan.steps()]
+        multi += any(step.count > 1 for step in steps)
+        fused += any(step.op in (StepOp.RCS, StepOp.RRCS, StepOp.RRS) and step.count > 1 for step in steps)
+    assert built > 150 and multi > 100 and fused > 10, (built, multi, fused)

@@ -22,7 +22,8 @@ from msc.formats.load import load_plan
 from msc.formats.plan_text import parse_plan, save_plan
 from msc.formats.xml_export import plan_to_xml
 from msc.formats.xml_import import xml_to_plan
-from msc.ir.limits import (MAX_CHUNK_MOVES, MAX_PLAN_FILE_BYTES, MAX_RANKS, MAX_TEXT_FILE_BYTES, MAX_TOTAL_CHUNKS)
+from msc.ir.limits import (MAX_CHUNK_MOVES, MAX_PLAN_FILE_BYTES, MAX_RANKS, MAX_STEP_MOVES, MAX_TEXT_FILE_BYTES,
+                           MAX_TOTAL_CHUNKS)
 from msc.lower.pipeline import LowerOptions, lower
 from msc.sim.cut_bound import COLLECTIVES, _link_model, _routes_model, cut_model, lower_bound
 from msc.sim.presets import get_topology, ring
@@ -73,8 +74,15 @@ def test_steps_moving_billions_of_chunks_are_refused():
     steps = "".join(f"    {s}: copy scratch[0:8388608] -> scratch[8388608:16777216]\n" for s in range(30))
     text = _header(2) + "rank 0 scratch 16777216\n  tb 0 send - recv - channel 0\n" + steps + "rank 1 scratch 0\n"
     with pytest.raises(PlanError, match=f"the steps move 251658240 chunks in all, over msc's limit of "
-                                        f"{MAX_CHUNK_MOVES}"):
+                                        f"{MAX_STEP_MOVES}"):
         parse_plan(text)
+    # 8 such steps are the limit exactly, and a plan at it is read
+    at_limit = MAX_STEP_MOVES // 8388608
+    assert at_limit == 8
+    plan = parse_plan(text.replace(steps, "".join(steps.splitlines(True)[:at_limit])))
+    assert sum(step.count for _, _, _, step in plan.steps()) == MAX_STEP_MOVES
+    with pytest.raises(PlanError, match=f"the steps move {MAX_STEP_MOVES + 8388608} chunks in all"):
+        parse_plan(text.replace(steps, "".join(steps.splitlines(True)[:at_limit + 1])))
 
 
 def test_xml_with_s_chunks_of_2_to_the_26_is_refused_at_once():
@@ -105,7 +113,7 @@ def test_a_24_operation_program_cannot_grow_scratch_past_the_total(tmp_path):
 
 
 def test_a_program_cannot_move_more_chunks_than_the_limit(tmp_path):
-    alg = _algorithm(tmp_path, "    for _ in range(300):\n"
+    alg = _algorithm(tmp_path, "    for _ in range(600):\n"
                                "        p.chunk(0, 'input', 0, 65536).copy(1, 'output', 0)\n", factor=65536)
     with pytest.raises(AlgorithmError, match=f"alg.py:6: copy: the operations so far move {MAX_CHUNK_MOVES + 65536} "
                                              f"chunks, over msc's limit of {MAX_CHUNK_MOVES}"):
@@ -122,14 +130,14 @@ def test_buffers_of_all_ranks_are_bounded_before_tracing():
 
 
 def test_instances_cannot_multiply_a_program_past_the_totals(tmp_path):
-    # 6 operations of 65536 chunks: 393216 chunk operations, 25 million with 64 instances
+    # 10 operations of 65536 chunks: 655360 chunk operations, 42 million with 64 instances
     alg = _algorithm(tmp_path, "    for r in range(2):\n"
-                               "        for _ in range(3):\n"
+                               "        for _ in range(5):\n"
                                "            p.chunk(r, 'input', 0, 65536).copy(1 - r, 'output', r * 65536)\n",
                      factor=65536)
     program = msc.trace(alg, 2)
     start = time.process_time()
-    with pytest.raises(UsageError, match=f"with 64 instance.s. the plan's steps would move at least 25165824 chunks, "
+    with pytest.raises(UsageError, match=f"with 64 instance.s. the plan's steps would move at least 41943040 chunks, "
                                          f"over msc's limit of {MAX_CHUNK_MOVES}: use fewer instances"):
         lower(program, LowerOptions(instances=64))
     assert time.process_time() - start < 2

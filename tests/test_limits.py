@@ -105,3 +105,27 @@ def test_simulate_refuses_a_tile_that_makes_a_billion_iterations(tmp_path):
     done = _msc("simulate", "ring.plan", "-t", "ring:4", "--tile", "1", "-b", "1G", "-e", "1G", cwd=tmp_path)
     assert done.returncode == 2 and "268435456 tiles of 1 bytes per chunk, over msc's limit" in done.stderr
     assert time.process_time() - start < 30
+
+
+def test_a_program_within_the_move_limit_lowers_to_a_plan_within_the_step_limit():
+    """MAX_STEP_MOVES is twice MAX_CHUNK_MOVES because every transfer is a
+    send step and a receive step (a fused forward one): over the library,
+    and with instances, a plan's steps move at most twice the chunks its
+    program's operations do (fewer where local copies fuse away)."""
+    from msc.errors import MscError
+    from msc.ir.limits import MAX_CHUNK_MOVES, MAX_STEP_MOVES
+
+    assert MAX_STEP_MOVES == 2 * MAX_CHUNK_MOVES
+    checked = 0
+    for key, alg in algorithms(switch=False).items():
+        for n in (4, 8):
+            try:
+                program = msc.trace(alg, n)
+            except MscError:
+                continue
+            for instances in (1, 2):
+                plan = lower(program, LowerOptions(instances=instances))
+                moved = sum(step.count for _, _, _, step in plan.steps())
+                assert 0 < moved <= 2 * program.chunk_ops() * instances, key
+                checked += 1
+    assert checked > 40

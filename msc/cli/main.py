@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 from msc.errors import MscError, UsageError, VerificationError
+from msc.perf import reuse_freed_memory
 from msc.ir.ops import DEFAULT_PROTOCOL, PROTOCOL_NAMES, REDUCE_OP_NAMES
 from msc.cli.args import (add_collective_arg, collective_kw, param_value, protocol_arg, refuse_inapplicable,
                           split_param)
@@ -740,6 +741,8 @@ def main(argv: list[str] | None = None) -> int:
     Exit status: 0 ok, 1 verification failed, 2 bad input (the user's code
     failing or exiting included), 130 interrupted (Ctrl-C). ``--debug``
     adds the traceback and keeps the status."""
+    if argv is None:                  # msc as its own process (not main([...]) inside another program)
+        reuse_freed_memory()
     argv = list(sys.argv[1:] if argv is None else argv)
     script_args: list[str] = []
     if "--" in argv:

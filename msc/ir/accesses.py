@@ -16,20 +16,30 @@ def writes_around(keys: np.ndarray, write: np.ndarray, following: bool = True):
     last write strictly before it among its key's accesses (-1: none), and,
     with ``following``, of the first write strictly after it (len: none)."""
     m = keys.size
+    if not m:
+        return np.zeros(0, np.int64), (np.zeros(0, np.int64) if following else None)
+    # (each array filled and accumulated in place: at scale every one is hundreds of MB)
     pos = np.arange(m, dtype=np.int64)
     new = np.ones(m, dtype=bool)
     new[1:] = keys[1:] != keys[:-1]
-    start = np.maximum.accumulate(np.where(new, pos, 0))
-    last = np.maximum.accumulate(np.where(write, pos, -1))
-    before = np.full(m, -1, dtype=np.int64)
-    before[1:] = last[:-1]
+    start = np.zeros(m, dtype=np.int64)                 # the first access of each one's key
+    np.copyto(start, pos, where=new)
+    np.maximum.accumulate(start, out=start)
+    before = np.full(m, -1, dtype=np.int64)             # the last write at or before the access before
+    np.copyto(before[1:], pos[:-1], where=write[:-1])
+    np.maximum.accumulate(before, out=before)
     before[before < start] = -1
+    del start
     if not following:
         return before, None
-    starts = np.flatnonzero(new)
-    end = np.repeat(np.append(starts[1:], m), np.diff(np.append(starts, m)))
-    after = np.full(m, m, dtype=np.int64)
-    after[:-1] = np.minimum.accumulate(np.where(write, pos, m)[::-1])[::-1][1:]
+    after = np.full(m, m, dtype=np.int64)              # the first write at or after the access after
+    np.copyto(after[:-1], pos[1:], where=write[1:])
+    backwards = after[::-1]
+    np.minimum.accumulate(backwards, out=backwards)
+    end = np.full(m, m, dtype=np.int64)                 # the first access of the next key
+    np.copyto(end[:-1], pos[1:], where=new[1:])
+    backwards = end[::-1]
+    np.minimum.accumulate(backwards, out=backwards)
     after[after >= end] = m
     return before, after
 

@@ -1,8 +1,8 @@
 """Bulk lowering: the passes of lower.py computed over numpy arrays.
 
-For a program whose every operation moves one chunk from one rank to
-another (the ring, all-pairs and tree schedules that reach thousands of
-ranks), lowered with automatic threadblocks and fusion, ``bulk_plans``
+For a program whose every operation moves chunks from one rank to another
+(the ring, all-pairs, tree and hierarchical schedules that reach thousands
+of ranks), lowered with automatic threadblocks and fusion, ``bulk_plans``
 yields the very plans the pass-by-pass pipeline yields (tests/test_bulk.py
 compares the two on the library, text for text), with numpy doing per pass
 what Python did per instruction: a 1024-rank ring has four million.
@@ -10,12 +10,15 @@ what Python did per instruction: a 1024-rank ring has four million.
 The passes, on these programs, reduce to:
 
 - build_dag: operation j is send 2j on its source rank and receive 2j+1
-  (recv, or rrc for a reduce) on its destination. Accesses of one chunk, in
-  id order, give the edges: a read follows the chunk's previous write
-  (read-after-write), precedes its next write (write-after-read), and a
-  write follows the previous write.
-- forwarding pairs: a send's only predecessor is the write it reads; each
-  receive pairs with the first send that reads it.
+  (recv, or rrc for a reduce) on its destination, each of the operation's
+  size. Accesses of one chunk (an instruction of c chunks makes c, one per
+  "lane"), in id order, give the edges: a read follows the chunk's previous
+  write (read-after-write), precedes its next write (write-after-read), and
+  a write follows the previous write; an edge two instructions share in
+  several lanes is one edge.
+- forwarding pairs: each receive pairs with the first send whose only
+  predecessor it is and that reads exactly the chunks it wrote (every lane
+  of the send reads a chunk the receive wrote last, and both have one size).
 - placement: placement.spread_rule and placement.place_connections, shared.
 - fuse_forwarding: the send of an allowed pair merges into its receive
   (rcs, rrcs, taking the send's message and source line); drop_dead_stores,
@@ -55,8 +58,8 @@ def bulk_plans(ops, scratch: list[int], num_ranks: int, priorities, plan_fields:
     allocate_scratch; ``plan_fields``: the Plan's other fields; ``columns``:
     a function giving ``ops`` as OpColumns, where the caller has them (then ``ops`` may be None)."""
     c = columns() if columns is not None else OpColumns(ops) if ops else None
-    # every operation one chunk from one rank to another
-    if c is None or not c.count or np.any(c.size != 1) or np.any(c.srank == c.drank) or not _fits_int64(c, num_ranks):
+    # every operation between two ranks (a local copy or reduce is an instruction of its own: the pipeline's)
+    if c is None or not c.count or np.any(c.srank == c.drank) or not _fits_int64(c, num_ranks):
         yield priorities[0], None
         return
     for priority in priorities:
@@ -74,7 +77,7 @@ def _bulk_plan(c: OpColumns, scratch: list[int], num_ranks: int, priority: str, 
     recv_id = send_id + 1
     edges = _chunk_edges(c)
     channel, recv_conns, send_conns = _spread(c, num_ranks)
-    firsts, seconds = _forwarding_pairs(edges)
+    firsts, seconds = _forwarding_pairs(c, edges)
     placement = place_connections(recv_conns, send_conns, _wanted(c, channel, firsts, seconds, num_ranks), num_ranks)
     del recv_conns, send_conns
     conn_code, tb_of = _assign(c, channel, placement, num_ranks, send_id, recv_id)
@@ -151,33 +154,48 @@ def _fuse(c: OpColumns, edges: _Edges, tb_of, firsts, seconds, send_id, recv_id)
 
 class _Edges(NamedTuple):
     """build_dag's local edges, by pre-fusion instruction id: ``dep`` a read
-    or write after the chunk's last write (``raw`` the reads among them),
-    ``war`` a plain read before the chunk's next write."""
+    or write after the chunk's last write (``raw`` the reads among them,
+    ``raw_lanes`` the lanes each joins), ``war`` a plain read before the
+    chunk's next write. Each edge once, sorted by (source, destination)."""
 
     dep_src: np.ndarray
     dep_dst: np.ndarray
     raw_src: np.ndarray
     raw_dst: np.ndarray
+    raw_lanes: np.ndarray
     war_src: np.ndarray
     war_dst: np.ndarray
-    overwritten: np.ndarray          # per instruction: its chunk is written again later
+    overwritten: np.ndarray          # per instruction: every chunk it wrote is written again later
 
 
 def _chunk_edges(c: OpColumns) -> _Edges:
-    """Each operation makes two accesses: its send reads the source chunk;
-    its receive writes the destination (and reads it first when it
-    reduces). Sorted by chunk, then id, they give every edge at once."""
-    m = 2 * c.count                   # access a is made by instruction a (send 2j, receive 2j+1)
-    stride = int(max(c.sidx.max(), c.didx.max())) + 1
+    """Each operation makes two accesses per chunk: its send reads the
+    source chunk; its receive writes the destination (and reads it first
+    when it reduces). Sorted by chunk, then id, they give every edge at once."""
+    m = 2 * c.count                   # instructions: send 2j, receive 2j+1
+    single = bool((c.size == 1).all())
+    stride = int(max((c.sidx + c.size).max(), (c.didx + c.size).max()))
     nb = len(c.names)
-    code = np.empty(m, dtype=np.int64)
-    code[0::2] = (c.srank * nb + c.sbuf) * stride + c.sidx
-    code[1::2] = (c.drank * nb + c.dbuf) * stride + c.didx
+    first = np.empty(m, dtype=np.int64)   # each instruction's first chunk
+    first[0::2] = (c.srank * nb + c.sbuf) * stride + c.sidx
+    first[1::2] = (c.drank * nb + c.dbuf) * stride + c.didx
+    if single:                        # access a is made by instruction a
+        code = first
+    else:                             # an instruction's accesses are its lanes, chunk after chunk
+        lanes = np.repeat(c.size, 2)
+        ins = np.repeat(np.arange(m, dtype=np.int64), lanes)
+        code = first[ins]
+        code += np.arange(ins.size, dtype=np.int64)
+        code -= np.repeat(np.cumsum(lanes) - lanes, lanes)
+        del first
     code *= m
-    code += np.arange(m, dtype=np.int64)
+    code += np.arange(m, dtype=np.int64) if single else ins
+    if not single:
+        del ins
     code.sort()                       # by chunk, then id: one sort of distinct ints
     key, ins = np.divmod(code, m)
     del code
+    accesses = ins.size
     write = (ins & 1).astype(bool)
     reads = ~write
     reads[write] = c.reduce[ins[write] // 2]       # an rrc reads before it writes
@@ -187,10 +205,26 @@ def _chunk_edges(c: OpColumns) -> _Edges:
     after = prev_write >= 0
     dep_src, dep_dst = ins[prev_write[after]], ins[after]
     raw = reads[after]
-    war = ~write & (next_write < m)   # an rrc's next write is its own
-    overwritten = np.zeros(m, dtype=bool)
-    overwritten[ins[write & (next_write < m)]] = True
-    return _Edges(dep_src, dep_dst, dep_src[raw], dep_dst[raw], ins[war], ins[next_write[war]], overwritten)
+    war = ~write & (next_write < accesses)   # an rrc's next write is its own
+    raw_src, raw_dst, war_src, war_dst = dep_src[raw], dep_dst[raw], ins[war], ins[next_write[war]]
+    if single:                        # one access per instruction: every edge is there once, each a lane
+        overwritten = np.zeros(m, dtype=bool)
+        overwritten[ins[write & (next_write < accesses)]] = True
+        return _Edges(dep_src, dep_dst, raw_src, raw_dst, np.ones(raw_src.size, dtype=np.int64), war_src, war_dst,
+                      overwritten)
+    overwritten = np.bincount(ins[write & (next_write < accesses)], minlength=m) == np.repeat(c.size, 2)
+    del ins, write, reads, prev_write, next_write, after, raw, war
+    dep_src, dep_dst, _ = _distinct(dep_src, dep_dst, m)
+    raw_src, raw_dst, raw_lanes = _distinct(raw_src, raw_dst, m)
+    war_src, war_dst, _ = _distinct(war_src, war_dst, m)
+    return _Edges(dep_src, dep_dst, raw_src, raw_dst, raw_lanes, war_src, war_dst, overwritten)
+
+
+def _distinct(src, dst, m: int):
+    """The edges ``src -> dst`` once each, sorted, with how many times each was given."""
+    pairs, times = np.unique(src * m + dst, return_counts=True)
+    src, dst = np.divmod(pairs, m)
+    return src, dst, times
 
 
 def _spread(c: OpColumns, num_ranks: int):
@@ -204,13 +238,19 @@ def _spread(c: OpColumns, num_ranks: int):
     return (channel, *_connections(c.srank, c.drank, channel, num_ranks))
 
 
-def _forwarding_pairs(edges: _Edges):
-    """forwarding_pairs: each receive (by id) with the first send that reads
-    its chunk (a send's only predecessor is the write it reads)."""
-    to_send = (edges.raw_dst & 1) == 0
-    # a write's readers are contiguous in the edges, in id order: the first is the smallest
-    firsts, at = np.unique(edges.raw_src[to_send], return_index=True)
-    return firsts, edges.raw_dst[to_send][at]
+def _forwarding_pairs(c: OpColumns, edges: _Edges):
+    """forwarding_pairs: each receive (by id) with the first send whose only
+    predecessor it is and that reads the very chunks it wrote: every lane of
+    the send reads a chunk the receive wrote last, and the two have one
+    size (a single-chunk send's one predecessor is the write it reads)."""
+    src, dst = edges.raw_src, edges.raw_dst
+    to_send = (dst & 1) == 0
+    if not (c.size == 1).all():
+        size = c.size[dst // 2]
+        to_send &= (edges.raw_lanes == size) & (c.size[src // 2] == size)
+    # the edges are sorted: a write's readers are contiguous, in id order, and the first is the smallest
+    firsts, at = np.unique(src[to_send], return_index=True)
+    return firsts, dst[to_send][at]
 
 
 def _wanted(c: OpColumns, channel, firsts, seconds, num_ranks: int) -> Counter:
@@ -236,11 +276,12 @@ def _fits_int64(c: OpColumns, num_ranks: int) -> bool:
     """Whether the int codes below (chunk, connection, edge and order keys
     times an id) stay within int64."""
     ids = 4 * c.count + 4
-    chunks = num_ranks * len(c.names) * (int(max(c.sidx.max(), c.didx.max())) + 1)
+    chunks = num_ranks * len(c.names) * int(max((c.sidx + c.size).max(), (c.didx + c.size).max()))
     channels = (int(c.channel.max()) + 1) * (num_ranks // 32 + 2)                # spread channels too
     connections = num_ranks * num_ranks * channels
     threadblocks = num_ranks * (2 * num_ranks * channels + 1)                    # (rank, threadblock) keys
-    return max(chunks, connections, threadblocks, ids) * ids < 2 ** 62
+    signatures = 6 * chunks * len(np.unique(c.size)) * max(len(c.lines), 1)      # _build_plan's step keys
+    return max(chunks, connections, threadblocks, ids) * ids < 2 ** 62 and signatures < 2 ** 62
 
 
 def _connections(srank, drank, channel, num_ranks: int):
@@ -254,14 +295,14 @@ def _connections(srank, drank, channel, num_ranks: int):
 
 
 def _step(k: int, sl: Slice, deps: tuple, where) -> Step:
-    """The step of kind ``k`` on chunk ``sl`` (as schedule.build_plan writes it)."""
+    """The step of kind ``k`` on chunks ``sl`` (as schedule.build_plan writes it)."""
     if k == _SEND:
-        return Step(StepOp.SEND, (sl,), None, 1, deps, where)
+        return Step(StepOp.SEND, (sl,), None, sl.count, deps, where)
     if k == _RECV or k == _RCS:
-        return Step(_STEP_OPS[k], (), sl, 1, deps, where)
+        return Step(_STEP_OPS[k], (), sl, sl.count, deps, where)
     if k == _RRS:
-        return Step(StepOp.RRS, (sl,), None, 1, deps, where)
-    return Step(_STEP_OPS[k], (sl,), sl, 1, deps, where)
+        return Step(StepOp.RRS, (sl,), None, sl.count, deps, where)
+    return Step(_STEP_OPS[k], (sl,), sl, sl.count, deps, where)
 
 
 def _lookup(table: dict, num_ranks: int, channels: int, receiving: bool):
@@ -287,19 +328,27 @@ def _compact_scratch(c: OpColumns, scratch: list[int], num_ranks: int):
     """compact_scratch: source and destination chunk indices with the scratch
     chunks no step touches dropped and the rest renumbered in order, and
     scratch chunks per rank. Every chunk an operation names stays touched
-    (a fused send's chunk is its receive's), so the used ones are those."""
+    (a fused send's chunk is its receive's), so the used ones are those;
+    an operation's chunks stay contiguous (all used), so its first moves."""
     s = c.buffer_number("scratch")
     if s < 0 or not any(scratch):
         return c.sidx, c.didx, list(scratch)
     width = max(scratch) + 1
     in_s, in_d = c.sbuf == s, c.dbuf == s
     s_code, d_code = c.srank[in_s] * width + c.sidx[in_s], c.drank[in_d] * width + c.didx[in_d]
-    used = np.unique(np.concatenate([s_code, d_code]))
+    used = np.unique(np.concatenate([_spans(s_code, c.size[in_s]), _spans(d_code, c.size[in_d])]))
     first_of_rank = np.searchsorted(used, np.arange(num_ranks, dtype=np.int64) * width)
     sidx, didx = c.sidx.copy(), c.didx.copy()
     sidx[in_s] = np.searchsorted(used, s_code) - first_of_rank[c.srank[in_s]]
     didx[in_d] = np.searchsorted(used, d_code) - first_of_rank[c.drank[in_d]]
     return sidx, didx, np.diff(np.append(first_of_rank, used.size)).tolist()
+
+
+def _spans(first, size):
+    """Every chunk code of the runs ``first[i] .. first[i] + size[i] - 1``."""
+    if not size.size or (size == 1).all():
+        return first
+    return np.repeat(first - np.cumsum(size) + size, size) + np.arange(int(size.sum()), dtype=np.int64)
 
 
 def _order(priority: str, n_ins: int, live, edge_src, edge_dst, sender, receiver, conn_code):
@@ -358,14 +407,17 @@ def _build_plan(c: OpColumns, global_order, kind, rank, tb_of, where_op, sidx, d
     # a step's chunk: a send reads its operation's source, every receiving step its destination
     code = np.where(is_send, np.repeat(c.sbuf * stride + sidx, 2), np.repeat(c.dbuf * stride + didx, 2))
     lines = c.line_id[where_op]
-    signature = (kind * (len(c.names) * stride) + code) * len(c.lines) + lines
+    sizes, size_id = np.unique(c.size, return_inverse=True)      # (every step's count is its operation's size)
+    signature = ((kind * (len(c.names) * stride) + code) * sizes.size + np.repeat(size_id, 2)) * len(c.lines) + lines
     ordered = global_order[by_tb]
     found, index = np.unique(signature[ordered], return_inverse=True)
     table = []
+    sizes = sizes.tolist()
     for sig in found.tolist():
         rest, line = divmod(sig, len(c.lines))
+        rest, size = divmod(rest, len(sizes))
         k, chunk = divmod(rest, len(c.names) * stride)
-        table.append(_step(k, Slice(c.names[chunk // stride], chunk % stride, 1), (), c.lines[line]))
+        table.append(_step(k, Slice(c.names[chunk // stride], chunk % stride, sizes[size]), (), c.lines[line]))
     index = index.tolist()
     cuts = np.append(starts, sorted_group.size).tolist()
     lists = {g: list(map(table.__getitem__, index[lo:hi]))

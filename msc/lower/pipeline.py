@@ -36,7 +36,7 @@ from msc.errors import DeadlockError, LoweringError, RuntimeLimitError, UsageErr
 from msc.lower.fusion import drop_dead_stores, forwarding_pairs, fuse_forwarding, fuse_local
 from msc.dsl.collectives import BUILTIN, CustomCollective, contract_of, replicated
 from msc.ir import Plan
-from msc.ir.limits import MAX_CHUNK_MOVES, MAX_INSTANCES, MAX_TILE_BYTES, MAX_TOTAL_CHUNKS, check
+from msc.ir.limits import MAX_CHUNK_MOVES, MAX_INSTANCES, MAX_STEP_MOVES, MAX_TILE_BYTES, MAX_TOTAL_CHUNKS, check
 from msc.ir.ops import DEFAULT_PROTOCOL, PROTOCOL_NAMES, protocol_name
 from msc.perf import pause_gc
 from msc.verification import crosscheck
@@ -119,7 +119,7 @@ def lower(program, options: LowerOptions = LowerOptions(), *, collective=None, b
                 continue
             if crosscheck.ENABLED:     # lowering builds valid plans by construction: tests check
                 check_plan(plan)
-            _check_totals(plan, 2 * chunk_ops * options.instances > MAX_CHUNK_MOVES)
+            _check_totals(plan, 2 * chunk_ops * options.instances > MAX_STEP_MOVES)
             problem = _exceeds(plan, target)
             if problem is not None:
                 tried.append((priority, problem))
@@ -173,8 +173,8 @@ def _check_totals(plan: Plan, count_moves: bool) -> None:
         raise UsageError(f"the plan's buffers of all ranks would hold {chunks} chunks, over msc's limit of "
                          f"{MAX_TOTAL_CHUNKS}{fewer}")
     moved = sum(step.count for rp in plan.ranks for tb in rp.threadblocks for step in tb.steps) if count_moves else 0
-    if moved > MAX_CHUNK_MOVES:
-        raise UsageError(f"the plan's steps would move {moved} chunks, over msc's limit of {MAX_CHUNK_MOVES}{fewer}")
+    if moved > MAX_STEP_MOVES:
+        raise UsageError(f"the plan's steps would move {moved} chunks, over msc's limit of {MAX_STEP_MOVES}{fewer}")
 
 
 class _Trace:

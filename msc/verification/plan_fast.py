@@ -248,16 +248,15 @@ class PlanReading:
         _, _, write_cell = expand((step_rank[ops.dst_owner] * nbuf + ops.dst_buf) * stride + ops.dst_index,
                                   count[ops.dst_owner])
         write_row, _, _ = expand(ops.dst_owner, count[ops.dst_owner])
-        ev_cell = np.concatenate([read_cell, write_cell])
+        num_reads = len(read_cell)
         ev_step = np.concatenate([ops.src_owner[read_row], ops.dst_owner[write_row]])
-        ev_write = np.concatenate([np.zeros(len(read_cell), bool), np.ones(len(write_cell), bool)])
-        del read_cell, write_cell, read_row, write_row
-        ev_level = level[ev_step]
+        del read_row, write_row
         num_levels = int(level.max()) + 1 if self.N else 1
-        need(int(ev_cell.max(initial=0)) + 1 < (1 << 62) // (2 * num_levels))
-        order = np.argsort((ev_cell * num_levels + ev_level) * 2 + ev_write, kind="stable")
-        s_cell, s_level, s_step, s_write = ev_cell[order], ev_level[order], ev_step[order], ev_write[order]
-        del ev_cell, ev_step, ev_write, ev_level, order
+        need(max(int(read_cell.max(initial=0)), int(write_cell.max(initial=0))) + 1 < (1 << 62) // (2 * num_levels))
+        s_cell, s_level, s_write, order = _sorted_events(read_cell, write_cell, level, ev_step, num_levels)
+        del read_cell, write_cell
+        s_step = ev_step[order]
+        del ev_step, order
         _no_race_within_a_level(s_cell, s_level, s_step, s_write)
         before, after = writes_around(s_cell, s_write)
         # (earlier step, later step) pairs that must be ordered: each access after its last write, each read
@@ -346,17 +345,20 @@ class PlanReading:
         by level; declines where one level holds a write and another access
         of the same chunk (a race the order cannot settle)."""
         num_reads = len(lanes.read_cell)
-        ev_cell = np.concatenate([lanes.read_cell, lanes.write_cell])
         ev_step = np.concatenate([lanes.read_step, lanes.write_step])
-        ev_level = level[ev_step]
-        ev_write = np.concatenate([np.zeros(num_reads, bool), np.ones(len(lanes.write_cell), bool)])
         num_levels = int(level.max()) + 1 if self.N else 1
         if len(initial) * num_levels * 2 < (1 << 62):
-            order = np.argsort((ev_cell * num_levels + ev_level) * 2 + ev_write, kind="stable")
+            s_cell, s_level, s_write, order = _sorted_events(lanes.read_cell, lanes.write_cell, level, ev_step,
+                                                             num_levels)
         else:
+            ev_cell = np.concatenate([lanes.read_cell, lanes.write_cell])
+            ev_level = level[ev_step]
+            ev_write = np.concatenate([np.zeros(num_reads, bool), np.ones(len(lanes.write_cell), bool)])
             order = np.lexsort((ev_write, ev_level, ev_cell))
-        s_cell, s_level, s_step, s_write = ev_cell[order], ev_level[order], ev_step[order], ev_write[order]
-        del ev_cell, ev_step, ev_level, ev_write
+            s_cell, s_level, s_write = ev_cell[order], ev_level[order], ev_write[order]
+            del ev_cell, ev_level, ev_write
+        s_step = ev_step[order]
+        del ev_step
         _no_race_within_a_level(s_cell, s_level, s_step, s_write)
         del s_level, s_step
         # Each read: the last write to its cell before it, else the cell's initial value.
@@ -497,6 +499,27 @@ class _Values(NamedTuple):
     right_class: np.ndarray  # per sum, its right operand's representative (-1 elsewhere)
 
 
+def _sorted_events(read_cell, write_cell, level, ev_step, num_levels: int):
+    """The reads, then the writes, of chunks ordered by (cell, level of their
+    step, read before write), ties in that order: the sorted cells, levels
+    and write flags, and the order (positions among reads then writes). One
+    key per event, built and decoded in place: at scale every array here is
+    hundreds of MB. The caller checks that (cell, level, write) fits int64."""
+    num_reads = len(read_cell)
+    key = np.concatenate([read_cell, write_cell])
+    key *= num_levels
+    key += level[ev_step]
+    key *= 2
+    key[num_reads:] += 1
+    order = np.argsort(key, kind="stable")
+    key = key[order]
+    s_write = (key & 1).astype(bool)
+    key >>= 1
+    s_level = key % num_levels
+    key //= num_levels
+    return key, s_level, s_write, order
+
+
 def _initial_values(num_cells: int, leaves) -> np.ndarray:
     """Per cell its initial leaf, -1 where nothing starts."""
     initial = np.full(num_cells, -1, dtype=np.int64)
@@ -535,14 +558,16 @@ def _ordered_by_a_dependency(first, second, tb, arrays) -> bool:
 
 def _no_race_within_a_level(s_cell, s_level, s_step, s_write) -> None:
     """Accesses sorted by (cell, level, write last): a write must be the only
-    access of its chunk in its level, but for its own step's reads."""
+    access of its chunk in its level, but for its own step's reads. Checked
+    on neighbours (no per-access group number: at scale each array is 100s
+    of MB): writes sort last, so two writes in a group are two in a row, and
+    a group whose last access is a write must have one step throughout."""
     n = len(s_cell)
-    group_start = np.ones(n, bool)
-    if n:
-        group_start[1:] = (s_cell[1:] != s_cell[:-1]) | (s_level[1:] != s_level[:-1])
-    gid = np.cumsum(group_start) - 1
-    glast = np.flatnonzero(np.append(group_start[1:], True))[:len(group_start)]   # last event of each group
-    writes_in = np.bincount(gid, weights=s_write, minlength=len(glast))
-    need((writes_in <= 1).all())
-    last = glast[gid]                                                           # writes sort last in a group
-    need(not (s_write[last] & (s_step[last] != s_step)).any())
+    if n < 2:
+        return
+    inside = (s_cell[1:] == s_cell[:-1]) & (s_level[1:] == s_level[:-1])      # access i + 1 in i's group
+    need(not (inside & s_write[1:] & s_write[:-1]).any())
+    mixed = np.flatnonzero(inside & (s_step[1:] != s_step[:-1]))            # i and i + 1: two steps, one group
+    if mixed.size:
+        group_end = np.flatnonzero(np.append(~inside, True))                   # the last access of each group
+        need(not s_write[group_end[np.searchsorted(group_end, mixed + 1)]].any())

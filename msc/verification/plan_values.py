@@ -12,7 +12,7 @@ from __future__ import annotations
 from msc.dsl.collectives import get_collective
 from msc.errors import MscError, PlanError
 from msc.ir import Plan, StepOp
-from msc.ir.limits import (MAX_BUFFER_CHUNKS, MAX_CHUNK_FACTOR, MAX_CHUNK_MOVES, MAX_INSTANCES, MAX_RANKS, MAX_SLOTS,
+from msc.ir.limits import (MAX_BUFFER_CHUNKS, MAX_CHUNK_FACTOR, MAX_STEP_MOVES, MAX_INSTANCES, MAX_RANKS, MAX_SLOTS,
                           MAX_TILE_BYTES, MAX_TOTAL_CHUNKS)
 from msc.ir.ops import PROTOCOL_NAMES
 # Chunks a buffer may have: far beyond any real schedule, small enough that
@@ -149,8 +149,8 @@ def _check_totals(plan: Plan) -> None:
 
 
 def _check_moves(moved: int) -> None:
-    if moved > MAX_CHUNK_MOVES:
-        raise PlanError(f"the steps move {moved} chunks in all, over msc's limit of {MAX_CHUNK_MOVES}")
+    if moved > MAX_STEP_MOVES:
+        raise PlanError(f"the steps move {moved} chunks in all, over msc's limit of {MAX_STEP_MOVES}")
 
 
 def _check_step(plan, r, t, s, step, tb, sizes, rp):

@@ -58,12 +58,15 @@ def _checked_outputs(program) -> int:
 
     value_src, value_dst, final_cells, final_value = _read_and_final_values(src_cell, dst_cell, reduce,
                                                                             init_cells, init_leaf, n_leaves)
+    del lane_op, lane_in_op, src_cell, dst_cell     # (freed as soon as done with: at scale each is 100s of MB)
 
     # -- values: leaves, then per lane an alias (copy) or a sum (reduce) --------------
     kind = np.concatenate([np.zeros(n_leaves, np.int8), np.where(reduce, 2, 1).astype(np.int8)])
     a = np.concatenate([np.arange(n_leaves, dtype=np.int64), np.where(reduce, value_dst, value_src)])
     b = np.concatenate([np.full(n_leaves, -1, np.int64), np.where(reduce, value_src, -1)])
+    del value_src, value_dst, reduce
     rep, ca, cb = resolve(kind, a, b)
+    del a, b
 
     # -- outputs -------------------------------------------------------------------------
     out_cells, out_exp, exps = expectations(layout, chunks.of_named)
@@ -118,18 +121,27 @@ def _read_and_final_values(src_cell, dst_cell, reduce, init_cells, init_leaf, n_
     final value (its last write, else its initial label). A value is a leaf
     (< n_leaves) or n_leaves + the lane that wrote it."""
     lanes = src_cell.size
-    # order within a lane: read the source, read the destination (a reduce), write it
-    acc_cell = np.concatenate([src_cell, dst_cell[reduce], dst_cell])
-    acc_lane = np.concatenate([np.arange(lanes), np.flatnonzero(reduce), np.arange(lanes)])
-    acc_kind = np.concatenate([np.zeros(lanes, np.int64), np.ones(int(reduce.sum()), np.int64),
-                               np.full(lanes, 2, np.int64)])
-    need(int(acc_cell.max()) < (1 << 62) // (3 * lanes + 3))
-    code = acc_cell * (3 * lanes) + acc_lane * 3 + acc_kind
-    del acc_cell, acc_lane, acc_kind
+    need(max(int(src_cell.max()), int(dst_cell.max())) < (1 << 62) // (3 * lanes + 3))
+    # per access (chunk * lanes + lane) * 3 + kind, kind the order within a lane: read the source (0),
+    # read the destination (1, a reduce), write it (2); built in place, one part after another (at
+    # scale these arrays are hundreds of MB each)
+    reducing = np.flatnonzero(reduce)
+    code = np.empty(2 * lanes + reducing.size, dtype=np.int64)
+    lane3 = np.arange(0, 3 * lanes, 3, dtype=np.int64)
+    for part, cells, at, kind in ((code[:lanes], src_cell, lane3, 0),
+                                  (code[lanes:lanes + reducing.size], dst_cell[reducing], lane3[reducing], 1),
+                                  (code[lanes + reducing.size:], dst_cell, lane3, 2)):
+        np.multiply(cells, 3 * lanes, out=part)
+        part += at
+        part += kind
+    del lane3, reducing
     code.sort()                       # distinct ints: by chunk, then lane, then read before write
-    s_cell, rest = np.divmod(code, 3 * lanes)
-    s_lane, s_kind = np.divmod(rest, 3)
-    del code, rest
+    s_kind = (code % 3).astype(np.int8)
+    code //= 3
+    s_lane = code % lanes
+    code //= lanes
+    s_cell = code
+    del code
     written = s_kind == 2
     before, _ = writes_around(s_cell, written, following=False)   # the write each access sees
     initial = _lookup(init_cells, init_leaf, s_cell)   # -1 where a chunk starts empty
