@@ -184,7 +184,6 @@ class StepColumns:
         return cls(lens, f64(comp), f64(nbytes), i64(sc), i64(rc), i64(so), i64(ro), f64(fixed), i64(fc),
                    np.repeat(np.arange(len(flat), dtype=np.int64), ndeps), i64(dt), i64(dk))
 
-
     def rows(self, tbs=None) -> list:
         """EventSim rows of threadblocks ``tbs`` (default all), in that order."""
         starts = np.concatenate([[0], np.cumsum(self.lens)]).tolist()

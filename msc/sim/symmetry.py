@@ -115,13 +115,9 @@ class _Graph:
         if len(col.dep_owner):
             owner, ok = tb[col.dep_owner], k[col.dep_owner]
             edge(owner, (6 * M + ok) * M + col.dep_step, col.dep_tb, (7 * M + ok) * M + col.dep_step)
-        nres = np.array([len(x) for x in sim.res], dtype=np.int64)
-        link = np.array([x for res in sim.res for x in res], dtype=np.int64)
-        wt = [float(w) for res, ws in zip(sim.res, sim.wts) for w in (ws if ws is not None else (1,) * len(res))]
-        if len(link):
-            w_id = _exact_ids(wt)
-            fl = np.repeat(np.arange(F, dtype=np.int64), nres)
-            edge(f0 + fl, 8 * M * M + 2 * w_id, x0 + link, 8 * M * M + 2 * w_id + 1)
+        if len(sim.use_link):               # the engine's flat link uses: flow, link, weight
+            w_id = _exact_ids(sim.use_wt)
+            edge(f0 + _use_flows(sim), 8 * M * M + 2 * w_id, x0 + sim.use_link, 8 * M * M + 2 * w_id + 1)
         u = np.concatenate(us) if us else np.zeros(0, dtype=np.int64)
         lab = np.concatenate(ls) if ls else np.zeros(0, dtype=np.int64)
         v = np.concatenate(vs) if vs else np.zeros(0, dtype=np.int64)
@@ -206,6 +202,11 @@ def _remember(plan, found) -> None:
     _PARTITIONS[id(plan)] = found
 
 
+def _use_flows(sim: EventSim) -> np.ndarray:
+    """Per entry of the engine's link uses (use_link, use_wt): its flow."""
+    return np.repeat(np.arange(len(sim.cap), dtype=np.int64), np.diff(sim.use_ptr))
+
+
 def _ids(cls: np.ndarray, lo: int, hi: int):
     """Per node in [lo, hi): its class's index among the block's classes, and each class's representative."""
     block = cls[lo:hi]
@@ -250,10 +251,8 @@ def _quotient(sim: EventSim, g: _Graph, cls: np.ndarray, tb_classes: int) -> Fol
     res = [[] for _ in flow_rep]
     wts = [[] for _ in flow_rep]
     users: dict = {}
-    for f in range(g.F):
-        ws = sim.wts[f] if sim.wts[f] is not None else (1,) * len(sim.res[f])
-        for x, w in zip(sim.res[f], ws):
-            users.setdefault(x, []).append((f, w))
+    for f, x, w in zip(_use_flows(sim).tolist(), sim.use_link.tolist(), sim.use_wt.tolist()):
+        users.setdefault(x, []).append((f, w))
     for q, x in enumerate(link_rep.tolist()):
         for f, w in users.get(x, ()):
             res[qflow[f]].append(q)
