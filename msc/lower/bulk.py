@@ -40,6 +40,7 @@ from msc.ir.columns import OpColumns
 from msc.ir import Plan, RankPlan, Slice, Step, StepOp, Threadblock
 from msc.ir.levels import levels
 from msc.lower.placement import place_connections, spread_rule
+from msc.verification.multisets import expand
 
 # Instruction kinds, as small ints in arrays
 _SEND, _RECV, _RRC, _RCS, _RRCS, _RRS = range(6)
@@ -182,11 +183,7 @@ def _chunk_edges(c: OpColumns) -> _Edges:
     if single:                        # access a is made by instruction a
         code = first
     else:                             # an instruction's accesses are its lanes, chunk after chunk
-        lanes = np.repeat(c.size, 2)
-        ins = np.repeat(np.arange(m, dtype=np.int64), lanes)
-        code = first[ins]
-        code += np.arange(ins.size, dtype=np.int64)
-        code -= np.repeat(np.cumsum(lanes) - lanes, lanes)
+        ins, _, code = expand(first, np.repeat(c.size, 2))
         del first
     code *= m
     code += np.arange(m, dtype=np.int64) if single else ins
@@ -348,7 +345,7 @@ def _spans(first, size):
     """Every chunk code of the runs ``first[i] .. first[i] + size[i] - 1``."""
     if not size.size or (size == 1).all():
         return first
-    return np.repeat(first - np.cumsum(size) + size, size) + np.arange(int(size.sum()), dtype=np.int64)
+    return expand(first, size)[2]
 
 
 def _order(priority: str, n_ins: int, live, edge_src, edge_dst, sender, receiver, conn_code):

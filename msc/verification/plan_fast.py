@@ -248,7 +248,6 @@ class PlanReading:
         _, _, write_cell = expand((step_rank[ops.dst_owner] * nbuf + ops.dst_buf) * stride + ops.dst_index,
                                   count[ops.dst_owner])
         write_row, _, _ = expand(ops.dst_owner, count[ops.dst_owner])
-        num_reads = len(read_cell)
         ev_step = np.concatenate([ops.src_owner[read_row], ops.dst_owner[write_row]])
         del read_row, write_row
         num_levels = int(level.max()) + 1 if self.N else 1
