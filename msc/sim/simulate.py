@@ -47,7 +47,7 @@ from msc.sim.topology import Topology
 ENGINES = ("auto", "fast", "events")
 # Floats of kept times (iterations x steps x sizes) per fast evaluation: bounds memory near 200 MB.
 FAST_BUDGET = 24_000_000
-PROBE = 4                # the first prefix of a size's iterations checked for contention (then x4)
+PROBE = 4                # the first prefix of a size's iterations checked for contention (then x2)
 
 
 @dataclass(frozen=True)
@@ -310,8 +310,8 @@ class Simulator:
 
     def _clashes_early(self, q: float, n: int) -> bool:
         """Whether a size of ``n`` tile iterations (chunks of ``q`` bytes)
-        is contended within a prefix of its iterations: 4, 16, 64, .. of
-        them, up to half. A prefix's times are the full schedule's (an
+        is contended within a prefix of its iterations: 4, 8, 16, .. of
+        them, fewer than all (at most twice the work of the prefix that shows it). A prefix's times are the full schedule's (an
         iteration waits only on earlier ones; evaluated without jumps), and
         an overload among some of its transmissions is one among all, so a
         clash here is the full evaluation's verdict, without its cost in
@@ -321,12 +321,12 @@ class Simulator:
         if self.watch is None:
             return False
         p = PROBE
-        while 2 * p <= n:
+        while p < n:
             tlen = np.array([[self._tlen(q, it)] for it in range(p)])
             res = evaluate(self._layers, self._levels, tlen, watching=True, jump=False)
             if self._contended(res.sends, [p])[0]:
                 return True
-            p *= 4
+            p *= 2
         return False
 
     def _contended(self, sends, iters: list[int]) -> np.ndarray:
