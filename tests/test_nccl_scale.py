@@ -14,7 +14,7 @@ import pytest
 from msc.sim import nccl, nccl_sim
 from msc.sim.fast import evaluate
 from msc.sim.presets import get_topology
-from msc.sim.simulate import Simulator
+from test_symmetry import _nccl_simulator
 
 
 def _choices(spec):
@@ -53,18 +53,6 @@ def test_plans_past_the_verified_ranks_are_lowered_unverified(monkeypatch):
     assert seen == [1]
 
 
-def _sim(spec, size):
-    topo = get_topology(spec, None)
-    s = nccl.system(topo)
-    choice = nccl.choose(s, "allreduce", size)
-    plan = nccl_sim.plan_for(topo, "allreduce", choice)
-    shares = nccl_sim.tree_shares(plan, topo, choice) if choice.algorithm == "tree" else None
-    sim = Simulator(plan, topo, slots=nccl.SLOTS[choice.protocol], shares=shares)
-    how = nccl.pipeline(s, "allreduce", choice, sim.chunk_geometry(size)[2], size, sim.view.step_overhead * 1e6)
-    return Simulator(sim.sp, topo, tile=how.tile, slots=how.slots, step_us=how.step_us, shares=shares,
-                     network_step=how.network_step).retiled(how.tile)
-
-
 # sizes of many tile iterations (NCCL's tree, LL128): contended, some within the probe's prefixes, some not
 PROBED = [("dgx-h100:4", 4 << 20), ("dgx-h100:4", 8 << 20), ("dgx-h100:8", 4 << 20), ("dgx-h100:8", 8 << 20),
           ("dgx-a100:2", 4 << 20), ("dgx-a100:2", 8 << 20), ("dgx-a100:4", 16 << 20)]
@@ -74,7 +62,7 @@ PROBED = [("dgx-h100:4", 4 << 20), ("dgx-h100:4", 8 << 20), ("dgx-h100:8", 4 << 
 def test_the_contention_probe_agrees_with_the_full_evaluation(spec, size):
     """_clashes_early says contended only where the full evaluation of every iteration does, and a prefix's
     times are the full schedule's first iterations (to the float, without jumps)."""
-    sim = _sim(spec, size)
+    _, sim = _nccl_simulator(get_topology(spec, None), size)
     [r] = sim.run([size], engine="fast")          # the full evaluation: its verdict in ``contended``
     q = sim.chunk_geometry(size)[2]
     n = math.ceil(q / sim.tile)
