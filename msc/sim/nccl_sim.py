@@ -18,7 +18,7 @@ from msc.sim.topology import Topology
 
 # NCCL's plans are lowered verified up to this many ranks and unverified past it: simulation takes NCCL's
 # slots, not the fewest the verifier finds, and at 1024 GPUs verifying them was 60% of lowering NVLSTree
-# (4.5 of 7.3 CPU-s); tests/test_symmetry.py holds the unverified plans to the verified ones at 16-64 ranks
+# (4.5 of 7.3 CPU-s); tests/test_nccl_scale.py holds the unverified plans to the verified ones (dgx-h100:2/:4/:8, dgx-a100:2)
 VERIFIED_RANKS = 64
 
 
