@@ -223,9 +223,11 @@ class Program:
             self._account(kind.value, size, Ref(self, drank, dname, didx, size), dbuf, di + size)
         self._renamed.append((sbuf != sname) | (dbuf != dname) << 1)
         # the user's line: user_line(depth + 1), looked up directly where the caller of copy/reduce is user code
+        # (by instruction offset: f_lineno decodes the line table on every read, f_lasti does not)
         frame = _getframe(depth)
-        entry = user_codes.get(id(frame.f_code))
-        where = entry[1].get(frame.f_lineno) if entry is not None and entry[0] is frame.f_code else None
+        code = frame.f_code
+        entry = user_codes.get(id(code))
+        where = entry[1].get(frame.f_lasti) if entry is not None and entry[0] is code else None
         if where is None:
             where = line_at(frame)
         self._rows.append((kind, srank, sbuf, si, drank, dbuf, di, size, where))
