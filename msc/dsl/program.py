@@ -30,6 +30,7 @@ from msc.dsl.source_lines import (_LIBRARY_DIR, _PACKAGE_DIR, _display_path, _in
                                    _lines, _not_int, line_at, user_codes, user_line)
 
 _getframe = sys._getframe          # (a global lookup, not an attribute one, per traced operation)
+_COPY, _REDUCE = OpKind.COPY, OpKind.REDUCE     # (an Enum member's attribute lookup is ~60 ns)
 
 
 
@@ -175,19 +176,25 @@ class Program:
                                  f"but {buffer} has {limit} chunks", rank=rank, buffer=buffer, index=index,
                                  where=user_line(3))
 
-    def _record(self, kind: OpKind, src: Ref, dst: Ref, channel, sendtb, recvtb) -> None:
-        hinted = channel is not None or sendtb is not None or recvtb is not None
-        if hinted:
-            channel, sendtb, recvtb = _integer(channel), _integer(sendtb), _integer(recvtb)
-            for hint, value in (("channel", channel), ("sendtb", sendtb), ("recvtb", recvtb)):
-                if value is not None and (type(value) is not int or value < 0):
-                    raise OperationError(f"{kind.value}: hint {hint}={value!r}{_not_int(value)} must be an int "
-                                         f">= 0 or None", rank=dst.rank, buffer=dst.buffer, index=dst.index,
-                                         where=user_line(3))
-        # (locals: this runs millions of times)
-        sname, dname, srank, drank, size = src.buffer, dst.buffer, src.rank, dst.rank, src.size
+    def _record_hinted(self, kind: OpKind, src: Ref, dst: Ref, channel, sendtb, recvtb) -> None:
+        """_record for an operation with placement hints (checked here; kept in the table's ``extra``)."""
+        channel, sendtb, recvtb = _integer(channel), _integer(sendtb), _integer(recvtb)
+        for hint, value in (("channel", channel), ("sendtb", sendtb), ("recvtb", recvtb)):
+            if value is not None and (type(value) is not int or value < 0):
+                raise OperationError(f"{kind.value}: hint {hint}={value!r}{_not_int(value)} must be an int "
+                                     f">= 0 or None", rank=dst.rank, buffer=dst.buffer, index=dst.index,
+                                     where=user_line(3))
+        if self._record(kind, src.rank, src.buffer, src.index, dst.rank, dst.buffer, dst.index, src.size, 3):
+            self._table.extra[len(self._rows) - 1] = (channel, sendtb, recvtb, ())
+
+    def _record(self, kind: OpKind, srank: int, sname: str, sidx: int, drank: int, dname: str, didx: int,
+                size: int, depth: int = 2) -> bool:
+        """Record an operation of ``size`` chunks (the names and indices the
+        user wrote) made by the caller ``depth`` frames up; False where it
+        is a copy onto itself (in-place aliasing), which records nothing."""
+        # (locals, plain values, no Ref: this runs millions of times)
         # (an unmoved index is the user's own int object: millions of ops keep one copy, not two)
-        sbuf, si, dbuf, di = sname, src.index, dname, dst.index
+        sbuf, si, dbuf, di = sname, sidx, dname, didx
         alias_table = self._alias
         if alias_table is not None:
             alias, target, offsets = alias_table
@@ -200,31 +207,31 @@ class Program:
                 if doff:
                     di += doff
         elif dbuf == "input":
-            raise OperationError(f"{kind.value}: writes rank {drank} input[{dst.index}], but the input buffer is "
+            raise OperationError(f"{kind.value}: writes rank {drank} input[{didx}], but the input buffer is "
                                  f"read-only in the out-of-place form (write to 'output' or a scratch buffer)",
-                                 rank=drank, buffer="input", index=dst.index, where=user_line(3))
+                                 rank=drank, buffer="input", index=didx, where=user_line(depth + 1))
         if srank == drank and sbuf == dbuf and si < di + size and di < si + size:
-            if kind is OpKind.COPY and si == di:
-                return  # copying a chunk onto itself (in-place aliasing): nothing to do
-            raise OperationError(f"{kind.value}: source rank {srank} {sname}[{src.index}] and destination "
-                                 f"{dname}[{dst.index}] (size {size}) overlap", rank=drank,
-                                 buffer=dname, index=dst.index, where=user_line(3))
+            if kind is _COPY and si == di:
+                return False  # copying a chunk onto itself (in-place aliasing): nothing to do
+            raise OperationError(f"{kind.value}: source rank {srank} {sname}[{sidx}] and destination "
+                                 f"{dname}[{didx}] (size {size}) overlap", rank=drank,
+                                 buffer=dname, index=didx, where=user_line(depth + 1))
         moves = self._moves + size
         if moves <= MAX_CHUNK_MOVES and dbuf in self._physical:     # _account's common case, inline
             self._moves = moves
         else:
-            self._account(kind.value, size, dst, dbuf, di + size)
+            self._account(kind.value, size, Ref(self, drank, dname, didx, size), dbuf, di + size)
         self._renamed.append((sbuf != sname) | (dbuf != dname) << 1)
-        # the user's line: user_line(3), looked up directly where the caller of copy/reduce is user code
-        frame = _getframe(2)
-        entry = user_codes.get(id(frame.f_code))
-        where = entry[1].get(frame.f_lineno) if entry is not None and entry[0] is frame.f_code else None
+        # the user's line: user_line(depth + 1), looked up directly where the caller of copy/reduce is user code
+        # (by instruction offset: f_lineno decodes the line table on every read, f_lasti does not)
+        frame = _getframe(depth)
+        code = frame.f_code
+        entry = user_codes.get(id(code))
+        where = entry[1].get(frame.f_lasti) if entry is not None and entry[0] is code else None
         if where is None:
             where = line_at(frame)
-        rows = self._rows
-        rows.append((kind, srank, sbuf, si, drank, dbuf, di, size, where))
-        if hinted:
-            self._table.extra[len(rows) - 1] = (channel, sendtb, recvtb, ())
+        self._rows.append((kind, srank, sbuf, si, drank, dbuf, di, size, where))
+        return True
 
     def switch(self, ranks: Iterable[int] | None = None, *, channel: int | None = None):
         """The ranks ``ranks`` (default: all) as one switch domain: NVLS
@@ -374,7 +381,10 @@ class Ref:
             p._check_location(dst_rank, buffer, index, size, "copy")
             buffer = getattr(buffer, "value", buffer)
         dst = Ref(p, dst_rank, buffer, index, size)
-        p._record(OpKind.COPY, self, dst, channel, sendtb, recvtb)
+        if channel is None and sendtb is None and recvtb is None:
+            p._record(_COPY, self.rank, self.buffer, self.index, dst_rank, buffer, index, size)
+        else:
+            p._record_hinted(_COPY, self, dst, channel, sendtb, recvtb)
         return dst
 
     def reduce(self, src: Ref, *, channel: int | None = None, sendtb: int | None = None,
@@ -390,7 +400,10 @@ class Ref:
                                  rank=self.rank, buffer=self.buffer, index=self.index, where=user_line(2))
         if p._sealed:
             p._check_location(self.rank, self.buffer, self.index, self.size, "reduce")
-        p._record(OpKind.REDUCE, src, self, channel, sendtb, recvtb)
+        if channel is None and sendtb is None and recvtb is None:
+            p._record(_REDUCE, src.rank, src.buffer, src.index, self.rank, self.buffer, self.index, self.size)
+        else:
+            p._record_hinted(_REDUCE, src, self, channel, sendtb, recvtb)
         return self
 
     def split(self, parts: int) -> list[Ref]:

@@ -49,7 +49,7 @@ def _first_user_line(frame) -> tuple:
     return frame, hit
 
 
-# id(code) -> (code, {line number: SourceLine}) for user code that made an operation itself:
+# id(code) -> (code, {instruction offset: SourceLine}) for user code that made an operation itself:
 # tracing's record finds the line there with two lookups (msc.dsl.program.Program._record)
 user_codes: dict[int, tuple] = {}
 
@@ -63,7 +63,7 @@ def line_at(frame) -> SourceLine | None:
         entry = user_codes.get(id(code))
         if entry is None or entry[0] is not code:
             entry = user_codes[id(code)] = (code, {})
-        entry[1][frame.f_lineno] = hit
+        entry[1][frame.f_lasti] = hit
     return hit
 
 

@@ -415,10 +415,11 @@ def _build_plan(c: OpColumns, global_order, kind, rank, tb_of, where_op, sidx, d
         rest, size = divmod(rest, len(sizes))
         k, chunk = divmod(rest, len(c.names) * stride)
         table.append(_step(k, Slice(c.names[chunk // stride], chunk % stride, sizes[size]), (), c.lines[line]))
-    index = index.tolist()
     cuts = np.append(starts, sorted_group.size).tolist()
-    lists = {g: list(map(table.__getitem__, index[lo:hi]))
+    # (a threadblock's indices to Python ints at a time: millions at once were 80 MB at the peak)
+    lists = {g: list(map(table.__getitem__, index[lo:hi].tolist()))
              for g, lo, hi in zip(sorted_group[starts].tolist(), cuts, cuts[1:])}
+    del index
     for i, dep in deps.items():       # the steps that wait on other threadblocks
         steps = lists[int(rank[i]) * width + int(tb_of[i])]
         plain = steps[step_of[i]]

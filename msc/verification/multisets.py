@@ -224,6 +224,8 @@ class Leaves:
         """Per Expected its number of distinct labels, and all of them as
         leaves (ascending within each; -1: no input starts as that label)
         with their multiplicities."""
+        if self.positions and exps and all(e.every_rank is not None and e.every_rank[0] == self.n for e in exps):
+            return self._of_every_rank(exps)
         length = np.fromiter(map(len, map(attrgetter("counts"), exps)), np.int64, len(exps))
         total = int(length.sum())
         mult = np.fromiter(chain.from_iterable(e.counts.values() for e in exps), np.int64, total)
@@ -243,3 +245,13 @@ class Leaves:
             return length, leaf, mult
         order = np.lexsort((leaf, owner))
         return length, leaf[order], mult[order]
+
+    def _of_every_rank(self, exps: list):
+        """expected() where each Expected is label (r, i) of every rank r once
+        (Expected.of_every_rank) and labels are positions: leaf r * width + i,
+        ascending in r, without the labels as Python tuples."""
+        n, e = self.n, len(exps)
+        index = np.repeat(np.fromiter((x.every_rank[1] for x in exps), np.int64, e), n)
+        rank = np.tile(np.arange(n, dtype=np.int64), e)
+        leaf = np.where((index >= 0) & (index < self.width), rank * self.width + index, -1)
+        return np.full(e, n, dtype=np.int64), leaf, np.ones(n * e, dtype=np.int64)
