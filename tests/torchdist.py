@@ -758,8 +758,6 @@ def agree_local_failure_case(rank: int, n: int, timeout: float) -> tuple:
 def agree_stall_case(rank: int, n: int, timeout: float) -> tuple:
     """Rank 1 comes to the call only after rank 0's timeout: rank 0 raises
     naming it; rank 1 raises saying rank 0 gave up; the group goes on."""
-    import time
-
     import torch
 
     import msc.torch as mt
@@ -769,11 +767,17 @@ def agree_stall_case(rank: int, n: int, timeout: float) -> tuple:
     import torch.distributed as dist
 
     ring = library_plan("allreduce/ring:ring", n, True)
-    dist.barrier()                               # rank 0 comes to the call now, rank 1 after its timeout
+    # rank 1 comes to the call once rank 0 has given up (its signal in the store), not after a fixed
+    # sleep: on a loaded machine rank 0 can start its wait later than a sleeping rank 1 wakes
+    store, signal = agree.gate(None, rank, n).store, "msc-test-rank0-gave-up"
+    dist.barrier()
     if rank == 1:
-        time.sleep(timeout + 0.5)
+        store.wait([signal])
+        store.delete_key(signal)
     t = torch.ones(64)
     exc, dt = _raised(mt.run_plan, ring, t)
+    if rank == 0:
+        store.set(signal, "1")
     missing = getattr(exc, "missing", None)
     agree.set_timeout(None)                      # the next call waits for rank 1 to wake up
     t = torch.ones(64)
