@@ -68,6 +68,7 @@ class Candidate:
     instances: int
     plan: object
     sim: object                  # msc.sim.simulate.Simulator (imported where used: msc.cli reads this module)
+    folded: object = None        # its fast engine on one threadblock per class (msc.sim.fast_fold), if exact
     times: list = field(default_factory=list)      # seconds per swept size (exact, or a lower bound)
     known: list = field(default_factory=list)      # whether times[j] is exact
 
@@ -113,7 +114,7 @@ def fast_times(c: Candidate, requested: list[int]) -> tuple[list, list]:
     """(times, whether each is exact) of ``c`` at the ``requested`` sizes by
     the fast engine: exact where no link is over-subscribed, else a lower
     bound raised to link_floor's."""
-    res = c.sim.run(requested, engine="fast")
+    res = (c.folded or c.sim).run(requested, engine="fast")
     floor = link_floor(c.sim, requested)
     return ([r.seconds if not r.contended else max(r.seconds, f) for r, f in zip(res, floor)],
             [not r.contended for r in res])
@@ -162,6 +163,7 @@ def variants(alg, topology, user: dict) -> list[dict]:
 def _candidates(path, alg, ranks, topology, protocols, instances, user, inplace, skipped, varied_keys=True,
                 max_threadblocks=None):
     import msc
+    from msc.sim import fast_fold
     from msc.sim.simulate import Simulator
 
     out = []
@@ -178,6 +180,7 @@ def _candidates(path, alg, ranks, topology, protocols, instances, user, inplace,
             skipped.append(f"{label}: {str(exc).splitlines()[0]}")
             continue
         over = set()
+        shape = None            # (lowered plan, its partition): its protocols share the partition
         for plan in _lowered(prog, protocols, instances, max_threadblocks, over,
                              lambda why: skipped.append(f"{label} {why}")):
             try:
@@ -185,7 +188,11 @@ def _candidates(path, alg, ranks, topology, protocols, instances, user, inplace,
             except UsageError as exc:          # a plan the topology cannot run (switch ops without NVLS)
                 skipped.append(f"{label} x{plan.instances}: {str(exc).splitlines()[0]}")
                 continue
-            out.append(Candidate(alg.name, str(path), params, shown, plan.protocol, plan.instances, plan, sim))
+            if shape is None or shape[0].ranks is not plan.ranks:      # replace(plan, protocol=) keeps ranks
+                shape = (plan, fast_fold.partition(sim))
+            folded = fast_fold.quotient(sim, shape[1]) if shape[1] is not None else None
+            out.append(Candidate(alg.name, str(path), params, shown, plan.protocol, plan.instances, plan, sim,
+                                 folded))
         if over:
             skipped.append(f"{label}: x{', x'.join(map(str, sorted(over)))} would run over "
                            f"{max_threadblocks} threadblocks per rank (--max-threadblocks)")
