@@ -101,7 +101,14 @@ class Candidate:
 # The simulations of a tune, as functions of a candidate (msc.sim.parallel runs them in workers).
 def time_at(c: Candidate, size: int) -> float:
     """``c``'s time at ``size``, exact (the event engine where transfers share links)."""
-    return c.sim.run([size])[0].seconds
+    t, exact = bound_at(c, size)
+    return t if exact else contended_time(c, size)
+
+
+def bound_at(c: Candidate, size: int) -> tuple[float, bool]:
+    """(``c``'s time at ``size`` by the fast engine, whether it is exact; else a lower bound)."""
+    [t], [exact] = fast_times(c, [size])
+    return t, exact
 
 
 def contended_time(c: Candidate, size: int) -> float:
@@ -420,12 +427,29 @@ def _crossover(a: Candidate, b: Candidate, x: int, y: int):
         mid = int(round(math.sqrt(max(x, 1) * y)))
         if mid <= x or mid >= y:
             break
-        ta, tb = yield [(time_at, a, mid), (time_at, b, mid)]
-        if ta <= tb:
+        if (yield from _a_wins(a, b, mid)):
             x = mid
         else:
             y = mid
     return y
+
+
+def _a_wins(a: Candidate, b: Candidate, size: int):
+    """Whether ``a``'s exact time at ``size`` is at most ``b``'s, with the
+    event engine only where the fast engine's bounds leave it open: an exact
+    time below the other's lower bound decides (the lower bound's
+    candidate simulated first)."""
+    (ta, ea), (tb, eb) = yield [(bound_at, a, size), (bound_at, b, size)]
+    for _ in range(2):
+        if ea and (eb or ta <= tb):          # ta <= tb <= b's exact time, or both exact
+            return ta <= tb
+        if eb and tb < ta:                   # b's exact time is below a's bound
+            return False
+        if not ea and (eb or ta <= tb):
+            [ta], ea = (yield [(contended_time, a, size)]), True
+        else:
+            [tb], eb = (yield [(contended_time, b, size)]), True
+    return ta <= tb
 
 
 # -- output -----------------------------------------------------------------
