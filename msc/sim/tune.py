@@ -294,8 +294,13 @@ def tune(files: list[str], ranks: int, topology, requested: list[int], *, protoc
         workers = cores() if len(everyone) * len(requested) >= PARALLEL_MIN_WORK else 1
     if type(workers) is not int or workers < 1:
         raise UsageError(f"workers must be an int >= 1, got {workers!r}")
+    exact = 2 if runner_up else 1
     with Pool(everyone, workers) as pool:
-        _simulate(pool, cands, baseline, requested, exact=2 if runner_up else 1)
+        _fast(pool, requested)
+    if workers > 1:
+        _fold_the_sure(cands, baseline, len(requested), exact)
+    with Pool(everyone, workers) as pool:          # forked again: the workers start with the folds made
+        _walk(pool, cands, baseline, requested, exact)
         winners = [min(range(len(cands)), key=lambda i: (cands[i].times[j], i)) for j in range(len(requested))]
         ranges = _ranges(pool, requested, winners, cands, refine)
     return TuneResult(collective, ranks, topology.name, list(requested), cands, winners, ranges, baseline, skipped,
@@ -312,20 +317,39 @@ def _bounds(collective, topology, cands, winners, requested) -> list:
     return [b.seconds for b in lower_bound(collective, topology, at, root=cands[0].plan.root)]
 
 
-def _simulate(pool, cands, baseline, requested, exact: int = 2):
-    """Times per size, exact where it matters. The fast engine gives every
-    candidate's time without contention, a lower bound (sharing a link only
-    slows transfers), raised to link_floor's where transfers did share;
-    only candidates whose bound could still beat the ``exact`` least exact
-    times get the event-driven simulation, so at each size the ``exact``
-    fastest (by default the winner and the runner-up) are exact and the
-    rest are bounds. The sizes are walked side by side on the ``pool``'s
-    workers; each size's walk is exact_best's."""
+def _fast(pool, requested):
+    """Every candidate's time per size by the fast engine: exact without
+    contention, else a lower bound (sharing a link only slows transfers),
+    raised to link_floor's where transfers did share."""
     everyone = pool.items
     fast = pool.map(fast_times, everyone, requested)
     for c in steps(everyone, f"simulating {len(everyone)} candidates at {len(requested)} sizes (fast engine)",
                    unit="plan"):
         c.times, c.known = next(fast)
+
+
+def _fold_the_sure(cands, baseline, sizes: int, exact: int) -> None:
+    """The event engine's fold (msc.sim.symmetry) of every candidate the
+    walks will surely run with contention, made here once before the
+    workers fork, rather than in each worker that runs one of its sizes:
+    at each size the ``exact`` least bounds that are not exact, and the
+    baseline where it is not."""
+    sure = {id(baseline): baseline} if baseline is not None and not all(baseline.known) else {}
+    for j in range(sizes):
+        for i in sorted(range(len(cands)), key=lambda i: (cands[i].times[j], i))[:exact]:
+            if not cands[i].known[j]:
+                sure[id(cands[i])] = cands[i]
+    for c in sure.values():
+        c.sim.folding
+
+
+def _walk(pool, cands, baseline, requested, exact: int = 2):
+    """Times per size, exact where it matters: only candidates whose bound
+    (``_fast``'s) could still beat the ``exact`` least exact times get the
+    event-driven simulation, so at each size the ``exact`` fastest (by
+    default the winner and the runner-up) are exact and the rest are
+    bounds. The sizes are walked side by side on the ``pool``'s workers;
+    each size's walk is exact_best's."""
     walks = [_exact_walk(cands, j, size, exact, baseline) for j, size in enumerate(requested)]
     for _ in steps(drive(pool, walks), "simulating the fastest with contention (event engine)",
                    total=len(walks), unit="size"):
