@@ -25,11 +25,15 @@ skipped without lowering them.
 
 Cost: every candidate is simulated by the fast engine at every size (exact
 where no link is over-subscribed, else a lower bound: sharing only slows a
-transfer); the event engine then runs only where a bound could still beat
-the best two exact times, so winners and runners-up are exact. The
-simulations run on every core (msc.sim.parallel): each size's walk through
-its candidates and each crossover's bisection decide in order on their own
-results, so the result does not depend on the number of workers.
+transfer), on one threadblock per class of those that run alike where the
+plan has such symmetry (msc.sim.fast_fold: a ring's nodes and instances;
+the same floats); the event engine then runs only where a bound could still
+beat the best two exact times, so winners and runners-up are exact, and in
+a crossover's bisection only where the two bounds leave the comparison
+open. The simulations run on every core (msc.sim.parallel): each size's
+walk through its candidates and each crossover's bisection decide in order
+on their own results, so the result does not depend on the number of
+workers.
 """
 from __future__ import annotations
 
