@@ -331,3 +331,28 @@ def test_tunes_writing_one_folder_at_once_keep_every_collective(tmp_path):
     assert listed == {p.name for p in tmp_path.glob("*.plan")} and len(listed) == 3
     assert {e.key[0] for e in PlanRegistry.from_dir(tmp_path)} == {"allgather", "reducescatter", "allreduce"}
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(listed | {"plans.json"})     # no lock file left
+
+
+def test_crossover_decisions_equal_both_exact_times(monkeypatch):
+    """_a_wins (bisection's comparison) decides as comparing both exact times
+    would, on contended candidates across sizes, with fewer event runs."""
+    import msc.sim.tune as T
+    from msc.sim.parallel import Pool, drive
+    from msc.sim.presets import get_topology
+
+    topo = get_topology("dgx-h100:2", 16)
+    r = tune(["allreduce/ring", "allreduce/hierarchical"], 16, topo, [1 << 20], protocols=("Simple", "LL"),
+             instances=(1, 2, 4), refine=False)
+    cands = r.candidates
+    events = []
+    real = T.contended_time
+    monkeypatch.setattr(T, "contended_time", lambda c, size: events.append(1) or real(c, size))
+    sizes = [1 << e for e in range(10, 28, 3)]
+    exact = {(i, s): T.time_at(c, s) for i, c in enumerate(cands) for s in sizes}
+    full = len(events)
+    events.clear()
+    pairs = [(i, j, s) for i in range(len(cands)) for j in range(len(cands)) if i != j for s in sizes][::7]
+    walks = [T._a_wins(cands[i], cands[j], s) for i, j, s in pairs]
+    decided = dict(drive(Pool(cands, 1), walks))
+    assert [decided[k] for k in range(len(pairs))] == [exact[(i, s)] <= exact[(j, s)] for i, j, s in pairs]
+    assert full > 0 and len(events) < 2 * len(pairs) * full / len(exact)

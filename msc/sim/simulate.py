@@ -356,10 +356,10 @@ class Simulator:
         load as a running sum (the sum over a link's events is zero, so one
         cumsum serves all links)."""
         live = t1 > t0
-        if np.count_nonzero(live) < 2:
-            return False
         conns = self.flow_conn[g[live]]
         nres = self._watch_len[conns]
+        if int(nres.sum()) < 2:      # one link use cannot overload (counted in uses: a folded flow has several)
+            return False
         first = np.repeat(self._watch_ptr[conns] - (np.cumsum(nres) - nres), nres)
         at = first + np.arange(int(nres.sum()))
         r = self._watch_flat[at]                                     # each step's watched links, in order

@@ -25,11 +25,15 @@ skipped without lowering them.
 
 Cost: every candidate is simulated by the fast engine at every size (exact
 where no link is over-subscribed, else a lower bound: sharing only slows a
-transfer); the event engine then runs only where a bound could still beat
-the best two exact times, so winners and runners-up are exact. The
-simulations run on every core (msc.sim.parallel): each size's walk through
-its candidates and each crossover's bisection decide in order on their own
-results, so the result does not depend on the number of workers.
+transfer), on one threadblock per class of those that run alike where the
+plan has such symmetry (msc.sim.fast_fold: a ring's nodes and instances;
+the same floats); the event engine then runs only where a bound could still
+beat the best two exact times, so winners and runners-up are exact, and in
+a crossover's bisection only where the two bounds leave the comparison
+open. The simulations run on every core (msc.sim.parallel): each size's
+walk through its candidates and each crossover's bisection decide in order
+on their own results, so the result does not depend on the number of
+workers.
 """
 from __future__ import annotations
 
@@ -68,6 +72,7 @@ class Candidate:
     instances: int
     plan: object
     sim: object                  # msc.sim.simulate.Simulator (imported where used: msc.cli reads this module)
+    folded: object = None        # its fast engine on one threadblock per class (msc.sim.fast_fold), if exact
     times: list = field(default_factory=list)      # seconds per swept size (exact, or a lower bound)
     known: list = field(default_factory=list)      # whether times[j] is exact
 
@@ -100,7 +105,14 @@ class Candidate:
 # The simulations of a tune, as functions of a candidate (msc.sim.parallel runs them in workers).
 def time_at(c: Candidate, size: int) -> float:
     """``c``'s time at ``size``, exact (the event engine where transfers share links)."""
-    return c.sim.run([size])[0].seconds
+    t, exact = bound_at(c, size)
+    return t if exact else contended_time(c, size)
+
+
+def bound_at(c: Candidate, size: int) -> tuple[float, bool]:
+    """(``c``'s time at ``size`` by the fast engine, whether it is exact; else a lower bound)."""
+    [t], [exact] = fast_times(c, [size])
+    return t, exact
 
 
 def contended_time(c: Candidate, size: int) -> float:
@@ -113,7 +125,7 @@ def fast_times(c: Candidate, requested: list[int]) -> tuple[list, list]:
     """(times, whether each is exact) of ``c`` at the ``requested`` sizes by
     the fast engine: exact where no link is over-subscribed, else a lower
     bound raised to link_floor's."""
-    res = c.sim.run(requested, engine="fast")
+    res = (c.folded or c.sim).run(requested, engine="fast")
     floor = link_floor(c.sim, requested)
     return ([r.seconds if not r.contended else max(r.seconds, f) for r, f in zip(res, floor)],
             [not r.contended for r in res])
@@ -162,6 +174,7 @@ def variants(alg, topology, user: dict) -> list[dict]:
 def _candidates(path, alg, ranks, topology, protocols, instances, user, inplace, skipped, varied_keys=True,
                 max_threadblocks=None):
     import msc
+    from msc.sim import fast_fold
     from msc.sim.simulate import Simulator
 
     out = []
@@ -178,6 +191,7 @@ def _candidates(path, alg, ranks, topology, protocols, instances, user, inplace,
             skipped.append(f"{label}: {str(exc).splitlines()[0]}")
             continue
         over = set()
+        shape = None            # (lowered plan, its partition): its protocols share the partition
         for plan in _lowered(prog, protocols, instances, max_threadblocks, over,
                              lambda why: skipped.append(f"{label} {why}")):
             try:
@@ -185,7 +199,11 @@ def _candidates(path, alg, ranks, topology, protocols, instances, user, inplace,
             except UsageError as exc:          # a plan the topology cannot run (switch ops without NVLS)
                 skipped.append(f"{label} x{plan.instances}: {str(exc).splitlines()[0]}")
                 continue
-            out.append(Candidate(alg.name, str(path), params, shown, plan.protocol, plan.instances, plan, sim))
+            if shape is None or shape[0].ranks is not plan.ranks:      # replace(plan, protocol=) keeps ranks
+                shape = (plan, fast_fold.partition(sim))
+            folded = fast_fold.quotient(sim, shape[1]) if shape[1] is not None else None
+            out.append(Candidate(alg.name, str(path), params, shown, plan.protocol, plan.instances, plan, sim,
+                                 folded))
         if over:
             skipped.append(f"{label}: x{', x'.join(map(str, sorted(over)))} would run over "
                            f"{max_threadblocks} threadblocks per rank (--max-threadblocks)")
@@ -280,8 +298,13 @@ def tune(files: list[str], ranks: int, topology, requested: list[int], *, protoc
         workers = cores() if len(everyone) * len(requested) >= PARALLEL_MIN_WORK else 1
     if type(workers) is not int or workers < 1:
         raise UsageError(f"workers must be an int >= 1, got {workers!r}")
+    exact = 2 if runner_up else 1
     with Pool(everyone, workers) as pool:
-        _simulate(pool, cands, baseline, requested, exact=2 if runner_up else 1)
+        _fast(pool, requested)
+    if workers > 1:
+        _fold_the_sure(cands, baseline, len(requested), exact)
+    with Pool(everyone, workers) as pool:          # forked again: the workers start with the folds made
+        _walk(pool, cands, baseline, requested, exact)
         winners = [min(range(len(cands)), key=lambda i: (cands[i].times[j], i)) for j in range(len(requested))]
         ranges = _ranges(pool, requested, winners, cands, refine)
     return TuneResult(collective, ranks, topology.name, list(requested), cands, winners, ranges, baseline, skipped,
@@ -298,20 +321,39 @@ def _bounds(collective, topology, cands, winners, requested) -> list:
     return [b.seconds for b in lower_bound(collective, topology, at, root=cands[0].plan.root)]
 
 
-def _simulate(pool, cands, baseline, requested, exact: int = 2):
-    """Times per size, exact where it matters. The fast engine gives every
-    candidate's time without contention, a lower bound (sharing a link only
-    slows transfers), raised to link_floor's where transfers did share;
-    only candidates whose bound could still beat the ``exact`` least exact
-    times get the event-driven simulation, so at each size the ``exact``
-    fastest (by default the winner and the runner-up) are exact and the
-    rest are bounds. The sizes are walked side by side on the ``pool``'s
-    workers; each size's walk is exact_best's."""
+def _fast(pool, requested):
+    """Every candidate's time per size by the fast engine: exact without
+    contention, else a lower bound (sharing a link only slows transfers),
+    raised to link_floor's where transfers did share."""
     everyone = pool.items
     fast = pool.map(fast_times, everyone, requested)
     for c in steps(everyone, f"simulating {len(everyone)} candidates at {len(requested)} sizes (fast engine)",
                    unit="plan"):
         c.times, c.known = next(fast)
+
+
+def _fold_the_sure(cands, baseline, sizes: int, exact: int) -> None:
+    """The event engine's fold (msc.sim.symmetry) of every candidate the
+    walks will surely run with contention, made here once before the
+    workers fork, rather than in each worker that runs one of its sizes:
+    at each size the ``exact`` least bounds that are not exact, and the
+    baseline where it is not."""
+    sure = {id(baseline): baseline} if baseline is not None and not all(baseline.known) else {}
+    for j in range(sizes):
+        for i in sorted(range(len(cands)), key=lambda i: (cands[i].times[j], i))[:exact]:
+            if not cands[i].known[j]:
+                sure[id(cands[i])] = cands[i]
+    for c in sure.values():
+        c.sim.folding
+
+
+def _walk(pool, cands, baseline, requested, exact: int = 2):
+    """Times per size, exact where it matters: only candidates whose bound
+    (``_fast``'s) could still beat the ``exact`` least exact times get the
+    event-driven simulation, so at each size the ``exact`` fastest (by
+    default the winner and the runner-up) are exact and the rest are
+    bounds. The sizes are walked side by side on the ``pool``'s workers;
+    each size's walk is exact_best's."""
     walks = [_exact_walk(cands, j, size, exact, baseline) for j, size in enumerate(requested)]
     for _ in steps(drive(pool, walks), "simulating the fastest with contention (event engine)",
                    total=len(walks), unit="size"):
@@ -413,12 +455,29 @@ def _crossover(a: Candidate, b: Candidate, x: int, y: int):
         mid = int(round(math.sqrt(max(x, 1) * y)))
         if mid <= x or mid >= y:
             break
-        ta, tb = yield [(time_at, a, mid), (time_at, b, mid)]
-        if ta <= tb:
+        if (yield from _a_wins(a, b, mid)):
             x = mid
         else:
             y = mid
     return y
+
+
+def _a_wins(a: Candidate, b: Candidate, size: int):
+    """Whether ``a``'s exact time at ``size`` is at most ``b``'s, with the
+    event engine only where the fast engine's bounds leave it open: an exact
+    time below the other's lower bound decides (the lower bound's
+    candidate simulated first)."""
+    (ta, ea), (tb, eb) = yield [(bound_at, a, size), (bound_at, b, size)]
+    for _ in range(2):
+        if ea and (eb or ta <= tb):          # ta <= tb <= b's exact time, or both exact
+            return ta <= tb
+        if eb and tb < ta:                   # b's exact time is below a's bound
+            return False
+        if not ea and (eb or ta <= tb):
+            [ta], ea = (yield [(contended_time, a, size)]), True
+        else:
+            [tb], eb = (yield [(contended_time, b, size)]), True
+    return ta <= tb
 
 
 # -- output -----------------------------------------------------------------
