@@ -392,12 +392,23 @@ def compile_stage(run: Run, stage, kernels: KernelCache) -> dict:
 
 
 def _kill_pool(pool) -> None:
-    """Every worker and what it started (its process group), at once."""
-    for proc in list(getattr(pool, "_processes", {}).values()):
+    """Every worker and what it started (its process group), at once, and wait until they are gone, so
+    none writes into the run's kernel cache after it is removed."""
+    procs = list(getattr(pool, "_processes", {}).values())
+    for proc in procs:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
+        except ProcessLookupError:
+            # no group yet: a worker still starting (a loaded machine) has not run its initializer
+            # (os.setsid) nor started a compiler; kill it alone
+            try:
+                os.kill(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        except PermissionError:
             pass
+    for proc in procs:
+        proc.join(timeout=10)
 
 
 # -- stages 3 and 5: correctness -------------------------------------------------------------------
