@@ -18,17 +18,31 @@ if "MSC_CACHE_DIR" not in os.environ:
 # runs: its entries are keyed by their content (source, compiler, flags), so a kernel one test built is
 # one no other test builds again, and no test may damage it (copy it first: cold_cache).
 SESSION_CACHE = Path(os.environ["MSC_CACHE_DIR"])
-# Bytecode compiled once per session, in a folder of the session's own: every xdist worker and every
-# command a test runs (a README block, a CLI process, a torchrun rank) imports msc, and compiling its
-# modules again costs about half of a short command's CPU time where PYTHONDONTWRITEBYTECODE is set.
-# Nothing lands in the source tree (the prefix keeps the .pyc files apart); removed when the session ends.
-# The prefix holds every module's bytecode, site-packages' too: the first import of torch compiles it
-# there once (about 3 CPU-s), each later process reads it.
-if "PYTHONPYCACHEPREFIX" not in os.environ:
+
+
+def pytest_configure(config):
+    """Bytecode kept in pytest's cache folder (.pytest_cache/d/pyc, which git ignores), also where
+    PYTHONDONTWRITEBYTECODE is set: every xdist worker and every command a test runs (a README block, a
+    CLI process, a torchrun rank) imports msc, torch and numpy, and compiling them again costs about half
+    of a short command's CPU time. The prefix holds every module's bytecode, site-packages' and the
+    assertion-rewritten test modules' too, so it is kept between sessions: a folder made new each session
+    cost each worker 8 CPU-s of its 13 to collect (Python checks each .pyc against its source's size and
+    time, as in __pycache__). No __pycache__ lands beside the sources; ``pytest --cache-clear`` empties it.
+    Without pytest's cache (-p no:cacheprovider), a folder of the session's own, removed at its end."""
+    if "PYTHONPYCACHEPREFIX" in os.environ:          # the user's, or (in a worker) the controller's
+        return
     import sys
 
-    os.environ["PYTHONPYCACHEPREFIX"] = sys.pycache_prefix = tempfile.mkdtemp(prefix="msc-test-pyc-")
-    atexit.register(shutil.rmtree, os.environ["PYTHONPYCACHEPREFIX"], ignore_errors=True)
+    folder = None
+    if getattr(config, "cache", None) is not None:
+        try:
+            folder = str(config.cache.mkdir("pyc"))
+        except OSError:                             # a read-only checkout
+            folder = None
+    if folder is None:
+        folder = tempfile.mkdtemp(prefix="msc-test-pyc-")
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    os.environ["PYTHONPYCACHEPREFIX"] = sys.pycache_prefix = folder
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     sys.dont_write_bytecode = False
 

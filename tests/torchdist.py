@@ -9,9 +9,9 @@ by the load per core as it passes: tests/patience.py), naming the case and
 the ranks that did not answer, and the pool is torn down (a deadlock must
 not hang the test run, and a loaded machine must not fail it).
 
-Workers are forked from a forkserver that imported torch once for the test
-process (torch.multiprocessing, forkserver with torch preloaded): a new
-worker costs a fork, not torch's 3 CPU-seconds of imports. The forkserver
+Workers are forked from a forkserver that imported torch (and ml_dtypes) once
+for the test process (torch.multiprocessing, forkserver with them preloaded): a
+new worker costs a fork, not torch's 3 CPU-seconds of imports. The forkserver
 itself imports nothing else and starts no thread, and each worker takes the
 environment of the process that made its pool (as a spawned one would), not
 the forkserver's.
@@ -24,9 +24,10 @@ import tempfile
 import traceback
 
 
-# What the forkserver imports once: torch and its distributed package (no msc, no test module:
-# those a worker imports itself, with the environment its pool gives it).
-PRELOAD = ["torch", "torch.distributed"]
+# What the forkserver imports once: torch, its distributed package and ml_dtypes (every case's
+# np_dtype imports it: 0.4-0.8 CPU-s in each of the default run's ~23 workers); no msc, no test
+# module: those a worker imports itself, with the environment its pool gives it.
+PRELOAD = ["torch", "torch.distributed", "ml_dtypes"]
 
 
 def _worker(rank: int, n: int, init_method: str, jobs, results, backend: str = "gloo", env=None) -> None:
