@@ -45,3 +45,35 @@ def test_only_the_command_line_process_changes_its_malloc(monkeypatch):
     monkeypatch.setattr(cli, "reuse_freed_memory", lambda: calls.append(1))
     assert cli.main(["list"]) == 0               # main([...]) inside another program: left as it is
     assert calls == []
+
+
+_HUGE_CHILD = r"""
+import os, sys
+from msc.perf import no_huge_pages
+
+if sys.argv[1] == "after":
+    import numpy
+no_huge_pages()
+import numpy
+try:
+    from numpy._core.multiarray import _set_madvise_hugepage
+except ImportError:
+    from numpy.core.multiarray import _set_madvise_hugepage
+print(int(_set_madvise_hugepage(False)), os.environ.get("NUMPY_MADVISE_HUGEPAGE"))   # (the advice it had)
+"""
+
+
+def _advice(when: str, env: dict) -> tuple[str, str]:
+    out = subprocess.run([sys.executable, "-c", _HUGE_CHILD, when], capture_output=True, text=True, check=True,
+                         env=env)
+    return tuple(out.stdout.split())
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="numpy advises huge pages on Linux only")
+@pytest.mark.parametrize("when", ["before", "after"])      # numpy imported before no_huge_pages() or after
+def test_numpy_advises_no_huge_pages_unless_the_environment_says(when):
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "NUMPY_MADVISE_HUGEPAGE"}
+    assert _advice(when, env) == ("0", "0" if when == "before" else "None")
+    assert _advice(when, {**env, "NUMPY_MADVISE_HUGEPAGE": "1"}) == ("1", "1")     # the user's choice stays
