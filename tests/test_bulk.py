@@ -96,6 +96,19 @@ def test_each_step_order_is_the_pipelines(priority):
         assert declined > 0       # some programs need the pipeline's heap (a receive waits behind a message)
 
 
+@pytest.mark.parametrize("n", [16, 64])
+def test_equal_steps_that_wait_are_one_object(n):
+    """Steps that wait on other threadblocks are shared where equal, as the
+    others are (the writer and plan_arrays read each distinct object once),
+    and the plan is still the pipeline's."""
+    program = msc.trace(algorithms(switch=False)["allreduce/hierarchical:hierarchical"], n)
+    plan = lower(program)
+    waiting = [step for _, _, _, step in plan.steps() if step.deps]
+    assert len(waiting) > 2 * len(set(waiting)), (len(waiting), len(set(waiting)))    # they do repeat
+    assert len({id(step) for step in waiting}) == len(set(waiting))
+    assert dump_plan(plan) == dump_plan(lower(program, bulk=False))
+
+
 def test_the_second_order_is_built_again_as_if_alone():
     """bulk_plans frees each plan's arrays before yielding it, and a second
     order asked for after the first plan computes them again: the same plans

@@ -40,10 +40,15 @@ def jump(ptr):
     """Pointer jumping to the end of every chain (entries at a fixed point
     end one); only entries not yet at an end are worked on."""
     ptr = ptr.copy()
-    active = np.flatnonzero(ptr[ptr] != ptr)
+    target = ptr[ptr]                      # where each entry's pointer points
+    active = np.flatnonzero(target != ptr)
+    target = target[active]
     while active.size:
-        ptr[active] = ptr[ptr[active]]
-        active = active[ptr[ptr[active]] != ptr[active]]
+        ptr[active] = target
+        # the next jump's targets are this round's test (nothing is written between), read once
+        target = ptr[target]
+        moving = target != ptr[active]
+        active, target = active[moving], target[moving]
     return ptr
 
 
