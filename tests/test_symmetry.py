@@ -77,7 +77,7 @@ def test_no_symmetry_is_refused_and_runs_in_full(monkeypatch):
     [record] = sim.records([4096])
     tlen = _tiles(sim, 4096)
     assert record["time"] == pytest.approx((sim.event_sim().run(tlen) + sim.launch) * 1e6, rel=1e-15)
-    monkeypatch.setattr(symmetry, "_Graph", lambda es: pytest.fail("looked again"))
+    monkeypatch.setattr(symmetry, "RefinementGraph", lambda es: pytest.fail("looked again"))
     other = Simulator(sim.sp, sim.topology, tile=sim.tile, slots=sim.slots + 1)
     assert other.folding is folding
 
@@ -108,7 +108,7 @@ def test_a_partition_that_is_not_equitable_is_refused(monkeypatch):
     """Where refinement's hashes would merge unlike nodes, the exact check refuses the folding."""
     _, sim = _nccl_simulator(get_topology("dgx-h100:2", None), 4194304)
     es = sim.event_sim()
-    monkeypatch.setattr(symmetry._Graph, "refine", lambda g: g.init.copy())    # attributes only: too coarse
+    monkeypatch.setattr(symmetry.RefinementGraph, "refine", lambda g: g.init.copy())    # attributes only: too coarse
     folding = symmetry.fold(es)
     assert folding.sim is None and "not equitable" in folding.reason
 
@@ -116,7 +116,7 @@ def test_a_partition_that_is_not_equitable_is_refused(monkeypatch):
 def test_refinement_is_a_partition_of_like_nodes():
     """Every class of the refined partition holds nodes of one kind and one attribute set."""
     _, sim = _nccl_simulator(get_topology("dgx-h100:2", None), 33554432)
-    g = symmetry._Graph(sim.event_sim())
+    g = symmetry.RefinementGraph(sim.event_sim())
     cls = g.refine()
     kind = np.repeat(np.arange(4), [g.T, g.C, g.F, g.X])
     for c in np.unique(cls):
@@ -131,7 +131,7 @@ def test_a_plans_partition_is_reused_by_its_other_simulators(monkeypatch):
     _, sim = _nccl_simulator(get_topology("dgx-h100:4", None), size)
     assert sim.folding.sim is not None
     refined = []
-    monkeypatch.setattr(symmetry._Graph, "refine", lambda g: refined.append(g) or pytest.fail("refined again"))
+    monkeypatch.setattr(symmetry.RefinementGraph, "refine", lambda g: refined.append(g) or pytest.fail("refined again"))
     other = Simulator(sim.sp, sim.topology, tile=sim.tile, slots=sim.slots + 2, step_us=0.5, shares=None)
     folding = other.folding
     assert folding.sim is not None and not refined

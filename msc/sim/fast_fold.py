@@ -27,7 +27,7 @@ import numpy as np
 
 from msc.ir.arrays import ranges
 from msc.sim.simulate import Simulator
-from msc.sim.symmetry import MIN_FOLD, _Graph, _remember
+from msc.sim.symmetry import MIN_FOLD, RefinementGraph, remember_partition
 
 # a fold keeping more than this share of the steps is not worth building (the full run goes)
 MAX_SHARE = MIN_FOLD
@@ -38,12 +38,12 @@ def partition(sim: Simulator):
     ``sim``'s event graph, or None where refinement folds too little. The
     event engine's fold of ``sim`` (msc.sim.symmetry.fold) is told it, so
     it need not refine again."""
-    g = _Graph(sim.event_sim())
+    g = RefinementGraph(sim.event_sim())
     sim._engines.pop("events")        # cheap to build again where a size needs it, and large at scale
     cls = g.refine()
     if len(np.unique(cls[:g.T])) > MAX_SHARE * g.T:
         return None
-    _remember(sim.sp, cls)
+    remember_partition(sim.sp, cls)
     return cls
 
 

@@ -80,7 +80,7 @@ def _exact_ids(*columns) -> np.ndarray:
     return ids
 
 
-class _Graph:
+class RefinementGraph:
     """The relations of an EventSim as labelled edges ``u -label-> v`` over
     nodes numbered tb, conn, flow, link (each block after the previous), and
     each node's attributes as an exact id (``init``)."""
@@ -181,7 +181,7 @@ def fold(sim: EventSim, plan=None) -> Folded:
     known = _PARTITIONS.get(id(plan)) if plan is not None else None
     if isinstance(known, Folded):
         return known
-    g = _Graph(sim)
+    g = RefinementGraph(sim)
     T, n = g.T, len(g.init)
     tried = [known] if known is not None and len(known) == n else []
     for cls in tried + [None]:
@@ -192,17 +192,17 @@ def fold(sim: EventSim, plan=None) -> Folded:
         if tb_classes > MIN_FOLD * T:
             refused = Folded(None, tb_classes, T, f"{tb_classes} classes of {T} threadblocks: too little symmetry "
                                                   f"to fold")
-            _remember(plan, refused)
+            remember_partition(plan, refused)
             return refused
         if g.equitable(cls, rep):
             break
     else:
         return Folded(None, tb_classes, T, "color refinement's hashed partition is not equitable")
-    _remember(plan, cls)
+    remember_partition(plan, cls)
     return _quotient(sim, g, cls, tb_classes)
 
 
-def _remember(plan, found) -> None:
+def remember_partition(plan, found) -> None:
     """Keep ``found`` (a partition, or a refusal) for ``plan`` while it lives."""
     if plan is None:
         return
@@ -224,7 +224,7 @@ def _ids(cls: np.ndarray, lo: int, hi: int):
     return index, first
 
 
-def _quotient(sim: EventSim, g: _Graph, cls: np.ndarray, tb_classes: int) -> Folded:
+def _quotient(sim: EventSim, g: RefinementGraph, cls: np.ndarray, tb_classes: int) -> Folded:
     """The folded EventSim: per class its representative (the class's first
     member), every index into the full sim's threadblocks, connections,
     flows and links taken to its class's."""
