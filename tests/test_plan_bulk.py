@@ -353,3 +353,56 @@ def test_a_reading_that_dropped_its_arrays_answers_as_a_fresh_one():
         assert all((a == b).all() for a, b in zip(used.edges, edges)), what
         compared += 1
     assert compared > 20
+
+
+def test_pieces_of_accesses_answer_as_one(monkeypatch):
+    """The race check and the dataflow work a piece of chunks at a time
+    (msc.ir.accesses.PIECE): with pieces of one to a few accesses, on plans
+    and their mutants, race_free() and accepts() answer as with one piece,
+    and the dataflow's values are equal array for array."""
+    import numpy as np
+
+    import msc.ir.accesses as accesses
+    from msc.verification.plan_fast import PlanReading
+
+    flows = []
+    real = PlanReading._dataflow
+
+    def recorded(self, *args):
+        try:
+            flows.append(real(self, *args))
+        except Exception:
+            flows.append(None)
+            raise
+        return flows[-1]
+
+    monkeypatch.setattr(PlanReading, "_dataflow", recorded)
+    plans = []
+    for key in ("allreduce/ring:ring", "allreduce/hierarchical:hierarchical", "reducescatter/ring:ring"):
+        params = {"gpus_per_node": 2} if "hierarchical" in key else {}
+        plan = lower(msc.trace(ALGORITHMS[key], 4, **params), LowerOptions(instances=2))
+        plans.append(plan)
+        for kind in ("drop_dependency", "slice_offset"):
+            plans += [m for _, m in mutants(plan, kind, random.Random(f"{key}:pieces:{kind}"))[:2]]
+    answers = {}
+    for size in (0, 1, 5):
+        monkeypatch.setattr(accesses, "PIECE", size or accesses.PIECE)
+        for i, plan in enumerate(plans):
+            flows.clear()
+            try:
+                check_plan(plan)
+            except PlanError:
+                continue
+            reading = prepare(plan)
+            got = (reading.race_free(), reading.accepts(plan, layout_of(plan), plan.slots), flows[:])
+            if size == 0:
+                answers[i] = got
+                continue
+            race, ok, flow = answers[i]
+            assert got[:2] == (race, ok), (i, size)
+            assert len(got[2]) == len(flow)
+            for a, b in zip(got[2], flow):
+                assert (a is None) == (b is None)
+                if a is not None:
+                    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    assert sum(ok for _, ok, _ in answers.values()) >= 3 and any(flow for _, _, flow in answers.values())
