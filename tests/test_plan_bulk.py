@@ -355,28 +355,37 @@ def test_a_reading_that_dropped_its_arrays_answers_as_a_fresh_one():
     assert compared > 20
 
 
-def test_pieces_of_accesses_answer_as_one(monkeypatch):
+@pytest.mark.parametrize("setting", ["pieces of 1", "pieces of 5", "wide"])
+def test_pieces_of_accesses_and_narrow_indices_answer_as_the_plain_run(monkeypatch, setting):
     """The race check and the dataflow work a piece of chunks at a time
-    (msc.ir.accesses.PIECE): with pieces of one to a few accesses, on plans
-    and their mutants, race_free() and accepts() answer as with one piece,
-    and the dataflow's values are equal array for array."""
+    (msc.ir.accesses.PIECE), on int32 indices where they fit (NARROW_BELOW):
+    with pieces of one to a few accesses, and with every index int64 (the
+    path past the int32 range), on plans and their mutants, race_free() and
+    accepts() answer as in one piece on int32, and the dataflow's values are
+    equal array for array."""
     import numpy as np
 
     import msc.ir.accesses as accesses
     from msc.verification.plan_fast import PlanReading
 
-    flows = []
-    real = PlanReading._dataflow
+    flows, lane_types = [], set()
+    real_flow, real_lanes = PlanReading._dataflow, PlanReading._lanes
 
     def recorded(self, *args):
         try:
-            flows.append(real(self, *args))
+            flows.append(real_flow(self, *args))
         except Exception:
             flows.append(None)
             raise
         return flows[-1]
 
+    def lanes(self):
+        got = real_lanes(self)
+        lane_types.update(a.dtype for a in (got.read_lane, got.write_row, got.write_lane))
+        return got
+
     monkeypatch.setattr(PlanReading, "_dataflow", recorded)
+    monkeypatch.setattr(PlanReading, "_lanes", lanes)
     plans = []
     for key in ("allreduce/ring:ring", "allreduce/hierarchical:hierarchical", "reducescatter/ring:ring"):
         params = {"gpus_per_node": 2} if "hierarchical" in key else {}
@@ -384,25 +393,32 @@ def test_pieces_of_accesses_answer_as_one(monkeypatch):
         plans.append(plan)
         for kind in ("drop_dependency", "slice_offset"):
             plans += [m for _, m in mutants(plan, kind, random.Random(f"{key}:pieces:{kind}"))[:2]]
-    answers = {}
-    for size in (0, 1, 5):
-        monkeypatch.setattr(accesses, "PIECE", size or accesses.PIECE)
-        for i, plan in enumerate(plans):
+
+    def answers():
+        got = []
+        for plan in plans:
             flows.clear()
             try:
                 check_plan(plan)
             except PlanError:
                 continue
             reading = prepare(plan)
-            got = (reading.race_free(), reading.accepts(plan, layout_of(plan), plan.slots), flows[:])
-            if size == 0:
-                answers[i] = got
-                continue
-            race, ok, flow = answers[i]
-            assert got[:2] == (race, ok), (i, size)
-            assert len(got[2]) == len(flow)
-            for a, b in zip(got[2], flow):
-                assert (a is None) == (b is None)
-                if a is not None:
-                    assert all(np.array_equal(x, y) for x, y in zip(a, b))
-    assert sum(ok for _, ok, _ in answers.values()) >= 3 and any(flow for _, _, flow in answers.values())
+            got.append((reading.race_free(), reading.accepts(plan, layout_of(plan), plan.slots), flows[:]))
+        return got
+
+    plain = answers()
+    assert lane_types == {np.dtype(np.int32)}
+    assert sum(ok for _, ok, _ in plain) >= 3 and any(flow for _, _, flow in plain)
+    lane_types.clear()
+    if setting == "wide":
+        monkeypatch.setattr(accesses, "NARROW_BELOW", 0)
+    else:
+        monkeypatch.setattr(accesses, "PIECE", int(setting.split()[-1]))
+    for (race, ok, flow), got in zip(plain, answers(), strict=True):
+        assert got[:2] == (race, ok)
+        assert len(got[2]) == len(flow)
+        for a, b in zip(got[2], flow):
+            assert (a is None) == (b is None)
+            if a is not None:
+                assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    assert lane_types == {np.dtype(np.int32 if setting != "wide" else np.int64)}

@@ -13,6 +13,9 @@ import numpy as np
 # piece's temporaries are tens of MB where the whole trace's are GBs at scale (the 4096-rank hierarchical
 # allreduce has 84 million), each first touched and all alive at once
 PIECE = 1 << 22
+# Per-access index arrays (steps, lanes, slices) whose entries stay below this are int32, half the bytes
+# of int64 (msc.ir.limits keeps them far below it); past it, int64
+NARROW_BELOW = 1 << 31
 
 
 def writes_around(keys: np.ndarray, write: np.ndarray, following: bool = True):
@@ -65,3 +68,8 @@ def pieces(codes: np.ndarray, per_key: int, size: int = 0) -> list[tuple[int, in
     cut = np.searchsorted(codes, codes[at] // per_key * per_key)      # the first access of that key
     cut = np.unique(np.concatenate([[0], cut, [m]]))
     return list(zip(cut[:-1].tolist(), cut[1:].tolist()))
+
+
+def index_type(bound: int):
+    """The dtype for indices below ``bound``: int32 under NARROW_BELOW, else int64."""
+    return np.int32 if bound < NARROW_BELOW else np.int64

@@ -14,6 +14,7 @@ from operator import attrgetter, is_not
 import numpy as np
 
 from msc.dsl.collectives import BUILTIN, CustomCollective
+from msc.ir.accesses import index_type
 
 # Multiplicities are counted in float64 (np.bincount): exact below this.
 _EXACT = float(1 << 52)
@@ -36,10 +37,21 @@ def expand(first, counts):
     return rows, j, first[rows] + j
 
 
-def jump(ptr):
+def pointers(select, to, dtype=np.int64):
+    """Per entry ``to`` where ``select``, else the entry itself (the end of
+    a chain), built in one array (at scale each is hundreds of MB); int32
+    only where the caller has checked that the entries fit."""
+    ptr = np.arange(select.size, dtype=dtype)
+    np.copyto(ptr, to, where=select)
+    return ptr
+
+
+def jump(ptr, own: bool = False):
     """Pointer jumping to the end of every chain (entries at a fixed point
-    end one); only entries not yet at an end are worked on."""
-    ptr = ptr.copy()
+    end one); only entries not yet at an end are worked on. ``own``: ``ptr``
+    is the caller's to overwrite (no copy)."""
+    if not own:
+        ptr = ptr.copy()
     target = ptr[ptr]                      # where each entry's pointer points
     active = np.flatnonzero(target != ptr)
     target = target[active]
@@ -55,7 +67,7 @@ def jump(ptr):
 def resolve(kind: np.ndarray, a: np.ndarray, b: np.ndarray):
     """Every value's representative (an alias goes to what it copies), and
     per value the representatives of its operands (-1 where it has none)."""
-    rep = jump(np.where(kind == 1, a, np.arange(kind.size, dtype=np.int64)))
+    rep = jump(pointers(kind == 1, a), own=True)
     return rep, rep[np.maximum(a, 0)], np.where(b >= 0, rep[np.maximum(b, 0)], -1)
 
 
@@ -73,12 +85,12 @@ def contributions(roots, kind, ca, cb):
     a, b = ca[sums], cb[sums]
     head = np.bincount(np.concatenate([a, b]), minlength=T) != 1
     head[roots] = True
-    up = np.arange(T, dtype=np.int64)                 # a sum used once: the sum using it
+    up = np.arange(T, dtype=index_type(T))            # a sum used once: the sum using it (int32 where T fits)
     for operand in (a, b):
         inner = (kind[operand] == 2) & ~head[operand]
         up[operand[inner]] = sums[inner]
     del operand, inner
-    top = jump(up)
+    top = jump(up, own=True)
     del up                                            # (temporaries go once used: at scale each is tens of MB)
     # Each head's own entries: operand edges from its tree to leaves and to sub-heads.
     src = top[np.concatenate([sums, sums])]
@@ -86,8 +98,12 @@ def contributions(roots, kind, ca, cb):
     dst = np.concatenate([a, b])
     del a, b
     keep = (kind[dst] == 0) | head[dst]
-    own, own_mult = np.unique(src[keep] * T + dst[keep], return_counts=True)
-    del src, dst, keep
+    src = src[keep].astype(np.int64)                   # (head, node) as one int64: head * T + node
+    src *= T
+    src += dst[keep]
+    del dst, keep
+    own, own_mult = np.unique(src, return_counts=True)
+    del src
     own_head, own_node = own // T, own % T
     del own
     heads = np.flatnonzero(head)                      # CSR: a head's entries lie together

@@ -45,11 +45,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from msc.ir.accesses import last_of_each, pieces, writes_around
+from msc.ir.accesses import index_type, last_of_each, pieces, writes_around
 from msc.ir import Plan, StepOp
 from msc.ir.arrays import OPS as _OPS, RECEIVES as _RECEIVES, plan_arrays
 from msc.ir.levels import levels
-from msc.verification.multisets import Decline, Leaves, expand, expectations, holds, jump, need
+from msc.verification.multisets import Decline, Leaves, expand, expectations, holds, jump, need, pointers
 from msc.perf import pause_gc
 from msc.verification import crosscheck
 
@@ -261,13 +261,14 @@ class PlanReading:
                              ops.dst_index.max(initial=0) + count[ops.dst_owner].max(initial=0)))
         read_row, _, cell = expand((step_rank[ops.src_owner] * nbuf + ops.src_buf) * stride + ops.src_index,
                                    count[ops.src_owner])
-        ev_step = ops.src_owner[read_row]
+        step_type = index_type(self.N)                 # (int32 where the steps fit)
+        ev_step = ops.src_owner.astype(step_type)[read_row]
         del read_row
         write_row, _, write_cell = expand((step_rank[ops.dst_owner] * nbuf + ops.dst_buf) * stride + ops.dst_index,
                                           count[ops.dst_owner])
         num_reads = cell.size
         cell = np.concatenate([cell, write_cell])
-        ev_step = np.concatenate([ev_step, ops.dst_owner[write_row]])
+        ev_step = np.concatenate([ev_step, ops.dst_owner.astype(step_type)[write_row]])
         del write_row, write_cell
         num_levels = int(level.max()) + 1 if self.N else 1
         need(int(cell.max(initial=0)) + 1 < (1 << 62) // (2 * num_levels))
@@ -351,26 +352,33 @@ class PlanReading:
 
     def _lanes(self) -> _Lanes:
         """Every read and write of one chunk, with the lane it belongs to (their
-        cells and steps, per access, only _dataflow makes and keeps)."""
+        cells and steps, per access, only _dataflow makes and keeps); as int32
+        where they fit (msc.ir.accesses.index_type)."""
         count, ops = self.count, self.operands
         lane_start = np.cumsum(count) - count
+        num_lanes = int(count.sum())
+        narrow = index_type(num_lanes + len(ops.src_owner) + len(ops.dst_owner))
         read_row, read_j, read_lane = expand(lane_start[ops.src_owner], count[ops.src_owner])
-        read_pos = ops.src_pos[read_row]
+        read_lane = read_lane.astype(narrow)
+        read_pos = ops.src_pos.astype(narrow)[read_row]
         del read_row, read_j
         write_row, write_j, write_lane = expand(lane_start[ops.dst_owner], count[ops.dst_owner])
-        return _Lanes(lane_start, int(count.sum()), read_lane, read_pos, write_row, write_j, write_lane)
+        return _Lanes(lane_start, num_lanes, read_lane, read_pos, write_row.astype(narrow), write_j.astype(narrow),
+                      write_lane.astype(narrow))
 
     def _events(self, src_cell, dst_cell):
-        """Every read, then every write, of one chunk: its cell and its step."""
+        """Every read, then every write, of one chunk: its cell and its step
+        (int32 where steps fit)."""
         count, ops = self.count, self.operands
+        step_type = index_type(self.N)
         read_row, _, read_cell = expand(src_cell, count[ops.src_owner])
-        read_step = ops.src_owner[read_row]
+        read_step = ops.src_owner.astype(step_type)[read_row]
         del read_row
         write_row, _, write_cell = expand(dst_cell, count[ops.dst_owner])
         num_reads = read_cell.size
         cell = np.concatenate([read_cell, write_cell])
         del read_cell, write_cell
-        return num_reads, cell, np.concatenate([read_step, ops.dst_owner[write_row]])
+        return num_reads, cell, np.concatenate([read_step, ops.dst_owner.astype(step_type)[write_row]])
 
     def _dataflow(self, level, src_cell, dst_cell, write_lane, initial, num_leaves: int):
         """What each read reads (a leaf, or the lane that wrote it, numbered
@@ -403,12 +411,16 @@ class PlanReading:
         reductions with more than two sources. Each lane's entry is written
         in place (at scale every per-lane array is hundreds of MB)."""
         num_lanes, lane_start, count = lanes.count, lanes.lane_start, self.count
-        lane_step = np.repeat(np.arange(self.N, dtype=np.int64), count)
+        lane_step = np.repeat(np.arange(self.N, dtype=index_type(self.N)), count)
         lane_op = self.op[lane_step]
         total = num_leaves + num_lanes
         kind = np.zeros(total, dtype=np.int8)                                  # 0 leaf, 1 alias, 2 sum
-        left = np.arange(total, dtype=np.int64)
-        right = np.full(total, -1, dtype=np.int64)
+        # the operands as int32 where every value fits, the partial sums of wide reductions (after) too; their
+        # representatives (what the checks after take) are int64
+        wide = np.flatnonzero((self.op == _REDUCE) & (self.nsrc > 2))
+        narrow = index_type(total + int((self.count[wide] * (self.nsrc[wide] - 2)).sum()))
+        left = np.arange(total, dtype=narrow)
+        right = np.full(total, -1, dtype=narrow)
         lane_kind, lane_left, lane_right = kind[num_leaves:], left[num_leaves:], right[num_leaves:]
         lane_kind[:] = _VALUE_KIND[lane_op]
         # the left operand: the first source (-1 where a lane has none), or what a receive takes
@@ -434,11 +446,10 @@ class PlanReading:
         alias = _RIGHT_IS_RECEIVED[lane_op[receiving]]
         lane_right[receiving[alias]] = received[alias]
         del receiving, received, alias, lane_op, lane_kind, lane_left, lane_right
-        wide = np.flatnonzero((self.op == _REDUCE) & (self.nsrc > 2))
         if wide.size:
             kind, left, right = self._wide_sums(wide, lanes, read_value, num_leaves, kind, left, right)
         # Aliases point at their value, sums at their left operand's leaf (their class).
-        rep = jump(np.where(kind == 1, left, np.arange(len(left))))
+        rep = jump(pointers(kind == 1, left), own=True)
         left_class = rep[left]
         right_class = np.where(right >= 0, rep[np.maximum(right, 0)], -1)
         return _Values(kind, rep, left_class, right_class)
@@ -474,16 +485,17 @@ class PlanReading:
         representative of every value."""
         kind, rep = values.kind, values.rep
         num_leaves = leaves.count
-        leftmost = jump(np.where(kind == 2, values.left_class, np.arange(len(kind))))
-        cls = np.full(len(kind), -1, dtype=np.int64)
+        leftmost = jump(pointers(kind == 2, values.left_class, index_type(len(kind))), own=True)
+        cls = np.full(len(kind), -1, dtype=index_type(k))                       # (classes are below k)
         cls[:num_leaves] = leaves.leaf_class
         cls = cls[leftmost]                                                      # per leaf and sum
+        del leftmost
         sums = kind == 2
         need((cls[values.left_class[sums]] == cls[values.right_class[sums]]).all())
         dst_column = cells.to_layout[self.operands.dst_buf[lanes.write_row]]
         user = dst_column != cells.scratch
         positions = self.operands.dst_index[lanes.write_row[user]] + lanes.write_j[user]
-        need((cls[rep[num_leaves + lanes.write_lane[user]]] == positions % k).all())
+        need((cls[rep[np.add(lanes.write_lane[user], num_leaves, dtype=np.int64)]] == positions % k).all())
         return rep
 
 
