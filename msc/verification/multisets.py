@@ -104,14 +104,16 @@ def contributions(roots, kind, ca, cb):
     del dst, keep
     own, own_mult = np.unique(src, return_counts=True)
     del src
-    own_head, own_node = own // T, own % T
-    del own
     heads = np.flatnonzero(head)                      # CSR: a head's entries lie together
-    count = np.bincount(own_head, minlength=T)[heads]
-    start = np.zeros(T, dtype=np.int64)
+    count = np.bincount(own // T, minlength=T)[heads]
+    own_node = (own % T).astype(index_type(T))
+    del own
+    at = index_type(len(own_node) + 1)                # per value, where its entries start and how many
+    start = np.zeros(T, dtype=at)
     start[heads] = np.cumsum(count) - count
-    many = np.zeros(T, dtype=np.int64)
+    many = np.zeros(T, dtype=at)
     many[heads] = count
+    del count, heads
     own_mult = own_mult.astype(np.float64)
     if (kind[roots] == 2).all():
         rows, _, e = expand(start[roots], many[roots])
@@ -172,7 +174,7 @@ def holds(values, which, exps, leaves, kind, ca, cb) -> bool:
     """Whether every output value ``values[p]`` (a representative) holds the
     contributions ``exps[which[p]]`` asks for; each distinct (value,
     expectation) pair is counted once."""
-    pairs = np.unique(values * len(exps) + which)
+    pairs = np.unique(values.astype(np.int64) * len(exps) + which)          # (values may be int32)
     roots, which = pairs // len(exps), pairs % len(exps)
     uroots, pair_root = np.unique(roots, return_inverse=True)
     f_root, f_leaf, f_mult = contributions(uroots, kind, ca, cb)

@@ -415,8 +415,7 @@ class PlanReading:
         lane_op = self.op[lane_step]
         total = num_leaves + num_lanes
         kind = np.zeros(total, dtype=np.int8)                                  # 0 leaf, 1 alias, 2 sum
-        # the operands as int32 where every value fits, the partial sums of wide reductions (after) too; their
-        # representatives (what the checks after take) are int64
+        # values as int32 where every one fits, the partial sums of wide reductions (after) too
         wide = np.flatnonzero((self.op == _REDUCE) & (self.nsrc > 2))
         narrow = index_type(total + int((self.count[wide] * (self.nsrc[wide] - 2)).sum()))
         left = np.arange(total, dtype=narrow)
@@ -449,7 +448,7 @@ class PlanReading:
         if wide.size:
             kind, left, right = self._wide_sums(wide, lanes, read_value, num_leaves, kind, left, right)
         # Aliases point at their value, sums at their left operand's leaf (their class).
-        rep = jump(pointers(kind == 1, left), own=True)
+        rep = jump(pointers(kind == 1, left, narrow), own=True)
         left_class = rep[left]
         right_class = np.where(right >= 0, rep[np.maximum(right, 0)], -1)
         return _Values(kind, rep, left_class, right_class)
@@ -528,7 +527,7 @@ class _Lanes(NamedTuple):
 
 class _Values(NamedTuple):
     kind: np.ndarray        # 0 leaf, 1 alias, 2 sum
-    rep: np.ndarray         # per value, the value it stands for (aliases resolved)
+    rep: np.ndarray         # per value, the value it stands for (aliases resolved); these three int32 or int64
     left_class: np.ndarray  # per value, its left operand's representative
     right_class: np.ndarray  # per sum, its right operand's representative (-1 elsewhere)
 
