@@ -125,6 +125,7 @@ class PlanReading:
         self.ranks = plan.ranks
         self._levels: dict[int, np.ndarray | None] = {}     # capacity -> step levels, None: deadlock
         self._edges = None
+        self._race_events = None       # the race check's sorted events, for the dataflow at the same levels
         self.readable = _judged(self._read, plan, fallback=False)
 
     @pause_gc
@@ -274,6 +275,7 @@ class PlanReading:
         need(int(cell.max(initial=0)) + 1 < (1 << 62) // (2 * num_levels))
         key, order = _sorted_events(cell, num_reads, level, ev_step, num_levels)
         del cell
+        order = order.astype(index_type(len(order)))   # (kept for the dataflow: int32 where it fits)
         tb = arrays.step_tb
         ordered = _DependencyReach(tb, arrays)
         # (earlier step, later step) pairs that must be ordered: each access after its last write, each read
@@ -294,6 +296,8 @@ class PlanReading:
             apart = tb[first] != tb[second]            # in one threadblock: program order (levels follow it)
             if not ordered(first[apart], second[apart]):
                 return False
+        # the dataflow at these levels sorts the same events the same way (its cells are these, renumbered)
+        self._race_events = _RaceEvents(level, key, order, num_reads, num_levels, nbuf, stride)
         return True
 
     # -- the values -----------------------------------------------------------------
@@ -310,7 +314,8 @@ class PlanReading:
         leaves = Leaves(layout, plan.chunk_factor, cells.at)
         initial = _initial_values(cells.count, leaves)
         lanes = self._lanes()
-        read_value, final = self._dataflow(level, src_cell, dst_cell, lanes.write_lane, initial, leaves.count)
+        read_value, final = self._dataflow(level, src_cell, dst_cell, cells, lanes.write_lane, initial,
+                                           leaves.count)
         del src_cell, dst_cell, initial   # (arrays are dropped once used: at scale each is tens of MB)
         values = self._value_graph(lanes, read_value, leaves.count)
         del read_value
@@ -380,12 +385,15 @@ class PlanReading:
         del read_cell, write_cell
         return num_reads, cell, np.concatenate([read_step, ops.dst_owner.astype(step_type)[write_row]])
 
-    def _dataflow(self, level, src_cell, dst_cell, write_lane, initial, num_leaves: int):
+    def _dataflow(self, level, src_cell, dst_cell, cells: _Cells, write_lane, initial, num_leaves: int):
         """What each read reads (a leaf, or the lane that wrote it, numbered
         after the leaves) and each cell's final value, with accesses ordered
         by level; declines where one level holds a write and another access
         of the same chunk (a race the order cannot settle). ``src_cell``,
         ``dst_cell``: each slice's first cell."""
+        sorted_before, self._race_events = self._race_events, None
+        if sorted_before is not None and sorted_before.level is level:
+            return self._dataflow_sorted(sorted_before, cells, write_lane, initial, num_leaves)
         num_reads, cell, ev_step = self._events(src_cell, dst_cell)
         num_levels = int(level.max()) + 1 if self.N else 1
         read_value = np.empty(num_reads, dtype=np.int64)                      # every read is filled in
@@ -403,6 +411,24 @@ class PlanReading:
             _piece_values(cell[order], ev_level[order], ev_write[order], order, ev_step, num_reads, write_lane,
                           initial, num_leaves, read_value, final)
         need((read_value >= 0).all())                                         # a read of an unwritten chunk
+        return read_value, final
+
+    def _dataflow_sorted(self, events: _RaceEvents, cells: _Cells, write_lane, initial, num_leaves: int):
+        """_dataflow from the race check's sorted events (at the same levels):
+        the same events, each cell's together in the same order, so the same
+        values; the race check has found no write sharing a level with
+        another access of its chunk. Its cells are renumbered as the
+        layout's, a piece at a time."""
+        key, order, num_reads, num_levels = events.key, events.order, events.num_reads, events.num_levels
+        first = cells.first[np.arange(self.n)[:, None] * cells.sizes.shape[1] + cells.to_layout[None, :]].ravel()
+        read_value = np.empty(num_reads, dtype=np.int64)
+        final = initial.copy()
+        for start, stop in pieces(key, 2 * num_levels):
+            race_cell, _, s_write = _decoded(key[start:stop], num_levels)
+            rank_buf, index = np.divmod(race_cell, events.stride)               # (rank * buffers + buffer, index)
+            _piece_values(first[rank_buf] + index, None, s_write, order[start:stop], None, num_reads, write_lane,
+                          initial, num_leaves, read_value, final)
+        need((read_value >= 0).all())
         return read_value, final
 
     def _value_graph(self, lanes: _Lanes, read_value, num_leaves: int) -> _Values:
@@ -525,6 +551,18 @@ class _Lanes(NamedTuple):
     write_lane: np.ndarray
 
 
+class _RaceEvents(NamedTuple):
+    """The race check's events, sorted (_sorted_events), at ``level``; its
+    cells are (rank * buffers + buffer) * stride + index, buffers by the plan's codes."""
+    level: np.ndarray
+    key: np.ndarray
+    order: np.ndarray
+    num_reads: int
+    num_levels: int
+    buffers: int
+    stride: int
+
+
 class _Values(NamedTuple):
     kind: np.ndarray        # 0 leaf, 1 alias, 2 sum
     rep: np.ndarray         # per value, the value it stands for (aliases resolved); these three int32 or int64
@@ -561,8 +599,10 @@ def _piece_values(s_cell, s_level, s_write, order, ev_step, num_reads: int, writ
                   read_value, final) -> None:
     """_dataflow for the events of whole cells, sorted (``s_cell``,
     ``s_level``, ``s_write``; ``order``: their positions among all events):
-    fills in their reads' values and their cells' final values."""
-    _no_race_within_a_level(s_cell, s_level, ev_step[order], s_write)
+    fills in their reads' values and their cells' final values (``s_level``
+    None: the race check has found no race within a level among them)."""
+    if s_level is not None:
+        _no_race_within_a_level(s_cell, s_level, ev_step[order], s_write)
     # Each read: the last write to its cell before it, else the cell's initial value.
     before, _ = writes_around(s_cell, s_write, following=False)
     written = np.full(len(order), -1, dtype=np.int64)                          # write events: their lane
