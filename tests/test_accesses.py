@@ -37,3 +37,17 @@ def test_pieces_cover_the_accesses_and_never_split_a_key(seed):
     keys = codes // per_key
     assert all(start == 0 or keys[start] != keys[start - 1] for start, _ in got)
     assert len(got) >= min(codes.size // max(size, int(np.bincount(keys).max(initial=1))), 1)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_writes_around_int64_past_the_narrow_range_equals_int32(seed, monkeypatch):
+    import msc.ir.accesses as accesses
+
+    rng = np.random.default_rng(seed)
+    keys = np.sort(rng.integers(0, 30, size=200))
+    write = rng.random(200) < 0.4
+    narrow = writes_around(keys, write)
+    monkeypatch.setattr(accesses, "NARROW_BELOW", 0)
+    wide = writes_around(keys, write)
+    assert narrow[0].dtype == np.int32 and wide[0].dtype == wide[1].dtype == np.int64
+    assert all(np.array_equal(a, b) for a, b in zip(narrow, wide))

@@ -156,7 +156,11 @@ def _read_and_final_values(code, lanes: int, init_cells, init_leaf, n_leaves: in
         s_lane -= lanes * s_cell
         written = s_kind == 2
         before, _ = writes_around(s_cell, written, following=False)   # the write each access sees
-        initial = _lookup(init_cells, init_leaf, s_cell)   # -1 where a chunk starts empty
+        # a chunk's initial label (-1 where it starts empty), looked up only where no write comes before
+        initial = np.full(len(s_cell), -1, dtype=np.int64)
+        unwritten = np.flatnonzero(before < 0)
+        initial[unwritten] = _lookup(init_cells, init_leaf, s_cell[unwritten])
+        del unwritten
         seen = np.where(before >= 0, n_leaves + s_lane[np.maximum(before, 0)], initial)
         need((seen[~written] >= 0).all())             # a read of a chunk nothing wrote
         is_src = s_kind == 0
