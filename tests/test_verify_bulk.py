@@ -184,3 +184,19 @@ def test_the_ssa_in_small_pieces_equals_it_in_one(monkeypatch):
                 assert all(np.array_equal(g, o) for g, o in zip(got, one))
         monkeypatch.undo()
         monkeypatch.setattr(bulk, "_read_and_final_values", lambda *a: captured.append(a) or real(*a))
+
+
+def test_int64_values_past_the_narrow_range_answer_as_int32(monkeypatch):
+    """resolve's representatives (and contributions' pointers) are int32 below
+    msc.ir.accesses.NARROW_BELOW values; with every one int64 the fast path
+    answers the same on library programs and their mutants."""
+    import msc.ir.accesses as accesses
+
+    lib = algorithms(switch=False)
+    programs = [msc.trace(lib[key], n) for key, n in (("allreduce/ring:ring", 5), ("allreduce/hierarchical:hierarchical", 8),
+                                                      ("reducescatter/ring:ring", 4))]
+    programs += [p.with_ops(ops) for p in programs for _, ops in mutants(p, "wrong_dst_index", random.Random(5))[:4]]
+    narrow = [checked_outputs(p) for p in programs]
+    monkeypatch.setattr(accesses, "NARROW_BELOW", 0)
+    assert [checked_outputs(p) for p in programs] == narrow
+    assert sum(x is not None for x in narrow) >= 3 and None in narrow

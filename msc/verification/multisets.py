@@ -57,17 +57,18 @@ def jump(ptr, own: bool = False):
     target = target[active]
     while active.size:
         ptr[active] = target
-        # the next jump's targets are this round's test (nothing is written between), read once
-        target = ptr[target]
-        moving = target != ptr[active]
-        active, target = active[moving], target[moving]
+        # the next jump's targets are this round's test (nothing is written between), read once; an entry
+        # moves on while they differ from this round's (what ptr[active] now holds, not read again)
+        after = ptr[target]
+        moving = after != target
+        active, target = active[moving], after[moving]
     return ptr
 
 
 def resolve(kind: np.ndarray, a: np.ndarray, b: np.ndarray):
     """Every value's representative (an alias goes to what it copies), and
     per value the representatives of its operands (-1 where it has none)."""
-    rep = jump(pointers(kind == 1, a), own=True)
+    rep = jump(pointers(kind == 1, a, index_type(kind.size)), own=True)      # (int32 where the values fit)
     return rep, rep[np.maximum(a, 0)], np.where(b >= 0, rep[np.maximum(b, 0)], -1)
 
 
