@@ -297,7 +297,7 @@ class PlanReading:
             if not ordered(first[apart], second[apart]):
                 return False
         # the dataflow at these levels sorts the same events the same way (its cells are these, renumbered)
-        self._race_events = _RaceEvents(level, key, order, num_reads, num_levels, nbuf, stride)
+        self._race_events = _RaceEvents(level, key, order, num_reads, num_levels, stride)
         return True
 
     # -- the values -----------------------------------------------------------------
@@ -559,7 +559,6 @@ class _RaceEvents(NamedTuple):
     order: np.ndarray
     num_reads: int
     num_levels: int
-    buffers: int
     stride: int
 
 
