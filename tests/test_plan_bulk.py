@@ -353,3 +353,83 @@ def test_a_reading_that_dropped_its_arrays_answers_as_a_fresh_one():
         assert all((a == b).all() for a, b in zip(used.edges, edges)), what
         compared += 1
     assert compared > 20
+
+
+@pytest.mark.parametrize("setting", ["pieces of 1", "pieces of 5", "wide"])
+def test_pieces_of_accesses_and_narrow_indices_answer_as_the_plain_run(monkeypatch, setting):
+    """The race check and the dataflow work a piece of chunks at a time
+    (msc.ir.accesses.PIECE), on int32 indices where they fit (NARROW_BELOW):
+    with pieces of one to a few accesses, and with every index int64 (the
+    path past the int32 range), on plans and their mutants, race_free() and
+    accepts() answer as in one piece on int32, and the dataflow's values are
+    equal array for array; and the dataflow from the race check's sorted
+    events equals the one that sorts its own."""
+    import numpy as np
+
+    import msc.ir.accesses as accesses
+    from msc.verification.plan_fast import PlanReading
+
+    flows, lane_types = [], set()
+    real_flow, real_lanes = PlanReading._dataflow, PlanReading._lanes
+
+    def recorded(self, *args):
+        try:
+            flows.append(real_flow(self, *args))
+        except Exception:
+            flows.append(None)
+            raise
+        return flows[-1]
+
+    def lanes(self):
+        got = real_lanes(self)
+        lane_types.update(a.dtype for a in (got.read_lane, got.write_row, got.write_lane))
+        return got
+
+    monkeypatch.setattr(PlanReading, "_dataflow", recorded)
+    monkeypatch.setattr(PlanReading, "_lanes", lanes)
+    plans = []
+    for key in ("allreduce/ring:ring", "allreduce/hierarchical:hierarchical", "reducescatter/ring:ring"):
+        params = {"gpus_per_node": 2} if "hierarchical" in key else {}
+        plan = lower(msc.trace(ALGORITHMS[key], 4, **params), LowerOptions(instances=2))
+        plans.append(plan)
+        for kind in ("drop_dependency", "slice_offset"):
+            plans += [m for _, m in mutants(plan, kind, random.Random(f"{key}:pieces:{kind}"))[:2]]
+
+    def answers():
+        got = []
+        for plan in plans:
+            flows.clear()
+            try:
+                check_plan(plan)
+            except PlanError:
+                continue
+            fresh = prepare(plan).accepts(plan, layout_of(plan), plan.slots)    # its own sort of the events
+            fresh_flow = flows[:]
+            flows.clear()
+            reading = prepare(plan)                 # as lowering asks: the dataflow reuses the race check's sort
+            reading.fewest_slots(MAX_SLOTS)
+            got.append((reading.race_free(), reading.accepts(plan, layout_of(plan), plan.slots), flows[:]))
+            assert got[-1][1] == fresh and _equal_flows(got[-1][2], fresh_flow)
+        return got
+
+    plain = answers()
+    assert sum(race for race, _, _ in plain) >= 3
+    assert lane_types == {np.dtype(np.int32)}
+    assert sum(ok for _, ok, _ in plain) >= 3 and any(flow for _, _, flow in plain)
+    lane_types.clear()
+    if setting == "wide":
+        monkeypatch.setattr(accesses, "NARROW_BELOW", 0)
+    else:
+        monkeypatch.setattr(accesses, "PIECE", int(setting.split()[-1]))
+    for (race, ok, flow), got in zip(plain, answers(), strict=True):
+        assert got[:2] == (race, ok) and _equal_flows(got[2], flow)
+    assert lane_types == {np.dtype(np.int32 if setting != "wide" else np.int64)}
+
+
+def _equal_flows(got, expected) -> bool:
+    """Dataflow results (read values, final values; None: declined), array for array."""
+    import numpy as np
+
+    return len(got) == len(expected) and all(
+        (a is None) == (b is None) and (a is None or all(np.array_equal(x, y) for x, y in zip(a, b)))
+        for a, b in zip(got, expected))

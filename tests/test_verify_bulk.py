@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import random
 
+import numpy as np
 import pytest
 
 import msc
@@ -147,3 +148,55 @@ def test_errors_are_worded_by_the_python_run(monkeypatch):
                 msc.verify(mutant)
             words.setdefault(i, set()).add(str(err.value))
     assert all(len(texts) == 1 for texts in words.values()), words
+
+
+def test_the_ssa_in_small_pieces_equals_it_in_one(monkeypatch):
+    """_read_and_final_values works a piece of chunks at a time (msc.ir.accesses.PIECE): with pieces of
+    a few accesses (and chunks of many accesses that overrun them) every value equals the one-piece run's,
+    on library programs and on mutants (whose reads of unwritten chunks decline in some piece)."""
+    import msc.ir.accesses as accesses
+    import msc.verification.program_verifier_fast as bulk
+
+    captured = []
+    real = bulk._read_and_final_values
+    monkeypatch.setattr(bulk, "_read_and_final_values", lambda *a: captured.append(a) or real(*a))
+    lib = algorithms(switch=False)
+    programs = [msc.trace(lib[key], n) for key, n in (("allreduce/ring:ring", 5), ("allreduce/hierarchical:hierarchical", 8),
+                                                      ("allgather/ring:ring", 4))]
+    programs += [programs[0].with_ops(ops) for _, ops in mutants(programs[0], "drop", random.Random(3))[:6]]
+    for program in programs:
+        captured.clear()
+        whole = checked_outputs(program)
+        (args,) = captured
+        try:
+            one = real(*args)
+        except bulk.Decline:
+            one = None
+        for size in (1, 3, 17):
+            monkeypatch.setattr(accesses, "PIECE", size)
+            assert checked_outputs(program) == whole
+            try:
+                got = real(*args)
+            except bulk.Decline:
+                got = None
+            assert (got is None) == (one is None)
+            if one is not None:
+                assert all(np.array_equal(g, o) for g, o in zip(got, one))
+        monkeypatch.undo()
+        monkeypatch.setattr(bulk, "_read_and_final_values", lambda *a: captured.append(a) or real(*a))
+
+
+def test_int64_values_past_the_narrow_range_answer_as_int32(monkeypatch):
+    """resolve's representatives (and contributions' pointers) are int32 below
+    msc.ir.accesses.NARROW_BELOW values; with every one int64 the fast path
+    answers the same on library programs and their mutants."""
+    import msc.ir.accesses as accesses
+
+    lib = algorithms(switch=False)
+    programs = [msc.trace(lib[key], n) for key, n in (("allreduce/ring:ring", 5), ("allreduce/hierarchical:hierarchical", 8),
+                                                      ("reducescatter/ring:ring", 4))]
+    programs += [p.with_ops(ops) for p in programs for _, ops in mutants(p, "wrong_dst_index", random.Random(5))[:4]]
+    narrow = [checked_outputs(p) for p in programs]
+    monkeypatch.setattr(accesses, "NARROW_BELOW", 0)
+    assert [checked_outputs(p) for p in programs] == narrow
+    assert sum(x is not None for x in narrow) >= 3 and None in narrow

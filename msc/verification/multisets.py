@@ -14,6 +14,7 @@ from operator import attrgetter, is_not
 import numpy as np
 
 from msc.dsl.collectives import BUILTIN, CustomCollective
+from msc.ir.accesses import index_type
 
 # Multiplicities are counted in float64 (np.bincount): exact below this.
 _EXACT = float(1 << 52)
@@ -36,26 +37,38 @@ def expand(first, counts):
     return rows, j, first[rows] + j
 
 
-def jump(ptr):
+def pointers(select, to, dtype=np.int64):
+    """Per entry ``to`` where ``select``, else the entry itself (the end of
+    a chain), built in one array (at scale each is hundreds of MB); int32
+    only where the caller has checked that the entries fit."""
+    ptr = np.arange(select.size, dtype=dtype)
+    np.copyto(ptr, to, where=select)
+    return ptr
+
+
+def jump(ptr, own: bool = False):
     """Pointer jumping to the end of every chain (entries at a fixed point
-    end one); only entries not yet at an end are worked on."""
-    ptr = ptr.copy()
+    end one); only entries not yet at an end are worked on. ``own``: ``ptr``
+    is the caller's to overwrite (no copy)."""
+    if not own:
+        ptr = ptr.copy()
     target = ptr[ptr]                      # where each entry's pointer points
     active = np.flatnonzero(target != ptr)
     target = target[active]
     while active.size:
         ptr[active] = target
-        # the next jump's targets are this round's test (nothing is written between), read once
-        target = ptr[target]
-        moving = target != ptr[active]
-        active, target = active[moving], target[moving]
+        # the next jump's targets are this round's test (nothing is written between), read once; an entry
+        # moves on while they differ from this round's (what ptr[active] now holds, not read again)
+        after = ptr[target]
+        moving = after != target
+        active, target = active[moving], after[moving]
     return ptr
 
 
 def resolve(kind: np.ndarray, a: np.ndarray, b: np.ndarray):
     """Every value's representative (an alias goes to what it copies), and
     per value the representatives of its operands (-1 where it has none)."""
-    rep = jump(np.where(kind == 1, a, np.arange(kind.size, dtype=np.int64)))
+    rep = jump(pointers(kind == 1, a, index_type(kind.size)), own=True)      # (int32 where the values fit)
     return rep, rep[np.maximum(a, 0)], np.where(b >= 0, rep[np.maximum(b, 0)], -1)
 
 
@@ -73,12 +86,12 @@ def contributions(roots, kind, ca, cb):
     a, b = ca[sums], cb[sums]
     head = np.bincount(np.concatenate([a, b]), minlength=T) != 1
     head[roots] = True
-    up = np.arange(T, dtype=np.int64)                 # a sum used once: the sum using it
+    up = np.arange(T, dtype=index_type(T))            # a sum used once: the sum using it (int32 where T fits)
     for operand in (a, b):
         inner = (kind[operand] == 2) & ~head[operand]
         up[operand[inner]] = sums[inner]
     del operand, inner
-    top = jump(up)
+    top = jump(up, own=True)
     del up                                            # (temporaries go once used: at scale each is tens of MB)
     # Each head's own entries: operand edges from its tree to leaves and to sub-heads.
     src = top[np.concatenate([sums, sums])]
@@ -86,16 +99,22 @@ def contributions(roots, kind, ca, cb):
     dst = np.concatenate([a, b])
     del a, b
     keep = (kind[dst] == 0) | head[dst]
-    own, own_mult = np.unique(src[keep] * T + dst[keep], return_counts=True)
-    del src, dst, keep
-    own_head, own_node = own // T, own % T
-    del own
+    src = src[keep].astype(np.int64)                   # (head, node) as one int64: head * T + node
+    src *= T
+    src += dst[keep]
+    del dst, keep
+    own, own_mult = np.unique(src, return_counts=True)
+    del src
     heads = np.flatnonzero(head)                      # CSR: a head's entries lie together
-    count = np.bincount(own_head, minlength=T)[heads]
-    start = np.zeros(T, dtype=np.int64)
+    count = np.bincount(own // T, minlength=T)[heads]
+    own_node = (own % T).astype(index_type(T))
+    del own
+    at = index_type(len(own_node) + 1)                # per value, where its entries start and how many
+    start = np.zeros(T, dtype=at)
     start[heads] = np.cumsum(count) - count
-    many = np.zeros(T, dtype=np.int64)
+    many = np.zeros(T, dtype=at)
     many[heads] = count
+    del count, heads
     own_mult = own_mult.astype(np.float64)
     if (kind[roots] == 2).all():
         rows, _, e = expand(start[roots], many[roots])
@@ -156,7 +175,7 @@ def holds(values, which, exps, leaves, kind, ca, cb) -> bool:
     """Whether every output value ``values[p]`` (a representative) holds the
     contributions ``exps[which[p]]`` asks for; each distinct (value,
     expectation) pair is counted once."""
-    pairs = np.unique(values * len(exps) + which)
+    pairs = np.unique(values.astype(np.int64) * len(exps) + which)          # (values may be int32)
     roots, which = pairs // len(exps), pairs % len(exps)
     uroots, pair_root = np.unique(roots, return_inverse=True)
     f_root, f_leaf, f_mult = contributions(uroots, kind, ca, cb)

@@ -45,11 +45,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from msc.ir.accesses import last_of_each, writes_around
+from msc.ir.accesses import index_type, last_of_each, pieces, writes_around
 from msc.ir import Plan, StepOp
 from msc.ir.arrays import OPS as _OPS, RECEIVES as _RECEIVES, plan_arrays
 from msc.ir.levels import levels
-from msc.verification.multisets import Decline, Leaves, expand, expectations, holds, jump, need
+from msc.verification.multisets import Decline, Leaves, expand, expectations, holds, jump, need, pointers
 from msc.perf import pause_gc
 from msc.verification import crosscheck
 
@@ -60,6 +60,23 @@ _MAX_SRCS = np.array([{"0": 0, "1": 1, "2+": 1 << 30}[op.nsrc] for op in _OPS])
 (_SEND, _RECV, _RCS, _RRS, _RRC, _RRCS, _COPY, _REDUCE, _NOP) = (
     _OPS.index(op) for op in (StepOp.SEND, StepOp.RECV, StepOp.RCS, StepOp.RRS, StepOp.RRC, StepOp.RRCS,
                               StepOp.COPY, StepOp.REDUCE, StepOp.NOP))
+
+
+def _of_ops(*groups) -> np.ndarray:
+    """A table by op code: ``value`` for the ops of each (ops, value) group, else 0."""
+    table = np.zeros(len(_OPS), dtype=np.int8)
+    for ops, value in groups:
+        table[list(ops)] = value
+    return table
+
+
+# Per lane, by its step's op, the value it makes: an alias (1) of its first source (send, copy) or of what it
+# receives (recv, rcs); a sum (2) of its first source and what it receives (rrs, rrc, rrcs) or of its first two
+# sources (reduce); nothing (0: its entry stays a value of its own) for the rest.
+_VALUE_KIND = _of_ops(((_SEND, _COPY, _RECV, _RCS), 1), ((_RRS, _RRC, _RRCS, _REDUCE), 2))
+_LEFT_IS_FIRST = _of_ops(((_SEND, _COPY, _RRS, _RRC, _RRCS, _REDUCE), 1)).astype(bool)
+_LEFT_IS_RECEIVED = _of_ops(((_RECV, _RCS), 1)).astype(bool)
+_RIGHT_IS_RECEIVED = _of_ops(((_RRS, _RRC, _RRCS), 1)).astype(bool)
 
 
 def _judged(fn, *args, fallback):
@@ -108,6 +125,7 @@ class PlanReading:
         self.ranks = plan.ranks
         self._levels: dict[int, np.ndarray | None] = {}     # capacity -> step levels, None: deadlock
         self._edges = None
+        self._race_events = None       # the race check's sorted events, for the dataflow at the same levels
         self.readable = _judged(self._read, plan, fallback=False)
 
     @pause_gc
@@ -242,33 +260,45 @@ class PlanReading:
         nbuf = len(ops.buffer_names)
         stride = 1 + int(max(ops.src_index.max(initial=0) + count[ops.src_owner].max(initial=0),
                              ops.dst_index.max(initial=0) + count[ops.dst_owner].max(initial=0)))
-        _, _, read_cell = expand((step_rank[ops.src_owner] * nbuf + ops.src_buf) * stride + ops.src_index,
-                                 count[ops.src_owner])
-        read_row, _, _ = expand(ops.src_owner, count[ops.src_owner])
-        _, _, write_cell = expand((step_rank[ops.dst_owner] * nbuf + ops.dst_buf) * stride + ops.dst_index,
-                                  count[ops.dst_owner])
-        write_row, _, _ = expand(ops.dst_owner, count[ops.dst_owner])
-        ev_step = np.concatenate([ops.src_owner[read_row], ops.dst_owner[write_row]])
-        del read_row, write_row
+        read_row, _, cell = expand((step_rank[ops.src_owner] * nbuf + ops.src_buf) * stride + ops.src_index,
+                                   count[ops.src_owner])
+        step_type = index_type(self.N)                 # (int32 where the steps fit)
+        ev_step = ops.src_owner.astype(step_type)[read_row]
+        del read_row
+        write_row, _, write_cell = expand((step_rank[ops.dst_owner] * nbuf + ops.dst_buf) * stride + ops.dst_index,
+                                          count[ops.dst_owner])
+        num_reads = cell.size
+        cell = np.concatenate([cell, write_cell])
+        ev_step = np.concatenate([ev_step, ops.dst_owner.astype(step_type)[write_row]])
+        del write_row, write_cell
         num_levels = int(level.max()) + 1 if self.N else 1
-        need(max(int(read_cell.max(initial=0)), int(write_cell.max(initial=0))) + 1 < (1 << 62) // (2 * num_levels))
-        s_cell, s_level, s_write, order = _sorted_events(read_cell, write_cell, level, ev_step, num_levels)
-        del read_cell, write_cell
-        s_step = ev_step[order]
-        del ev_step, order
-        _no_race_within_a_level(s_cell, s_level, s_step, s_write)
-        before, after = writes_around(s_cell, s_write)
+        need(int(cell.max(initial=0)) + 1 < (1 << 62) // (2 * num_levels))
+        key, order = _sorted_events(cell, num_reads, level, ev_step, num_levels)
+        del cell
+        order = order.astype(index_type(len(order)))   # (kept for the dataflow: int32 where it fits)
+        tb = arrays.step_tb
+        ordered = _DependencyReach(tb, arrays)
         # (earlier step, later step) pairs that must be ordered: each access after its last write, each read
         # before the next write; a step's own read and write are ordered. A write after reads of the last
         # write follows that write through them: only a write right after it is checked against it.
-        m = len(s_cell)
-        has_before = (before >= 0) & (~s_write | (before == np.arange(m) - 1))
-        has_after = ~s_write & (after < m)
-        first = np.concatenate([s_step[before[has_before]], s_step[has_after]])
-        second = np.concatenate([s_step[has_before], s_step[after[has_after]]])
-        tb = arrays.step_tb
-        apart = tb[first] != tb[second]                # in one threadblock: program order (levels follow it)
-        return _ordered_by_a_dependency(first[apart], second[apart], tb, self.arrays)
+        # A piece of chunks at a time (msc.ir.accesses.pieces): every array here is per access.
+        for start, stop in pieces(key, 2 * num_levels):
+            s_cell, s_level, s_write = _decoded(key[start:stop], num_levels)
+            s_step = ev_step[order[start:stop]]
+            _no_race_within_a_level(s_cell, s_level, s_step, s_write)
+            del s_level
+            before, after = writes_around(s_cell, s_write)
+            m = stop - start
+            has_before = (before >= 0) & (~s_write | (before == np.arange(m) - 1))
+            has_after = ~s_write & (after < m)
+            first = np.concatenate([s_step[before[has_before]], s_step[has_after]])
+            second = np.concatenate([s_step[has_before], s_step[after[has_after]]])
+            apart = tb[first] != tb[second]            # in one threadblock: program order (levels follow it)
+            if not ordered(first[apart], second[apart]):
+                return False
+        # the dataflow at these levels sorts the same events the same way (its cells are these, renumbered)
+        self._race_events = _RaceEvents(level, key, order, num_reads, num_levels, stride)
+        return True
 
     # -- the values -----------------------------------------------------------------
     def _accepts(self, plan: Plan, layout, capacity: int) -> bool:
@@ -283,11 +313,10 @@ class PlanReading:
         dst_cell = self._slice_cells(cells, ops.dst_buf, ops.dst_index, ops.dst_owner)
         leaves = Leaves(layout, plan.chunk_factor, cells.at)
         initial = _initial_values(cells.count, leaves)
-        lanes = self._lanes(src_cell, dst_cell)
-        del src_cell, dst_cell            # (arrays are dropped once used: at scale each is tens of MB)
-        read_value, final = self._dataflow(level, lanes, initial, leaves.count)
-        del initial
-        lanes = lanes._replace(read_cell=None, read_step=None, write_cell=None, write_step=None)
+        lanes = self._lanes()
+        read_value, final = self._dataflow(level, src_cell, dst_cell, cells, lanes.write_lane, initial,
+                                           leaves.count)
+        del src_cell, dst_cell, initial   # (arrays are dropped once used: at scale each is tens of MB)
         values = self._value_graph(lanes, read_value, leaves.count)
         del read_value
         rep = self._one_class_per_sum(values, leaves, lanes, cells, plan.chunk_factor)
@@ -326,92 +355,126 @@ class PlanReading:
         need((index >= 0).all() and (index + self.count[owner] <= cells.sizes[rank, column]).all())
         return cells.first[rank * cells.sizes.shape[1] + column] + index
 
-    def _lanes(self, src_cell, dst_cell) -> _Lanes:
-        """Every read and write of one chunk, with the lane it belongs to."""
+    def _lanes(self) -> _Lanes:
+        """Every read and write of one chunk, with the lane it belongs to (their
+        cells and steps, per access, only _dataflow makes and keeps); as int32
+        where they fit (msc.ir.accesses.index_type)."""
         count, ops = self.count, self.operands
         lane_start = np.cumsum(count) - count
-        read_row, read_j, read_cell = expand(src_cell, count[ops.src_owner])
-        read_step = ops.src_owner[read_row]
-        write_row, write_j, write_cell = expand(dst_cell, count[ops.dst_owner])
-        write_step = ops.dst_owner[write_row]
-        return _Lanes(lane_start, int(count.sum()), read_cell, read_step, lane_start[read_step] + read_j,
-                      ops.src_pos[read_row], write_row, write_j, write_cell, write_step,
-                      lane_start[write_step] + write_j)
+        num_lanes = int(count.sum())
+        narrow = index_type(num_lanes + len(ops.src_owner) + len(ops.dst_owner))
+        read_row, read_j, read_lane = expand(lane_start[ops.src_owner], count[ops.src_owner])
+        read_lane = read_lane.astype(narrow)
+        read_pos = ops.src_pos.astype(narrow)[read_row]
+        del read_row, read_j
+        write_row, write_j, write_lane = expand(lane_start[ops.dst_owner], count[ops.dst_owner])
+        return _Lanes(lane_start, num_lanes, read_lane, read_pos, write_row.astype(narrow), write_j.astype(narrow),
+                      write_lane.astype(narrow))
 
-    def _dataflow(self, level, lanes: _Lanes, initial, num_leaves: int):
+    def _events(self, src_cell, dst_cell):
+        """Every read, then every write, of one chunk: its cell and its step
+        (int32 where steps fit)."""
+        count, ops = self.count, self.operands
+        step_type = index_type(self.N)
+        read_row, _, read_cell = expand(src_cell, count[ops.src_owner])
+        read_step = ops.src_owner.astype(step_type)[read_row]
+        del read_row
+        write_row, _, write_cell = expand(dst_cell, count[ops.dst_owner])
+        num_reads = read_cell.size
+        cell = np.concatenate([read_cell, write_cell])
+        del read_cell, write_cell
+        return num_reads, cell, np.concatenate([read_step, ops.dst_owner.astype(step_type)[write_row]])
+
+    def _dataflow(self, level, src_cell, dst_cell, cells: _Cells, write_lane, initial, num_leaves: int):
         """What each read reads (a leaf, or the lane that wrote it, numbered
         after the leaves) and each cell's final value, with accesses ordered
         by level; declines where one level holds a write and another access
-        of the same chunk (a race the order cannot settle)."""
-        num_reads = len(lanes.read_cell)
-        ev_step = np.concatenate([lanes.read_step, lanes.write_step])
+        of the same chunk (a race the order cannot settle). ``src_cell``,
+        ``dst_cell``: each slice's first cell."""
+        sorted_before, self._race_events = self._race_events, None
+        if sorted_before is not None and sorted_before.level is level:
+            return self._dataflow_sorted(sorted_before, cells, write_lane, initial, num_leaves)
+        num_reads, cell, ev_step = self._events(src_cell, dst_cell)
         num_levels = int(level.max()) + 1 if self.N else 1
-        if len(initial) * num_levels * 2 < (1 << 62):
-            s_cell, s_level, s_write, order = _sorted_events(lanes.read_cell, lanes.write_cell, level, ev_step,
-                                                             num_levels)
-        else:
-            ev_cell = np.concatenate([lanes.read_cell, lanes.write_cell])
-            ev_level = level[ev_step]
-            ev_write = np.concatenate([np.zeros(num_reads, bool), np.ones(len(lanes.write_cell), bool)])
-            order = np.lexsort((ev_write, ev_level, ev_cell))
-            s_cell, s_level, s_write = ev_cell[order], ev_level[order], ev_write[order]
-            del ev_cell, ev_level, ev_write
-        s_step = ev_step[order]
-        del ev_step
-        _no_race_within_a_level(s_cell, s_level, s_step, s_write)
-        del s_level, s_step
-        # Each read: the last write to its cell before it, else the cell's initial value.
-        before, _ = writes_around(s_cell, s_write, following=False)
-        written = np.full(len(order), -1, dtype=np.int64)                      # write events: their lane
-        written[s_write] = lanes.write_lane[order[s_write] - num_reads] + num_leaves
-        seen = np.where(before >= 0, written[np.maximum(before, 0)], initial[s_cell])
-        read_value = np.empty(num_reads, dtype=np.int64)
-        read_value[order[~s_write]] = seen[~s_write]
-        del seen, order
-        need((read_value >= 0).all())                                         # a read of an unwritten chunk
+        read_value = np.empty(num_reads, dtype=np.int64)                      # every read is filled in
         final = initial.copy()                                                 # each cell's last value
-        cell_last = last_of_each(s_cell)
-        last_write = np.where(s_write[cell_last], cell_last, before[cell_last])
-        final[s_cell[cell_last]] = np.where(last_write >= 0, written[np.maximum(last_write, 0)],
-                                            initial[s_cell[cell_last]])
+        if len(initial) * num_levels * 2 < (1 << 62):
+            key, order = _sorted_events(cell, num_reads, level, ev_step, num_levels)
+            del cell
+            for start, stop in pieces(key, 2 * num_levels):                  # (msc.ir.accesses.pieces)
+                _piece_values(*_decoded(key[start:stop], num_levels), order[start:stop], ev_step, num_reads,
+                              write_lane, initial, num_leaves, read_value, final)
+        else:
+            ev_level = level[ev_step]
+            ev_write = np.concatenate([np.zeros(num_reads, bool), np.ones(len(cell) - num_reads, bool)])
+            order = np.lexsort((ev_write, ev_level, cell))
+            _piece_values(cell[order], ev_level[order], ev_write[order], order, ev_step, num_reads, write_lane,
+                          initial, num_leaves, read_value, final)
+        need((read_value >= 0).all())                                         # a read of an unwritten chunk
+        return read_value, final
+
+    def _dataflow_sorted(self, events: _RaceEvents, cells: _Cells, write_lane, initial, num_leaves: int):
+        """_dataflow from the race check's sorted events (at the same levels):
+        the same events, each cell's together in the same order, so the same
+        values; the race check has found no write sharing a level with
+        another access of its chunk. Its cells are renumbered as the
+        layout's, a piece at a time."""
+        key, order, num_reads, num_levels = events.key, events.order, events.num_reads, events.num_levels
+        first = cells.first[np.arange(self.n)[:, None] * cells.sizes.shape[1] + cells.to_layout[None, :]].ravel()
+        read_value = np.empty(num_reads, dtype=np.int64)
+        final = initial.copy()
+        for start, stop in pieces(key, 2 * num_levels):
+            race_cell, _, s_write = _decoded(key[start:stop], num_levels)
+            rank_buf, index = np.divmod(race_cell, events.stride)               # (rank * buffers + buffer, index)
+            _piece_values(first[rank_buf] + index, None, s_write, order[start:stop], None, num_reads, write_lane,
+                          initial, num_leaves, read_value, final)
+        need((read_value >= 0).all())
         return read_value, final
 
     def _value_graph(self, lanes: _Lanes, read_value, num_leaves: int) -> _Values:
         """Values: the leaves, then one entry per lane (an alias of what it
         copies or receives, or a sum of two), then the partial sums of
-        reductions with more than two sources."""
+        reductions with more than two sources. Each lane's entry is written
+        in place (at scale every per-lane array is hundreds of MB)."""
         num_lanes, lane_start, count = lanes.count, lanes.lane_start, self.count
-        lane_step = np.repeat(np.arange(self.N, dtype=np.int64), count)
+        lane_step = np.repeat(np.arange(self.N, dtype=index_type(self.N)), count)
         lane_op = self.op[lane_step]
-        lane_j = np.arange(num_lanes, dtype=np.int64) - lane_start[lane_step]
-        first_src = np.full(num_lanes, -1, dtype=np.int64)
-        second_src = np.full(num_lanes, -1, dtype=np.int64)
-        first_src[lanes.read_lane[lanes.read_pos == 0]] = read_value[lanes.read_pos == 0]
-        second_src[lanes.read_lane[lanes.read_pos == 1]] = read_value[lanes.read_pos == 1]
-        received = np.full(num_lanes, -1, dtype=np.int64)                     # the sender's lane
+        total = num_leaves + num_lanes
+        kind = np.zeros(total, dtype=np.int8)                                  # 0 leaf, 1 alias, 2 sum
+        # values as int32 where every one fits, the partial sums of wide reductions (after) too
+        wide = np.flatnonzero((self.op == _REDUCE) & (self.nsrc > 2))
+        narrow = index_type(total + int((self.count[wide] * (self.nsrc[wide] - 2)).sum()))
+        left = np.arange(total, dtype=narrow)
+        right = np.full(total, -1, dtype=narrow)
+        lane_kind, lane_left, lane_right = kind[num_leaves:], left[num_leaves:], right[num_leaves:]
+        lane_kind[:] = _VALUE_KIND[lane_op]
+        # the left operand: the first source (-1 where a lane has none), or what a receive takes
+        takes_first = _LEFT_IS_FIRST[lane_op]
+        lane_left[takes_first] = -1
+        first, at = lanes.read_lane[lanes.read_pos == 0], read_value[lanes.read_pos == 0]
+        keep = takes_first[first]
+        lane_left[first[keep]] = at[keep]
+        del takes_first, first, at, keep
+        second, at = lanes.read_lane[lanes.read_pos == 1], read_value[lanes.read_pos == 1]
+        keep = lane_op[second] == _REDUCE
+        lane_right[second[keep]] = at[keep]                                    # a reduce's second source
+        del second, at, keep
         sender_of = np.full(self.N, -1, dtype=np.int64)
         sender_of[self.rcv] = self.sender
         receiving = np.flatnonzero(_RECEIVES[lane_op])
-        received[receiving] = (num_leaves + lane_start[sender_of[lane_step[receiving]]] + lane_j[receiving])
-        del lane_step, lane_j, sender_of, receiving
-        total = num_leaves + num_lanes
-        kind = np.zeros(total, dtype=np.int8)                                  # 0 leaf, 1 alias, 2 sum
-        left = np.arange(total, dtype=np.int64)
-        right = np.full(total, -1, dtype=np.int64)
-        lanes_at = np.arange(num_lanes, dtype=np.int64)
-        for ops, a, b in (((_SEND, _COPY), first_src, None), ((_RECV, _RCS), received, None),
-                          ((_RRS, _RRC, _RRCS), first_src, received), ((_REDUCE,), first_src, second_src)):
-            sel = np.isin(lane_op, ops)
-            kind[num_leaves + lanes_at[sel]] = 1 if b is None else 2
-            left[num_leaves + lanes_at[sel]] = a[sel]
-            if b is not None:
-                right[num_leaves + lanes_at[sel]] = b[sel]
-        del first_src, second_src, received, lane_op, lanes_at, sel
-        wide = np.flatnonzero((self.op == _REDUCE) & (self.nsrc > 2))
+        step = lane_step[receiving]
+        del lane_step
+        received = num_leaves + lane_start[sender_of[step]] + (receiving - lane_start[step])   # the sender's lane
+        del sender_of, step
+        alias = _LEFT_IS_RECEIVED[lane_op[receiving]]
+        lane_left[receiving[alias]] = received[alias]
+        alias = _RIGHT_IS_RECEIVED[lane_op[receiving]]
+        lane_right[receiving[alias]] = received[alias]
+        del receiving, received, alias, lane_op, lane_kind, lane_left, lane_right
         if wide.size:
             kind, left, right = self._wide_sums(wide, lanes, read_value, num_leaves, kind, left, right)
         # Aliases point at their value, sums at their left operand's leaf (their class).
-        rep = jump(np.where(kind == 1, left, np.arange(len(left))))
+        rep = jump(pointers(kind == 1, left, narrow), own=True)
         left_class = rep[left]
         right_class = np.where(right >= 0, rep[np.maximum(right, 0)], -1)
         return _Values(kind, rep, left_class, right_class)
@@ -447,16 +510,17 @@ class PlanReading:
         representative of every value."""
         kind, rep = values.kind, values.rep
         num_leaves = leaves.count
-        leftmost = jump(np.where(kind == 2, values.left_class, np.arange(len(kind))))
-        cls = np.full(len(kind), -1, dtype=np.int64)
+        leftmost = jump(pointers(kind == 2, values.left_class, index_type(len(kind))), own=True)
+        cls = np.full(len(kind), -1, dtype=index_type(k))                       # (classes are below k)
         cls[:num_leaves] = leaves.leaf_class
         cls = cls[leftmost]                                                      # per leaf and sum
+        del leftmost
         sums = kind == 2
         need((cls[values.left_class[sums]] == cls[values.right_class[sums]]).all())
         dst_column = cells.to_layout[self.operands.dst_buf[lanes.write_row]]
         user = dst_column != cells.scratch
         positions = self.operands.dst_index[lanes.write_row[user]] + lanes.write_j[user]
-        need((cls[rep[num_leaves + lanes.write_lane[user]]] == positions % k).all())
+        need((cls[rep[np.add(lanes.write_lane[user], num_leaves, dtype=np.int64)]] == positions % k).all())
         return rep
 
 
@@ -480,43 +544,75 @@ class _Lanes(NamedTuple):
     """The chunk-level reads and writes of every step (a step moving c chunks has c lanes)."""
     lane_start: np.ndarray  # per step, its first lane
     count: int
-    read_cell: np.ndarray
-    read_step: np.ndarray
     read_lane: np.ndarray
     read_pos: np.ndarray    # which source of its step (0, 1, ..)
     write_row: np.ndarray   # per write, its destination slice
     write_j: np.ndarray     # chunk within the slice
-    write_cell: np.ndarray
-    write_step: np.ndarray
     write_lane: np.ndarray
+
+
+class _RaceEvents(NamedTuple):
+    """The race check's events, sorted (_sorted_events), at ``level``; its
+    cells are (rank * buffers + buffer) * stride + index, buffers by the plan's codes."""
+    level: np.ndarray
+    key: np.ndarray
+    order: np.ndarray
+    num_reads: int
+    num_levels: int
+    stride: int
 
 
 class _Values(NamedTuple):
     kind: np.ndarray        # 0 leaf, 1 alias, 2 sum
-    rep: np.ndarray         # per value, the value it stands for (aliases resolved)
+    rep: np.ndarray         # per value, the value it stands for (aliases resolved); these three int32 or int64
     left_class: np.ndarray  # per value, its left operand's representative
     right_class: np.ndarray  # per sum, its right operand's representative (-1 elsewhere)
 
 
-def _sorted_events(read_cell, write_cell, level, ev_step, num_levels: int):
-    """The reads, then the writes, of chunks ordered by (cell, level of their
-    step, read before write), ties in that order: the sorted cells, levels
-    and write flags, and the order (positions among reads then writes). One
-    key per event, built and decoded in place: at scale every array here is
-    hundreds of MB. The caller checks that (cell, level, write) fits int64."""
-    num_reads = len(read_cell)
-    key = np.concatenate([read_cell, write_cell])
+def _sorted_events(cell, num_reads: int, level, ev_step, num_levels: int):
+    """The events (``cell``: the reads' chunks, then the writes'; taken over
+    and overwritten) ordered by (cell, level of their step, read before
+    write), ties in that order: one key per event, ((cell * num_levels +
+    level) * 2 + write), sorted, and the order (positions among reads then
+    writes). Built in place: at scale every array here is hundreds of MB.
+    The caller checks that the key fits int64; _decoded reads it back."""
+    key = cell
     key *= num_levels
     key += level[ev_step]
     key *= 2
     key[num_reads:] += 1
     order = np.argsort(key, kind="stable")
-    key = key[order]
+    return key[order], order
+
+
+def _decoded(key, num_levels: int):
+    """Sorted event keys (_sorted_events) as their cells, levels and write flags."""
     s_write = (key & 1).astype(bool)
-    key >>= 1
+    key = key >> 1
     s_level = key % num_levels
     key //= num_levels
-    return key, s_level, s_write, order
+    return key, s_level, s_write
+
+
+def _piece_values(s_cell, s_level, s_write, order, ev_step, num_reads: int, write_lane, initial, num_leaves: int,
+                  read_value, final) -> None:
+    """_dataflow for the events of whole cells, sorted (``s_cell``,
+    ``s_level``, ``s_write``; ``order``: their positions among all events):
+    fills in their reads' values and their cells' final values (``s_level``
+    None: the race check has found no race within a level among them)."""
+    if s_level is not None:
+        _no_race_within_a_level(s_cell, s_level, ev_step[order], s_write)
+    # Each read: the last write to its cell before it, else the cell's initial value.
+    before, _ = writes_around(s_cell, s_write, following=False)
+    written = np.full(len(order), -1, dtype=np.int64)                          # write events: their lane
+    written[s_write] = write_lane[order[s_write] - num_reads] + num_leaves
+    seen = np.where(before >= 0, written[np.maximum(before, 0)], initial[s_cell])
+    read_value[order[~s_write]] = seen[~s_write]
+    del seen
+    cell_last = last_of_each(s_cell)
+    last_write = np.where(s_write[cell_last], cell_last, before[cell_last])
+    final[s_cell[cell_last]] = np.where(last_write >= 0, written[np.maximum(last_write, 0)],
+                                        initial[s_cell[cell_last]])
 
 
 def _initial_values(num_cells: int, leaves) -> np.ndarray:
@@ -528,31 +624,48 @@ def _initial_values(num_cells: int, leaves) -> np.ndarray:
     return initial
 
 
-def _ordered_by_a_dependency(first, second, tb, arrays) -> bool:
-    """Whether for every pair some dependency runs from a step of
-    ``first``'s threadblock at or after it to a step of ``second``'s at or
-    before it (so ``first`` happens before ``second``)."""
-    if not first.size:
-        return True
-    pos = arrays.step_pos
-    owner, step = arrays.dep_owner, arrays.dep_step
-    if not owner.size:
-        return False
-    T = np.int64(arrays.num_tbs)
-    P = np.int64(int(np.diff(arrays.tb_start).max()) + 1)
-    need(int(T) * int(T) * int(P) < (1 << 62))
-    # per (waiting threadblock, awaited threadblock): dependencies by the waiting step's position, with the
-    # latest awaited position so far
-    group = tb[owner] * T + tb[step]
-    key = group * P + pos[owner]
-    o = np.argsort(key, kind="stable")
-    key, group, reach = key[o], group[o], pos[step][o]
-    reach = np.maximum.accumulate(group * P + reach) - group * P      # a running max within each group
-    want = tb[second] * T + tb[first]
-    at = np.searchsorted(key, want * P + pos[second], side="right") - 1
-    found = at >= 0
-    at = np.maximum(at, 0)
-    return bool((found & (group[at] == want) & (reach[at] >= pos[first])).all())
+class _DependencyReach:
+    """``ordered(first, second)``: whether for every pair some dependency runs
+    from a step of ``first``'s threadblock at or after it to a step of
+    ``second``'s at or before it (so ``first`` happens before ``second``).
+    The dependencies are sorted once, on the first pairs asked about."""
+
+    def __init__(self, tb, arrays):
+        self.tb, self.arrays = tb, arrays
+        self.table = None
+
+    def __call__(self, first, second) -> bool:
+        if not first.size:
+            return True
+        if self.table is None:
+            self.table = self._sorted()
+        if self.table is False:
+            return False
+        tb, pos = self.tb, self.arrays.step_pos
+        key, group, reach, T, P = self.table
+        want = tb[second] * T + tb[first]
+        at = np.searchsorted(key, want * P + pos[second], side="right") - 1
+        found = at >= 0
+        at = np.maximum(at, 0)
+        return bool((found & (group[at] == want) & (reach[at] >= pos[first])).all())
+
+    def _sorted(self):
+        tb, arrays = self.tb, self.arrays
+        pos = arrays.step_pos
+        owner, step = arrays.dep_owner, arrays.dep_step
+        if not owner.size:
+            return False
+        T = np.int64(arrays.num_tbs)
+        P = np.int64(int(np.diff(arrays.tb_start).max()) + 1)
+        need(int(T) * int(T) * int(P) < (1 << 62))
+        # per (waiting threadblock, awaited threadblock): dependencies by the waiting step's position, with the
+        # latest awaited position so far
+        group = tb[owner] * T + tb[step]
+        key = group * P + pos[owner]
+        o = np.argsort(key, kind="stable")
+        key, group, reach = key[o], group[o], pos[step][o]
+        reach = np.maximum.accumulate(group * P + reach) - group * P      # a running max within each group
+        return key, group, reach, T, P
 
 
 def _no_race_within_a_level(s_cell, s_level, s_step, s_write) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from msc.ir.accesses import last_of_each, writes_around
+from msc.ir.accesses import last_of_each, pieces, writes_around
 from msc.verification.multisets import Decline, Leaves, expectations, holds, need, resolve
 
 
@@ -48,6 +48,7 @@ def _checked_outputs(program) -> int:
     lane_op, lane_in_op = _lanes(c)
     chunks, src_cell, dst_cell = _lane_cells(layout, c, lane_op, lane_in_op)
     reduce = c.reduce[lane_op]
+    del lane_op, lane_in_op          # (freed as soon as done with: at scale each is 100s of MB)
 
     # -- initial labels: one leaf per distinct label ----------------------------
     leaves = Leaves(layout, 1, chunks.of_named)
@@ -56,9 +57,11 @@ def _checked_outputs(program) -> int:
     init_leaf = leaves.leaf_ids[::-1][last]
     n_leaves = leaves.count
 
-    value_src, value_dst, final_cells, final_value = _read_and_final_values(src_cell, dst_cell, reduce,
-                                                                            init_cells, init_leaf, n_leaves)
-    del lane_op, lane_in_op, src_cell, dst_cell     # (freed as soon as done with: at scale each is 100s of MB)
+    code = _access_codes(src_cell, dst_cell, reduce)
+    del src_cell, dst_cell
+    value_src, value_dst, final_cells, final_value = _read_and_final_values(code, reduce.size, init_cells,
+                                                                            init_leaf, n_leaves)
+    del code
 
     # -- values: leaves, then per lane an alias (copy) or a sum (reduce) --------------
     kind = np.concatenate([np.zeros(n_leaves, np.int8), np.where(reduce, 2, 1).astype(np.int8)])
@@ -114,17 +117,14 @@ def _lane_cells(layout, c, lane_op, lane_in_op) -> tuple[_Chunks, np.ndarray, np
             chunks.cell(c.drank[lane_op], c.dbuf[lane_op], d_idx))
 
 
-def _read_and_final_values(src_cell, dst_cell, reduce, init_cells, init_leaf, n_leaves: int):
-    """The trace in SSA form: every access, by chunk then lane, finds the
-    write before it. Returns the value each lane read from its source and
-    (reduces; else -1) its destination, and each touched chunk with its
-    final value (its last write, else its initial label). A value is a leaf
-    (< n_leaves) or n_leaves + the lane that wrote it."""
+def _access_codes(src_cell, dst_cell, reduce) -> np.ndarray:
+    """Every access of a chunk as one int, sorted: (chunk * lanes + lane) *
+    3 + kind, kind the order within a lane: read the source (0), read the
+    destination (1, a reduce), write it (2). Distinct ints: by chunk, then
+    lane, then read before write."""
     lanes = src_cell.size
     need(max(int(src_cell.max()), int(dst_cell.max())) < (1 << 62) // (3 * lanes + 3))
-    # per access (chunk * lanes + lane) * 3 + kind, kind the order within a lane: read the source (0),
-    # read the destination (1, a reduce), write it (2); built in place, one part after another (at
-    # scale these arrays are hundreds of MB each)
+    # built in place, one part after another (at scale these arrays are hundreds of MB each)
     reducing = np.flatnonzero(reduce)
     code = np.empty(2 * lanes + reducing.size, dtype=np.int64)
     lane3 = np.arange(0, 3 * lanes, 3, dtype=np.int64)
@@ -135,27 +135,41 @@ def _read_and_final_values(src_cell, dst_cell, reduce, init_cells, init_leaf, n_
         part += at
         part += kind
     del lane3, reducing
-    code.sort()                       # distinct ints: by chunk, then lane, then read before write
-    s_kind = (code % 3).astype(np.int8)
-    code //= 3
-    s_lane = code % lanes
-    code //= lanes
-    s_cell = code
-    del code
-    written = s_kind == 2
-    before, _ = writes_around(s_cell, written, following=False)   # the write each access sees
-    initial = _lookup(init_cells, init_leaf, s_cell)   # -1 where a chunk starts empty
-    seen = np.where(before >= 0, n_leaves + s_lane[np.maximum(before, 0)], initial)
-    reads = ~written
-    need((seen[reads] >= 0).all())               # a read of a chunk nothing wrote
-    value_src = np.empty(lanes, dtype=np.int64)
+    code.sort()
+    return code
+
+
+def _read_and_final_values(code, lanes: int, init_cells, init_leaf, n_leaves: int):
+    """The trace in SSA form: every access (``code``, _access_codes), by
+    chunk then lane, finds the write before it. Returns the value each lane
+    read from its source and (reduces; else -1) its destination, and each
+    touched chunk with its final value (its last write, else its initial
+    label). A value is a leaf (< n_leaves) or n_leaves + the lane that wrote
+    it. Done a piece of chunks at a time (msc.ir.accesses.pieces)."""
+    value_src = np.empty(lanes, dtype=np.int64)        # every lane reads its source
     value_dst = np.full(lanes, -1, dtype=np.int64)
-    is_src = reads & (s_kind == 0)
-    value_src[s_lane[is_src]] = seen[is_src]
-    is_dst = reads & (s_kind == 1)
-    value_dst[s_lane[is_dst]] = seen[is_dst]
-    # each chunk's final value: its last write, else its initial label
-    last = last_of_each(s_cell)
-    final_write = np.where(written[last], last, before[last])
-    final_value = np.where(final_write >= 0, n_leaves + s_lane[np.maximum(final_write, 0)], initial[last])
-    return value_src, value_dst, s_cell[last], final_value
+    final_cells, final_value = [], []
+    for start, stop in pieces(code, 3 * lanes):
+        s_lane = code[start:stop] // 3
+        s_kind = code[start:stop] - 3 * s_lane
+        s_cell = s_lane // lanes
+        s_lane -= lanes * s_cell
+        written = s_kind == 2
+        before, _ = writes_around(s_cell, written, following=False)   # the write each access sees
+        # a chunk's initial label (-1 where it starts empty), looked up only where no write comes before
+        initial = np.full(len(s_cell), -1, dtype=np.int64)
+        unwritten = np.flatnonzero(before < 0)
+        initial[unwritten] = _lookup(init_cells, init_leaf, s_cell[unwritten])
+        del unwritten
+        seen = np.where(before >= 0, n_leaves + s_lane[np.maximum(before, 0)], initial)
+        need((seen[~written] >= 0).all())             # a read of a chunk nothing wrote
+        is_src = s_kind == 0
+        value_src[s_lane[is_src]] = seen[is_src]
+        is_dst = s_kind == 1
+        value_dst[s_lane[is_dst]] = seen[is_dst]
+        # each chunk's final value: its last write, else its initial label
+        last = last_of_each(s_cell)
+        final_write = np.where(written[last], last, before[last])
+        final_value.append(np.where(final_write >= 0, n_leaves + s_lane[np.maximum(final_write, 0)], initial[last]))
+        final_cells.append(s_cell[last])
+    return value_src, value_dst, np.concatenate(final_cells), np.concatenate(final_value)
