@@ -10,7 +10,7 @@ import random
 import numpy as np
 import pytest
 
-from msc.sim.events import _Flow, maxmin, maxmin_arrays
+from msc.sim.events import _Flow, link_columns, maxmin, maxmin_arrays, maxmin_classes
 from msc.sim.nccl_sim import simulate_nccl
 from msc.sim.presets import get_topology
 
@@ -63,6 +63,29 @@ def test_maxmin_arrays_takes_a_subset_in_any_order():
     ptr, link, wt = _arrays([(0,), (1,), (0, 1)], [None] * 3)
     rates = maxmin_arrays(np.array([2, 0]), np.array([math.inf, math.inf, 2.0]), ptr, link, wt, np.array([9.0, 5.0]))
     assert rates.tolist() == [2.0, 7.0]
+
+
+def test_maxmin_classes_gives_maxmin_arrays_rates():
+    # unit weights, flows repeated (several threadblocks' flows of one cap and links) and links shared
+    rng = random.Random(39)
+    rounds = 0
+    for _ in range(300):
+        capacity, res, _, caps = _random_case(rng, False)
+        kinds = list(zip(res, caps))
+        flows = [rng.randrange(len(kinds)) for _ in range(rng.randint(1, 60))]
+        res, caps = [kinds[k][0] for k in flows], [kinds[k][1] for k in flows]
+        ptr, link, wt = _arrays(res, [None] * len(res))
+        want = maxmin_arrays(np.arange(len(flows)), np.array(caps), ptr, link, wt, np.array(capacity))
+        # the same flows as classes: one per kind, with its count
+        kind_ptr, kind_link, _ = _arrays([r for r, _ in kinds], [None] * len(kinds))
+        cols = link_columns(kind_ptr, kind_link, len(capacity))
+        used = sorted(set(flows))
+        mult = np.array([flows.count(k) for k in used], dtype=np.float64)
+        got = maxmin_classes(np.array(used), mult, np.array([c for _, c in kinds]), cols, np.array(capacity))
+        by_kind = dict(zip(used, got.tolist()))
+        assert [by_kind[k] for k in flows] == want.tolist()
+        rounds += len(set(want.tolist())) > 2
+    assert rounds > 50
 
 
 # (topology, size) -> NCCL's choice and the per-flow engine's time (us) at main 4a0ecbb
