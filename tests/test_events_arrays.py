@@ -10,6 +10,7 @@ import random
 import numpy as np
 import pytest
 
+from msc.sim import events
 from msc.sim.events import _Flow, link_columns, maxmin, maxmin_arrays, maxmin_classes
 from msc.sim.nccl_sim import simulate_nccl
 from msc.sim.presets import get_topology
@@ -99,8 +100,12 @@ PER_FLOW = {
 }
 
 
+@pytest.mark.parametrize("few", [None, 0, 1 << 30])
 @pytest.mark.parametrize("topology", sorted({t for t, _ in PER_FLOW}))
-def test_contended_nccl_sizes_keep_the_per_flow_engines_times(topology):
+def test_contended_nccl_sizes_keep_the_per_flow_engines_times(topology, few, monkeypatch):
+    # few: rebalance in numpy for every set of linked flows (0), in Python floats for every one (1 << 30)
+    if few is not None:
+        monkeypatch.setattr(events, "SMALL", few)
     sizes = sorted(s for t, s in PER_FLOW if t == topology)
     for r in simulate_nccl("allreduce", get_topology(topology, None), sizes):
         algorithm, protocol, us = PER_FLOW[topology, r["size"]]

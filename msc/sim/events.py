@@ -29,6 +29,7 @@ from msc.errors import DeadlockError
 
 _COMPUTED, _FLOW, _ARRIVE, _CREDIT = 0, 1, 2, 3
 RATE_CACHE = 65_536          # sets of flows whose max-min rates are kept per EventSim (bounds memory)
+SMALL = 64                   # linked flows up to which rates are settled and set in Python, not numpy
 
 
 class _Flow:
@@ -317,6 +318,7 @@ class EventSim:
         # rates in that order): a flow's rate depends only on its connection's cap and links and
         # on the others', so the periodic regime's repeated sets of flows are solved once
         self.rates: dict = {}
+        self.few_rates: dict = {}        # the same for _Replay._rebalance_few, keyed by tuples
         # the flows' shared links as arrays for maxmin_arrays: flow f's are link[ptr[f]:ptr[f + 1]]
         nres = [len(r) for r in res]
         self.use_ptr = np.concatenate([[0], np.cumsum(nres)]).astype(np.int64)
@@ -386,10 +388,11 @@ class _Replay:
     a heap of the instants: lockstep schedules post about a hundred events
     per instant); the flows on each shared link (``members``)."""
 
-    __slots__ = ("alpha", "arrived", "cap", "capacity", "credits", "cur", "dirty", "done", "end", "fconn", "floors",
-                 "fres", "buckets", "iters", "last", "lens", "log", "members", "near", "now", "pairs", "tpairs", "nxt", "per_iter", "rate", "rates", "record",
-                 "rem", "res", "running", "times", "sim", "slots", "steps", "tlen", "ver", "wait_m", "wait_s",
-                 "wait_t", "wts")
+    __slots__ = ("alpha", "arrived", "buckets", "cap", "capacity", "credits", "cur", "dirty", "done", "end",
+                 "few_rates", "fkey", "fkey_view", "floors", "fres", "iters", "keys", "last", "last_view", "lens",
+                 "log", "members", "near", "now", "nxt", "pairs", "per_iter", "rate", "rate_view", "rates", "record",
+                 "rem", "rem_view", "res", "running", "sim", "slots", "steps", "times", "tlen", "tpairs", "ver",
+                 "wait_m", "wait_s", "wait_t", "wts")
 
     def __init__(self, sim: EventSim, tlen: list[float], record: bool):
         self.steps, self.per_iter, self.alpha, self.slots = sim.steps, sim.per_iter, sim.alpha, sim.slots
@@ -413,9 +416,15 @@ class _Replay:
         self.near: list = [{} for _ in sim.capacity]
         self.pairs = sim.link_pairs()
         self.tpairs = [()] * ntb          # the pairs of each threadblock's flow
-        # per threadblock, its flow's remaining bytes, rate, last settled time, flow id and version
+        # per threadblock, its flow's remaining bytes, rate, last settled time and version
         self.rem, self.rate, self.last = np.zeros(ntb), np.zeros(ntb), np.zeros(ntb)
-        self.fconn = np.zeros(ntb, dtype=np.int64)
+        # per threadblock the key its flow's rates are cached by: its class of alike flows, or its flow
+        self.fkey = np.zeros(ntb, dtype=np.int64)
+        self.keys = sim.flow_classes()[0].tolist() if sim.uniform else range(len(sim.cap))
+        # the same arrays as Python floats and ints, item by item (a memoryview's items are)
+        self.rem_view, self.rate_view, self.last_view = memoryview(self.rem), memoryview(self.rate), memoryview(self.last)
+        self.fkey_view = memoryview(self.fkey)
+        self.few_rates = sim.few_rates
         self.ver = [0] * ntb              # a flow end event counts if its version is its threadblock's
         self.fres = [()] * ntb            # the shared links of each threadblock's flow
         self.sim = sim
@@ -457,9 +466,16 @@ class _Replay:
         if self.record:
             self.cur[tb] = row = [tb, it, step, now, now, now]
             self.log.append(row)
-        compute = comp * self.tlen[it] + (fixed if self.tlen[it] > 0 else 0.0)
+        tl = self.tlen[it]
+        compute = comp * tl + (fixed if tl > 0 else 0.0)
         if compute > 0:
-            self.push(now + compute, _COMPUTED, tb)
+            at = now + compute
+            bucket = self.buckets.get(at)          # self.push, inline (once per step instance)
+            if bucket is None:
+                self.buckets[at] = [(_COMPUTED, tb)]
+                heappush(self.times, at)
+            else:
+                bucket.append((_COMPUTED, tb))
         else:
             self.computed(tb)
 
@@ -476,7 +492,8 @@ class _Replay:
         if self.floors is not None and size > 0:
             size = max(size, self.floors[fc])
         self.fres[tb] = res = self.res[fc]
-        self.rem[tb], self.last[tb], self.fconn[tb] = size, now, fc
+        self.rem_view[tb], self.last_view[tb] = size, now
+        self.fkey_view[tb] = self.keys[fc]
         if not res:
             self.rate[tb] = rate = self.cap[fc]
             self.push(now + size / rate, _FLOW, (tb, self.ver[tb]))
@@ -498,33 +515,23 @@ class _Replay:
         flows = self._linked(seeds)
         if not flows:
             return
+        if len(flows) <= SMALL:
+            self._rebalance_few(flows)
+            return
         now = self.now
         tbs = np.fromiter(flows, dtype=np.int64, count=len(flows))
         rem, old = self.rem[tbs], self.rate[tbs]
         rem = np.maximum(rem - old * (now - self.last[tbs]), 0.0)        # settle: bytes left at ``now``
         self.rem[tbs], self.last[tbs] = rem, now
-        conns = self.fconn[tbs]
-        sim = self.sim
-        if sim.uniform:                   # keyed by classes of alike flows: more sets repeat
-            of, class_cap, class_cols = sim.flow_classes()
-            conns = of[conns]
-        order = np.argsort(conns, kind="stable")
-        ordered = conns[order]
+        keys = self.fkey[tbs]
+        order = np.argsort(keys, kind="stable")
+        ordered = keys[order]
         key = ordered.tobytes()
         sorted_rates = self.rates.get(key)
         if sorted_rates is None:
             if len(self.rates) >= RATE_CACHE:
                 self.rates.clear()
-            if sim.uniform:
-                bounds = np.concatenate(([0], np.flatnonzero(ordered[1:] != ordered[:-1]) + 1, [len(ordered)]))
-                mult = bounds[1:] - bounds[:-1]
-                rates = maxmin_classes(ordered[bounds[:-1]], mult.astype(np.float64), class_cap, class_cols,
-                                       sim.capacity_arr)
-                sorted_rates = np.repeat(rates, mult)
-            else:
-                sorted_rates = maxmin_arrays(ordered, sim.cap_arr, sim.use_ptr, sim.use_link, sim.use_wt,
-                                             sim.capacity_arr)
-            self.rates[key] = sorted_rates
+            self.rates[key] = sorted_rates = self._solve(ordered)
         new = np.empty(len(tbs))
         new[order] = sorted_rates
         changed = new != old
@@ -533,10 +540,63 @@ class _Replay:
         tbs, new = tbs[changed], new[changed]
         self.rate[tbs] = new
         ends = now + rem[changed] / new
-        push, vers = self.push, self.ver
-        for tb, at in zip(tbs.tolist(), ends.tolist()):
+        buckets, times, vers = self.buckets, self.times, self.ver
+        for tb, at in zip(tbs.tolist(), ends.tolist()):     # self.push, inline: ~3 per rebalance
             vers[tb] = ver = vers[tb] + 1
-            push(at, _FLOW, (tb, ver))
+            bucket = buckets.get(at)
+            if bucket is None:
+                buckets[at] = [(_FLOW, (tb, ver))]
+                heappush(times, at)
+            else:
+                bucket.append((_FLOW, (tb, ver)))
+
+    def _rebalance_few(self, flows):
+        """rebalance for a few flows in Python floats, without numpy's cost per call: the same
+        operations on each flow (np.maximum(x, 0.0) is ``x if x > 0.0 else 0.0``), the same rates
+        (cached per sorted tuple of keys) and events posted in the same order."""
+        now = self.now
+        rem, rate, last, fkey = self.rem_view, self.rate_view, self.last_view, self.fkey_view
+        tbs = list(flows)
+        keys = [fkey[tb] for tb in tbs]
+        order = sorted(range(len(tbs)), key=keys.__getitem__)          # stable, as argsort's
+        key = tuple([keys[i] for i in order])
+        few = self.few_rates
+        sorted_rates = few.get(key)
+        if sorted_rates is None:
+            if len(few) >= RATE_CACHE:
+                few.clear()
+            few[key] = sorted_rates = self._solve(np.array(key, dtype=np.int64)).tolist()
+        new = [0.0] * len(tbs)
+        for j, i in enumerate(order):
+            new[i] = sorted_rates[j]
+        buckets, times, vers = self.buckets, self.times, self.ver
+        for tb, r in zip(tbs, new):
+            old = rate[tb]
+            x = rem[tb] - old * (now - last[tb])
+            rem[tb] = x = x if x > 0.0 else 0.0
+            last[tb] = now
+            if r != old:
+                rate[tb] = r
+                at = now + x / r
+                vers[tb] = ver = vers[tb] + 1
+                bucket = buckets.get(at)
+                if bucket is None:
+                    buckets[at] = [(_FLOW, (tb, ver))]
+                    heappush(times, at)
+                else:
+                    bucket.append((_FLOW, (tb, ver)))
+
+    def _solve(self, ordered) -> np.ndarray:
+        """Max-min rates of flows whose sorted keys (classes of alike flows, or flows) are ``ordered``."""
+        sim = self.sim
+        if sim.uniform:
+            _, class_cap, class_cols = sim.flow_classes()
+            bounds = np.concatenate(([0], np.flatnonzero(ordered[1:] != ordered[:-1]) + 1, [len(ordered)]))
+            mult = bounds[1:] - bounds[:-1]
+            rates = maxmin_classes(ordered[bounds[:-1]], mult.astype(np.float64), class_cap, class_cols,
+                                   sim.capacity_arr)
+            return np.repeat(rates, mult)
+        return maxmin_arrays(ordered, sim.cap_arr, sim.use_ptr, sim.use_link, sim.use_wt, sim.capacity_arr)
 
     def _linked(self, seeds) -> set:
         """linked_flows over threadblocks: the flows on ``seeds`` and, transitively, on their flows' links
@@ -557,10 +617,17 @@ class _Replay:
         self.end = now = self.now
         if self.record:
             self.cur[tb][5] = now
-        if rc >= 0:
-            self.push(now + self.alpha[rc], _CREDIT, rc)
-        if sc >= 0:
-            self.push(now + self.alpha[sc], _ARRIVE, sc)
+        if rc >= 0 or sc >= 0:
+            buckets, alpha = self.buckets, self.alpha
+            for conn, kind in ((rc, _CREDIT), (sc, _ARRIVE)):      # self.push, inline
+                if conn >= 0:
+                    at = now + alpha[conn]
+                    bucket = buckets.get(at)
+                    if bucket is None:
+                        buckets[at] = [(kind, conn)]
+                        heappush(self.times, at)
+                    else:
+                        bucket.append((kind, conn))
         waiters = self.wait_t[tb]
         if waiters:
             self.wait_t[tb] = []
@@ -572,7 +639,7 @@ class _Replay:
         """Process events in time order until none is left."""
         times, buckets, dirty, members = self.times, self.buckets, self.dirty, self.members
         vers, wait_m, wait_s, arrived, credits = self.ver, self.wait_m, self.wait_s, self.arrived, self.credits
-        try_start, computed, finish, rem, fres = self.try_start, self.computed, self.finish, self.rem, self.fres
+        try_start, computed, finish, rem, fres = self.try_start, self.computed, self.finish, self.rem_view, self.fres
         near, tpairs = self.near, self.tpairs
         while times or dirty:
             if dirty and (not times or times[0] > self.now):
