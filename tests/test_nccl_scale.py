@@ -53,6 +53,22 @@ def test_plans_past_the_verified_ranks_are_lowered_unverified(monkeypatch):
     assert seen == [1]
 
 
+def test_unverified_plans_of_one_program_are_lowered_once(monkeypatch):
+    """Past the verified ranks, tree LL and LL128 on as many channels share a lowering: the plan
+    of the second protocol is the one its own lowering gives."""
+    topo = get_topology("dgx-h100:2", None)
+    monkeypatch.setattr(nccl_sim, "VERIFIED_RANKS", 8)
+    lowered = []
+    real = nccl_sim._lower
+    monkeypatch.setattr(nccl_sim, "_lower", lambda *a, **k: lowered.append(a[2]) or real(*a, **k))
+    tree = [c for c in _choices("dgx-h100:2") if c.algorithm == "tree" and c.channels == 16]
+    assert sorted(c.protocol for c in tree) == ["LL", "LL128"]
+    plans = [nccl_sim.plan_for(topo, "allreduce", c) for c in tree]
+    assert lowered == tree[:1]
+    assert plans[1] == real(topo, "allreduce", tree[1], verify=False)
+    assert plans[1].protocol == tree[1].protocol and plans[0].protocol == tree[0].protocol
+
+
 # sizes of many tile iterations (NCCL's tree, LL128): contended, some within the probe's prefixes, some not
 PROBED = [("dgx-h100:4", 4 << 20), ("dgx-h100:4", 8 << 20), ("dgx-h100:8", 4 << 20), ("dgx-h100:8", 8 << 20),
           ("dgx-a100:2", 4 << 20), ("dgx-a100:2", 8 << 20), ("dgx-a100:4", 16 << 20)]
