@@ -91,3 +91,21 @@ def test_the_contention_probe_agrees_with_the_full_evaluation(spec, size):
     whole = evaluate(sim._layers, sim._levels, tlen, jump=False, record=True)
     part = evaluate(sim._layers, sim._levels, tlen[:n // 2], jump=False, record=True)
     assert (part.timeline == whole.timeline[:, :n // 2]).all()
+
+
+@pytest.mark.parametrize("spec", ["dgx-h100:4", "dgx-a100:2"])
+def test_a_kept_probe_verdict_is_a_fresh_one(spec):
+    """The verdicts of prefixes of full tiles are kept for the simulator's later sizes: each later
+    size's verdict is what a fresh simulator finds (prefixes with a short last tile are not kept)."""
+    topo = get_topology(spec, None)
+    _, sim = _nccl_simulator(topo, 4 << 20)
+    for size in (4 << 20, 8 << 20, 6 << 20):
+        q = sim.chunk_geometry(size)[2]
+        n = math.ceil(q / sim.tile)
+        _, fresh = _nccl_simulator(topo, 4 << 20)
+        fresh.run([8], engine="fast")                     # (builds its layers)
+        sim.run([8], engine="fast")
+        assert sim._clashes_early(q, n) == fresh._clashes_early(q, n)
+    kept = sim._engines["probes"]
+    assert kept and all(p * tile <= sim.chunk_geometry(4 << 20)[2] or p * tile <= sim.chunk_geometry(8 << 20)[2]
+                        for tile, p in kept)

@@ -389,10 +389,10 @@ class _Replay:
     per instant); the flows on each shared link (``members``)."""
 
     __slots__ = ("alpha", "arrived", "buckets", "cap", "capacity", "credits", "cur", "dirty", "done", "end",
-                 "few_rates", "fkey", "fkey_view", "floors", "fres", "iters", "keys", "last", "last_view", "lens",
-                 "log", "members", "near", "now", "nxt", "pairs", "per_iter", "rate", "rate_view", "rates", "record",
-                 "rem", "rem_view", "res", "running", "sim", "slots", "steps", "times", "tlen", "tpairs", "ver",
-                 "wait_m", "wait_s", "wait_t", "wts")
+                 "few_rates", "fkey", "fkey_view", "floors", "fres", "iters", "key_type", "keys", "last",
+                 "last_view", "lens", "log", "members", "near", "now", "nxt", "pairs", "per_iter", "rate",
+                 "rate_view", "rates", "record", "rem", "rem_view", "res", "running", "sim", "slots", "steps",
+                 "times", "tlen", "total", "tpairs", "ver", "wait_m", "wait_s", "wait_t", "wts")
 
     def __init__(self, sim: EventSim, tlen: list[float], record: bool):
         self.steps, self.per_iter, self.alpha, self.slots = sim.steps, sim.per_iter, sim.alpha, sim.slots
@@ -401,6 +401,7 @@ class _Replay:
         self.tlen, self.iters, self.record = tlen, len(tlen), record
         ntb, nconn = len(sim.steps), len(sim.per_iter)
         self.lens = [len(s) for s in sim.steps]
+        self.total = [n * self.iters for n in self.lens]     # per threadblock, its step instances
         self.nxt, self.done = [0] * ntb, [0] * ntb
         self.arrived, self.credits = [0] * nconn, [0] * nconn
         # threadblocks blocked on a threadblock's step (per tb), a message or a slot (per connection)
@@ -425,6 +426,7 @@ class _Replay:
         self.rem_view, self.rate_view, self.last_view = memoryview(self.rem), memoryview(self.rate), memoryview(self.last)
         self.fkey_view = memoryview(self.fkey)
         self.few_rates = sim.few_rates
+        self.key_type = np.int16 if len(self.keys) < 1 << 15 else np.int64
         self.ver = [0] * ntb              # a flow end event counts if its version is its threadblock's
         self.fres = [()] * ntb            # the shared links of each threadblock's flow
         self.sim = sim
@@ -443,17 +445,20 @@ class _Replay:
 
     def try_start(self, tb):
         """Start threadblock ``tb``'s next step instance, or wait for what it lacks."""
-        nxt, lens, done = self.nxt, self.lens, self.done
-        pos, nsteps = nxt[tb], lens[tb]
-        if pos >= nsteps * self.iters or done[tb] < pos:
+        nxt, done = self.nxt, self.done
+        pos = nxt[tb]
+        if done[tb] < pos or pos >= self.total[tb]:
             return
+        nsteps = self.lens[tb]
         it, step = divmod(pos, nsteps)
         row = self.steps[tb][step]
         g, comp, nbytes, sc, rc, so, ro, deps, fixed, fc = row
-        for dep_tb, dep_step in deps:
-            if done[dep_tb] < it * lens[dep_tb] + dep_step + 1:
-                self.wait_t[dep_tb].append(tb)
-                return
+        if deps:
+            lens = self.lens
+            for dep_tb, dep_step in deps:
+                if done[dep_tb] < it * lens[dep_tb] + dep_step + 1:
+                    self.wait_t[dep_tb].append(tb)
+                    return
         if rc >= 0 and self.arrived[rc] <= it * self.per_iter[rc] + ro:
             self.wait_m[rc].append(tb)
             return
@@ -526,7 +531,7 @@ class _Replay:
         keys = self.fkey[tbs]
         order = np.argsort(keys, kind="stable")
         ordered = keys[order]
-        key = ordered.tobytes()
+        key = ordered.astype(self.key_type).tobytes()       # the narrowest ints that hold every key
         sorted_rates = self.rates.get(key)
         if sorted_rates is None:
             if len(self.rates) >= RATE_CACHE:
@@ -612,22 +617,29 @@ class _Replay:
 
     def finish(self, tb):
         """Threadblock ``tb``'s running step ends: send its message and slot, wake who waits on it."""
-        g, comp, nbytes, sc, rc, so, ro, deps, fixed, fc = self.running[tb][1]
+        row = self.running[tb][1]
+        sc, rc = row[3], row[4]
         self.done[tb] += 1
         self.end = now = self.now
         if self.record:
             self.cur[tb][5] = now
-        if rc >= 0 or sc >= 0:
-            buckets, alpha = self.buckets, self.alpha
-            for conn, kind in ((rc, _CREDIT), (sc, _ARRIVE)):      # self.push, inline
-                if conn >= 0:
-                    at = now + alpha[conn]
-                    bucket = buckets.get(at)
-                    if bucket is None:
-                        buckets[at] = [(kind, conn)]
-                        heappush(self.times, at)
-                    else:
-                        bucket.append((kind, conn))
+        buckets = self.buckets               # self.push, inline
+        if rc >= 0:
+            at = now + self.alpha[rc]
+            bucket = buckets.get(at)
+            if bucket is None:
+                buckets[at] = [(_CREDIT, rc)]
+                heappush(self.times, at)
+            else:
+                bucket.append((_CREDIT, rc))
+        if sc >= 0:
+            at = now + self.alpha[sc]
+            bucket = buckets.get(at)
+            if bucket is None:
+                buckets[at] = [(_ARRIVE, sc)]
+                heappush(self.times, at)
+            else:
+                bucket.append((_ARRIVE, sc))
         waiters = self.wait_t[tb]
         if waiters:
             self.wait_t[tb] = []
