@@ -423,7 +423,8 @@ class _Replay:
         self.fkey = np.zeros(ntb, dtype=np.int64)
         self.keys = sim.flow_classes()[0].tolist() if sim.uniform else range(len(sim.cap))
         # the same arrays as Python floats and ints, item by item (a memoryview's items are)
-        self.rem_view, self.rate_view, self.last_view = memoryview(self.rem), memoryview(self.rate), memoryview(self.last)
+        self.rem_view, self.rate_view = memoryview(self.rem), memoryview(self.rate)
+        self.last_view = memoryview(self.last)
         self.fkey_view = memoryview(self.fkey)
         self.few_rates = sim.few_rates
         self.key_type = np.int16 if len(self.keys) < 1 << 15 else np.int64
