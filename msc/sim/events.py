@@ -545,16 +545,7 @@ class _Replay:
             return
         tbs, new = tbs[changed], new[changed]
         self.rate[tbs] = new
-        ends = now + rem[changed] / new
-        buckets, times, vers = self.buckets, self.times, self.ver
-        for tb, at in zip(tbs.tolist(), ends.tolist()):     # self.push, inline: ~3 per rebalance
-            vers[tb] = ver = vers[tb] + 1
-            bucket = buckets.get(at)
-            if bucket is None:
-                buckets[at] = [(_FLOW, (tb, ver))]
-                heappush(times, at)
-            else:
-                bucket.append((_FLOW, (tb, ver)))
+        self._post_ends(tbs.tolist(), (now + rem[changed] / new).tolist())
 
     def _rebalance_few(self, flows):
         """rebalance for a few flows in Python floats, without numpy's cost per call: the same
@@ -575,7 +566,7 @@ class _Replay:
         new = [0.0] * len(tbs)
         for j, i in enumerate(order):
             new[i] = sorted_rates[j]
-        buckets, times, vers = self.buckets, self.times, self.ver
+        moved, ends = [], []
         for tb, r in zip(tbs, new):
             old = rate[tb]
             x = rem[tb] - old * (now - last[tb])
@@ -583,14 +574,23 @@ class _Replay:
             last[tb] = now
             if r != old:
                 rate[tb] = r
-                at = now + x / r
-                vers[tb] = ver = vers[tb] + 1
-                bucket = buckets.get(at)
-                if bucket is None:
-                    buckets[at] = [(_FLOW, (tb, ver))]
-                    heappush(times, at)
-                else:
-                    bucket.append((_FLOW, (tb, ver)))
+                moved.append(tb)
+                ends.append(now + x / r)
+        if moved:
+            self._post_ends(moved, ends)
+
+    def _post_ends(self, tbs, ends):
+        """Post the end of each threadblock's flow at its new time, a new version superseding the
+        one posted before (self.push, inline: a few per rebalance)."""
+        buckets, times, vers = self.buckets, self.times, self.ver
+        for tb, at in zip(tbs, ends):
+            vers[tb] = ver = vers[tb] + 1
+            bucket = buckets.get(at)
+            if bucket is None:
+                buckets[at] = [(_FLOW, (tb, ver))]
+                heappush(times, at)
+            else:
+                bucket.append((_FLOW, (tb, ver)))
 
     def _solve(self, ordered) -> np.ndarray:
         """Max-min rates of flows whose sorted keys (classes of alike flows, or flows) are ``ordered``."""
@@ -624,23 +624,10 @@ class _Replay:
         self.end = now = self.now
         if self.record:
             self.cur[tb][5] = now
-        buckets = self.buckets               # self.push, inline
         if rc >= 0:
-            at = now + self.alpha[rc]
-            bucket = buckets.get(at)
-            if bucket is None:
-                buckets[at] = [(_CREDIT, rc)]
-                heappush(self.times, at)
-            else:
-                bucket.append((_CREDIT, rc))
+            self.push(now + self.alpha[rc], _CREDIT, rc)
         if sc >= 0:
-            at = now + self.alpha[sc]
-            bucket = buckets.get(at)
-            if bucket is None:
-                buckets[at] = [(_ARRIVE, sc)]
-                heappush(self.times, at)
-            else:
-                bucket.append((_ARRIVE, sc))
+            self.push(now + self.alpha[sc], _ARRIVE, sc)
         waiters = self.wait_t[tb]
         if waiters:
             self.wait_t[tb] = []
