@@ -10,7 +10,8 @@ import random
 import numpy as np
 import pytest
 
-from msc.sim.events import _Flow, maxmin, maxmin_arrays
+from msc.sim import events
+from msc.sim.events import _Flow, link_columns, maxmin, maxmin_arrays, maxmin_classes
 from msc.sim.nccl_sim import simulate_nccl
 from msc.sim.presets import get_topology
 
@@ -65,6 +66,29 @@ def test_maxmin_arrays_takes_a_subset_in_any_order():
     assert rates.tolist() == [2.0, 7.0]
 
 
+def test_maxmin_classes_gives_maxmin_arrays_rates():
+    # unit weights, flows repeated (several threadblocks' flows of one cap and links) and links shared
+    rng = random.Random(39)
+    rounds = 0
+    for _ in range(300):
+        capacity, res, _, caps = _random_case(rng, False)
+        kinds = list(zip(res, caps))
+        flows = [rng.randrange(len(kinds)) for _ in range(rng.randint(1, 60))]
+        res, caps = [kinds[k][0] for k in flows], [kinds[k][1] for k in flows]
+        ptr, link, wt = _arrays(res, [None] * len(res))
+        want = maxmin_arrays(np.arange(len(flows)), np.array(caps), ptr, link, wt, np.array(capacity))
+        # the same flows as classes: one per kind, with its count
+        kind_ptr, kind_link, _ = _arrays([r for r, _ in kinds], [None] * len(kinds))
+        cols = link_columns(kind_ptr, kind_link, len(capacity))
+        used = sorted(set(flows))
+        mult = np.array([flows.count(k) for k in used], dtype=np.float64)
+        got = maxmin_classes(np.array(used), mult, np.array([c for _, c in kinds]), cols, np.array(capacity))
+        by_kind = dict(zip(used, got.tolist()))
+        assert [by_kind[k] for k in flows] == want.tolist()
+        rounds += len(set(want.tolist())) > 2
+    assert rounds > 50
+
+
 # (topology, size) -> NCCL's choice and the per-flow engine's time (us) at main 4a0ecbb
 PER_FLOW = {
     ("dgx-h100:2", 1 << 22): ("nvlstree", "Simple", 104.66552935064938),
@@ -76,8 +100,12 @@ PER_FLOW = {
 }
 
 
+@pytest.mark.parametrize("few", [None, 0, 1 << 30])
 @pytest.mark.parametrize("topology", sorted({t for t, _ in PER_FLOW}))
-def test_contended_nccl_sizes_keep_the_per_flow_engines_times(topology):
+def test_contended_nccl_sizes_keep_the_per_flow_engines_times(topology, few, monkeypatch):
+    # few: rebalance in numpy for every set of linked flows (0), in Python floats for every one (1 << 30)
+    if few is not None:
+        monkeypatch.setattr(events, "SMALL", few)
     sizes = sorted(s for t, s in PER_FLOW if t == topology)
     for r in simulate_nccl("allreduce", get_topology(topology, None), sizes):
         algorithm, protocol, us = PER_FLOW[topology, r["size"]]

@@ -29,6 +29,7 @@ from msc.errors import DeadlockError
 
 _COMPUTED, _FLOW, _ARRIVE, _CREDIT = 0, 1, 2, 3
 RATE_CACHE = 65_536          # sets of flows whose max-min rates are kept per EventSim (bounds memory)
+SMALL = 64                   # linked flows up to which rates are settled and set in Python, not numpy
 
 
 class _Flow:
@@ -172,6 +173,72 @@ def maxmin_arrays(flows, cap, ptr, link, wt, capacity) -> np.ndarray:
     return rate
 
 
+def link_columns(ptr, link, nlinks: int) -> list[np.ndarray]:
+    """Flow f's shared links ``link[ptr[f]:ptr[f + 1]]`` as columns: column j
+    holds each flow's j-th link, or the sentinel ``nlinks`` (a link of no
+    capacity that maxmin_classes never lets fill) where it has fewer."""
+    nres = np.diff(ptr)
+    pad = np.full((len(nres), max(int(nres.max(initial=1)), 1)), nlinks, dtype=np.int64)
+    pad[np.repeat(np.arange(len(nres)), nres), np.arange(len(link)) - np.repeat(ptr[:-1], nres)] = link
+    return [np.ascontiguousarray(pad[:, j]) for j in range(pad.shape[1])]
+
+
+def maxmin_classes(classes, mult, cap, cols, capacity) -> np.ndarray:
+    """maxmin_arrays for flows of unit weight, given as classes of alike
+    flows (each class one cap ``cap[c]`` and one multiset of links, in
+    link_columns' ``cols``) with ``mult`` flows each: the rate of each class.
+    A class's flows meet the same caps and links in every round, so they
+    freeze together, and each link's count and subtractions are maxmin's,
+    one subtraction per frozen flow: the same floats at a fraction of the
+    work (a 1024-GPU tree's components of ~350 flows are ~260 classes)."""
+    L1 = len(capacity) + 1
+    uses = [u[classes] for u in cols]
+    count = np.bincount(uses[0], weights=mult, minlength=L1)     # float counts: maxmin's weights, exactly
+    for u in uses[1:]:
+        count += np.bincount(u, weights=mult, minlength=L1)
+    count[-1] = 0.0
+    caps = cap[classes]
+    left = np.empty(L1)
+    left[:-1] = capacity
+    left[-1] = np.inf
+    ratio = np.empty(L1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        np.divide(left, count, out=ratio)
+    ratio[count == 0] = np.inf                                    # only links with unfrozen flows fill
+    level = min(caps.min(), ratio.min())
+    if caps.max() <= level * (1 + 1e-12):     # the common case: every flow freezes in the first round
+        return np.full(len(classes), level)
+    active = np.ones(len(classes), dtype=bool)
+    rate = np.empty(len(classes))
+    while True:
+        tol = level * (1 + 1e-12)
+        full = ratio <= tol
+        frozen = caps <= tol
+        for u in uses:
+            frozen |= full[u]
+        frozen &= active
+        rate[frozen] = level
+        active &= ~frozen
+        if not active.any():
+            return rate
+        k = np.bincount(uses[0][frozen], weights=mult[frozen], minlength=L1)
+        for u in uses[1:]:
+            k += np.bincount(u[frozen], weights=mult[frozen], minlength=L1)
+        k[-1] = 0.0
+        count -= k
+        # a link with flows left loses its frozen ones' level one at a time, as maxmin subtracts them
+        sel = np.flatnonzero((k > 0) & (count > 0))
+        if len(sel):
+            ks = k[sel]
+            left[sel] -= level
+            for j in range(2, int(ks.max()) + 1):
+                left[sel[ks >= j]] -= level
+        with np.errstate(divide="ignore", invalid="ignore"):
+            np.divide(left, count, out=ratio)
+        ratio[count == 0] = np.inf
+        level = min(caps[active].min(), ratio.min())
+
+
 @dataclass(frozen=True)
 class StepColumns:
     """An EventSim's steps as arrays, for analyses of the plan
@@ -251,6 +318,7 @@ class EventSim:
         # rates in that order): a flow's rate depends only on its connection's cap and links and
         # on the others', so the periodic regime's repeated sets of flows are solved once
         self.rates: dict = {}
+        self.few_rates: dict = {}        # the same for _Replay._rebalance_few, keyed by tuples
         # the flows' shared links as arrays for maxmin_arrays: flow f's are link[ptr[f]:ptr[f + 1]]
         nres = [len(r) for r in res]
         self.use_ptr = np.concatenate([[0], np.cumsum(nres)]).astype(np.int64)
@@ -259,6 +327,29 @@ class EventSim:
                                dtype=np.float64)
         self.cap_arr = np.asarray(cap, dtype=np.float64)
         self.capacity_arr = np.asarray(capacity, dtype=np.float64)
+        # every use of unit weight (all but switch ops'): rates are solved per class of alike flows
+        self.uniform = bool((self.use_wt == 1.0).all())
+        self._classes = None
+        self._pairs = None
+
+    def link_pairs(self) -> list:
+        """Per flow, the ordered pairs of distinct shared links it crosses (what _Replay.near counts)."""
+        if self._pairs is None:
+            self._pairs = [tuple((a, b) for a in set(r) for b in set(r) if a != b) for r in self.res]
+        return self._pairs
+
+    def flow_classes(self):
+        """(per flow its class, per class its cap, its links as link_columns): flows of one cap and one
+        multiset of links get one rate in any max-min solution, so only their classes' counts matter."""
+        if self._classes is None:
+            seen: dict = {}
+            of = [seen.setdefault((c, tuple(sorted(r))), f) for f, (c, r) in enumerate(zip(self.cap, self.res))]
+            reps = np.array(list(seen.values()), dtype=np.int64)
+            index = np.empty(len(self.cap), dtype=np.int64)
+            index[reps] = np.arange(len(reps))
+            cols = link_columns(self.use_ptr, self.use_link, len(self.capacity))
+            self._classes = (index[np.array(of, dtype=np.int64)], self.cap_arr[reps], [c[reps] for c in cols])
+        return self._classes
 
     @property
     def steps(self) -> list:
@@ -297,10 +388,11 @@ class _Replay:
     a heap of the instants: lockstep schedules post about a hundred events
     per instant); the flows on each shared link (``members``)."""
 
-    __slots__ = ("alpha", "arrived", "cap", "capacity", "credits", "cur", "dirty", "done", "end", "fconn", "floors",
-                 "fres", "buckets", "iters", "last", "lens", "log", "members", "now", "nxt", "per_iter", "rate", "rates", "record",
-                 "rem", "res", "running", "times", "sim", "slots", "steps", "tlen", "ver", "wait_m", "wait_s",
-                 "wait_t", "wts")
+    __slots__ = ("alpha", "arrived", "buckets", "cap", "capacity", "credits", "cur", "dirty", "done", "end",
+                 "few_rates", "fkey", "fkey_view", "floors", "fres", "iters", "key_type", "keys", "last",
+                 "last_view", "lens", "log", "members", "near", "now", "nxt", "pairs", "per_iter", "rate",
+                 "rate_view", "rates", "record", "rem", "rem_view", "res", "running", "sim", "slots", "steps",
+                 "times", "tlen", "total", "tpairs", "ver", "wait_m", "wait_s", "wait_t", "wts")
 
     def __init__(self, sim: EventSim, tlen: list[float], record: bool):
         self.steps, self.per_iter, self.alpha, self.slots = sim.steps, sim.per_iter, sim.alpha, sim.slots
@@ -309,6 +401,7 @@ class _Replay:
         self.tlen, self.iters, self.record = tlen, len(tlen), record
         ntb, nconn = len(sim.steps), len(sim.per_iter)
         self.lens = [len(s) for s in sim.steps]
+        self.total = [n * self.iters for n in self.lens]     # per threadblock, its step instances
         self.nxt, self.done = [0] * ntb, [0] * ntb
         self.arrived, self.credits = [0] * nconn, [0] * nconn
         # threadblocks blocked on a threadblock's step (per tb), a message or a slot (per connection)
@@ -319,9 +412,22 @@ class _Replay:
         self.times: list = []             # heap of the instants with events
         # per shared link, its flows (a flow: its threadblock, which sends one at a time)
         self.members: list = [set() for _ in sim.capacity]
-        # per threadblock, its flow's remaining bytes, rate, last settled time, flow id and version
+        # per shared link, the links its flows also cross, with how many of its flows cross each: what
+        # ties links into the set of flows one change of rates reaches (_linked walks links, not flows)
+        self.near: list = [{} for _ in sim.capacity]
+        self.pairs = sim.link_pairs()
+        self.tpairs = [()] * ntb          # the pairs of each threadblock's flow
+        # per threadblock, its flow's remaining bytes, rate, last settled time and version
         self.rem, self.rate, self.last = np.zeros(ntb), np.zeros(ntb), np.zeros(ntb)
-        self.fconn = np.zeros(ntb, dtype=np.int64)
+        # per threadblock the key its flow's rates are cached by: its class of alike flows, or its flow
+        self.fkey = np.zeros(ntb, dtype=np.int64)
+        self.keys = sim.flow_classes()[0].tolist() if sim.uniform else range(len(sim.cap))
+        # the same arrays as Python floats and ints, item by item (a memoryview's items are)
+        self.rem_view, self.rate_view = memoryview(self.rem), memoryview(self.rate)
+        self.last_view = memoryview(self.last)
+        self.fkey_view = memoryview(self.fkey)
+        self.few_rates = sim.few_rates
+        self.key_type = np.int16 if len(self.keys) < 1 << 15 else np.int64
         self.ver = [0] * ntb              # a flow end event counts if its version is its threadblock's
         self.fres = [()] * ntb            # the shared links of each threadblock's flow
         self.sim = sim
@@ -340,17 +446,20 @@ class _Replay:
 
     def try_start(self, tb):
         """Start threadblock ``tb``'s next step instance, or wait for what it lacks."""
-        nxt, lens, done = self.nxt, self.lens, self.done
-        pos, nsteps = nxt[tb], lens[tb]
-        if pos >= nsteps * self.iters or done[tb] < pos:
+        nxt, done = self.nxt, self.done
+        pos = nxt[tb]
+        if done[tb] < pos or pos >= self.total[tb]:
             return
+        nsteps = self.lens[tb]
         it, step = divmod(pos, nsteps)
         row = self.steps[tb][step]
         g, comp, nbytes, sc, rc, so, ro, deps, fixed, fc = row
-        for dep_tb, dep_step in deps:
-            if done[dep_tb] < it * lens[dep_tb] + dep_step + 1:
-                self.wait_t[dep_tb].append(tb)
-                return
+        if deps:
+            lens = self.lens
+            for dep_tb, dep_step in deps:
+                if done[dep_tb] < it * lens[dep_tb] + dep_step + 1:
+                    self.wait_t[dep_tb].append(tb)
+                    return
         if rc >= 0 and self.arrived[rc] <= it * self.per_iter[rc] + ro:
             self.wait_m[rc].append(tb)
             return
@@ -363,9 +472,16 @@ class _Replay:
         if self.record:
             self.cur[tb] = row = [tb, it, step, now, now, now]
             self.log.append(row)
-        compute = comp * self.tlen[it] + (fixed if self.tlen[it] > 0 else 0.0)
+        tl = self.tlen[it]
+        compute = comp * tl + (fixed if tl > 0 else 0.0)
         if compute > 0:
-            self.push(now + compute, _COMPUTED, tb)
+            at = now + compute
+            bucket = self.buckets.get(at)          # self.push, inline (once per step instance)
+            if bucket is None:
+                self.buckets[at] = [(_COMPUTED, tb)]
+                heappush(self.times, at)
+            else:
+                bucket.append((_COMPUTED, tb))
         else:
             self.computed(tb)
 
@@ -382,7 +498,8 @@ class _Replay:
         if self.floors is not None and size > 0:
             size = max(size, self.floors[fc])
         self.fres[tb] = res = self.res[fc]
-        self.rem[tb], self.last[tb], self.fconn[tb] = size, now, fc
+        self.rem_view[tb], self.last_view[tb] = size, now
+        self.fkey_view[tb] = self.keys[fc]
         if not res:
             self.rate[tb] = rate = self.cap[fc]
             self.push(now + size / rate, _FLOW, (tb, self.ver[tb]))
@@ -391,6 +508,11 @@ class _Replay:
         members = self.members
         for r in res:
             members[r].add(tb)
+        near = self.near
+        self.tpairs[tb] = pairs = self.pairs[fc]
+        for a, b in pairs:
+            links = near[a]
+            links[b] = links.get(b, 0) + 1
         self.dirty.update(res)
 
     def rebalance(self, seeds):
@@ -399,22 +521,23 @@ class _Replay:
         flows = self._linked(seeds)
         if not flows:
             return
+        if len(flows) <= SMALL:
+            self._rebalance_few(flows)
+            return
         now = self.now
         tbs = np.fromiter(flows, dtype=np.int64, count=len(flows))
         rem, old = self.rem[tbs], self.rate[tbs]
         rem = np.maximum(rem - old * (now - self.last[tbs]), 0.0)        # settle: bytes left at ``now``
         self.rem[tbs], self.last[tbs] = rem, now
-        conns = self.fconn[tbs]
-        order = np.argsort(conns, kind="stable")
-        key = conns[order].tobytes()
+        keys = self.fkey[tbs]
+        order = np.argsort(keys, kind="stable")
+        ordered = keys[order]
+        key = ordered.astype(self.key_type).tobytes()       # the narrowest ints that hold every key
         sorted_rates = self.rates.get(key)
         if sorted_rates is None:
             if len(self.rates) >= RATE_CACHE:
                 self.rates.clear()
-            sim = self.sim
-            sorted_rates = maxmin_arrays(conns[order], sim.cap_arr, sim.use_ptr, sim.use_link, sim.use_wt,
-                                         sim.capacity_arr)
-            self.rates[key] = sorted_rates
+            self.rates[key] = sorted_rates = self._solve(ordered)
         new = np.empty(len(tbs))
         new[order] = sorted_rates
         changed = new != old
@@ -422,32 +545,81 @@ class _Replay:
             return
         tbs, new = tbs[changed], new[changed]
         self.rate[tbs] = new
-        ends = now + rem[changed] / new
-        push, vers = self.push, self.ver
-        for tb, at in zip(tbs.tolist(), ends.tolist()):
+        self._post_ends(tbs.tolist(), (now + rem[changed] / new).tolist())
+
+    def _rebalance_few(self, flows):
+        """rebalance for a few flows in Python floats, without numpy's cost per call: the same
+        operations on each flow (np.maximum(x, 0.0) is ``x if x > 0.0 else 0.0``), the same rates
+        (cached per sorted tuple of keys) and events posted in the same order."""
+        now = self.now
+        rem, rate, last, fkey = self.rem_view, self.rate_view, self.last_view, self.fkey_view
+        tbs = list(flows)
+        keys = [fkey[tb] for tb in tbs]
+        order = sorted(range(len(tbs)), key=keys.__getitem__)          # stable, as argsort's
+        key = tuple([keys[i] for i in order])
+        few = self.few_rates
+        sorted_rates = few.get(key)
+        if sorted_rates is None:
+            if len(few) >= RATE_CACHE:
+                few.clear()
+            few[key] = sorted_rates = self._solve(np.array(key, dtype=np.int64)).tolist()
+        new = [0.0] * len(tbs)
+        for j, i in enumerate(order):
+            new[i] = sorted_rates[j]
+        moved, ends = [], []
+        for tb, r in zip(tbs, new):
+            old = rate[tb]
+            x = rem[tb] - old * (now - last[tb])
+            rem[tb] = x = x if x > 0.0 else 0.0
+            last[tb] = now
+            if r != old:
+                rate[tb] = r
+                moved.append(tb)
+                ends.append(now + x / r)
+        if moved:
+            self._post_ends(moved, ends)
+
+    def _post_ends(self, tbs, ends):
+        """Post the end of each threadblock's flow at its new time, a new version superseding the
+        one posted before (self.push, inline: a few per rebalance)."""
+        buckets, times, vers = self.buckets, self.times, self.ver
+        for tb, at in zip(tbs, ends):
             vers[tb] = ver = vers[tb] + 1
-            push(at, _FLOW, (tb, ver))
+            bucket = buckets.get(at)
+            if bucket is None:
+                buckets[at] = [(_FLOW, (tb, ver))]
+                heappush(times, at)
+            else:
+                bucket.append((_FLOW, (tb, ver)))
+
+    def _solve(self, ordered) -> np.ndarray:
+        """Max-min rates of flows whose sorted keys (classes of alike flows, or flows) are ``ordered``."""
+        sim = self.sim
+        if sim.uniform:
+            _, class_cap, class_cols = sim.flow_classes()
+            bounds = np.concatenate(([0], np.flatnonzero(ordered[1:] != ordered[:-1]) + 1, [len(ordered)]))
+            mult = bounds[1:] - bounds[:-1]
+            rates = maxmin_classes(ordered[bounds[:-1]], mult.astype(np.float64), class_cap, class_cols,
+                                   sim.capacity_arr)
+            return np.repeat(rates, mult)
+        return maxmin_arrays(ordered, sim.cap_arr, sim.use_ptr, sim.use_link, sim.use_wt, sim.capacity_arr)
 
     def _linked(self, seeds) -> set:
         """linked_flows over threadblocks: the flows on ``seeds`` and, transitively, on their flows' links
         (breadth first, a level at a time in set operations: ~3x the per-element walk at 1024 GPUs)."""
-        members, fres = self.members, self.fres
-        flows: set = set()
+        near = self.near
         links = frontier = set(seeds)
         while frontier:
-            new = set().union(*[members[r] for r in frontier])
-            new -= flows
-            if not new:
-                break
-            flows |= new
-            frontier = set().union(*[fres[f] for f in new])
+            frontier = set().union(*[near[r] for r in frontier])
             frontier -= links
             links |= frontier
-        return flows
+        members = self.members
+        return set().union(*[members[r] for r in links])
 
     def finish(self, tb):
         """Threadblock ``tb``'s running step ends: send its message and slot, wake who waits on it."""
-        g, comp, nbytes, sc, rc, so, ro, deps, fixed, fc = self.running[tb][1]
+        row = self.running[tb][1]
+        sc, rc = row[3], row[4]
         self.done[tb] += 1
         self.end = now = self.now
         if self.record:
@@ -467,7 +639,8 @@ class _Replay:
         """Process events in time order until none is left."""
         times, buckets, dirty, members = self.times, self.buckets, self.dirty, self.members
         vers, wait_m, wait_s, arrived, credits = self.ver, self.wait_m, self.wait_s, self.arrived, self.credits
-        try_start, computed, finish, rem, fres = self.try_start, self.computed, self.finish, self.rem, self.fres
+        try_start, computed, finish, rem, fres = self.try_start, self.computed, self.finish, self.rem_view, self.fres
+        near, tpairs = self.near, self.tpairs
         while times or dirty:
             if dirty and (not times or times[0] > self.now):
                 # rates change once per instant, after every start and end at it (lockstep
@@ -490,6 +663,12 @@ class _Replay:
                     res = fres[tb]
                     for r in res:
                         members[r].discard(tb)
+                    for a, b in tpairs[tb]:
+                        links = near[a]
+                        if links[b] == 1:
+                            del links[b]
+                        else:
+                            links[b] -= 1
                     dirty.update(res)
                     finish(tb)
                 elif kind == _COMPUTED:

@@ -11,7 +11,10 @@ Plans are lowered once per (algorithm, protocol, channels).
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from msc.errors import UsageError
+from msc.ir.ops import protocol_name
 from msc.sim import nccl
 from msc.sim.simulate import Simulator
 from msc.sim.topology import Topology
@@ -35,12 +38,27 @@ def _library(name: str):
 
 
 def plan_for(topology: Topology, collective: str, choice: nccl.Choice):
-    """The msc plan that runs like NCCL's ``choice`` on ``topology`` (cached per topology)."""
+    """The msc plan that runs like NCCL's ``choice`` on ``topology`` (cached per topology).
+    Unverified, a plan of another protocol from the same program is this one with its protocol
+    replaced: for msc's runtime, lowering takes the protocol only as the plan's field (the slots
+    it needs are what verifying finds), so tree LL and LL128 on 16 channels are lowered once."""
     cache = topology.__dict__.setdefault("_nccl_plans", {})
     key = (collective, choice.algorithm, choice.protocol, choice.channels)
     if key not in cache:
-        cache[key] = _lower(topology, collective, choice)
-    return cache[key]
+        recipe = _recipe(topology, collective, choice)
+        twin = None
+        if topology.num_ranks > VERIFIED_RANKS:
+            twin = next((plan for k, (r, plan) in cache.items() if r == recipe and k != key), None)
+        plan = (replace(twin, protocol=protocol_name(choice.protocol)) if twin is not None
+                else _lower(topology, collective, choice))
+        cache[key] = (recipe, plan)
+    return cache[key][1]
+
+
+def _recipe(topology: Topology, collective: str, choice: nccl.Choice) -> tuple:
+    """What _lower traces and lowers for ``choice`` but its protocol: (algorithm, parameters, instances)."""
+    name, params, instances = _program(topology, collective, choice)
+    return name, tuple(sorted(params.items())), instances
 
 
 def _lower(topology: Topology, collective: str, choice: nccl.Choice, verify: bool | None = None):
@@ -48,14 +66,22 @@ def _lower(topology: Topology, collective: str, choice: nccl.Choice, verify: boo
     import msc
     from msc.lower.pipeline import LowerOptions, lower
 
+    name, params, instances = _program(topology, collective, choice)
+    program = msc.trace(_library(name), topology.num_ranks, inplace=False, **params)    # NCCL needs no staging copies
+    return lower(program, LowerOptions(protocol=choice.protocol, instances=instances),
+                 verify=topology.num_ranks <= VERIFIED_RANKS if verify is None else verify)
+
+
+def _program(topology: Topology, collective: str, choice: nccl.Choice):
+    """(library algorithm's name, its parameters, instances) of the plan that runs like ``choice``."""
     g = topology.gpus_per_node
     instances = 1
     if choice.algorithm == "tree":
         # channel c and c + channels are the two trees' [nccl_model.md 4.4]: half the channels each
-        alg, params = _library("allreduce/nccl_tree:nccl_tree"), dict(gpus_per_node=g, channels=max(1, choice.channels // 2),
-                                                                       chunks=1)
+        name, params = "allreduce/nccl_tree:nccl_tree", dict(gpus_per_node=g, channels=max(1, choice.channels // 2),
+                                                              chunks=1)
     elif choice.algorithm == "p2p":
-        alg, params = _library("alltoall/allpairs:allpairs" if collective == "alltoall" else "sendrecv/ring:ring"), {}
+        name, params = "alltoall/allpairs:allpairs" if collective == "alltoall" else "sendrecv/ring:ring", {}
     elif choice.algorithm in ("nvls", "nvlstree", "pat"):
         # a switch threadblock per NVLS channel, and PAT's steps on every channel: instances
         if collective != "allreduce" and choice.algorithm != "pat":
@@ -63,16 +89,14 @@ def _lower(topology: Topology, collective: str, choice: nccl.Choice, verify: boo
                              f"prefers it to the ring on these machines)")
         name = {"nvls": "allreduce/nvls:nvls", "nvlstree": "allreduce/nvls_tree:nvls_tree",
                 "pat": f"{collective}/pat:pat"}[choice.algorithm]
-        alg, params, instances = _library(name), {}, choice.channels
+        params, instances = {}, choice.channels
         if choice.algorithm == "nvlstree":       # an instance carries both trees, NCCL a tree per channel
             params, instances = dict(gpus_per_node=g, trees=2, btree=True), max(1, choice.channels // 2)
     else:
-        alg, params = _library(f"{collective}/nccl_rings:rail_rings"), dict(rings=choice.channels, gpus_per_node=g)
-        if "slices" in alg.params:
+        name, params = f"{collective}/nccl_rings:rail_rings", dict(rings=choice.channels, gpus_per_node=g)
+        if "slices" in _library(name).params:
             params["slices"] = nccl.slices(choice)
-    program = msc.trace(alg, topology.num_ranks, inplace=False, **params)    # NCCL needs no staging copies
-    return lower(program, LowerOptions(protocol=choice.protocol, instances=instances),
-                 verify=topology.num_ranks <= VERIFIED_RANKS if verify is None else verify)
+    return name, params, instances
 
 
 def tree_shares(plan, topology: Topology, choice: nccl.Choice) -> list[float]:

@@ -320,11 +320,20 @@ class Simulator:
         caller evaluates them all."""
         if self.watch is None:
             return False
+        # a prefix of full tiles is the same schedule for every size that has them (tree LL128 at 4 and
+        # 8 MB: 16 of 31 and 61 iterations): its verdict is kept, per tile (retiled copies share the dict)
+        known = self._engines.setdefault("probes", {})
         p = PROBE
         while p < n:
-            tlen = np.array([[self._tlen(q, it)] for it in range(p)])
-            res = evaluate(self._layers, self._levels, tlen, watching=True, jump=False)
-            if self._contended(res.sends, [p])[0]:
+            full = q >= p * self.tile
+            clash = known.get((self.tile, p)) if full else None
+            if clash is None:
+                tlen = np.array([[self._tlen(q, it)] for it in range(p)])
+                res = evaluate(self._layers, self._levels, tlen, watching=True, jump=False)
+                clash = bool(self._contended(res.sends, [p])[0])
+                if full:
+                    known[(self.tile, p)] = clash
+            if clash:
                 return True
             p *= 2
         return False
