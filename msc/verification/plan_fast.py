@@ -260,17 +260,9 @@ class PlanReading:
         nbuf = len(ops.buffer_names)
         stride = 1 + int(max(ops.src_index.max(initial=0) + count[ops.src_owner].max(initial=0),
                              ops.dst_index.max(initial=0) + count[ops.dst_owner].max(initial=0)))
-        read_row, _, cell = expand((step_rank[ops.src_owner] * nbuf + ops.src_buf) * stride + ops.src_index,
-                                   count[ops.src_owner])
-        step_type = index_type(self.N)                 # (int32 where the steps fit)
-        ev_step = ops.src_owner.astype(step_type)[read_row]
-        del read_row
-        write_row, _, write_cell = expand((step_rank[ops.dst_owner] * nbuf + ops.dst_buf) * stride + ops.dst_index,
-                                          count[ops.dst_owner])
-        num_reads = cell.size
-        cell = np.concatenate([cell, write_cell])
-        ev_step = np.concatenate([ev_step, ops.dst_owner.astype(step_type)[write_row]])
-        del write_row, write_cell
+        num_reads, cell, ev_step = self._events(
+            (step_rank[ops.src_owner] * nbuf + ops.src_buf) * stride + ops.src_index,
+            (step_rank[ops.dst_owner] * nbuf + ops.dst_buf) * stride + ops.dst_index)
         num_levels = int(level.max()) + 1 if self.N else 1
         need(int(cell.max(initial=0)) + 1 < (1 << 62) // (2 * num_levels))
         key, order = _sorted_events(cell, num_reads, level, ev_step, num_levels)
@@ -373,7 +365,8 @@ class PlanReading:
 
     def _events(self, src_cell, dst_cell):
         """Every read, then every write, of one chunk: its cell and its step
-        (int32 where steps fit)."""
+        (int32 where steps fit). ``src_cell``, ``dst_cell``: each slice's
+        first cell, in any numbering of cells (the race check's or the layout's)."""
         count, ops = self.count, self.operands
         step_type = index_type(self.N)
         read_row, _, read_cell = expand(src_cell, count[ops.src_owner])
