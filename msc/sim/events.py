@@ -581,16 +581,11 @@ class _Replay:
 
     def _post_ends(self, tbs, ends):
         """Post the end of each threadblock's flow at its new time, a new version superseding the
-        one posted before (self.push, inline: a few per rebalance)."""
-        buckets, times, vers = self.buckets, self.times, self.ver
+        one posted before."""
+        push, vers = self.push, self.ver
         for tb, at in zip(tbs, ends):
             vers[tb] = ver = vers[tb] + 1
-            bucket = buckets.get(at)
-            if bucket is None:
-                buckets[at] = [(_FLOW, (tb, ver))]
-                heappush(times, at)
-            else:
-                bucket.append((_FLOW, (tb, ver)))
+            push(at, _FLOW, (tb, ver))
 
     def _solve(self, ordered) -> np.ndarray:
         """Max-min rates of flows whose sorted keys (classes of alike flows, or flows) are ``ordered``."""
